@@ -1,0 +1,78 @@
+"""Datasheet figures of common serving GPUs, and NVML detection of the local one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cgtool.errors import CgtoolError
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    name: str
+    memory_bytes: int  # as NVML reports total memory, not the marketing figure
+    bandwidth_bytes_s: float  # HBM/GDDR peak from the datasheet
+    bf16_flops: float  # dense bf16 tensor-core peak
+    nvml_names: tuple[str, ...]
+
+
+# Datasheet peaks (dense, no sparsity); memory as NVML reports it on each card.
+GPU_SPECS: dict[str, GpuSpec] = {
+    spec.name: spec
+    for spec in (
+        GpuSpec("H100-80GB", 81559 * _MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM")),
+        GpuSpec("H100-PCIe", 81559 * _MIB, 2.0e12, 756e12, ("H100 PCIe",)),
+        GpuSpec("H200", 143771 * _MIB, 4.8e12, 989e12, ("H200",)),
+        GpuSpec("A100-80GB", 81920 * _MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB")),
+        GpuSpec("A100-40GB", 40960 * _MIB, 1.555e12, 312e12, ("A100-SXM4-40GB", "A100-PCIE-40GB")),
+        GpuSpec("L40S", 46068 * _MIB, 0.864e12, 362e12, ("L40S",)),
+        GpuSpec("L4", 23034 * _MIB, 0.300e12, 121e12, ("L4",)),
+        GpuSpec("A10", 23028 * _MIB, 0.600e12, 125e12, ("A10",)),
+        GpuSpec("RTX-4090", 24564 * _MIB, 1.008e12, 165e12, ("RTX 4090",)),
+        GpuSpec("B200", 183359 * _MIB, 8.0e12, 2250e12, ("B200",)),
+    )
+}
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """Look a GPU up by its table name (case-insensitive) or `auto` for the local one."""
+    if name.lower() == "auto":
+        return detect_gpu()
+    for key, spec in GPU_SPECS.items():
+        if key.lower() == name.lower():
+            return spec
+    raise CgtoolError(
+        f"unknown GPU '{name}' (--gpu)", f"Use one of: {', '.join(GPU_SPECS)}, or auto."
+    )
+
+
+def match_nvml_name(nvml_name: str) -> GpuSpec | None:
+    # Longest pattern first so "H100 PCIe" wins over a bare "H100" style match.
+    candidates = [(p, s) for s in GPU_SPECS.values() for p in s.nvml_names]
+    for pattern, spec in sorted(candidates, key=lambda c: -len(c[0])):
+        if pattern.lower() in nvml_name.lower():
+            return spec
+    return None
+
+
+def detect_gpu() -> GpuSpec:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(handle)
+        name = name.decode() if isinstance(name, bytes) else name
+    except Exception:
+        raise CgtoolError(
+            "no NVIDIA GPU found for --gpu auto",
+            f"Name one with --gpu ({', '.join(GPU_SPECS)}).",
+        ) from None
+    spec = match_nvml_name(name)
+    if spec is None:
+        raise CgtoolError(
+            f"GPU '{name}' is not in cgtool's table", f"Name the closest with --gpu ({', '.join(GPU_SPECS)})."
+        )
+    return spec

@@ -1,0 +1,57 @@
+"""The Typer app: one module per subcommand, registered here."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from cgtool import __version__
+from cgtool.commands.capture import capture
+from cgtool.commands.check import check
+from cgtool.commands.models import models
+from cgtool.commands.plan import plan
+from cgtool.commands.report import report
+from cgtool.commands.schedule import schedule
+from cgtool.commands.trace import trace_app
+
+app = typer.Typer(
+    name="cgtool",
+    help="Plan and profile CUDA graph capture for LLM serving (SGLang, vLLM).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cgtool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        Optional[bool],
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Plan and profile CUDA graph capture for LLM serving (SGLang, vLLM)."""
+
+
+app.command("plan")(plan)
+app.command("capture")(capture)
+app.command("check")(check)
+app.command("schedule")(schedule)
+app.add_typer(trace_app, name="trace")
+app.command("report")(report)
+app.command("models")(models)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
