@@ -1,0 +1,54 @@
+"""The attention custom op: stores new K/V at out_cache_loc, writes into a caller's buffer.
+
+Being an opaque custom op makes it the place where piecewise graphs split; writing into
+`out`, allocated by the caller, keeps every address stable across graph replays.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from cgtool.batch import ForwardBatch, get_forward_context
+from cgtool.kv import KVPool
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def forward(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
+    ) -> None: ...
+
+
+@torch.library.custom_op("cgtool::attention", mutates_args=("out",))
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
+) -> None:
+    """q/out: [num_tokens, heads * head_dim]; k/v: [num_tokens, kv_heads * head_dim]."""
+    ctx = get_forward_context()
+    pool = ctx.kv_pool
+    kv_shape = (k.shape[0], *pool.k_buffers[layer_id].shape[1:])
+    pool.store(layer_id, ctx.batch.out_cache_loc, k.view(kv_shape), v.view(kv_shape))
+    ctx.backend.forward(q, out, layer_id, ctx.batch, pool)
+
+
+@attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int) -> None:
+    return None
+
+
+ATTENTION_OP = torch.ops.cgtool.attention.default
+
+
+def make_backend(name: str, num_heads: int, head_dim: int) -> AttentionBackend:
+    if name == "torch":
+        from cgtool.attention.torch_ref import TorchAttentionBackend
+
+        return TorchAttentionBackend(num_heads, head_dim)
+    if name == "triton":
+        from cgtool.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend(num_heads, head_dim)
+    raise ValueError(f"unknown attention backend {name!r}")

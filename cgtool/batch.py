@@ -1,0 +1,94 @@
+"""ForwardMode, ForwardBatch and the per-forward context the attention op reads.
+
+Like nano-vllm's Context: the batch is set before a forward and reset after, so layers
+need no extra arguments and the attention custom op can stay a split point that takes
+only tensors and a layer index.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from cgtool.kv import KVPool
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1
+    DECODE = 2
+    IDLE = 3
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    req_pool_indices: torch.Tensor  # [bs] int64
+    seq_lens: torch.Tensor  # [bs] int32, prefix + new tokens
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slot of each new token
+    seq_lens_cpu: list[int]
+    # Extend only: per request, cached prefix and new tokens; start of each request's tokens.
+    extend_prefix_lens: torch.Tensor | None = None  # [bs] int32
+    extend_seq_lens: torch.Tensor | None = None  # [bs] int32
+    extend_start_loc: torch.Tensor | None = None  # [bs] int32
+    extend_prefix_lens_cpu: list[int] | None = None
+    extend_seq_lens_cpu: list[int] | None = None
+    # Where input-token logprobs start per request; None means only output logprobs.
+    extend_logprob_start_lens_cpu: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_real_tokens(self) -> int:
+        if self.forward_mode.is_decode():
+            return self.batch_size
+        assert self.extend_seq_lens_cpu is not None
+        return sum(self.extend_seq_lens_cpu)
+
+    def needs_input_logprobs(self) -> bool:
+        starts, lens = self.extend_logprob_start_lens_cpu, self.extend_seq_lens_cpu
+        if starts is None or lens is None:
+            return False
+        return any(start < length for start, length in zip(starts, lens))
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    batch: ForwardBatch
+    kv_pool: KVPool
+    backend: Any  # an attention backend from cgtool.attention
+
+
+_context: ForwardContext | None = None
+
+
+@contextmanager
+def forward_context(batch: ForwardBatch, kv_pool: KVPool, backend: Any) -> Iterator[None]:
+    global _context
+    previous, _context = _context, ForwardContext(batch, kv_pool, backend)
+    try:
+        yield
+    finally:
+        _context = previous
+
+
+def get_forward_context() -> ForwardContext:
+    if _context is None:
+        raise RuntimeError("attention called outside forward_context(): no ForwardBatch is set")
+    return _context

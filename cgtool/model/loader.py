@@ -1,0 +1,120 @@
+"""Build a CausalLM on the target device: from *.safetensors, or with random weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from cgtool.config import ModelConfig
+from cgtool.errors import ConfigError
+from cgtool.model.llama import CausalLM
+
+# HF checkpoints keep q/k/v and gate/up separate; cgtool fuses them into one matmul each.
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def build_model(
+    cfg: ModelConfig,
+    *,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    max_positions: int,
+    weights_dir: Path | None = None,
+    seed: int = 0,
+) -> CausalLM:
+    """Random weights when `weights_dir` is None: created on the device, never on the host."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = CausalLM(cfg, max_positions)
+    finally:
+        torch.set_default_dtype(previous)
+    if weights_dir is not None:
+        load_safetensors(model, weights_dir)
+    return model.eval().requires_grad_(False)
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError(
+            f"{folder}: no *.safetensors weights found",
+            "Pass --random-weights to profile with random weights of the same shapes.",
+        )
+    return files
+
+
+def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for path in safetensors_files(folder):
+        if not path.is_file():
+            raise ConfigError(f"{path}: shard named in the index is missing", "Re-download the model.")
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def load_safetensors(model: CausalLM, folder: Path) -> None:
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    for name, tensor in _checkpoint_tensors(folder):
+        target, rows = _target_rows(model.cfg, name)
+        if target not in params:
+            continue  # e.g. rotary inv_freq buffers in old checkpoints
+        param = params[target]
+        dst = param.data if rows is None else param.data[rows[0] : rows[1]]
+        if dst.shape != tensor.shape:
+            raise ConfigError(
+                f"{folder}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
+                "Check that config.json matches the weights.",
+            )
+        dst.copy_(tensor)
+        loaded.add(name)
+    missing = _expected_names(model) - loaded
+    if missing:
+        raise ConfigError(
+            f"{folder}: weights are missing tensor {sorted(missing)[0]} ({len(missing)} missing)",
+            "Check the checkpoint, or pass --random-weights.",
+        )
+
+
+def _target_rows(cfg: ModelConfig, name: str) -> tuple[str, tuple[int, int] | None]:
+    parts = name.split(".")
+    fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
+    if fused is None:
+        return name, None
+    target_name, part = fused
+    if target_name == "qkv_proj":
+        sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    else:
+        sizes = [cfg.intermediate_size, cfg.intermediate_size]
+    start = sum(sizes[:part])
+    return ".".join(parts[:-2] + [target_name, parts[-1]]), (start, start + sizes[part])
+
+
+def _expected_names(model: CausalLM) -> set[str]:
+    names = set()
+    for name, _ in model.named_parameters():  # tied lm_head is listed once, as embed_tokens
+        if ".qkv_proj." in name:
+            names |= {name.replace("qkv_proj", p) for p in ("q_proj", "k_proj", "v_proj")}
+        elif ".gate_up_proj." in name:
+            names |= {name.replace("gate_up_proj", p) for p in ("gate_proj", "up_proj")}
+        else:
+            names.add(name)
+    return names
