@@ -1,0 +1,61 @@
+"""What both runners share: one global graph memory pool, the capture-mode flag, GC freezing."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+_global_graph_pool: Any = None
+_capture_mode = False
+
+
+def get_global_graph_memory_pool() -> Any:
+    """One pool for every graph of every runner, created on first use (as SGLang does)."""
+    global _global_graph_pool
+    if _global_graph_pool is None:
+        _global_graph_pool = torch.cuda.graph_pool_handle()
+    return _global_graph_pool
+
+
+def reset_global_graph_memory_pool() -> None:
+    """Forget the pool handle (tests only: graphs that use it must already be gone)."""
+    global _global_graph_pool
+    _global_graph_pool = None
+
+
+def is_capture_mode() -> bool:
+    return _capture_mode
+
+
+@contextmanager
+def model_capture_mode() -> Iterator[None]:
+    global _capture_mode
+    previous, _capture_mode = _capture_mode, True
+    try:
+        yield
+    finally:
+        _capture_mode = previous
+
+
+@contextmanager
+def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
+    """Collect once, then keep the collector off while graphs are recorded.
+
+    A collection during capture can free tensors whose memory the graph is recording into
+    and makes capture slow; SGLang freezes it unless --enable-cudagraph-gc is given.
+    """
+    gc.collect()
+    should_freeze = not enable_cudagraph_gc
+    if should_freeze:
+        gc.freeze()
+        gc.disable()
+    try:
+        yield
+    finally:
+        if should_freeze:
+            gc.enable()
+            gc.unfreeze()
