@@ -1,10 +1,98 @@
-"""`cgtool check`."""
+"""`cgtool check`: the CI gate on capture memory (and, opt-in, timings)."""
 
 from __future__ import annotations
 
-from cgtool.commands.common import not_available
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cgtool.commands.common import EXIT_CHECK_FAILED, cli_errors, console
+from cgtool.compare import (
+    DEFAULT_REPORT_METRICS,
+    PLAN_METRICS,
+    REPORT_METRICS,
+    Comparison,
+    compare_plans,
+    compare_reports,
+)
+from cgtool.errors import InputError
+from cgtool.reports.markdown import comparison_markdown
+from cgtool.reports.tables import comparison_rows, format_change, to_rich
+from cgtool.results import CaptureReport, load_document
 
 
-def check() -> None:
-    """Compare two capture reports size by size; exit 1 on a regression (CI gate)."""
-    not_available("check")
+@cli_errors
+def check(
+    baseline: Annotated[Path, typer.Argument(help="Baseline report.json or plan.json, or its folder.")],
+    current: Annotated[Path, typer.Argument(help="Current report.json or plan.json, or its folder.")],
+    max_regress: Annotated[str, typer.Option(
+        help="Largest allowed growth of memory (and plan figures), e.g. 5%.")] = "5%",
+    latency_regress: Annotated[str, typer.Option(
+        help="Largest allowed growth of timings (capture_s, replay_ms, eager_ms); looser "
+             "because GPU timings drift a few percent between runs.")] = "15%",
+    metric: Annotated[Optional[str], typer.Option(
+        help=f"Comma-separated report metrics: {', '.join(REPORT_METRICS)}. "
+             f"Default: {', '.join(DEFAULT_REPORT_METRICS)} (deterministic). Plans always "
+             f"compare {', '.join(PLAN_METRICS)}.")] = None,
+    markdown: Annotated[Optional[str], typer.Option(
+        help="Write a markdown summary to this file ('-' prints it instead of the table).")] = None,
+    force: Annotated[bool, typer.Option(
+        help="Compare even when GPU or model differ.")] = False,
+) -> None:
+    """Compare two capture reports (or two plans) size by size; exit 1 on a regression."""
+    before, after = load_document(baseline), load_document(current)
+    max_pct = parse_percent(max_regress, "--max-regress")
+    latency_pct = parse_percent(latency_regress, "--latency-regress")
+    comparison = _compare(before, after, metric, max_pct, latency_pct, force)
+    if markdown == "-":
+        console.print(comparison_markdown(comparison, str(baseline), str(current)),
+                      markup=False, highlight=False, soft_wrap=True)
+    else:
+        _print_comparison(comparison)
+        if markdown:
+            Path(markdown).write_text(comparison_markdown(comparison, str(baseline), str(current)))
+    if not comparison.passed:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def parse_percent(text: str, option: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise InputError(f"{option} '{text}' is not a percentage", "Write it like 5%.") from None
+    if not 0 <= value < 1e6:
+        raise InputError(f"{option} {text} is out of range", "Use a percentage of 0 or more.")
+    return value
+
+
+def _compare(before: CaptureReport | dict, after: CaptureReport | dict, metric: str | None,
+             max_pct: float, latency_pct: float, force: bool) -> Comparison:
+    if isinstance(before, CaptureReport) and isinstance(after, CaptureReport):
+        names = [m.strip() for m in metric.split(",") if m.strip()] if metric else None
+        return compare_reports(before, after, names or DEFAULT_REPORT_METRICS, max_pct,
+                               latency_pct, force)
+    if isinstance(before, dict) and isinstance(after, dict):
+        if metric:
+            raise InputError("--metric applies to capture reports, not plans",
+                             f"Plans are compared on {', '.join(PLAN_METRICS)}; drop --metric.")
+        return compare_plans(before, after, max_pct, force)
+    raise InputError("cannot compare a capture report with a plan",
+                     "Pass two report.json files or two plan.json files.")
+
+
+def _print_comparison(comparison: Comparison) -> None:
+    console.print(to_rich(comparison_rows(comparison)))
+    if comparison.added:
+        console.print("Sizes only in current: " + ", ".join(comparison.added), soft_wrap=True)
+    if comparison.removed:
+        console.print("Sizes only in baseline: " + ", ".join(comparison.removed), soft_wrap=True)
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+    if comparison.passed:
+        console.print("[green]PASS[/]: no regression beyond the limits.", highlight=False)
+        return
+    console.print(f"[bold red]FAIL[/]: {len(comparison.regressions)} regression(s)", highlight=False)
+    for change in comparison.regressions:
+        detail = change.note or f"{format_change(change.change_pct)} (limit +{change.threshold_pct:g}%)"
+        console.print(f"  {change.label}: {change.metric} {detail}", highlight=False, soft_wrap=True)

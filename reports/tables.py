@@ -1,10 +1,17 @@
-"""Rich tables for the terminal."""
+"""Tables: built once as TableData, rendered as rich tables here (and as HTML and markdown)."""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich import box
 from rich.table import Table
 
+from cgtool.compare import Comparison
 from cgtool.config import ModelConfig
+from cgtool.results import CaptureReport
 
 
 def gib(num_bytes: float) -> str:
@@ -26,3 +33,171 @@ def models_table(configs: list[ModelConfig]) -> Table:
             gib(cfg.weight_bytes(2)),
         )
     return table
+
+
+# --- Capture reports, plans and `check` comparisons -----------------------------------
+# Each table is built once as TableData and rendered by rich (here), HTML and markdown.
+
+_MIB = 1 << 20
+
+
+@dataclass(slots=True)
+class TableData:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    marked: set[int] = field(default_factory=set)  # row indices to highlight (regressions)
+
+
+def mib(num_bytes: float | None) -> str:
+    return "-" if num_bytes is None else f"{num_bytes / _MIB:,.1f} MiB"
+
+
+def _num(value: float | None, digits: int = 3, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:,.{digits}f}{suffix}"
+
+
+def format_value(value: float | None, unit: str) -> str:
+    if unit == "bytes":
+        return mib(value)
+    if unit == "tokens":
+        return "-" if value is None else f"{int(value):,}"
+    return _num(value, 3, f" {unit}" if unit else "")
+
+
+def format_change(pct: float | None) -> str:
+    if pct is None:
+        return "-"
+    if math.isinf(pct):
+        return "new" if pct > 0 else "gone"
+    return f"{pct:+.1f}%"
+
+
+def to_rich(data: TableData) -> Table:
+    table = Table(title=data.title, box=box.SIMPLE_HEAD)
+    for i, column in enumerate(data.columns):
+        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i < 2)
+    for i, row in enumerate(data.rows):
+        table.add_row(*row, style="bold red" if i in data.marked else None)
+    return table
+
+
+def size_rows(report: CaptureReport, kind: str) -> TableData:
+    columns = ["batch size" if kind == "decode" else "tokens", "status", "capture", "retained",
+               "cumulative", "peak", "non-torch", "eager", "replay", "speedup", "% roofline",
+               "kernels", "max |diff|"]
+    rows, marked, cumulative = [], set(), 0
+    for row in report.sizes_of(kind):  # capture order: the pool grows largest first
+        cumulative += row.retained_bytes
+        roofline = (100 * row.roofline_ms / row.replay_ms
+                    if row.roofline_ms and row.replay_ms else None)
+        if row.status != "ok":
+            marked.add(len(rows))
+        rows.append([
+            str(row.size), row.status, _num(row.capture_s, 2, " s"), mib(row.retained_bytes),
+            mib(cumulative), mib(row.peak_bytes), mib(row.non_torch_bytes),
+            _num(row.eager_ms, 3, " ms"), _num(row.replay_ms, 3, " ms"),
+            _num(row.speedup, 2, "x"), _num(roofline, 0, "%"), str(row.kernels_per_forward),
+            "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}",
+        ])
+    return TableData(f"{kind} graphs", columns, rows, marked)
+
+
+def totals_rows(report: CaptureReport) -> TableData:
+    t = report.totals
+    bandwidth = t.copy_bandwidth_bytes_s
+    rows = [
+        ["weights", mib(t.weights_bytes)],
+        ["KV pool", f"{mib(t.kv_pool_bytes)} ({t.kv_tokens:,} tokens)"],
+        ["graph pool", mib(t.graph_pool_bytes)],
+        ["non-torch (graphs, workspaces)", mib(t.non_torch_bytes)],
+        ["peak", mib(t.peak_bytes)],
+        ["free before capture", mib(t.free_before_capture_bytes)],
+        ["free after capture", mib(t.free_after_capture_bytes)],
+        ["capture time", _num(t.capture_s, 2, " s")],
+        ["copy bandwidth", "-" if bandwidth is None else f"{bandwidth / 1e9:,.0f} GB/s"],
+    ]
+    return TableData("Totals", ["", "value"], rows)
+
+
+def environment_rows(report: CaptureReport) -> TableData:
+    e, m, s = report.environment, report.model, report.settings
+    rows = [
+        ["GPU", f"{e.gpu_name} ({mib(e.gpu_memory_bytes)})"],
+        ["driver / CUDA / torch", f"{e.driver} / {e.cuda} / {e.torch}"],
+        ["cgtool / host", f"{e.cgtool} / {e.hostname}"],
+        ["model", f"{m.name} ({m.architecture}, {m.num_layers} layers, {m.dtype}, "
+                  f"{mib(m.param_bytes)}, config {m.config_hash})"],
+        ["compiler / attention", f"{s.compiler} / {s.attention_backend}"],
+        ["mem-fraction-static", f"{s.mem_fraction_static:g}"],
+        ["context length / TP", f"{s.context_len:,} / {s.tp_size}"],
+        ["cudagraph GC", "enabled" if s.enable_cudagraph_gc else "frozen during capture"],
+        ["created / status", f"{report.created} / {report.status}"
+                             + (f" ({report.incomplete_reason})" if report.incomplete_reason else "")],
+    ]
+    return TableData("Environment", ["", "value"], rows)
+
+
+def kernel_rows(report: CaptureReport, key: str, top: int = 10) -> TableData:
+    kernels = sorted(report.artifacts.kernel_tables.get(key, []), key=lambda k: -k.cuda_ms)
+    total_ms = sum(k.cuda_ms for k in kernels) or 1.0
+    rows = [[k.name, _num(k.cuda_ms, 3, " ms"), _num(100 * k.cuda_ms / total_ms, 1, "%"),
+             str(k.launches)] for k in kernels[:top]]
+    return TableData(f"Kernels per forward, {key}", ["kernel", "CUDA time", "share", "launches"],
+                     rows)
+
+
+def comparison_rows(comparison: Comparison) -> TableData:
+    limits = f"memory +{comparison.max_regress_pct:g}%"
+    if comparison.subject == "report":
+        limits += f", timings +{comparison.latency_regress_pct:g}%"
+    columns = ["size", "metric", "baseline", "current", "change", "verdict"]
+    rows, marked = [], set()
+    for change in comparison.changes:
+        if change.regressed:
+            marked.add(len(rows))
+        rows.append([
+            change.label, change.metric, format_value(change.baseline, change.unit),
+            format_value(change.current, change.unit),
+            change.note or format_change(change.change_pct),
+            "REGRESSED" if change.regressed else "ok",
+        ])
+    return TableData(f"cgtool check ({comparison.subject}; limits {limits})", columns, rows, marked)
+
+
+def plan_sizes_rows(plan: dict[str, Any]) -> TableData:
+    decode, piecewise = plan["decode"], plan["piecewise"]
+    rows = [
+        ["decode batch sizes", _list(decode["capture_bs"]), _list(decode["default_capture_bs"])],
+        ["piecewise tokens", _list(piecewise["capture_num_tokens"]),
+         _list(piecewise["default_capture_num_tokens"])],
+    ]
+    return TableData("Capture sizes", ["", "plan", "engine default"], rows)
+
+
+def plan_comparison_rows(plan: dict[str, Any]) -> TableData:
+    columns = ["schedule", "step", "decode coverage", "extend coverage", "padding waste",
+               "graphs", "graph memory", "capture", "KV tokens"]
+    rows = [[r["schedule"], _num(r["expected_step_ms"], 3, " ms"),
+             _num(100 * r["decode_coverage"], 1, "%"), _num(100 * r["extend_coverage"], 1, "%"),
+             _num(100 * r["padding_waste"], 1, "%"), str(r["num_graphs"]), mib(r["graph_bytes"]),
+             _num(r["capture_s"], 1, " s"), f"{r['kv_tokens']:,}"] for r in plan["comparison"]]
+    return TableData("Plan against the engine's default", columns, rows)
+
+
+def plan_memory_rows(plan: dict[str, Any]) -> TableData:
+    m = plan["memory"]
+    rows = [[name, mib(m[key])] for name, key in (
+        ("GPU memory", "gpu_memory_bytes"), ("weights", "weights_bytes"),
+        ("KV pool", "kv_bytes"), ("CUDA graphs", "graph_bytes"),
+        ("activations", "activation_bytes"), ("margin", "margin_bytes"))]
+    rows.append(["KV tokens", f"{m['kv_tokens']:,}"])
+    rows.append(["mem-fraction-static", f"{m['mem_fraction_static']:g} "
+                                        f"(default {m['default_mem_fraction_static']:g})"])
+    rows += [["warning", w] for w in m["warnings"]]
+    return TableData("Memory", ["", "value"], rows, {i for i, r in enumerate(rows) if r[0] == "warning"})
+
+
+def _list(sizes: list[int], limit: int = 16) -> str:
+    text = " ".join(map(str, sizes[:limit]))
+    return text + (f" ... ({len(sizes)} sizes)" if len(sizes) > limit else f" ({len(sizes)})")

@@ -1,0 +1,226 @@
+"""`check`: compare two capture reports (or two plans) size by size and decide regressions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from cgtool.errors import InputError
+from cgtool.results import CaptureReport, SizeResult
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    name: str
+    size_field: str | None  # SizeResult attribute compared size by size
+    total_field: str | None  # CaptureTotals attribute compared as the "total" row
+    unit: str  # "bytes", "s", "ms" or "tokens"
+    timing: bool  # timings drift between runs: judged against the looser latency threshold
+    # Changes smaller than this are never a regression: a percentage of a near-zero
+    # baseline says nothing (memory), or is below what CUDA events resolve (time).
+    floor: float
+    higher_is_worse: bool = True
+
+
+REPORT_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("retained_mem", "retained_bytes", "graph_pool_bytes", "bytes", False, _MIB),
+        Metric("peak_mem", "peak_bytes", "peak_bytes", "bytes", False, _MIB),
+        Metric("non_torch_mem", "non_torch_bytes", "non_torch_bytes", "bytes", False, _MIB),
+        Metric("capture_s", "capture_s", "capture_s", "s", True, 0.05),
+        Metric("replay_ms", "replay_ms", None, "ms", True, 0.02),
+        Metric("eager_ms", "eager_ms", None, "ms", True, 0.02),
+    )
+}
+PLAN_METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("graph_bytes", None, "graph_bytes", "bytes", False, _MIB),
+        # A simulated figure, deterministic for the same trace: judged like memory.
+        Metric("expected_step_ms", None, "expected_step_ms", "ms", False, 0.0),
+        Metric("kv_tokens", None, "kv_tokens", "tokens", False, 0.0, higher_is_worse=False),
+    )
+}
+# Memory is deterministic for the same code and settings, so it gates by default;
+# latency is opt-in because shared CI GPUs drift by several percent between runs.
+DEFAULT_REPORT_METRICS = ("retained_mem",)
+
+
+@dataclass(slots=True)
+class MetricChange:
+    label: str  # "decode bs 8", "piecewise 512 tokens" or "total"
+    metric: str
+    unit: str
+    baseline: float | None
+    current: float | None
+    threshold_pct: float
+    regressed: bool
+    note: str = ""  # why a row regressed without a percentage (a size that now fails)
+
+    @property
+    def change_pct(self) -> float | None:
+        if self.baseline is None or self.current is None:
+            return None
+        if self.baseline == 0:
+            return 0.0 if self.current == 0 else math.copysign(math.inf, self.current)
+        return 100.0 * (self.current - self.baseline) / abs(self.baseline)
+
+
+@dataclass(slots=True)
+class Comparison:
+    subject: str  # "report" or "plan"
+    metrics: list[str]
+    max_regress_pct: float
+    latency_regress_pct: float
+    changes: list[MetricChange]
+    added: list[str] = field(default_factory=list)  # sizes only in the current run
+    removed: list[str] = field(default_factory=list)  # sizes only in the baseline
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[MetricChange]:
+        return [c for c in self.changes if c.regressed]
+
+    @property
+    def passed(self) -> bool:
+        return not self.regressions
+
+
+def size_label(kind: str, size: int, rank: int = 0) -> str:
+    unit = f"bs {size}" if kind == "decode" else f"{size} tokens"
+    return f"{kind} {unit}" + (f" rank {rank}" if rank else "")
+
+
+def compare_reports(
+    baseline: CaptureReport,
+    current: CaptureReport,
+    metrics: list[str] | tuple[str, ...] = DEFAULT_REPORT_METRICS,
+    max_regress_pct: float = 5.0,
+    latency_regress_pct: float = 15.0,
+    force: bool = False,
+) -> Comparison:
+    """Size-by-size and total changes of `metrics`; refuses other GPUs/models unless forced."""
+    chosen = _pick_metrics(metrics, REPORT_METRICS, "report")
+    warnings = _report_mismatches(baseline, current, force)
+    result = Comparison("report", [m.name for m in chosen], max_regress_pct, latency_regress_pct,
+                        [], warnings=warnings)
+    base_rows = {s.key: s for s in baseline.sizes}
+    cur_rows = {s.key: s for s in current.sizes}
+    result.added = [size_label(*k) for k in _ordered(cur_rows.keys() - base_rows.keys())]
+    result.removed = [size_label(*k) for k in _ordered(base_rows.keys() - cur_rows.keys())]
+    for key in _ordered(base_rows.keys() & cur_rows.keys()):
+        before, after = base_rows[key], cur_rows[key]
+        status_change = _status_regression(before, after)
+        if status_change:
+            result.changes.append(status_change)
+        for metric in chosen:
+            if metric.size_field:
+                result.changes.append(_change(size_label(*key), metric,
+                                              getattr(before, metric.size_field),
+                                              getattr(after, metric.size_field), result))
+    for metric in chosen:
+        if metric.total_field:
+            result.changes.append(_change("total", metric,
+                                          getattr(baseline.totals, metric.total_field),
+                                          getattr(current.totals, metric.total_field), result))
+    if current.status == "incomplete":
+        result.warnings.append(f"current run is incomplete: {current.incomplete_reason}")
+    return result
+
+
+def compare_plans(
+    baseline: dict[str, Any],
+    current: dict[str, Any],
+    max_regress_pct: float = 5.0,
+    force: bool = False,
+) -> Comparison:
+    """Plan-level figures: graph memory, expected step time, KV tokens; capture sizes diffed."""
+    warnings = _plan_mismatches(baseline, current, force)
+    result = Comparison("plan", list(PLAN_METRICS), max_regress_pct, max_regress_pct, [],
+                        warnings=warnings)
+    for kind, field_name in (("decode", "capture_bs"), ("piecewise", "capture_num_tokens")):
+        before, after = set(baseline[kind][field_name]), set(current[kind][field_name])
+        result.added += [size_label(kind, s) for s in sorted(after - before, reverse=True)]
+        result.removed += [size_label(kind, s) for s in sorted(before - after, reverse=True)]
+    base_figures, cur_figures = _plan_figures(baseline), _plan_figures(current)
+    for metric in PLAN_METRICS.values():
+        result.changes.append(_change("plan", metric, base_figures[metric.name],
+                                      cur_figures[metric.name], result))
+    return result
+
+
+def _plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
+    row = next((r for r in plan["comparison"] if r["schedule"] == "plan"), None)
+    return {
+        "graph_bytes": plan["memory"]["graph_bytes"],
+        "expected_step_ms": row["expected_step_ms"] if row else None,
+        "kv_tokens": plan["memory"]["kv_tokens"],
+    }
+
+
+def _change(label: str, metric: Metric, before: float | None, after: float | None,
+            result: Comparison) -> MetricChange:
+    threshold = result.latency_regress_pct if metric.timing else result.max_regress_pct
+    change = MetricChange(label, metric.name, metric.unit, before, after, threshold, False)
+    pct = change.change_pct
+    if pct is not None and before is not None and after is not None:
+        worse_pct = pct if metric.higher_is_worse else -pct
+        worse_abs = (after - before) if metric.higher_is_worse else (before - after)
+        change.regressed = worse_pct > threshold and worse_abs > metric.floor
+    return change
+
+
+def _status_regression(before: SizeResult, after: SizeResult) -> MetricChange | None:
+    # A size that captured and replayed correctly before and now fails or diverges from
+    # eager is a regression whatever the thresholds: the server would lose that graph.
+    if before.status != "ok" or after.status == "ok":
+        return None
+    return MetricChange(size_label(*after.key), "status", "", None, None, 0.0, True,
+                        note=f"{before.status} -> {after.status}")
+
+
+def _pick_metrics(names: list[str] | tuple[str, ...], table: dict[str, Metric],
+                  subject: str) -> list[Metric]:
+    unknown = [n for n in names if n not in table]
+    if unknown or not names:
+        raise InputError(f"unknown metric {', '.join(unknown) or '(none)'} for a {subject} (--metric)",
+                         f"Choose from: {', '.join(table)}.")
+    return [table[n] for n in dict.fromkeys(names)]
+
+
+def _report_mismatches(baseline: CaptureReport, current: CaptureReport, force: bool) -> list[str]:
+    hard = []
+    if baseline.environment.gpu_name != current.environment.gpu_name:
+        hard.append(f"GPU differs: baseline {baseline.environment.gpu_name}, "
+                    f"current {current.environment.gpu_name}")
+    if baseline.model.config_hash != current.model.config_hash:
+        hard.append(f"model differs: baseline {baseline.model.name} ({baseline.model.config_hash}), "
+                    f"current {current.model.name} ({current.model.config_hash})")
+    soft = [f"setting {name} differs: baseline {getattr(baseline.settings, name)}, "
+            f"current {getattr(current.settings, name)}"
+            for name in ("compiler", "mem_fraction_static", "attention_backend", "context_len",
+                         "enable_cudagraph_gc", "tp_size")
+            if getattr(baseline.settings, name) != getattr(current.settings, name)]
+    return _refuse_unless_forced(hard, force) + soft
+
+
+def _plan_mismatches(baseline: dict[str, Any], current: dict[str, Any], force: bool) -> list[str]:
+    hard = [f"{name} differs: baseline {baseline['inputs'][name]}, current {current['inputs'][name]}"
+            for name in ("gpu", "model") if baseline["inputs"][name] != current["inputs"][name]]
+    return _refuse_unless_forced(hard, force)
+
+
+def _refuse_unless_forced(mismatches: list[str], force: bool) -> list[str]:
+    if mismatches and not force:
+        raise InputError(f"refusing to compare: {mismatches[0]}",
+                         "Compare runs of the same GPU and model, or pass --force.")
+    return [f"compared anyway (--force): {m}" for m in mismatches]
+
+
+def _ordered(keys: Any) -> list[tuple[str, int, int]]:
+    # Decode before piecewise, each largest first, as captured.
+    return sorted(keys, key=lambda k: (k[0] != "decode", -k[1], k[2]))

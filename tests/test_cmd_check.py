@@ -1,0 +1,135 @@
+"""`cgtool check` through the CLI: exit codes 0/1/2, named sizes, markdown for CI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cgtool.commands.main import app
+
+FIXTURES = Path(__file__).parent / "data" / "reports"
+BASELINE = FIXTURES / "h100-llama-3.1-8b"
+PLAN = FIXTURES / "plan-llama-3.1-8b" / "plan.json"
+runner = CliRunner()
+
+
+def _variant(tmp_path: Path, edit, source: Path = BASELINE / "report.json") -> Path:
+    data = json.loads(source.read_text())
+    edit(data)
+    folder = tmp_path / "current"
+    folder.mkdir()
+    (folder / source.name).write_text(json.dumps(data))
+    return folder
+
+
+def _size(data: dict, kind: str, size: int) -> dict:
+    return next(s for s in data["sizes"] if s["kind"] == kind and s["size"] == size)
+
+
+def _grow_retained(kind: str, size: int, factor: float):
+    def edit(data: dict) -> None:
+        row = _size(data, kind, size)
+        row["retained_bytes"] = int(row["retained_bytes"] * factor)
+    return edit
+
+
+def test_same_report_passes_with_exit_0():
+    result = runner.invoke(app, ["check", str(BASELINE), str(BASELINE / "report.json")])
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output
+
+
+def test_ten_percent_more_retained_memory_at_one_size_fails_with_exit_1_naming_it(tmp_path):
+    current = _variant(tmp_path, _grow_retained("decode", 128, 1.10))
+    result = runner.invoke(app, ["check", str(BASELINE), str(current), "--max-regress", "5%"])
+    assert result.exit_code == 1, result.output
+    assert "decode bs 128: retained_mem +10.0% (limit +5%)" in result.output
+
+
+def test_looser_limit_lets_the_same_change_pass(tmp_path):
+    current = _variant(tmp_path, _grow_retained("decode", 128, 1.10))
+    result = runner.invoke(app, ["check", str(BASELINE), str(current), "--max-regress", "12"])
+    assert result.exit_code == 0, result.output
+
+
+def test_latency_metric_opt_in_uses_latency_limit(tmp_path):
+    def slower(data: dict) -> None:
+        _size(data, "piecewise", 512)["replay_ms"] *= 1.2
+
+    current = _variant(tmp_path, slower)
+    args = ["check", str(BASELINE), str(current), "--metric", "retained_mem,replay_ms"]
+    failed = runner.invoke(app, args)
+    assert failed.exit_code == 1 and "piecewise 512 tokens: replay_ms +20.0%" in failed.output
+    assert runner.invoke(app, args + ["--latency-regress", "25%"]).exit_code == 0
+
+
+def test_removed_and_added_sizes_are_listed(tmp_path):
+    def drop_one(data: dict) -> None:
+        data["sizes"] = [s for s in data["sizes"] if s["size"] != 4096]
+
+    result = runner.invoke(app, ["check", str(BASELINE), str(_variant(tmp_path, drop_one))])
+    assert "Sizes only in baseline: piecewise 4096 tokens" in result.output
+
+
+def test_different_gpu_exits_2_unless_forced(tmp_path):
+    def other_gpu(data: dict) -> None:
+        data["environment"]["gpu_name"] = "NVIDIA A100-SXM4-80GB"
+
+    current = _variant(tmp_path, other_gpu)
+    refused = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert refused.exit_code == 2
+    assert "refusing to compare: GPU differs" in refused.output and "--force" in refused.output
+    forced = runner.invoke(app, ["check", str(BASELINE), str(current), "--force"])
+    assert forced.exit_code == 0 and "compared anyway" in forced.output
+
+
+def test_markdown_file_holds_the_verdict_and_the_regressed_size(tmp_path):
+    current = _variant(tmp_path, _grow_retained("piecewise", 1024, 1.5))
+    summary = tmp_path / "summary.md"
+    result = runner.invoke(app, ["check", str(BASELINE), str(current), "--markdown", str(summary)])
+    assert result.exit_code == 1
+    text = summary.read_text()
+    assert text.startswith("## cgtool check: **FAIL**")
+    assert "| piecewise 1024 tokens | retained_mem | 20.0 MiB | 30.0 MiB | +50.0% | REGRESSED |" in text
+    assert "<details>" in text
+
+
+def test_markdown_dash_prints_markdown_instead_of_the_table():
+    result = runner.invoke(app, ["check", str(BASELINE), str(BASELINE), "--markdown", "-"])
+    assert result.exit_code == 0
+    assert result.output.startswith("## cgtool check: **PASS**")
+
+
+@pytest.mark.parametrize("args", [["--max-regress", "lots"], ["--latency-regress", "-3%"],
+                                  ["--metric", "bogus"]])
+def test_bad_options_exit_2_with_one_line(args):
+    result = runner.invoke(app, ["check", str(BASELINE), str(BASELINE)] + args)
+    assert result.exit_code == 2
+    assert result.output.startswith("error:") and len(result.output.strip().splitlines()) == 1
+
+
+def test_truncated_current_report_exits_2_naming_the_file(tmp_path):
+    broken = tmp_path / "report.json"
+    broken.write_text((BASELINE / "report.json").read_text()[:3000])
+    result = runner.invoke(app, ["check", str(BASELINE), str(broken)])
+    assert result.exit_code == 2
+    assert f"{broken}: not valid JSON" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_report_against_plan_exits_2():
+    result = runner.invoke(app, ["check", str(BASELINE), str(PLAN)])
+    assert result.exit_code == 2 and "cannot compare a capture report with a plan" in result.output
+
+
+def test_two_plans_compare_on_plan_figures(tmp_path):
+    def more_graph_memory(data: dict) -> None:
+        data["memory"]["graph_bytes"] = int(data["memory"]["graph_bytes"] * 1.2)
+
+    current = _variant(tmp_path, more_graph_memory, PLAN)
+    result = runner.invoke(app, ["check", str(PLAN), str(current)])
+    assert result.exit_code == 1
+    assert "plan: graph_bytes +20.0%" in result.output
