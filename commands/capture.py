@@ -1,10 +1,102 @@
-"""`cgtool capture`."""
+"""`cgtool capture`: capture, verify and measure decode and piecewise graphs on a GPU."""
 
 from __future__ import annotations
 
-from cgtool.commands.common import not_available
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.errors import CgtoolError
 
 
-def capture() -> None:
+class Kind(str, Enum):
+    decode = "decode"
+    piecewise = "piecewise"
+    both = "both"
+
+
+class Compiler(str, Enum):
+    eager = "eager"
+    inductor = "inductor"
+
+
+def parse_sizes(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.replace(",", " ").split()]
+    except ValueError:
+        raise CgtoolError(f"{flag} '{text}' is not a list of integers", f"Write e.g. {flag} 1,2,4,8.") from None
+    if not sizes or min(sizes) < 1:
+        raise CgtoolError(f"{flag} '{text}' must list positive integers", f"Write e.g. {flag} 1,2,4,8.")
+    return sorted(set(sizes))
+
+
+def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
+    from cgtool.results import load_plan
+
+    plan = load_plan(path)
+    return list(plan["decode"]["capture_bs"]), list(plan["piecewise"]["capture_num_tokens"])
+
+
+def choose_sizes(
+    bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
+) -> tuple[list[int], list[int]]:
+    from cgtool.planner.schedules import sglang_decode_bs, sglang_piecewise_tokens
+
+    plan_bs, plan_tokens = sizes_from_plan(plan) if plan else (None, None)
+    capture_bs = parse_sizes(bs, "--bs") or plan_bs or sglang_decode_bs(max_bs)
+    capture_tokens = parse_sizes(tokens, "--tokens") or plan_tokens or sglang_piecewise_tokens(max_tokens)
+    return capture_bs, capture_tokens
+
+
+@cli_errors
+def capture(
+    model: Annotated[str, typer.Option(help="Preset name (see `cgtool models`) or a HF model folder.")] = "llama-3.1-8b",
+    kind: Annotated[Kind, typer.Option(help="Which graphs to capture.")] = Kind.both,
+    bs: Annotated[Optional[str], typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
+    max_bs: Annotated[int, typer.Option(help="Largest decode batch size for SGLang's default list.")] = 256,
+    tokens: Annotated[Optional[str], typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
+    max_tokens: Annotated[int, typer.Option(help="Largest token count for SGLang's default piecewise list.")] = 4096,
+    plan: Annotated[Optional[Path], typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
+    mem_fraction_static: Annotated[float, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag.")] = 0.85,
+    context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
+    compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
+    random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
+    enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot and a Chrome trace.")] = False,
+    out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
+) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
-    not_available("capture")
+    if not 0.0 < mem_fraction_static < 1.0:
+        raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
+    import torch
+
+    from cgtool.capture import CaptureOptions, SessionState, require_cuda, run_capture
+
+    require_cuda()
+    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
+    opts = CaptureOptions(
+        model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,
+        mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
+        enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
+        out_dir=out, dtype=torch.bfloat16,
+    )
+    from cgtool.reports.capture_view import CaptureProgressBar, print_capture_summary
+
+    state = SessionState()
+    with CaptureProgressBar(err_console) as bar:
+        report = run_capture(opts, bar.update, state)
+    from cgtool.reports.render import render_report
+    from cgtool.results import REPORT_FILENAME, write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_report(report, out / REPORT_FILENAME)
+    written = render_report(report, out)
+    print_capture_summary(console, report, state.failed, written)
+    if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
+        raise typer.Exit(1)

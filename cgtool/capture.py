@@ -1,0 +1,228 @@
+"""One capture session: load, size the KV pool, capture every size, verify and time each."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from cgtool import __version__
+from cgtool.config import ModelConfig, load_model_config
+from cgtool.errors import ConfigError, EnvironmentProblem
+from cgtool.results import (
+    Artifacts,
+    CaptureReport,
+    CaptureSettings,
+    CaptureTotals,
+    Environment,
+    KernelRow,
+    ModelInfo,
+    SizeResult,
+)
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    model: str
+    kinds: tuple[str, ...]
+    capture_bs: list[int]
+    capture_num_tokens: list[int]
+    mem_fraction_static: float = 0.85
+    context_len: int = 1024  # tokens already in the KV cache of each decode request
+    compiler: str = "eager"
+    enable_cudagraph_gc: bool = False
+    random_weights: bool = False
+    profile: bool = False
+    out_dir: Path = Path("cgtool-capture")
+    dtype: torch.dtype = torch.bfloat16
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CaptureProgress:
+    kind: str
+    phase: str  # "load", "compile", "capture", "measure", "done"
+    size: int | None
+    done: int
+    total: int
+    free_bytes: int
+
+
+ProgressCallback = Callable[[CaptureProgress], None]
+
+
+@dataclass
+class SessionState:
+    """What the session has gathered so far: kept whole when a size fails or a signal arrives."""
+
+    sizes: list[SizeResult] = field(default_factory=list)
+    kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
+    incomplete_reason: str | None = None
+    chrome_trace: str | None = None
+    failed: tuple[str, int, int, list[int]] | None = None  # kind, size, free bytes, sizes skipped
+    runners: list[object] = field(default_factory=list)
+
+
+def require_cuda() -> None:
+    if not torch.cuda.is_available():
+        raise EnvironmentProblem(
+            "cgtool capture needs a CUDA GPU and none is visible",
+            "Run it on a GPU machine; `cgtool plan` works without one.",
+        )
+
+
+def resolve_model(model: str, random_weights: bool) -> tuple[ModelConfig, Path | None]:
+    cfg = load_model_config(model)
+    folder = Path(model) if Path(model).is_dir() else None
+    if folder is None or random_weights:
+        return cfg, None
+    if not any(folder.glob("*.safetensors")):
+        raise ConfigError(
+            f"{folder}: no *.safetensors weights found",
+            "Pass --random-weights to profile with random weights of the same shapes.",
+        )
+    return cfg, folder
+
+
+def environment() -> Environment:
+    from cgtool.profiler.memory import device_info
+
+    info = device_info()
+    return Environment(
+        gpu_name=info["gpu_name"],
+        gpu_memory_bytes=info["gpu_memory_bytes"],
+        driver=info["driver"],
+        cuda=str(torch.version.cuda),
+        torch=torch.__version__,
+        cgtool=__version__,
+        hostname=socket.gethostname(),
+    )
+
+
+def model_info(cfg: ModelConfig, dtype: torch.dtype) -> ModelInfo:
+    return ModelInfo(
+        name=cfg.name,
+        architecture=cfg.architecture,
+        config_hash=cfg.config_hash(),
+        dtype=str(dtype).removeprefix("torch."),
+        param_bytes=cfg.weight_bytes(torch.finfo(dtype).bits // 8),
+        num_layers=cfg.num_layers,
+    )
+
+
+def settings_of(opts: CaptureOptions) -> CaptureSettings:
+    return CaptureSettings(
+        kinds=list(opts.kinds),  # type: ignore[arg-type]
+        capture_bs=sorted(opts.capture_bs) if "decode" in opts.kinds else [],
+        capture_num_tokens=sorted(opts.capture_num_tokens) if "piecewise" in opts.kinds else [],
+        compiler=opts.compiler,  # type: ignore[arg-type]
+        mem_fraction_static=opts.mem_fraction_static,
+        attention_backend="triton",
+        context_len=opts.context_len,
+        enable_cudagraph_gc=opts.enable_cudagraph_gc,
+    )
+
+
+def timed(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: SessionState) -> CaptureReport:
+    """Capture and measure every size; `state` keeps what was gathered if this stops early."""
+    from cgtool.profiler.memory import read_memory
+    from cgtool.profiler.timing import copy_bandwidth_bytes_s
+    from cgtool.runners.pool import get_global_graph_memory_pool
+    from cgtool.workbench import build_workbench
+
+    require_cuda()
+    cfg, weights_dir = resolve_model(opts.model, opts.random_weights)
+    _check_sizes(cfg, opts)
+    on_progress(CaptureProgress("", "load", None, 0, 1, torch.cuda.mem_get_info()[0]))
+    bench = build_workbench(
+        cfg,
+        weights_dir=weights_dir,
+        dtype=opts.dtype,
+        mem_fraction_static=opts.mem_fraction_static,
+        max_bs=max(opts.capture_bs, default=1),
+        max_tokens=max(opts.capture_num_tokens, default=16),
+        context_len=opts.context_len,
+        seed=opts.seed,
+    )
+    bandwidth = copy_bandwidth_bytes_s()
+    if opts.profile:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    pool = get_global_graph_memory_pool()
+    before = read_memory(pool)
+    start = time.perf_counter()
+    from cgtool.capture_kinds import capture_decode, capture_piecewise
+
+    if "piecewise" in opts.kinds:
+        capture_piecewise(bench, opts, pool, bandwidth, on_progress, state)
+    if "decode" in opts.kinds and state.incomplete_reason is None:
+        capture_decode(bench, opts, pool, bandwidth, on_progress, state)
+    capture_s = time.perf_counter() - start
+    after = read_memory(pool)
+    snapshot = _dump_snapshot(opts) if opts.profile else None
+    totals = CaptureTotals(
+        weights_bytes=bench.weights_bytes,
+        kv_pool_bytes=bench.runner.kv_pool.nbytes,
+        kv_tokens=bench.kv_tokens,
+        graph_pool_bytes=after.pool_bytes - before.pool_bytes,
+        peak_bytes=torch.cuda.max_memory_reserved(),
+        free_before_capture_bytes=before.free_bytes,
+        free_after_capture_bytes=after.free_bytes,
+        capture_s=capture_s,
+        non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
+        copy_bandwidth_bytes_s=bandwidth,
+    )
+    return build_report(opts, cfg, state, totals, snapshot)
+
+
+def build_report(
+    opts: CaptureOptions,
+    cfg: ModelConfig,
+    state: SessionState,
+    totals: CaptureTotals,
+    snapshot: str | None = None,
+) -> CaptureReport:
+    return CaptureReport(
+        environment=environment(),
+        model=model_info(cfg, opts.dtype),
+        settings=settings_of(opts),
+        sizes=state.sizes,
+        totals=totals,
+        artifacts=Artifacts(
+            memory_snapshot=snapshot,
+            chrome_trace=state.chrome_trace,
+            kernel_tables=state.kernel_tables,
+        ),
+        status="incomplete" if state.incomplete_reason else "complete",
+        incomplete_reason=state.incomplete_reason,
+    )
+
+
+def _check_sizes(cfg: ModelConfig, opts: CaptureOptions) -> None:
+    too_long = [n for n in opts.capture_num_tokens if n > cfg.max_context_len]
+    if "piecewise" in opts.kinds and too_long:
+        raise EnvironmentProblem(
+            f"token count {too_long[0]} is above {cfg.name}'s context length {cfg.max_context_len}",
+            "Drop it from --tokens or lower --max-tokens.",
+        )
+    if any(n < 1 for n in opts.capture_bs + opts.capture_num_tokens):
+        raise EnvironmentProblem("capture sizes must be positive integers", "Fix --bs / --tokens.")
+
+
+def _dump_snapshot(opts: CaptureOptions) -> str:
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    name = "memory_snapshot.pickle"
+    torch.cuda.memory._dump_snapshot(str(opts.out_dir / name))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return name

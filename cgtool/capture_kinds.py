@@ -1,0 +1,161 @@
+"""The sizes loop of each graph kind: capture largest first, then verify and time each size."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from cgtool.measure import CaptureCost, ReplayCheck, check_replay, kernel_count, measure_capture
+from cgtool.results import KernelRow, SizeResult
+
+if TYPE_CHECKING:
+    from cgtool.capture import CaptureOptions, ProgressCallback, SessionState
+    from cgtool.workbench import Workbench
+
+
+def capture_decode(
+    bench: Workbench,
+    opts: CaptureOptions,
+    pool: Any,
+    bandwidth: float,
+    on_progress: ProgressCallback,
+    state: SessionState,
+) -> None:
+    from cgtool.runners.decode import DecodeGraphRunner
+
+    runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc)
+    state.runners.append(runner)  # graphs must outlive the session: they share one pool
+    costs = _capture_sizes("decode", runner.capture_one, runner.capture_bs, pool, on_progress, state)
+    model = bench.runner.model
+    for i, (bs, cost) in enumerate(costs.items()):
+        _progress(on_progress, "decode", "measure", bs, i, len(costs))
+        batch = bench.decode_batch(bs)
+        check = check_replay(
+            eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)),
+            replay=lambda: runner.replay(batch),
+            dtype=opts.dtype,
+            trace_path=_trace_path(opts, state, "decode", bs),
+        )
+        kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
+        roofline_ms = (bench.weights_bytes + kv_read) / bandwidth * 1e3
+        _record(state, "decode", bs, cost, check, roofline_ms, opts.profile)
+
+
+def capture_piecewise(
+    bench: Workbench,
+    opts: CaptureOptions,
+    pool: Any,
+    bandwidth: float,
+    on_progress: ProgressCallback,
+    state: SessionState,
+) -> None:
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
+
+    runner = PiecewiseGraphRunner(
+        bench.runner,
+        capture_num_tokens=opts.capture_num_tokens,
+        compiler=opts.compiler,
+        enable_cudagraph_gc=opts.enable_cudagraph_gc,
+    )
+    state.runners.append(runner)
+    _progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
+    runner.warmup()
+    sizes = sorted(set(opts.capture_num_tokens))
+    costs = _capture_sizes("piecewise", runner.capture_one, sizes, pool, on_progress, state)
+    model = bench.runner.model
+    for i, (n, cost) in enumerate(costs.items()):
+        _progress(on_progress, "piecewise", "measure", n, i, len(costs))
+        batch = bench.extend_batch(n)
+        check = check_replay(
+            eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)[-1:]),
+            replay=lambda: model.compute_logits(runner.replay(batch)[-1:]),
+            dtype=opts.dtype,
+            trace_path=_trace_path(opts, state, "piecewise", n),
+        )
+        flops = 2 * bench.cfg.param_count() * n
+        bytes_ms = bench.weights_bytes / bandwidth * 1e3
+        roofline_ms = max(bytes_ms, flops / _peak_flops() * 1e3) if _peak_flops() else bytes_ms
+        _record(state, "piecewise", n, cost, check, roofline_ms, opts.profile)
+
+
+def _capture_sizes(
+    kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any, state: SessionState
+) -> dict[int, CaptureCost]:
+    """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory."""
+    costs: dict[int, CaptureCost] = {}
+    ordered = sorted(sizes, reverse=True)
+    for i, size in enumerate(ordered):
+        _progress(on_progress, kind, "capture", size, i, len(ordered))
+        try:
+            costs[size] = measure_capture(lambda: capture_one(size), pool)
+        except torch.OutOfMemoryError:
+            free = torch.cuda.mem_get_info()[0]
+            state.incomplete_reason = (
+                f"out of memory capturing {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
+            )
+            state.failed = (kind, size, free, ordered[i + 1 :])
+            state.sizes.append(_failed_row(kind, size))
+            break
+    return costs
+
+
+def _record(
+    state: SessionState,
+    kind: str,
+    size: int,
+    cost: CaptureCost,
+    check: ReplayCheck,
+    roofline_ms: float,
+    keep_kernels: bool,
+) -> None:
+    state.sizes.append(
+        SizeResult(
+            kind=kind,  # type: ignore[arg-type]
+            size=size,
+            capture_s=cost.capture_s,
+            retained_bytes=cost.retained_bytes,
+            peak_bytes=cost.peak_bytes,
+            non_torch_bytes=cost.non_torch_bytes,
+            eager_ms=check.eager_ms,
+            replay_ms=check.replay_ms,
+            speedup=check.eager_ms / check.replay_ms,
+            kernels_per_forward=kernel_count(check),
+            max_abs_diff=check.max_abs_diff,
+            status="ok" if check.safe else "unsafe",
+            roofline_ms=roofline_ms,
+        )
+    )
+    if keep_kernels:
+        state.kernel_tables[f"{kind}:{size}"] = [
+            KernelRow(k.name, k.cuda_ms, k.launches) for k in check.kernels[:15]
+        ]
+
+
+def _failed_row(kind: str, size: int) -> SizeResult:
+    return SizeResult(
+        kind=kind, size=size, capture_s=0.0, retained_bytes=0, peak_bytes=0,  # type: ignore[arg-type]
+        non_torch_bytes=0, eager_ms=None, replay_ms=None, speedup=None,
+        kernels_per_forward=0, max_abs_diff=None, status="failed",
+    )
+
+
+def _trace_path(opts: CaptureOptions, state: SessionState, kind: str, size: int) -> str | None:
+    if not opts.profile or state.chrome_trace is not None:
+        return None
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    state.chrome_trace = f"trace_{kind}_{size}.json"
+    return str(opts.out_dir / state.chrome_trace)
+
+
+def _peak_flops() -> float | None:
+    from cgtool.gpus import match_nvml_name
+
+    spec = match_nvml_name(torch.cuda.get_device_name(0))
+    return spec.bf16_flops if spec else None
+
+
+def _progress(cb: Any, kind: str, phase: str, size: int | None, done: int, total: int) -> None:
+    from cgtool.capture import CaptureProgress
+
+    cb(CaptureProgress(kind, phase, size, done, total, torch.cuda.mem_get_info()[0]))

@@ -1,0 +1,1 @@
+"""Measuring graphs: memory (allocator, graph pool, NVML), latency (CUDA events), kernels."""

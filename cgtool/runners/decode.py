@@ -1,0 +1,104 @@
+"""Decode graphs: one CUDA graph per batch size, replayed by padding to the next captured size."""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from cgtool.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.engine import ModelRunner
+from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runners.pool import freeze_gc, get_global_graph_memory_pool, model_capture_mode
+
+
+class DecodeGraphRunner:
+    def __init__(
+        self,
+        model_runner: ModelRunner,
+        capture_bs: list[int],
+        enable_cudagraph_gc: bool = False,
+        seq_len_fill_value: int = 1,
+    ) -> None:
+        self.model_runner = model_runner
+        self.capture_bs = sorted(set(capture_bs))
+        self.max_bs = self.capture_bs[-1]
+        self.enable_cudagraph_gc = enable_cudagraph_gc
+        self.seq_len_fill_value = seq_len_fill_value
+        vocab = model_runner.model.cfg.vocab_size
+        with torch.device(model_runner.device):
+            self.input_ids = torch.zeros((self.max_bs,), dtype=torch.int64)
+            self.positions = torch.zeros((self.max_bs,), dtype=torch.int64)
+            self.req_pool_indices = torch.full((self.max_bs,), DUMMY_REQ, dtype=torch.int64)
+            self.seq_lens = torch.full((self.max_bs,), seq_len_fill_value, dtype=torch.int32)
+            self.out_cache_loc = torch.full((self.max_bs,), DUMMY_SLOT, dtype=torch.int64)
+            self.logits = torch.zeros((self.max_bs, vocab), dtype=torch.float32)  # [max_bs, vocab]
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # kept alive: they share one pool
+        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self.replay_count = 0
+
+    @property
+    def captured_bs(self) -> list[int]:
+        return sorted(self.graphs)
+
+    def static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            seq_lens_cpu=[],  # a captured graph must not depend on host values
+        )
+
+    def _forward_into_logits(self, batch: ForwardBatch) -> None:
+        runner = self.model_runner
+        with forward_context(batch, runner.kv_pool, runner.backend):
+            hidden = runner.model(batch.input_ids, batch.positions)
+        self.logits[: batch.batch_size].copy_(runner.model.compute_logits(hidden))
+
+    def capture_one(self, bs: int) -> None:
+        """Two warm-ups, then record the forward of `bs` requests into the global pool."""
+        batch = self.static_batch(bs)
+        with model_capture_mode(), freeze_gc(self.enable_cudagraph_gc), torch.cuda.stream(self.stream):
+            for _ in range(2):
+                self._forward_into_logits(batch)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream):
+                self._forward_into_logits(batch)
+        torch.cuda.current_stream().wait_stream(self.stream)
+        self.graphs[bs] = graph
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.forward_mode.is_decode()
+            and bool(self.graphs)
+            and batch.batch_size <= self.captured_bs[-1]
+        )
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of the batch's requests, [raw_bs, vocab], from the next captured size up."""
+        raw_bs = batch.batch_size
+        captured = self.captured_bs
+        bs = captured[bisect.bisect_left(captured, raw_bs)]
+        if bs != raw_bs:
+            # Padded entries read request row 0 and write slot 0: both reserved dummies.
+            self.seq_lens.fill_(self.seq_len_fill_value)
+            self.out_cache_loc.fill_(DUMMY_SLOT)
+            self.req_pool_indices.fill_(DUMMY_REQ)
+        self.input_ids[:raw_bs].copy_(batch.input_ids)
+        self.positions[:raw_bs].copy_(batch.positions)
+        self.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(batch.seq_lens)
+        self.out_cache_loc[:raw_bs].copy_(batch.out_cache_loc)
+        self.graphs[bs].replay()
+        self.replay_count += 1
+        return self.logits[:raw_bs]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.can_run(batch):
+            return self.replay(batch)
+        runner = self.model_runner
+        return runner.model.compute_logits(runner.forward_eager(batch))

@@ -1,0 +1,90 @@
+"""The capture command's terminal output: a progress bar like SGLang's, then the tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from cgtool.capture import CaptureProgress
+from cgtool.reports.tables import size_rows, to_rich, totals_rows
+from cgtool.results import CaptureReport
+
+_GIB = 1 << 30
+
+
+class CaptureProgressBar:
+    """One bar per phase; the text names the size being captured and the free GPU memory."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console, transient=False,
+        )
+        self.tasks: dict[tuple[str, str], int] = {}
+
+    def __enter__(self) -> CaptureProgressBar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+        self.progress.__exit__(None, None, None)
+
+    def update(self, event: CaptureProgress) -> None:
+        free = f"avail mem {event.free_bytes / _GIB:.2f} GiB"
+        if event.phase in ("load", "compile"):
+            what = "loading model and KV pool" if event.phase == "load" else f"compiling {event.kind} pieces"
+            self.progress.console.print(f"{what} ({free})", highlight=False)
+            return
+        key = (event.kind, event.phase)
+        label = "bs" if event.kind == "decode" else "tokens"
+        description = f"{event.phase} {event.kind} {label}={event.size} ({free})"
+        if key not in self.tasks:
+            self.tasks[key] = self.progress.add_task(description, total=event.total)
+        self.progress.update(self.tasks[key], description=description, completed=event.done + 1)
+
+
+def remedies(report: CaptureReport, failed: tuple[str, int, int, list[int]] | None) -> list[str]:
+    """SGLang's order: lower the largest size, then the memory fraction, then drop token bins."""
+    if failed is None:
+        return []
+    kind, size, _free, _skipped = failed
+    fitted = [s.size for s in report.sizes if s.kind == kind and s.status != "failed"]
+    flag = "--cuda-graph-max-bs" if kind == "decode" else "--piecewise-cuda-graph-max-tokens"
+    lines = []
+    if fitted:
+        lines.append(f"lower {flag} to {max(fitted)}, the largest size that fitted")
+    else:
+        lines.append(f"lower {flag} below {size}")
+    lines.append(
+        f"or lower --mem-fraction-static below {report.settings.mem_fraction_static} "
+        "to leave the graphs more room"
+    )
+    if kind == "piecewise":
+        lines.append("or drop the largest token bins (--tokens)")
+    return lines
+
+
+def print_capture_summary(
+    console: Console,
+    report: CaptureReport,
+    failed: tuple[str, int, int, list[int]] | None,
+    written: list[Path],
+) -> None:
+    for kind in report.kinds():
+        console.print(to_rich(size_rows(report, kind)))
+    console.print(to_rich(totals_rows(report)))
+    unsafe = [s for s in report.sizes if s.status == "unsafe"]
+    for row in unsafe:
+        console.print(
+            f"[bold red]unsafe:[/] {row.kind} size {row.size}: replay differs from eager by "
+            f"{row.max_abs_diff:.3g}", highlight=False,
+        )
+    if report.incomplete_reason:
+        console.print(f"[bold red]incomplete:[/] {report.incomplete_reason}", highlight=False)
+        for line in remedies(report, failed):
+            console.print(f"  - {line}", highlight=False)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)

@@ -1,0 +1,51 @@
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cgtool.commands.capture import parse_sizes
+from cgtool.commands.main import app
+from cgtool.errors import CgtoolError
+
+runner = CliRunner()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_capture_without_gpu_exits_2_and_points_to_plan():
+    result = runner.invoke(app, ["capture", "--model", "tiny"])
+    assert result.exit_code == 2
+    assert "needs a CUDA GPU" in result.output and "cgtool plan" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_parse_sizes_accepts_commas_and_spaces():
+    assert parse_sizes("8, 1,4 2", "--bs") == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("text", ["1,x", "0,2", ""])
+def test_parse_sizes_rejects_bad_lists_naming_the_flag(text):
+    with pytest.raises(CgtoolError, match="--bs"):
+        parse_sizes(text, "--bs")
+
+
+def test_bad_mem_fraction_is_exit_2():
+    result = runner.invoke(app, ["capture", "--mem-fraction-static", "1.5"])
+    assert result.exit_code == 2 and "--mem-fraction-static" in result.output
+
+
+@pytest.mark.gpu
+def test_capture_cli_end_to_end_writes_a_verified_report(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app,
+        ["capture", "--model", "qwen2.5-0.5b", "--bs", "1,2,4", "--tokens", "64,128",
+         "--context-len", "256", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    kinds = {(row["kind"], row["size"]) for row in report["sizes"]}
+    assert kinds == {("decode", 1), ("decode", 2), ("decode", 4), ("piecewise", 64), ("piecewise", 128)}
+    assert all(row["status"] == "ok" for row in report["sizes"])
+    retained = sum(row["retained_bytes"] for row in report["sizes"])
+    assert retained == report["totals"]["graph_pool_bytes"]
