@@ -2,20 +2,130 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
 import typer
 
-from cgtool.commands.common import not_available
+from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.config import load_model_config
+from cgtool.errors import InputError
+from cgtool.planner.convert import FORMATS, first_requests, load_trace
+from cgtool.planner.trace import RequestTrace, write_trace
+from cgtool.planner.trace_stats import ContextFilter, batch_stats, drop_over_context, request_stats
+from cgtool.reports.trace_tables import (
+    batch_stats_table,
+    request_stats_table,
+    skipped_text,
+    stats_json,
+)
 
-trace_app = typer.Typer(help="Convert public and production traces to cgtool's format; summarise one.")
+trace_app = typer.Typer(
+    help="Convert public and production traces to cgtool's format; summarise one.",
+    no_args_is_help=True,
+)
+
+FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see the README's 'Traces')."
+ModelOption = Annotated[
+    Optional[str],
+    typer.Option(help="Model preset or HF folder: drop requests longer than its context, as a server would."),
+]
+ContextOption = Annotated[
+    Optional[int],
+    typer.Option("--context-len", min=1, help="Context length in tokens (overrides the model's)."),
+]
+BlockOption = Annotated[
+    int, typer.Option("--block-tokens", min=1, help="Mooncake: tokens per hash_ids block.")
+]
+IntervalOption = Annotated[
+    int,
+    typer.Option("--decode-log-interval", min=1, help="SGLang: the server's --decode-log-interval."),
+]
+
+
+def _context_len(model: str | None, context_len: int | None) -> tuple[int | None, str]:
+    if context_len is not None:
+        return context_len, f"--context-len {context_len:,}"
+    if model is None:
+        return None, ""
+    config = load_model_config(model)
+    return config.max_context_len, f"{config.name}'s context"
 
 
 @trace_app.command("convert")
-def convert() -> None:
+@cli_errors
+def convert(
+    source: Annotated[Path, typer.Argument(help="The trace file to convert.")],
+    trace_format: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write cgtool JSON Lines.")],
+    model: ModelOption = None,
+    context_len: ContextOption = None,
+    limit: Annotated[
+        Optional[int], typer.Option(min=1, help="Keep only the earliest N requests.")
+    ] = None,
+    block_tokens: BlockOption = 512,
+    decode_log_interval: IntervalOption = 40,
+) -> None:
     """Convert a trace (Azure, BurstGPT, Mooncake, SGLang logs, vLLM metrics) to cgtool JSONL."""
-    not_available("trace convert")
+    if out.resolve() == source.resolve():
+        raise InputError(f"--out {out} is the source file itself", "Write to another path.")
+    result = load_trace(source, trace_format, block_tokens, decode_log_interval)
+    trace = result.trace
+    notes = [f"left out {skipped_text(result.skipped)}"] if result.skipped else []
+    limit_len, context_name = _context_len(model, context_len)
+    if isinstance(trace, RequestTrace):
+        if limit_len is not None:
+            context = drop_over_context(trace, limit_len)
+            if not len(context.kept):
+                raise InputError(
+                    f"all {len(trace):,} requests of {source} are longer than {context_name} "
+                    f"({limit_len:,} tokens)",
+                    "Choose a model with a longer context, or another trace.",
+                )
+            trace = context.kept
+            notes.append(f"dropped {context.dropped:,} longer than {context_name} ({limit_len:,} tokens)")
+        if limit is not None:
+            trace = first_requests(trace, limit)
+        summary = f"{len(trace):,} requests"
+    else:
+        if limit_len is not None or limit is not None:
+            err_console.print("note: --model, --context-len and --limit apply to request traces only")
+        summary = f"{len(trace):,} steps ({len(trace.decode_count) + len(trace.extend_count):,} lines)"
+    write_trace(trace, out)
+    console.print(
+        f"Read {result.records_read:,} {trace_format} records from {source}; wrote {summary} to {out}"
+        + (f" ({'; '.join(notes)})" if notes else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 @trace_app.command("stats")
-def stats() -> None:
+@cli_errors
+def stats(
+    trace_file: Annotated[Path, typer.Argument(help="The trace to summarise.")],
+    trace_format: Annotated[str, typer.Option("--format", "-f", help=FORMAT_HELP)] = "cgtool",
+    model: ModelOption = None,
+    context_len: ContextOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    block_tokens: BlockOption = 512,
+    decode_log_interval: IntervalOption = 40,
+) -> None:
     """Summarise a trace: count, duration, rate, length percentiles."""
-    not_available("trace stats")
+    trace = load_trace(trace_file, trace_format, block_tokens, decode_log_interval).trace
+    limit_len, _ = _context_len(model, context_len)
+    context: ContextFilter | None = None
+    if isinstance(trace, RequestTrace):
+        if limit_len is not None:
+            context = drop_over_context(trace, limit_len)
+            trace = context.kept
+        summary = request_stats(trace)
+        table = request_stats_table(summary, context)
+    else:
+        summary = batch_stats(trace)
+        table = batch_stats_table(summary)
+    if as_json:
+        console.print_json(json.dumps(stats_json(summary, context)))
+    else:
+        console.print(table)

@@ -1,0 +1,1 @@
+"""Planning from a workload trace: traces and converters, simulation, cost model, optimiser."""
