@@ -65,6 +65,15 @@ class SessionState:
     chrome_trace: str | None = None
     failed: tuple[str, int, int, list[int]] | None = None  # kind, size, free bytes, sizes skipped
     runners: list[object] = field(default_factory=list)
+    cfg: ModelConfig | None = None
+    totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
+
+
+def zero_totals() -> CaptureTotals:
+    return CaptureTotals(
+        weights_bytes=0, kv_pool_bytes=0, kv_tokens=0, graph_pool_bytes=0, peak_bytes=0,
+        free_before_capture_bytes=0, free_after_capture_bytes=0, capture_s=0.0, non_torch_bytes=0,
+    )
 
 
 def require_cuda() -> None:
@@ -144,6 +153,7 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
 
     require_cuda()
     cfg, weights_dir = resolve_model(opts.model, opts.random_weights)
+    state.cfg = cfg
     _check_sizes(cfg, opts)
     on_progress(CaptureProgress("", "load", None, 0, 1, torch.cuda.mem_get_info()[0]))
     bench = build_workbench(
@@ -161,6 +171,12 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         torch.cuda.memory._record_memory_history(max_entries=200_000)
     pool = get_global_graph_memory_pool()
     before = read_memory(pool)
+    state.totals = CaptureTotals(
+        weights_bytes=bench.weights_bytes, kv_pool_bytes=bench.runner.kv_pool.nbytes,
+        kv_tokens=bench.kv_tokens, graph_pool_bytes=0, peak_bytes=0,
+        free_before_capture_bytes=before.free_bytes, free_after_capture_bytes=before.free_bytes,
+        capture_s=0.0, non_torch_bytes=0, copy_bandwidth_bytes_s=bandwidth,
+    )
     start = time.perf_counter()
     from cgtool.capture_kinds import capture_decode, capture_piecewise
 
@@ -207,6 +223,14 @@ def build_report(
         status="incomplete" if state.incomplete_reason else "complete",
         incomplete_reason=state.incomplete_reason,
     )
+
+
+def partial_report(opts: CaptureOptions, state: SessionState, reason: str) -> CaptureReport | None:
+    """What was measured before an interruption, marked incomplete; None if nothing was loaded."""
+    if state.cfg is None or not torch.cuda.is_available():
+        return None
+    state.incomplete_reason = reason
+    return build_report(opts, state.cfg, state, state.totals or zero_totals())
 
 
 def _check_sizes(cfg: ModelConfig, opts: CaptureOptions) -> None:

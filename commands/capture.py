@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
 from cgtool.errors import CgtoolError
+
+if TYPE_CHECKING:
+    from cgtool.capture import SessionState
+    from cgtool.results import CaptureReport
 
 
 class Kind(str, Enum):
@@ -75,7 +82,7 @@ def capture(
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
     import torch
 
-    from cgtool.capture import CaptureOptions, SessionState, require_cuda, run_capture
+    from cgtool.capture import CaptureOptions, SessionState, partial_report, require_cuda, run_capture
 
     require_cuda()
     capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
@@ -86,17 +93,45 @@ def capture(
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16,
     )
-    from cgtool.reports.capture_view import CaptureProgressBar, print_capture_summary
+    from cgtool.reports.capture_view import CaptureProgressBar
 
     state = SessionState()
-    with CaptureProgressBar(err_console) as bar:
-        report = run_capture(opts, bar.update, state)
+    try:
+        with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
+            report = run_capture(opts, bar.update, state)
+    except KeyboardInterrupt as interrupt:
+        code = 143 if isinstance(interrupt, Terminated) else 130
+        partial = partial_report(opts, state, f"interrupted by {'SIGTERM' if code == 143 else 'SIGINT'}")
+        if partial is not None:
+            _save(partial, out, state)
+        raise typer.Exit(code) from None
+    _save(report, out, state)
+    if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
+        raise typer.Exit(1)
+
+
+def _save(report: CaptureReport, out: Path, state: SessionState) -> None:
+    from cgtool.reports.capture_view import print_capture_summary
     from cgtool.reports.render import render_report
     from cgtool.results import REPORT_FILENAME, write_report
 
     out.mkdir(parents=True, exist_ok=True)
     write_report(report, out / REPORT_FILENAME)
-    written = render_report(report, out)
+    written = [out / REPORT_FILENAME, *render_report(report, out)]
     print_capture_summary(console, report, state.failed, written)
-    if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
-        raise typer.Exit(1)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so the partial report is written on the way out."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

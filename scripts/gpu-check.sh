@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
+# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|compile|all]...
+# Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
+set -uo pipefail
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT/runs"
+export PYTHONUNBUFFERED=1
+stages=${*:-all}
+want() { [[ " $stages " == *" $1 "* || " $stages " == *" all "* ]]; }
+
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
+  || { echo "install failed"; tail -20 "$OUT/install.log"; exit 2; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+
+if want tests; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
+fi
+if want decode; then
+  cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \
+    --context-len 1024 --out "$OUT/runs/llama8b-decode" >"$OUT/runs/llama8b-decode.log" 2>&1
+  echo "llama-3.1-8b decode exit $?"
+  cgtool capture --model qwen2.5-0.5b --kind decode --max-bs 256 --out "$OUT/runs/qwen05b-decode" \
+    >"$OUT/runs/qwen05b-decode.log" 2>&1
+  echo "qwen2.5-0.5b decode exit $?"
+fi
+if want piecewise; then
+  cgtool capture --model qwen2.5-0.5b --kind piecewise --max-tokens 4096 \
+    --out "$OUT/runs/qwen05b-piecewise" >"$OUT/runs/qwen05b-piecewise.log" 2>&1
+  echo "qwen2.5-0.5b piecewise exit $?"
+  cgtool capture --model llama-3.1-8b --kind piecewise --max-tokens 4096 --max-bs 1 \
+    --out "$OUT/runs/llama8b-piecewise" >"$OUT/runs/llama8b-piecewise.log" 2>&1
+  echo "llama-3.1-8b piecewise exit $?"
+fi
+if want compile; then
+  python3 scripts/bench_compile.py --out "$OUT/runs/compile.json" 2>&1 | tee "$OUT/runs/compile.log" | tail -20
+fi
+python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
+tar czf "$OUT/results.tgz" -C "$OUT" runs
+rm -rf "$OUT/runs"
