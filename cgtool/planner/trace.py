@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import json.scanner
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -244,17 +243,17 @@ def write_trace(trace: RequestTrace | BatchTrace, path: str | Path) -> None:
     """Write a trace as cgtool JSON Lines, atomically (a reader never sees half a file)."""
     path = Path(path)
     lines = _request_lines(trace) if isinstance(trace, RequestTrace) else _batch_lines(trace)
-    directory = path.parent if str(path.parent) else Path(".")
+    # Opened by name (not mkstemp) so the file gets the user's umask, not mode 0600.
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        handle, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"cannot write {path} ({exc.strerror})", "Check the output folder.") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
+        with open(temp, "w", encoding="utf-8") as out:
             out.writelines(lines)
-        os.replace(temp_name, path)
+        os.replace(temp, path)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise InputError(f"cannot write {path} ({exc.strerror})", "Check the output folder.") from None
     except BaseException:
-        os.unlink(temp_name)
+        temp.unlink(missing_ok=True)
         raise
 
 
