@@ -1,0 +1,157 @@
+"""Rendering a report or plan: CSV, non-empty figures, one self-contained HTML page, tables."""
+
+from __future__ import annotations
+
+import copy
+import re
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+
+from cgtool.compare import compare_reports
+from cgtool.reports.csv import sizes_frame
+from cgtool.reports.html import MEMORY_VIZ_URL, report_html
+from cgtool.reports.markdown import comparison_markdown
+from cgtool.reports.render import render_path, render_report
+from cgtool.reports.tables import size_rows, to_rich
+from cgtool.results import load_report
+
+FIXTURES = Path(__file__).parent / "data" / "reports"
+REPORT_DIR = FIXTURES / "h100-llama-3.1-8b"
+OOM_DIR = FIXTURES / "h100-llama-3.1-8b-oom"
+PLAN_DIR = FIXTURES / "plan-llama-3.1-8b"
+FIGURE_NAMES = {f"{kind}_{name}.png" for kind in ("decode", "piecewise")
+                for name in ("latency", "speedup", "memory", "capture_time")}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return render_path(REPORT_DIR, tmp_path_factory.mktemp("out"))
+
+
+def _distinct_colours(png: Path) -> int:
+    pixels = (imread(png)[..., :3] * 255).astype(np.uint8).reshape(-1, 3)
+    return len(np.unique(pixels, axis=0))
+
+
+def test_report_renders_csv_eight_figures_and_html(rendered):
+    names = {p.name for p in rendered.files}
+    assert names == FIGURE_NAMES | {"sizes.csv", "report.html"}
+    assert all(p.is_file() and p.stat().st_size > 0 for p in rendered.files)
+
+
+def test_every_figure_has_content(rendered):
+    for png in (p for p in rendered.files if p.suffix == ".png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert _distinct_colours(png) > 50, png.name  # lines, text and legends, not a blank canvas
+
+
+def test_html_is_self_contained_with_every_figure_inlined(rendered):
+    page = next(p for p in rendered.files if p.name == "report.html").read_text()
+    assert page.count("src='data:image/png;base64,") == 8
+    assert not re.search(r"<(script|link|iframe)\b", page)  # nothing fetched from anywhere
+    assert not re.search(r"src=['\"]https?:", page)
+    assert "<td>256</td>" in page and "<td>4096</td>" in page
+    assert "NVIDIA H100 80GB HBM3" in page and "550.54.15" in page
+
+
+def test_html_links_the_memory_snapshot_to_pytorch_memory_viz(rendered):
+    page = next(p for p in rendered.files if p.name == "report.html").read_text()
+    assert f"href='{MEMORY_VIZ_URL}'" in page
+    # Rendered into another folder, so the link leads back to the report's folder.
+    assert re.search(r"href='[^']*h100-llama-3\.1-8b/memory_snapshot\.pickle'", page)
+
+
+def test_sizes_csv_has_every_size_and_cumulative_memory(rendered):
+    frame = pd.read_csv(next(p for p in rendered.files if p.name == "sizes.csv"))
+    assert len(frame) == 42
+    decode = frame[frame["kind"] == "decode"]
+    assert decode["size"].tolist()[:2] == [256, 248]
+    assert decode["cumulative_retained_bytes"].iloc[-1] == decode["retained_bytes"].sum()
+
+
+def test_incomplete_report_shows_banner_and_marks_failed_size(tmp_path):
+    result = render_path(OOM_DIR, tmp_path)
+    page = (tmp_path / "report.html").read_text()
+    assert "Incomplete run: out of memory capturing decode bs 256" in page
+    assert "<tr class='marked'><td>256</td><td>failed</td>" in page
+    assert {p.name for p in result.files} >= {"decode_latency.png", "sizes.csv"}
+    frame = sizes_frame(result.document)
+    assert np.isnan(frame.loc[frame["size"] == 256, "replay_ms"]).all()
+
+
+def test_render_beside_the_report_by_default(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "report.json").write_text((REPORT_DIR / "report.json").read_text())
+    result = render_path(folder / "report.json")
+    assert (folder / "report.html").is_file() and (folder / "figures" / "decode_speedup.png").is_file()
+    assert "href='memory_snapshot.pickle'" in (folder / "report.html").read_text()
+    assert result.source == folder / "report.json"
+
+
+def test_plan_renders_tables_and_says_when_figures_are_missing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cgtool.reports.plan_figures", None)  # import fails
+    result = render_path(PLAN_DIR, tmp_path)
+    page = (tmp_path / "plan.html").read_text()
+    assert [p.name for p in result.files] == ["plan.html"]
+    assert "Plan figures are not available" in result.note and result.note in page
+    assert "--mem-fraction-static 0.9423" in page
+    assert "Plan against the engine&#x27;s default" in page
+
+
+def test_plan_html_embeds_the_planner_figures(tmp_path, monkeypatch, rendered):
+    source_png = next(p for p in rendered.files if p.suffix == ".png")
+
+    def write_plan_figures(plan, out_dir):
+        path = out_dir / "decode_histogram.png"
+        path.write_bytes(source_png.read_bytes())
+        return [path]
+
+    fake = types.ModuleType("cgtool.reports.plan_figures")
+    fake.write_plan_figures = write_plan_figures
+    monkeypatch.setitem(sys.modules, "cgtool.reports.plan_figures", fake)
+    result = render_path(PLAN_DIR, tmp_path)
+    page = (tmp_path / "plan.html").read_text()
+    assert result.note == "" and page.count("data:image/png;base64,") == 1
+    assert "alt='decode_histogram'" in page
+
+
+def test_text_from_the_report_is_escaped_in_html(tmp_path):
+    report = load_report(REPORT_DIR)
+    report.model.name = "<script>alert(1)</script>"
+    page = report_html(report, [])
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_extreme_but_valid_values_render(tmp_path):
+    report = copy.deepcopy(load_report(OOM_DIR))
+    report.sizes[1].retained_bytes = -(1 << 20)  # the pool can shrink between sizes
+    report.sizes[2].replay_ms = 1e12
+    report.sizes[3].capture_s = 0.0
+    report.sizes = report.sizes[:4]
+    files = render_report(report, tmp_path)
+    assert (tmp_path / "report.html").stat().st_size > 0 and len(files) == 6
+
+
+def test_size_table_rows_carry_cumulative_memory_and_roofline_share():
+    report = load_report(REPORT_DIR)
+    table = size_rows(report, "decode")
+    assert table.rows[0][:5] == ["256", "ok", "0.35 s", "256.0 MiB", "256.0 MiB"]
+    assert table.rows[1][4] == "289.0 MiB"  # 256 + 33
+    assert table.rows[-1][10] == "80%"  # bs 1: roofline 4.79 ms of 6.00 ms replay
+    assert to_rich(table).row_count == 36
+
+
+def test_markdown_escapes_pipes_and_lists_the_regression():
+    baseline = load_report(REPORT_DIR)
+    current = copy.deepcopy(baseline)
+    current.sizes[5].retained_bytes *= 2
+    text = comparison_markdown(compare_reports(baseline, current), "a|b", "cur")
+    assert "`a\\|b`" in text
+    assert "| decode bs 216 | retained_mem | 30.0 MiB | 60.0 MiB | +100.0% | REGRESSED |" in text
