@@ -1,10 +1,50 @@
-"""`cgtool report`."""
+"""`cgtool report`: re-render tables, sizes.csv, figures and the HTML page from a saved run."""
 
 from __future__ import annotations
 
-from cgtool.commands.common import not_available
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.reports.render import Rendered, render_path
+from cgtool.reports.tables import (
+    plan_comparison_rows,
+    plan_memory_rows,
+    plan_sizes_rows,
+    size_rows,
+    to_rich,
+    totals_rows,
+)
+from cgtool.results import CaptureReport
 
 
-def report() -> None:
+@cli_errors
+def report(
+    path: Annotated[Path, typer.Argument(
+        help="A capture or plan output folder, or its report.json / plan.json.")],
+    out: Annotated[Optional[Path], typer.Option(
+        help="Write the rendered files here instead of beside the input.")] = None,
+) -> None:
     """Re-render tables, figures and an HTML page from a saved report or plan."""
-    not_available("report")
+    rendered = render_path(path, out)
+    _print_tables(rendered)
+    for written in rendered.files:
+        console.print(f"wrote {written}", highlight=False, soft_wrap=True)
+    if rendered.note:
+        err_console.print(f"note: {rendered.note}", highlight=False)
+
+
+def _print_tables(rendered: Rendered) -> None:
+    document = rendered.document
+    if isinstance(document, CaptureReport):
+        if document.status == "incomplete":
+            err_console.print(f"[yellow]incomplete run:[/] {document.incomplete_reason}",
+                              highlight=False, soft_wrap=True)
+        tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
+    else:
+        tables = [plan_sizes_rows(document), plan_comparison_rows(document),
+                  plan_memory_rows(document)]
+    for table in tables:
+        console.print(to_rich(table))

@@ -131,7 +131,12 @@ def build_oom_report() -> CaptureReport:
     report.incomplete_reason = ("out of memory capturing decode bs 256 with 0.21 GiB free; "
                                 "lower --cuda-graph-max-bs to 248")
     report.artifacts = Artifacts()
-    report.totals.graph_pool_bytes = sum(s.retained_bytes for s in report.sizes)
+    totals = report.totals
+    totals.graph_pool_bytes = sum(s.retained_bytes for s in report.sizes)
+    totals.non_torch_bytes = sum(s.non_torch_bytes for s in report.sizes)
+    totals.capture_s = round(sum(s.capture_s for s in report.sizes), 3)
+    totals.free_after_capture_bytes = (totals.free_before_capture_bytes - totals.graph_pool_bytes
+                                       - totals.non_torch_bytes)
     return report
 
 

@@ -1,0 +1,61 @@
+"""`cgtool report` through the CLI: renders a saved report or plan, bad input exits 2."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cgtool.commands.main import app
+
+FIXTURES = Path(__file__).parent / "data" / "reports"
+runner = CliRunner()
+
+
+def test_report_folder_renders_beside_it_and_prints_tables(tmp_path):
+    folder = tmp_path / "run"
+    shutil.copytree(FIXTURES / "h100-llama-3.1-8b-oom", folder)
+    result = runner.invoke(app, ["report", str(folder)])
+    assert result.exit_code == 0, result.output
+    assert "decode graphs" in result.output and "Totals" in result.output
+    assert "incomplete run: out of memory capturing decode bs 256" in result.output
+    for name in ("sizes.csv", "report.html", "figures/decode_memory.png"):
+        assert (folder / name).is_file()
+        assert f"wrote {folder / name}" in result.output
+
+
+def test_out_option_leaves_the_input_folder_untouched(tmp_path):
+    result = runner.invoke(app, ["report", str(FIXTURES / "h100-llama-3.1-8b" / "report.json"),
+                                 "--out", str(tmp_path / "html")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "html" / "report.html").is_file()
+    assert sorted(p.name for p in (FIXTURES / "h100-llama-3.1-8b").iterdir()) == ["report.json"]
+
+
+def test_plan_renders_its_tables_and_page(tmp_path):
+    result = runner.invoke(app, ["report", str(FIXTURES / "plan-llama-3.1-8b"),
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Capture sizes" in result.output and "Memory" in result.output
+    assert (tmp_path / "plan.html").is_file()
+
+
+def test_missing_path_exits_2_with_one_line(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {tmp_path / 'nowhere'}: no such file. Check the path."
+
+
+def test_folder_without_report_exits_2(tmp_path):
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "neither report.json nor plan.json" in result.output
+
+
+def test_unknown_major_version_exits_2_naming_the_file(tmp_path):
+    text = (FIXTURES / "h100-llama-3.1-8b" / "report.json").read_text()
+    (tmp_path / "report.json").write_text(text.replace('"version": "1.0"', '"version": "3.1"'))
+    result = runner.invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'report.json'}: version 3.1 has unknown major version 3" in result.output
+    assert "Traceback" not in result.output
