@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's numpy interpreter. The flag is read when a
+# kernel is decorated, so it must be set before any test imports cgtool's Triton modules.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,120 @@
+"""Varlen causal extend attention over the token-granular KV pool.
+
+The attention op stores the new tokens' K/V in the pool before the backend runs, so
+every key, cached prefix and new token alike, is read through req_to_token: query j of
+request b sits at position prefix_lens[b] + j and sees the keys at positions up to its
+own. One program handles BLOCK_M queries of one request and one q head.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634  # scores in base 2: exp2 is one instruction
+BLOCK_M = 128  # SGLang's extend kernel picks 128 x 64 on Hopper for head_dim <= 256
+BLOCK_N = 64
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, O, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc, scale_log2,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_req,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    head = tl.program_id(0)
+    b = tl.program_id(1)
+    block_m = tl.program_id(2)
+    extend_len = tl.load(extend_lens + b)
+    if block_m * BLOCK_M >= extend_len:
+        return  # the grid is sized for the longest request of the batch
+
+    kv_head = head // GROUP
+    prefix = tl.load(prefix_lens + b)
+    first_token = tl.load(start_loc + b)
+    token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
+    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < extend_len
+    q_pos = prefix + offs_m
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    rows = (first_token + offs_m).to(tl.int64)
+    q = tl.load(
+        Q + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :], other=0.0,
+    )  # [BLOCK_M, BLOCK_D]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # The last query of this block sees keys up to its own position, no further.
+    kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < kv_end
+        # int64: slot * stride overflows int32 on pools of a few million tokens.
+        slots = tl.load(token_row + offs_n, mask=mask_n, other=0).to(tl.int64)
+        k = tl.load(
+            K + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+        )  # [BLOCK_D, BLOCK_N]
+        s = tl.dot(q, k.to(q.dtype)) * scale_log2
+        # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
+        s = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+        v = tl.load(
+            V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
+        )  # [BLOCK_N, BLOCK_D]
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    tl.store(
+        O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
+    )
+
+
+def extend_attention(
+    q: torch.Tensor,  # [num_tokens, heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim], new tokens already stored
+    v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
+    out: torch.Tensor,  # [num_tokens, heads, head_dim], written in place
+    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32
+    req_pool_indices: torch.Tensor,  # [bs]
+    extend_prefix_lens: torch.Tensor,  # [bs] int32
+    extend_seq_lens: torch.Tensor,  # [bs] int32
+    extend_start_loc: torch.Tensor,  # [bs] int32
+    sm_scale: float,
+    max_extend_len: int,
+    num_real_tokens: int,
+) -> None:
+    """Causal attention of each request's new tokens over its prefix and themselves.
+
+    `max_extend_len` bounds the grid; rows from `num_real_tokens` on (the padding of a
+    replayed piecewise graph) are written as zeros.
+    """
+    _, num_heads, head_dim = q.shape
+    group = num_heads // k_cache.shape[1]
+    bs = req_pool_indices.shape[0]
+    assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
+    assert req_to_token.stride(1) == 1
+    out[num_real_tokens:].zero_()
+    if bs == 0 or max_extend_len == 0:
+        return
+    # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
+    _extend_kernel[(num_heads, bs, triton.cdiv(max_extend_len, BLOCK_M))](
+        q, k_cache, v_cache, out, req_to_token, req_pool_indices,
+        extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        num_warps=4 if head_dim <= 64 else 8, num_stages=1,
+    )

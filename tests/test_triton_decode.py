@@ -1,0 +1,141 @@
+"""Triton split-KV decode attention against the torch reference backend.
+
+Without a GPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET) on
+small fp32/fp16 pools; the interpreter's tl.dot mishandles bf16, so bf16 is tested on the GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from cgtool.attention.torch_ref import TorchAttentionBackend
+from cgtool.attention.triton_backend import TritonAttentionBackend
+from cgtool.config import ModelConfig
+from cgtool.engine import decode_batch
+from cgtool.kv import KVPool
+
+CUDA = "cuda"
+
+
+def random_pool(
+    capacities: list[int], num_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+    device: str, seed: int = 0,
+) -> tuple[KVPool, list[int]]:
+    """One-layer pool whose requests own `capacities` slots scattered at random.
+
+    Every slot no request owns, slot 0 included (where the unused tail of each
+    req_to_token row points), holds NaN: a kernel that reads a key past seq_lens
+    returns NaN.
+    """
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cfg = ModelConfig(
+        name="kernel-test", architecture="LlamaForCausalLM", vocab_size=16,
+        hidden_size=num_heads * head_dim, intermediate_size=16, num_layers=1,
+        num_heads=num_heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        max_context_len=max(capacities),
+    )
+    num_slots = sum(capacities) + 64
+    pool = KVPool(cfg, num_slots, len(capacities) + 2, max(capacities), dtype, device)
+    owned = torch.randperm(num_slots - 1, generator=gen, device=device)[: sum(capacities)] + 1
+    for buf in (pool.k_buffers[0], pool.v_buffers[0]):
+        buf.fill_(float("nan"))
+        buf[owned] = torch.randn(buf[owned].shape, generator=gen, device=device).to(dtype)
+    # Rows in reverse so req_pool_indices is not the identity.
+    rows = list(range(len(capacities), 0, -1))
+    for row, slots in zip(rows, owned.split(capacities)):
+        pool.req_to_token[row, : len(slots)] = slots.int()
+    return pool, rows
+
+
+def random_q(num_tokens: int, num_heads: int, head_dim: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    # Twice the unit scale makes the softmax peaked, so outputs stay O(1) even over 32k keys
+    # and an absolute tolerance still catches a dropped or doubled chunk.
+    gen = torch.Generator(device=device).manual_seed(1)
+    q = torch.randn((num_tokens, num_heads * head_dim), generator=gen, device=device) * 2
+    return q.to(dtype)  # [num_tokens, heads * head_dim], as the attention op passes it
+
+
+def assert_attention_close(out: torch.Tensor, ref: torch.Tensor, atol: float) -> None:
+    out, ref = out.float(), ref.float()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, atol=atol, rtol=atol)
+    assert (out - ref).norm() <= atol * ref.norm()
+
+
+def run_decode(
+    pool: KVPool, rows: list[int], seq_lens: list[int], num_heads: int, head_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(triton output, reference output) for one decode step."""
+    device = str(pool.req_to_token.device)
+    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
+    q = random_q(len(rows), num_heads, head_dim, pool.k_buffers[0].dtype, device)
+    out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+    TritonAttentionBackend(num_heads, head_dim).forward(q, out, 0, batch, pool)
+    TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
+    return out, ref
+
+
+@pytest.mark.parametrize(("num_heads", "kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 64), (8, 2, 128)])
+def test_decode_matches_reference_for_mixed_seq_lens(num_heads, kv_heads, head_dim):
+    seq_lens = [1, 200, 33, 7]  # 200 spans several chunks; 1 and 7 one partial block
+    pool, rows = random_pool([256] * 4, num_heads, kv_heads, head_dim, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, seq_lens, num_heads, head_dim)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_decode_matches_reference_in_fp16():
+    pool, rows = random_pool([100, 300, 5], 8, 2, 64, torch.float16, "cpu")
+    out, ref = run_decode(pool, rows, [100, 300, 5], 8, 64)
+    assert_attention_close(out, ref, atol=5e-3)
+
+
+def test_decode_reads_only_keys_before_seq_len():
+    # Each row owns 256 real slots but attends only to its first seq_lens[b]: a kernel that
+    # ignores seq_lens reads different keys and no longer matches.
+    pool, rows = random_pool([256, 256], 4, 2, 64, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, [40, 129], 4, 64)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_bf16_matches_reference_up_to_32k(group, head_dim):
+    num_heads = 32
+    seq_lens = [1, 2, 31, 32, 33, 1000, 4097, 32768, 513, 17]
+    pool, rows = random_pool(seq_lens, num_heads, num_heads // group, head_dim, torch.bfloat16, CUDA)
+    out, ref = run_decode(pool, rows, seq_lens, num_heads, head_dim)
+    assert_attention_close(out, ref, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_decode_replayed_graph_equals_eager_for_new_seq_lens():
+    num_heads, kv_heads, head_dim, bs = 32, 8, 128, 4
+    pool, rows = random_pool([20000] * bs, num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)
+    backend = TritonAttentionBackend(num_heads, head_dim)
+    batch = decode_batch(pool, rows, [9, 99, 999, 49], [0] * bs)
+    q = random_q(bs, num_heads, head_dim, torch.bfloat16, CUDA)
+    out = torch.empty_like(q)
+    backend.forward(q, out, 0, batch, pool)  # compiles the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.forward(q, out, 0, batch, pool)
+
+    new_lens = [3000, 1, 20000, 77]
+    fresh = decode_batch(pool, rows[::-1], [n - 1 for n in new_lens], [0] * bs)
+    batch.req_pool_indices.copy_(fresh.req_pool_indices)
+    batch.seq_lens.copy_(fresh.seq_lens)
+    q.copy_(torch.randn_like(q))
+    graph.replay()
+    eager = torch.empty_like(q)
+    backend.forward(q, eager, 0, fresh, pool)
+    torch.testing.assert_close(out, eager, atol=0, rtol=0)
+    ref = torch.empty_like(q)
+    TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, fresh, pool)
+    assert_attention_close(out, ref, atol=2e-2)
