@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,11 +28,13 @@ trace_app = typer.Typer(
 
 FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see the README's 'Traces')."
 ModelOption = Annotated[
-    Optional[str],
-    typer.Option(help="Model preset or HF folder: drop requests longer than its context, as a server would."),
+    str | None,
+    typer.Option(
+        help="Model preset or HF folder: drop requests longer than its context, as a server would."
+    ),
 ]
 ContextOption = Annotated[
-    Optional[int],
+    int | None,
     typer.Option("--context-len", min=1, help="Context length in tokens (overrides the model's)."),
 ]
 BlockOption = Annotated[
@@ -40,7 +42,9 @@ BlockOption = Annotated[
 ]
 IntervalOption = Annotated[
     int,
-    typer.Option("--decode-log-interval", min=1, help="SGLang: the server's --decode-log-interval."),
+    typer.Option(
+        "--decode-log-interval", min=1, help="SGLang: the server's --decode-log-interval."
+    ),
 ]
 
 
@@ -62,7 +66,7 @@ def convert(
     model: ModelOption = None,
     context_len: ContextOption = None,
     limit: Annotated[
-        Optional[int], typer.Option(min=1, help="Keep only the earliest N requests.")
+        int | None, typer.Option(min=1, help="Keep only the earliest N requests.")
     ] = None,
     block_tokens: BlockOption = 512,
     decode_log_interval: IntervalOption = 40,
@@ -84,18 +88,24 @@ def convert(
                     "Choose a model with a longer context, or another trace.",
                 )
             trace = context.kept
-            notes.append(f"dropped {context.dropped:,} longer than {context_name} ({limit_len:,} tokens)")
+            notes.append(
+                f"dropped {context.dropped:,} longer than {context_name} ({limit_len:,} tokens)"
+            )
         if limit is not None:
             trace = first_requests(trace, limit)
         summary = f"{len(trace):,} requests"
     else:
         if limit_len is not None or limit is not None:
-            err_console.print("note: --model, --context-len and --limit apply to request traces only")
-        summary = f"{len(trace):,} steps ({len(trace.decode_count) + len(trace.extend_count):,} lines)"
+            err_console.print(
+                "note: --model, --context-len and --limit apply to request traces only"
+            )
+        summary = (
+            f"{len(trace):,} steps ({len(trace.decode_count) + len(trace.extend_count):,} lines)"
+        )
     write_trace(trace, out)
     console.print(
-        f"Read {result.records_read:,} {trace_format} records from {source}; wrote {summary} to {out}"
-        + (f" ({'; '.join(notes)})" if notes else ""),
+        f"Read {result.records_read:,} {trace_format} records from {source}; "
+        f"wrote {summary} to {out}" + (f" ({'; '.join(notes)})" if notes else ""),
         highlight=False,
         soft_wrap=True,
     )

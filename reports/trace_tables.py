@@ -17,7 +17,13 @@ from cgtool.planner.trace_stats import (
 
 
 def _distribution_row(name: str, unit: str, dist: Distribution) -> list[str]:
-    return [name, unit, f"{dist.mean:,.1f}", *(f"{dist.p[q]:,}" for q in PERCENTILES), f"{dist.max:,}"]
+    return [
+        name,
+        unit,
+        f"{dist.mean:,.1f}",
+        *(f"{dist.p[q]:,}" for q in PERCENTILES),
+        f"{dist.max:,}",
+    ]
 
 
 def _distribution_table(title: str) -> Table:
@@ -31,7 +37,9 @@ def _distribution_table(title: str) -> Table:
 
 def request_stats_table(stats: RequestStats, context: ContextFilter | None = None) -> Table:
     minutes = stats.duration_s / 60
-    caption = f"{stats.num_requests:,} requests over {minutes:,.1f} min, {stats.rate_per_s:,.2f} req/s"
+    caption = (
+        f"{stats.num_requests:,} requests over {minutes:,.1f} min, {stats.rate_per_s:,.2f} req/s"
+    )
     caption += f"; {stats.cached_share:.1%} of prompt tokens cached"
     if context is not None:
         caption += (
@@ -57,7 +65,9 @@ def batch_stats_table(stats: BatchStats) -> Table:
     return table
 
 
-def stats_json(stats: RequestStats | BatchStats, context: ContextFilter | None = None) -> dict[str, Any]:
+def stats_json(
+    stats: RequestStats | BatchStats, context: ContextFilter | None = None
+) -> dict[str, Any]:
     data: dict[str, Any] = {"kind": "requests" if isinstance(stats, RequestStats) else "batches"}
     data.update(asdict(stats))
     if context is not None:

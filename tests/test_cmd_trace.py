@@ -13,7 +13,9 @@ from cgtool.planner.trace import RequestTrace, read_trace
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "azure-conv-first-1000.jsonl"
-AZURE_REAL = Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+AZURE_REAL = (
+    Path(__file__).resolve().parents[2] / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+)
 
 AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.0,374,44
@@ -27,7 +29,9 @@ def test_convert_writes_a_trace_and_says_what_it_left_out(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text(AZURE)
     out = tmp_path / "trace.jsonl"
-    result = runner.invoke(app, ["trace", "convert", str(source), "--format", "azure", "-o", str(out)])
+    result = runner.invoke(
+        app, ["trace", "convert", str(source), "--format", "azure", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert "Read 4 azure records" in result.stdout
     assert "wrote 3 requests" in result.stdout and "1 empty prompt" in result.stdout
@@ -68,7 +72,9 @@ def test_convert_sglang_log_writes_a_batch_trace(tmp_path):
         "[t] Decode batch. #running-req: 2, #token: 700, token usage: 0.01, cuda graph: True, gen throughput (token/s): 90.00, #queue-req: 0,\n"
     )
     out = tmp_path / "batches.jsonl"
-    result = runner.invoke(app, ["trace", "convert", str(source), "-f", "sglang-log", "-o", str(out)])
+    result = runner.invoke(
+        app, ["trace", "convert", str(source), "-f", "sglang-log", "-o", str(out)]
+    )
     assert result.exit_code == 0, result.output
     assert out.read_text().splitlines() == [
         '{"mode": "decode", "batch_size": 2, "count": 40}',
@@ -99,26 +105,40 @@ def test_stats_prints_counts_and_percentiles(tmp_path):
 
 def test_stats_reports_requests_over_the_context_as_dropped(tmp_path):
     trace = tmp_path / "t.jsonl"
-    lines = [{"arrival": 0, "input_len": 4000, "output_len": 1}, {"arrival": 1, "input_len": 10, "output_len": 1}]
+    lines = [
+        {"arrival": 0, "input_len": 4000, "output_len": 1},
+        {"arrival": 1, "input_len": 10, "output_len": 1},
+    ]
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
     result = runner.invoke(app, ["trace", "stats", str(trace), "--context-len", "2048", "--json"])
     data = json.loads(result.stdout)
-    assert data["dropped_over_context"] == 1 and data["num_requests"] == 1 and data["context_len"] == 2048
+    assert (
+        data["dropped_over_context"] == 1
+        and data["num_requests"] == 1
+        and data["context_len"] == 2048
+    )
 
 
 def test_stats_reads_a_source_format_directly(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text(AZURE)
-    data = json.loads(runner.invoke(app, ["trace", "stats", str(source), "-f", "azure", "--json"]).stdout)
+    data = json.loads(
+        runner.invoke(app, ["trace", "stats", str(source), "-f", "azure", "--json"]).stdout
+    )
     assert data["num_requests"] == 3
 
 
 @pytest.mark.parametrize(
     "content, expected",
     [
-        ('{"arrival": 0, "input_len": 5, "output_len": 1}\n{"arrival": 1, "input_len": -5, "output_len": 1}\n',
-         "line 2, field 'input_len': is -5"),
-        ('{"arrival": 0, "input_len": 5, "output_len": 1}\nnot json\n', "line 2: is not valid JSON"),
+        (
+            '{"arrival": 0, "input_len": 5, "output_len": 1}\n{"arrival": 1, "input_len": -5, "output_len": 1}\n',
+            "line 2, field 'input_len': is -5",
+        ),
+        (
+            '{"arrival": 0, "input_len": 5, "output_len": 1}\nnot json\n',
+            "line 2: is not valid JSON",
+        ),
         ('{"arrival": 0, "input_len": 5}\n', "line 1, field 'output_len': is missing"),
     ],
 )
@@ -136,7 +156,9 @@ def test_bad_trace_is_one_line_on_stderr_and_exit_2(tmp_path, content, expected)
 def test_unknown_format_and_self_overwrite_are_refused(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text(AZURE)
-    result = runner.invoke(app, ["trace", "convert", str(source), "-f", "excel", "-o", str(tmp_path / "o")])
+    result = runner.invoke(
+        app, ["trace", "convert", str(source), "-f", "excel", "-o", str(tmp_path / "o")]
+    )
     assert result.exit_code == 2 and "unknown trace format 'excel'" in result.stderr
     result = runner.invoke(app, ["trace", "convert", str(source), "-f", "azure", "-o", str(source)])
     assert result.exit_code == 2 and "is the source file itself" in result.stderr
@@ -147,7 +169,9 @@ def test_every_request_over_the_context_is_an_error_not_an_empty_file(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text(AZURE)
     out = tmp_path / "o.jsonl"
-    result = runner.invoke(app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), "--context-len", "10"])
+    result = runner.invoke(
+        app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), "--context-len", "10"]
+    )
     assert result.exit_code == 2 and "all 3 requests" in result.stderr
     assert not out.exists()
 
@@ -157,6 +181,16 @@ def test_shipped_example_reads_and_matches_the_azure_trace_it_was_cut_from(tmp_p
     assert isinstance(example, RequestTrace) and len(example) == 1000
     if AZURE_REAL.exists():
         out = tmp_path / "again.jsonl"
-        args = ["trace", "convert", str(AZURE_REAL), "-f", "azure", "--limit", "1000", "-o", str(out)]
+        args = [
+            "trace",
+            "convert",
+            str(AZURE_REAL),
+            "-f",
+            "azure",
+            "--limit",
+            "1000",
+            "-o",
+            str(out),
+        ]
         assert runner.invoke(app, args).exit_code == 0
         assert out.read_text() == EXAMPLE.read_text()

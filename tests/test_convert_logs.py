@@ -39,7 +39,9 @@ def test_sglang_log_gives_extend_tokens_and_decode_sizes(tmp_path):
 
 
 def test_sglang_decode_log_interval_is_an_option(tmp_path):
-    trace = convert_sglang_log(write(tmp_path, "server.log", SGLANG_LOG), decode_log_interval=10).trace
+    trace = convert_sglang_log(
+        write(tmp_path, "server.log", SGLANG_LOG), decode_log_interval=10
+    ).trace
     assert trace.decode_count.tolist() == [10, 10, 10]
     assert len(trace) == 3 + 30
 
@@ -59,7 +61,10 @@ def test_sglang_absurd_count_names_line_and_field(tmp_path):
 
 
 def test_sglang_zero_token_prefill_is_left_out(tmp_path):
-    text = SGLANG_LOG + "[x] Prefill batch. #new-seq: 0, #new-token: 0, #cached-token: 0, token usage: 0.0,\n"
+    text = (
+        SGLANG_LOG
+        + "[x] Prefill batch. #new-seq: 0, #new-token: 0, #cached-token: 0, token usage: 0.0,\n"
+    )
     result = convert_sglang_log(write(tmp_path, "server.log", text))
     assert result.skipped == {"empty batch (0 tokens)": 1}
     assert result.trace.extend_num_tokens.tolist() == [115, 2048, 900]
@@ -107,7 +112,9 @@ def test_vllm_tables_give_decode_for_full_rows_and_extend_for_the_rest(tmp_path)
 
 
 def test_vllm_piecewise_only_mode_counts_every_row_as_tokens(tmp_path):
-    text = VLLM_LOG.replace("Mode: FULL_AND_PIECEWISE", "Mode: PIECEWISE").replace("FULL         |", "PIECEWISE    |")
+    text = VLLM_LOG.replace("Mode: FULL_AND_PIECEWISE", "Mode: PIECEWISE").replace(
+        "FULL         |", "PIECEWISE    |"
+    )
     trace = convert_vllm_metrics(write(tmp_path, "vllm.log", text)).trace
     assert trace.decode_batch_size.tolist() == []
     assert sorted(trace.extend_num_tokens.tolist()) == [7, 7, 16, 30, 812]
@@ -123,7 +130,10 @@ def test_vllm_columns_are_read_by_header_name(tmp_path):
     "row, expected",
     [
         ("| 7 | 8 | 1 | GRAPHY | 3 |", "line 3, field 'Runtime Mode': is 'GRAPHY'"),
-        ("| seven | 8 | 1 | FULL | 3 |", "line 3, field 'Unpadded Tokens': is 'seven', not a number"),
+        (
+            "| seven | 8 | 1 | FULL | 3 |",
+            "line 3, field 'Unpadded Tokens': is 'seven', not a number",
+        ),
         ("| 7 | 8 | 1 | FULL | 0 |", "line 3, field 'Count': is 0, but must be at least 1"),
         ("| 7 | 8 | 1 |", "line 3: has 3 table cells"),
     ],

@@ -68,9 +68,15 @@ def test_azure_columns_are_found_by_name(tmp_path):
         ("2023-02-30 18:15:46.6,374,44", "line 3, field 'TIMESTAMP': has the impossible date"),
         ("2023-11-16 25:15:46.6,374,44", "line 3, field 'TIMESTAMP': has the impossible time"),
         ("2023-11-16 18:15:46.6,-374,44", "line 3, field 'ContextTokens': is -374"),
-        ("2023-11-16 18:15:46.6,374,lots", "line 3, field 'GeneratedTokens': is 'lots', not a number"),
+        (
+            "2023-11-16 18:15:46.6,374,lots",
+            "line 3, field 'GeneratedTokens': is 'lots', not a number",
+        ),
         ("2023-11-16 18:15:46.6,374,", "line 3, field 'GeneratedTokens': is empty"),
-        ("2023-11-16 18:15:46.6,37.5,4", "line 3, field 'ContextTokens': is '37.5', not a whole number"),
+        (
+            "2023-11-16 18:15:46.6,37.5,4",
+            "line 3, field 'ContextTokens': is '37.5', not a whole number",
+        ),
     ],
 )
 def test_azure_bad_row_names_line_and_field(tmp_path, row, expected):
@@ -84,7 +90,9 @@ def test_azure_bad_row_names_line_and_field(tmp_path, row, expected):
 
 def test_azure_header_without_a_column_names_it(tmp_path):
     path = write(tmp_path, "a.csv", "TIMESTAMP,Context\n2023-11-16 18:15:46.0,1\n")
-    with pytest.raises(InputError, match=r"line 1, field 'ContextTokens': is missing from the header"):
+    with pytest.raises(
+        InputError, match=r"line 1, field 'ContextTokens': is missing from the header"
+    ):
         convert_azure(path)
 
 
@@ -153,16 +161,14 @@ def test_burstgpt_with_only_failures_is_an_error(tmp_path):
 
 # ---- Mooncake ------------------------------------------------------------------------
 
-MOONCAKE_SMALL = "\n".join(
-    [
-        '{"timestamp": 0, "input_length": 1200, "output_length": 10, "hash_ids": [1, 2, 3]}',
-        '{"timestamp": 500, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 4]}',
-        '{"timestamp": 250, "input_length": 600, "output_length": 5, "hash_ids": [1, 9]}',
-        '{"timestamp": 900, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}',
-        '{"timestamp": 1000, "input_length": 700, "output_length": 0, "hash_ids": [7, 1]}',
-        '{"timestamp": 2000, "input_length": 300, "output_length": 3}',
-    ]
-)
+MOONCAKE_SMALL = """\
+{"timestamp": 0, "input_length": 1200, "output_length": 10, "hash_ids": [1, 2, 3]}
+{"timestamp": 500, "input_length": 1100, "output_length": 20, "hash_ids": [1, 2, 4]}
+{"timestamp": 250, "input_length": 600, "output_length": 5, "hash_ids": [1, 9]}
+{"timestamp": 900, "input_length": 1024, "output_length": 1, "hash_ids": [1, 2]}
+{"timestamp": 1000, "input_length": 700, "output_length": 0, "hash_ids": [7, 1]}
+{"timestamp": 2000, "input_length": 300, "output_length": 3}
+"""
 
 
 def test_mooncake_cached_prefix_is_the_leading_blocks_already_seen(tmp_path):
@@ -182,11 +188,20 @@ def test_mooncake_block_size_is_an_option(tmp_path):
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ('{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1, "a"]}', "field 'hash_ids'"),
-        ('{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": 3}', "field 'hash_ids'"),
+        (
+            '{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": [1, "a"]}',
+            "field 'hash_ids'",
+        ),
+        (
+            '{"timestamp": 10, "input_length": 5, "output_length": 1, "hash_ids": 3}',
+            "field 'hash_ids'",
+        ),
         ('{"timestamp": -10, "input_length": 5, "output_length": 1}', "field 'timestamp': is -10"),
         ('{"timestamp": 10, "output_length": 1}', "field 'input_length': is missing"),
-        ('{"timestamp": 10, "input_length": 5, "output_length": "x"}', "field 'output_length': is 'x'"),
+        (
+            '{"timestamp": 10, "input_length": 5, "output_length": "x"}',
+            "field 'output_length': is 'x'",
+        ),
         ('{"timestamp": 10, "input_length": 5,', "line 2: is not valid JSON"),
     ],
 )

@@ -9,7 +9,14 @@ import pytest
 
 from cgtool.errors import InputError
 from cgtool.planner import trace as trace_module
-from cgtool.planner.trace import BatchTrace, RequestTrace, batch_trace, read_trace, request_trace, write_trace
+from cgtool.planner.trace import (
+    BatchTrace,
+    RequestTrace,
+    batch_trace,
+    read_trace,
+    request_trace,
+    write_trace,
+)
 
 
 def write_lines(tmp_path, lines: list[str], name: str = "t.jsonl"):
@@ -110,19 +117,52 @@ BAD_REQUEST_LINES = [
     ('{"arrival": 0, "input_len": 5', "line 2: is not valid JSON"),
     ("[1, 2, 3]", "line 2: is not a JSON object"),
     ('{"arrival": 0, "output_len": 5}', "line 2, field 'input_len': is missing"),
-    ('{"arrival": 0, "input_len": -3, "output_len": 5}', "line 2, field 'input_len': is -3, but must be at least 1"),
-    ('{"arrival": 0, "input_len": 0, "output_len": 5}', "field 'input_len': is 0, but must be at least 1"),
+    (
+        '{"arrival": 0, "input_len": -3, "output_len": 5}',
+        "line 2, field 'input_len': is -3, but must be at least 1",
+    ),
+    (
+        '{"arrival": 0, "input_len": 0, "output_len": 5}',
+        "field 'input_len': is 0, but must be at least 1",
+    ),
     ('{"arrival": 0, "input_len": 4, "output_len": -1}', "line 2, field 'output_len': is -1"),
     ('{"arrival": -0.5, "input_len": 4, "output_len": 1}', "line 2, field 'arrival': is -0.5"),
-    ('{"arrival": NaN, "input_len": 4, "output_len": 1}', "field 'arrival': is nan, not a finite time"),
-    ('{"arrival": 0, "input_len": "812", "output_len": 1}', "field 'input_len': is '812', not a number"),
-    ('{"arrival": 0, "input_len": true, "output_len": 1}', "field 'input_len': is True, not a number"),
-    ('{"arrival": 0, "input_len": 8.5, "output_len": 1}', "field 'input_len': is 8.5, not a whole number"),
-    ('{"arrival": 0, "input_len": 1e300, "output_len": 1}', "field 'input_len': is 1e+300, larger than"),
-    ('{"arrival": 0, "input_len": 99999999999999999999, "output_len": 1}', "field 'input_len': is 99999999999999999999, larger than"),
-    ('{"arrival": "soon", "input_len": 4, "output_len": 1}', "field 'arrival': is 'soon', not a number"),
-    ('{"arrival": 0, "input_len": 4, "output_len": 1, "cached_len": 4}', "field 'cached_len': is 4, but must be less than input_len (4)"),
-    ('{"arrival": 0, "input_len": 4, "output_len": 1, "cached_len": -1}', "field 'cached_len': is -1"),
+    (
+        '{"arrival": NaN, "input_len": 4, "output_len": 1}',
+        "field 'arrival': is nan, not a finite time",
+    ),
+    (
+        '{"arrival": 0, "input_len": "812", "output_len": 1}',
+        "field 'input_len': is '812', not a number",
+    ),
+    (
+        '{"arrival": 0, "input_len": true, "output_len": 1}',
+        "field 'input_len': is True, not a number",
+    ),
+    (
+        '{"arrival": 0, "input_len": 8.5, "output_len": 1}',
+        "field 'input_len': is 8.5, not a whole number",
+    ),
+    (
+        '{"arrival": 0, "input_len": 1e300, "output_len": 1}',
+        "field 'input_len': is 1e+300, larger than",
+    ),
+    (
+        '{"arrival": 0, "input_len": 99999999999999999999, "output_len": 1}',
+        "field 'input_len': is 99999999999999999999, larger than",
+    ),
+    (
+        '{"arrival": "soon", "input_len": 4, "output_len": 1}',
+        "field 'arrival': is 'soon', not a number",
+    ),
+    (
+        '{"arrival": 0, "input_len": 4, "output_len": 1, "cached_len": 4}',
+        "field 'cached_len': is 4, but must be less than input_len (4)",
+    ),
+    (
+        '{"arrival": 0, "input_len": 4, "output_len": 1, "cached_len": -1}',
+        "field 'cached_len': is -1",
+    ),
 ]
 
 
@@ -142,7 +182,10 @@ BAD_BATCH_LINES = [
     ('{"mode": "prefill", "num_tokens": 5}', "line 2, field 'mode': is \"prefill\""),
     ('{"arrival": 0, "input_len": 5, "output_len": 1}', "line 2, field 'mode': is missing"),
     ('{"mode": "decode", "num_tokens": 5}', "line 2, field 'batch_size': is missing"),
-    ('{"mode": "extend", "num_tokens": 0}', "line 2, field 'num_tokens': is 0, but must be at least 1"),
+    (
+        '{"mode": "extend", "num_tokens": 0}',
+        "line 2, field 'num_tokens': is 0, but must be at least 1",
+    ),
     ('{"mode": "decode", "batch_size": 4, "count": 0}', "line 2, field 'count': is 0"),
 ]
 

@@ -17,7 +17,7 @@ from cgtool.planner.trace_stats import (
 )
 
 
-@settings(max_examples=100, deadline=None)  # 100 generated samples
+@settings(max_examples=100, deadline=None, database=None)  # 100 generated samples
 @given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300))
 def test_unweighted_percentiles_match_numpy_inverted_cdf(values):
     array = np.array(values, dtype=np.int64)
@@ -28,7 +28,7 @@ def test_unweighted_percentiles_match_numpy_inverted_cdf(values):
     assert dist.mean == pytest.approx(np.mean(values))
 
 
-@settings(max_examples=100, deadline=None)  # 100 generated samples
+@settings(max_examples=100, deadline=None, database=None)  # 100 generated samples
 @given(st.lists(st.tuples(st.integers(1, 4096), st.integers(1, 50)), min_size=1, max_size=60))
 def test_weighted_percentiles_equal_percentiles_of_the_repeated_values(pairs):
     values = np.array([v for v, _ in pairs], dtype=np.int64)
@@ -40,7 +40,9 @@ def test_weighted_percentiles_equal_percentiles_of_the_repeated_values(pairs):
 
 
 def test_request_stats_hand_checked():
-    trace = request_trace("t", [0.0, 1.0, 4.0, 10.0], [100, 200, 300, 400], [10, 0, 5, 1], [0, 50, 0, 150])
+    trace = request_trace(
+        "t", [0.0, 1.0, 4.0, 10.0], [100, 200, 300, 400], [10, 0, 5, 1], [0, 50, 0, 150]
+    )
     stats = request_stats(trace)
     assert stats.num_requests == 4
     assert stats.duration_s == 10.0
@@ -51,7 +53,9 @@ def test_request_stats_hand_checked():
 
 
 def test_batch_stats_weight_sizes_by_steps():
-    trace = batch_trace("b", [("decode", 8, 40), ("decode", 64, 10), ("extend", 512, 3), ("extend", 4096, 1)])
+    trace = batch_trace(
+        "b", [("decode", 8, 40), ("decode", 64, 10), ("extend", 512, 3), ("extend", 4096, 1)]
+    )
     stats = batch_stats(trace)
     assert (stats.num_steps, stats.decode_steps, stats.extend_steps) == (54, 50, 4)
     assert stats.decode_batch_size.p[50] == 8 and stats.decode_batch_size.p[90] == 64

@@ -6,7 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cgtool.errors import InputError
-from cgtool.planner.convert_logs import SGLANG_DECODE_LOG_INTERVAL, convert_sglang_log, convert_vllm_metrics
+from cgtool.planner.convert_logs import (
+    SGLANG_DECODE_LOG_INTERVAL,
+    convert_sglang_log,
+    convert_vllm_metrics,
+)
 from cgtool.planner.convert_public import (
     MOONCAKE_BLOCK_TOKENS,
     convert_azure,

@@ -13,12 +13,14 @@ from cgtool.planner.trace_fields import field_error, line_error, read_lines, who
 # SGLang's scheduler logs one decode line every --decode-log-interval decode steps (default 40).
 SGLANG_DECODE_LOG_INTERVAL = 40
 SGLANG_REMEDY = (
-    "Pass the log of `python -m sglang.launch_server` at the default --log-level info, which "
-    "prints 'Prefill batch. #new-seq: …, #new-token: …' and 'Decode batch. #running-req: …' lines"
+    "Pass the log of `python -m sglang.launch_server` at the default --log-level info, "
+    "which prints 'Prefill batch. #new-seq: …, #new-token: …' and "
+    "'Decode batch. #running-req: …' lines"
 )
 VLLM_REMEDY = (
-    "Pass the log of `vllm serve … --cudagraph-metrics` (without --disable-log-stats), which prints "
-    "'| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |' tables"
+    "Pass the log of `vllm serve … --cudagraph-metrics` (without --disable-log-stats), "
+    "which prints '| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |' "
+    "tables"
 )
 EMPTY_BATCH = "empty batch (0 tokens)"
 
@@ -54,11 +56,15 @@ def convert_sglang_log(
         decode = None if prefill else _SGLANG_DECODE.search(text)
         if prefill:
             read += 1
-            tokens = whole_number_text(prefill.group(2), path, line_no, "#new-token", 0, SGLANG_REMEDY)
+            tokens = whole_number_text(
+                prefill.group(2), path, line_no, "#new-token", 0, SGLANG_REMEDY
+            )
             row = ("extend", tokens, 1)
         elif decode:
             read += 1
-            size = whole_number_text(decode.group(1), path, line_no, "#running-req", 0, SGLANG_REMEDY)
+            size = whole_number_text(
+                decode.group(1), path, line_no, "#running-req", 0, SGLANG_REMEDY
+            )
             row = ("decode", size, decode_log_interval)
         else:
             continue
@@ -114,21 +120,35 @@ def _is_separator(cells: list[str]) -> bool:
 def _vllm_header(cells: list[str], path: str | Path, line_no: int) -> dict[str, int]:
     for column in VLLM_COLUMNS:
         if column not in cells:
-            raise field_error(path, line_no, column, "is missing from the table header", VLLM_REMEDY)
+            raise field_error(
+                path, line_no, column, "is missing from the table header", VLLM_REMEDY
+            )
     return {column: cells.index(column) for column in VLLM_COLUMNS}
 
 
 def _vllm_row(
-    cells: list[str], columns: dict[str, int], config_mode: str | None, path: str | Path, line_no: int
+    cells: list[str],
+    columns: dict[str, int],
+    config_mode: str | None,
+    path: str | Path,
+    line_no: int,
 ) -> tuple[str, int, int]:
     if len(cells) <= max(columns.values()):
-        raise line_error(path, line_no, f"has {len(cells)} table cells, the header more", VLLM_REMEDY)
-    tokens = whole_number_text(cells[columns["Unpadded Tokens"]], path, line_no, "Unpadded Tokens", 0, VLLM_REMEDY)
+        raise line_error(
+            path, line_no, f"has {len(cells)} table cells, the header more", VLLM_REMEDY
+        )
+    tokens = whole_number_text(
+        cells[columns["Unpadded Tokens"]], path, line_no, "Unpadded Tokens", 0, VLLM_REMEDY
+    )
     count = whole_number_text(cells[columns["Count"]], path, line_no, "Count", 1, VLLM_REMEDY)
     runtime_mode = cells[columns["Runtime Mode"]]
     if runtime_mode not in VLLM_RUNTIME_MODES:
         raise field_error(
-            path, line_no, "Runtime Mode", f"is {runtime_mode[:40]!r}, not one of {', '.join(VLLM_RUNTIME_MODES)}", VLLM_REMEDY
+            path,
+            line_no,
+            "Runtime Mode",
+            f"is {runtime_mode[:40]!r}, not one of {', '.join(VLLM_RUNTIME_MODES)}",
+            VLLM_REMEDY,
         )
     splits_decode = config_mode is None or config_mode in _VLLM_SPLIT_MODES
     kind = "decode" if runtime_mode == "FULL" and splits_decode else "extend"

@@ -1,4 +1,4 @@
-"""Converters for public request traces: Azure LLM inference (CSV), BurstGPT (CSV), Mooncake (JSONL)."""
+"""Converters for public request traces: Azure LLM inference and BurstGPT (CSV), Mooncake."""
 
 from __future__ import annotations
 
@@ -62,14 +62,19 @@ def csv_rows(
         names = [cell.strip() for cell in header]
         for column in columns:
             if column not in names:
-                raise field_error(path, reader.line_num, column, "is missing from the header", remedy)
+                raise field_error(
+                    path, reader.line_num, column, "is missing from the header", remedy
+                )
         index = [names.index(column) for column in columns]
         for row in reader:
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) <= max(index):
                 raise line_error(
-                    path, reader.line_num, f"has {len(row)} columns, the header {len(names)}", remedy
+                    path,
+                    reader.line_num,
+                    f"has {len(row)} columns, the header {len(names)}",
+                    remedy,
                 )
             yield reader.line_num, [row[i] for i in index]
     except csv.Error as exc:
@@ -83,7 +88,9 @@ def convert_azure(path: str | Path) -> ConvertResult:
     skipped: Counter[str] = Counter()
     read = 0
     ordinals: dict[str, int] = {}  # date text -> day number; a trace spans few days
-    for line_no, (stamp, context, generated) in csv_rows(path, columns, "Azure trace", AZURE_REMEDY):
+    for line_no, (stamp, context, generated) in csv_rows(
+        path, columns, "Azure trace", AZURE_REMEDY
+    ):
         read += 1
         day, second = _azure_time(stamp, path, line_no, ordinals)
         prompt = whole_number_text(context, path, line_no, "ContextTokens", 0, AZURE_REMEDY)
@@ -110,7 +117,9 @@ def _azure_time(
 ) -> tuple[int, float]:
     match = _AZURE_TIME.fullmatch(text.strip())
     if match is None:
-        raise field_error(path, line_no, "TIMESTAMP", f"is {text.strip()[:40]!r}, not a time", AZURE_REMEDY)
+        raise field_error(
+            path, line_no, "TIMESTAMP", f"is {text.strip()[:40]!r}, not a time", AZURE_REMEDY
+        )
     date_text, hours, minutes, secs, zone = match.groups()
     if date_text not in ordinals:
         try:
@@ -120,7 +129,9 @@ def _azure_time(
                 path, line_no, "TIMESTAMP", f"has the impossible date {date_text}", AZURE_REMEDY
             ) from None
     if int(hours) > 23 or int(minutes) > 59 or float(secs) >= 61:
-        raise field_error(path, line_no, "TIMESTAMP", f"has the impossible time in {text.strip()!r}", AZURE_REMEDY)
+        raise field_error(
+            path, line_no, "TIMESTAMP", f"has the impossible time in {text.strip()!r}", AZURE_REMEDY
+        )
     offset_s = 0.0
     if zone and zone != "Z":
         sign = -1 if zone[0] == "-" else 1
@@ -135,7 +146,9 @@ def convert_burstgpt(path: str | Path) -> ConvertResult:
     arrival, input_len, output_len = [], [], []
     skipped: Counter[str] = Counter()
     read = 0
-    for line_no, (stamp, request, response) in csv_rows(path, columns, "BurstGPT trace", BURSTGPT_REMEDY):
+    for line_no, (stamp, request, response) in csv_rows(
+        path, columns, "BurstGPT trace", BURSTGPT_REMEDY
+    ):
         read += 1
         time_s = number_text(stamp, path, line_no, "Timestamp", BURSTGPT_REMEDY)
         time_s = time_in_range(time_s, path, line_no, "Timestamp", BURSTGPT_REMEDY)
@@ -169,9 +182,15 @@ def convert_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
             continue
         read += 1
         record = json_object(text, path, line_no, MOONCAKE_REMEDY)
-        time_s = seconds(record.get("timestamp"), path, line_no, "timestamp", MOONCAKE_REMEDY) / 1000
-        prompt = whole_number(record.get("input_length"), path, line_no, "input_length", 0, MOONCAKE_REMEDY)
-        output = whole_number(record.get("output_length"), path, line_no, "output_length", 0, MOONCAKE_REMEDY)
+        time_s = (
+            seconds(record.get("timestamp"), path, line_no, "timestamp", MOONCAKE_REMEDY) / 1000
+        )
+        prompt = whole_number(
+            record.get("input_length"), path, line_no, "input_length", 0, MOONCAKE_REMEDY
+        )
+        output = whole_number(
+            record.get("output_length"), path, line_no, "output_length", 0, MOONCAKE_REMEDY
+        )
         blocks = _hash_ids(record.get("hash_ids"), path, line_no)
         if prompt == 0:
             skipped[EMPTY_PROMPT] += 1
@@ -184,7 +203,9 @@ def convert_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
     arrival, input_len, output_len, _ = zip(*rows)
     start = arrival[0]
     relative = [time_s - start for time_s in arrival]
-    return ConvertResult(request_trace(str(path), relative, input_len, output_len, cached), read, dict(skipped))
+    return ConvertResult(
+        request_trace(str(path), relative, input_len, output_len, cached), read, dict(skipped)
+    )
 
 
 def _hash_ids(value: object, path: str | Path, line_no: int) -> list[int]:
@@ -193,7 +214,9 @@ def _hash_ids(value: object, path: str | Path, line_no: int) -> list[int]:
     if not isinstance(value, list) or not all(
         isinstance(block, int) and not isinstance(block, bool) for block in value
     ):
-        raise field_error(path, line_no, "hash_ids", "must be a list of whole numbers", MOONCAKE_REMEDY)
+        raise field_error(
+            path, line_no, "hash_ids", "must be a list of whole numbers", MOONCAKE_REMEDY
+        )
     return value
 
 
@@ -215,5 +238,6 @@ def _cached_prefix_lengths(requests: list[tuple[int, list[int]]], block_tokens: 
 def _empty(path: str | Path, read: int, skipped: Counter[str]) -> NoReturn:
     reasons = ", ".join(f"{count} {reason}" for reason, count in skipped.items()) or "no rows"
     raise InputError(
-        f"{path} holds no usable request ({reasons})", "Check that this is the right file and format."
+        f"{path} holds no usable request ({reasons})",
+        "Check that this is the right file and format.",
     )

@@ -229,7 +229,7 @@ def _batch_row(record: dict, path: str | Path, line_no: int) -> tuple[str, int, 
     if mode not in BATCH_SIZE_FIELD:
         problem = "is missing" if mode is None else f"is {json.dumps(mode)[:40]}"
         raise field_error(
-            path, line_no, "mode", f"{problem}; it must be \"decode\" or \"extend\"", BATCH_REMEDY
+            path, line_no, "mode", f'{problem}; it must be "decode" or "extend"', BATCH_REMEDY
         )
     size_field = BATCH_SIZE_FIELD[mode]
     size = whole_number(record.get(size_field), path, line_no, size_field, 1, BATCH_REMEDY)
@@ -251,7 +251,9 @@ def write_trace(trace: RequestTrace | BatchTrace, path: str | Path) -> None:
         os.replace(temp, path)
     except OSError as exc:
         temp.unlink(missing_ok=True)
-        raise InputError(f"cannot write {path} ({exc.strerror})", "Check the output folder.") from None
+        raise InputError(
+            f"cannot write {path} ({exc.strerror})", "Check the output folder."
+        ) from None
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
@@ -260,7 +262,9 @@ def write_trace(trace: RequestTrace | BatchTrace, path: str | Path) -> None:
 def _request_lines(trace: RequestTrace) -> list[str]:
     # round() to microseconds keeps files short; repr of a float is valid JSON for finite values.
     arrival = [repr(round(a, 6)) for a in trace.arrival_s.tolist()]
-    columns = zip(arrival, trace.input_len.tolist(), trace.output_len.tolist(), trace.cached_len.tolist())
+    columns = zip(
+        arrival, trace.input_len.tolist(), trace.output_len.tolist(), trace.cached_len.tolist()
+    )
     return [
         f'{{"arrival": {a}, "input_len": {i}, "output_len": {o}, "cached_len": {c}}}\n'
         for a, i, o, c in columns

@@ -45,9 +45,13 @@ def whole_number(
         raise field_error(source, line_no, field, f"is {kind}", remedy)
     if isinstance(value, float):
         if not (math.isfinite(value) and value.is_integer()):
-            raise field_error(source, line_no, field, f"is {show(value)}, not a whole number", remedy)
+            raise field_error(
+                source, line_no, field, f"is {show(value)}, not a whole number", remedy
+            )
         if value > MAX_TOKENS:  # say 1e+300, not its 301 digits
-            raise field_error(source, line_no, field, f"is {value}, larger than {MAX_TOKENS}", remedy)
+            raise field_error(
+                source, line_no, field, f"is {value}, larger than {MAX_TOKENS}", remedy
+            )
     return in_range(int(value), source, line_no, field, minimum, remedy)
 
 
@@ -99,7 +103,9 @@ def number_text(text: str, source: str | Path, line_no: int, field: str, remedy:
             source, line_no, field, f"is {show(cleaned)}, not a number", remedy
         ) from None
     if not math.isfinite(value):
-        raise field_error(source, line_no, field, f"is {show(cleaned)}, not a finite number", remedy)
+        raise field_error(
+            source, line_no, field, f"is {show(cleaned)}, not a finite number", remedy
+        )
     return value
 
 
@@ -128,7 +134,9 @@ def read_lines(path: str | Path, what: str) -> list[str]:
     except IsADirectoryError:
         raise InputError(f"{path} is a folder, not a file", f"Pass the path of a {what}.") from None
     except OSError as exc:
-        raise InputError(f"{path} cannot be read ({exc.strerror})", "Check its permissions.") from None
+        raise InputError(
+            f"{path} cannot be read ({exc.strerror})", "Check its permissions."
+        ) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -139,7 +147,7 @@ def read_lines(path: str | Path, what: str) -> list[str]:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+    return [line.removesuffix("\r") for line in lines]
 
 
 def json_object(text: str, source: str | Path, line_no: int, remedy: str) -> dict:

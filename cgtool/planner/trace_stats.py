@@ -1,4 +1,4 @@
-"""What a trace holds: counts, duration, rate, length percentiles; requests a server would reject."""
+"""What a trace holds (counts, rate, length percentiles) and what a server would reject."""
 
 from __future__ import annotations
 
