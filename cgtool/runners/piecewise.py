@@ -1,0 +1,142 @@
+"""Piecewise graphs: the decoder body compiled and split at attention, graphs per token count.
+
+Extend batches are padded to the next captured token count; the capturable pieces replay
+their graphs and attention runs eagerly between them with the batch's real metadata, so
+one graph per token count serves any mix of requests and cached prefixes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+
+import torch
+
+from cgtool.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.engine import ModelRunner
+from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
+from cgtool.runners.pool import freeze_gc, model_capture_mode
+
+
+class PiecewiseGraphRunner:
+    def __init__(
+        self,
+        model_runner: ModelRunner,
+        capture_num_tokens: list[int],
+        compiler: str = "eager",
+        enable_cudagraph_gc: bool = False,
+    ) -> None:
+        self.model_runner = model_runner
+        self.capture_num_tokens = sorted(set(capture_num_tokens))
+        self.max_num_tokens = self.capture_num_tokens[-1]
+        self.enable_cudagraph_gc = enable_cudagraph_gc
+        with torch.device(model_runner.device):
+            self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
+            self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
+            self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
+        self.backend = PiecewiseBackend(compiler)
+        self.compiled_body = torch.compile(model_runner.model.model, backend=self.backend, fullgraph=True)
+        self.captured_num_tokens: list[int] = []
+        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self.replay_count = 0
+        self.warmed_up = False
+
+    def static_batch(self, num_tokens: int) -> ForwardBatch:
+        """`num_tokens` tokens on the dummy request row, in requests no longer than the context.
+
+        Row 0 of req_to_token is never handed out, so every key read and every K/V written
+        during warm-up and capture lands in the dummy slot.
+        """
+        max_len = self.model_runner.kv_pool.max_context_len
+        lens = [min(max_len, num_tokens - start) for start in range(0, num_tokens, max_len)]
+        device = self.model_runner.device
+        starts = [sum(lens[:i]) for i in range(len(lens))]
+        self.out_cache_loc[:num_tokens].fill_(DUMMY_SLOT)
+        return ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=len(lens),
+            input_ids=self.input_ids[:num_tokens],
+            positions=self.positions[:num_tokens],
+            req_pool_indices=torch.full((len(lens),), DUMMY_REQ, dtype=torch.int64, device=device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            out_cache_loc=self.out_cache_loc[:num_tokens],
+            seq_lens_cpu=lens,
+            extend_prefix_lens=torch.zeros(len(lens), dtype=torch.int32, device=device),
+            extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            extend_prefix_lens_cpu=[0] * len(lens),
+            extend_seq_lens_cpu=lens,
+        )
+
+    def forward_compiled(self, batch: ForwardBatch) -> torch.Tensor:
+        """The compiled, split body; its pieces use graphs only inside `use_graphs_for`."""
+        runner = self.model_runner
+        with forward_context(batch, runner.kv_pool, runner.backend):
+            return self.compiled_body(batch.input_ids, batch.positions)
+
+    def warmup(self) -> None:
+        """Compile the body for a dynamic token count and run it once, without graphs."""
+        batch = self.static_batch(self.max_num_tokens)
+        # Marked dynamic, so the one compilation serves every token count.
+        torch._dynamo.mark_dynamic(batch.input_ids, 0)
+        torch._dynamo.mark_dynamic(batch.positions, 0)
+        self.forward_compiled(batch)
+        self.warmed_up = True
+
+    def capture_one(self, num_tokens: int) -> None:
+        """Warm up and record every capturable piece at `num_tokens`, into the global pool."""
+        if num_tokens not in self.capture_num_tokens:
+            raise ValueError(f"{num_tokens} is not one of the capture sizes {self.capture_num_tokens}")
+        if not self.warmed_up:
+            self.warmup()
+        batch = self.static_batch(num_tokens)
+        with (
+            model_capture_mode(),
+            freeze_gc(self.enable_cudagraph_gc),
+            torch.cuda.stream(self.stream),
+            use_graphs_for(num_tokens),
+        ):
+            self.forward_compiled(batch)
+        torch.cuda.current_stream().wait_stream(self.stream)
+        if not any(num_tokens in piece.graphs for piece in self.backend.pieces):
+            # e.g. dynamo hit its recompile limit and ran the body eagerly, without our backend
+            raise RuntimeError(f"no piece recorded a CUDA graph for {num_tokens} tokens")
+        bisect.insort(self.captured_num_tokens, num_tokens)
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.forward_mode.is_extend()
+            and bool(self.captured_num_tokens)
+            and batch.num_tokens <= self.captured_num_tokens[-1]
+            and not batch.needs_input_logprobs()
+        )
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states [num_real_tokens, hidden] from the next captured token count up.
+
+        The result lives in the graph pool: read it before the next replay.
+        """
+        raw = batch.num_tokens
+        captured = self.captured_num_tokens
+        num_tokens = captured[bisect.bisect_left(captured, raw)]
+        self.input_ids[:raw].copy_(batch.input_ids)
+        self.positions[:raw].copy_(batch.positions)
+        self.out_cache_loc[:raw].copy_(batch.out_cache_loc)
+        # Padded tokens keep stale ids and positions (valid indices) and write the dummy slot.
+        self.out_cache_loc[raw:num_tokens].fill_(DUMMY_SLOT)
+        static = dataclasses.replace(
+            batch,
+            input_ids=self.input_ids[:num_tokens],
+            positions=self.positions[:num_tokens],
+            out_cache_loc=self.out_cache_loc[:num_tokens],
+        )
+        with use_graphs_for(num_tokens):
+            hidden = self.forward_compiled(static)
+        self.replay_count += 1
+        return hidden[: batch.num_real_tokens]
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.can_run(batch):
+            return self.replay(batch)
+        return self.model_runner.forward_eager(batch)
