@@ -65,18 +65,22 @@ def tiny_dynamo_graph():
     model = build_model(cfg, device="cpu", dtype=torch.float32, max_positions=128)
     pool = KVPool(cfg, num_slots=256, max_reqs=4, max_context_len=128, dtype=torch.float32, device="cpu")
     backend = make_backend("torch", cfg.num_heads, cfg.head_dim)
-    seen = []
+    graphs, runtime_args = [], []
 
     def capture_graph(gm, example_inputs):
-        seen.append((gm, list(example_inputs)))
-        return gm
+        graphs.append(gm)
+
+        def run(*args):  # real values: the example inputs may hold symbolic sizes
+            runtime_args.append(args)
+            return gm(*args)
+
+        return run
 
     row = pool.alloc_request(24)[0]
     batch = extend_batch(pool, [row], [0], [list(range(24))])
     with forward_context(batch, pool, backend):
         torch.compile(model.model, backend=capture_graph, fullgraph=True)(batch.input_ids, batch.positions)
-    gm, inputs = seen[0]
-    return cfg, gm, inputs, (model, pool, backend, batch)
+    return cfg, graphs[0], runtime_args[0], (model, pool, backend, batch)
 
 
 def test_tiny_model_splits_into_layers_plus_one_capturable_pieces(tiny_dynamo_graph):
