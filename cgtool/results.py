@@ -159,6 +159,9 @@ class CaptureReport:
 
 # The fields of plan.json that cgtool renders and compares; the planner may add more.
 _HISTOGRAM = {"sizes": list[int], "counts": list[int], "time_s": list[float]}
+_SCHEDULE_ROW = {"schedule": Literal["plan", "default"], "expected_step_ms": float,
+                 "decode_coverage": float, "extend_coverage": float, "padding_waste": float,
+                 "num_graphs": int, "graph_bytes": int, "capture_s": float, "kv_tokens": int}
 PLAN_FIELDS: dict[str, Any] = {
     "status": Literal["complete", "incomplete"],
     "created": str,
@@ -171,10 +174,7 @@ PLAN_FIELDS: dict[str, Any] = {
                "activation_bytes": int, "margin_bytes": int, "kv_bytes": int, "kv_tokens": int,
                "mem_fraction_static": float, "default_mem_fraction_static": float,
                "warnings": list[str]},
-    "comparison": list[{"schedule": Literal["plan", "default"], "expected_step_ms": float,
-                        "decode_coverage": float, "extend_coverage": float,
-                        "padding_waste": float, "num_graphs": int, "graph_bytes": int,
-                        "capture_s": float, "kv_tokens": int}],  # type: ignore[misc]
+    "comparison": list[_SCHEDULE_ROW],  # type: ignore[valid-type]
     "flags": {"sglang": list[str]},
 }
 

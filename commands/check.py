@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -31,11 +31,11 @@ def check(
     latency_regress: Annotated[str, typer.Option(
         help="Largest allowed growth of timings (capture_s, replay_ms, eager_ms); looser "
              "because GPU timings drift a few percent between runs.")] = "15%",
-    metric: Annotated[Optional[str], typer.Option(
+    metric: Annotated[str | None, typer.Option(
         help=f"Comma-separated report metrics: {', '.join(REPORT_METRICS)}. "
              f"Default: {', '.join(DEFAULT_REPORT_METRICS)} (deterministic). Plans always "
              f"compare {', '.join(PLAN_METRICS)}.")] = None,
-    markdown: Annotated[Optional[str], typer.Option(
+    markdown: Annotated[str | None, typer.Option(
         help="Write a markdown summary to this file ('-' prints it instead of the table).")] = None,
     force: Annotated[bool, typer.Option(
         help="Compare even when GPU or model differ.")] = False,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -24,7 +24,7 @@ from cgtool.results import CaptureReport
 def report(
     path: Annotated[Path, typer.Argument(
         help="A capture or plan output folder, or its report.json / plan.json.")],
-    out: Annotated[Optional[Path], typer.Option(
+    out: Annotated[Path | None, typer.Option(
         help="Write the rendered files here instead of beside the input.")] = None,
 ) -> None:
     """Re-render tables, figures and an HTML page from a saved report or plan."""

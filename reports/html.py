@@ -72,8 +72,8 @@ def plan_html(plan: dict[str, Any], figures: list[Path], note: str = "") -> str:
     inputs = plan["inputs"]
     title = f"{inputs['model']} on {inputs['gpu']} ({inputs['engine']})"
     body = [f"<h1>cgtool capture plan: {_e(title)}</h1>",
-            f"<div class='sub'>trace {_e(inputs['trace'])}, created {_e(plan['created'])}, "
-            f"status {_e(plan['status'])}</div>"]
+            (f"<div class='sub'>trace {_e(inputs['trace'])}, created {_e(plan['created'])}, "
+             f"status {_e(plan['status'])}</div>")]
     body += [f"<div class='banner'>{_e(w)}</div>" for w in plan["memory"]["warnings"]]
     body.append(_plan_cards(plan))
     body.append("<h2>Recommended flags</h2>")

@@ -28,8 +28,8 @@ def comparison_markdown(comparison: Comparison, baseline_name: str, current_name
         limits += f", timings +{comparison.latency_regress_pct:g}%"
     parts = [
         f"## cgtool check: {verdict}",
-        f"Baseline `{_escape(baseline_name)}`, current `{_escape(current_name)}`; "
-        f"metrics {', '.join(comparison.metrics)}; limits {limits}.",
+        (f"Baseline `{_escape(baseline_name)}`, current `{_escape(current_name)}`; "
+         f"metrics {', '.join(comparison.metrics)}; limits {limits}."),
     ]
     if comparison.regressions:
         full = comparison_rows(comparison)

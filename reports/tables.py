@@ -86,7 +86,9 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
     columns = ["batch size" if kind == "decode" else "tokens", "status", "capture", "retained",
                "cumulative", "peak", "non-torch", "eager", "replay", "speedup", "% roofline",
                "kernels", "max |diff|"]
-    rows, marked, cumulative = [], set(), 0
+    rows: list[list[str]] = []
+    marked: set[int] = set()
+    cumulative = 0
     for row in report.sizes_of(kind):  # capture order: the pool grows largest first
         cumulative += row.retained_bytes
         roofline = (100 * row.roofline_ms / row.replay_ms
@@ -126,8 +128,8 @@ def environment_rows(report: CaptureReport) -> TableData:
         ["GPU", f"{e.gpu_name} ({mib(e.gpu_memory_bytes)})"],
         ["driver / CUDA / torch", f"{e.driver} / {e.cuda} / {e.torch}"],
         ["cgtool / host", f"{e.cgtool} / {e.hostname}"],
-        ["model", f"{m.name} ({m.architecture}, {m.num_layers} layers, {m.dtype}, "
-                  f"{mib(m.param_bytes)}, config {m.config_hash})"],
+        ["model", (f"{m.name} ({m.architecture}, {m.num_layers} layers, {m.dtype}, "
+                   f"{mib(m.param_bytes)}, config {m.config_hash})")],
         ["compiler / attention", f"{s.compiler} / {s.attention_backend}"],
         ["mem-fraction-static", f"{s.mem_fraction_static:g}"],
         ["context length / TP", f"{s.context_len:,} / {s.tp_size}"],
@@ -152,7 +154,8 @@ def comparison_rows(comparison: Comparison) -> TableData:
     if comparison.subject == "report":
         limits += f", timings +{comparison.latency_regress_pct:g}%"
     columns = ["size", "metric", "baseline", "current", "change", "verdict"]
-    rows, marked = [], set()
+    rows: list[list[str]] = []
+    marked: set[int] = set()
     for change in comparison.changes:
         if change.regressed:
             marked.add(len(rows))
@@ -192,8 +195,8 @@ def plan_memory_rows(plan: dict[str, Any]) -> TableData:
         ("KV pool", "kv_bytes"), ("CUDA graphs", "graph_bytes"),
         ("activations", "activation_bytes"), ("margin", "margin_bytes"))]
     rows.append(["KV tokens", f"{m['kv_tokens']:,}"])
-    rows.append(["mem-fraction-static", f"{m['mem_fraction_static']:g} "
-                                        f"(default {m['default_mem_fraction_static']:g})"])
+    fraction = f"{m['mem_fraction_static']:g} (default {m['default_mem_fraction_static']:g})"
+    rows.append(["mem-fraction-static", fraction])
     rows += [["warning", w] for w in m["warnings"]]
     return TableData("Memory", ["", "value"], rows, {i for i, r in enumerate(rows) if r[0] == "warning"})
 

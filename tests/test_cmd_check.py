@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
@@ -133,3 +135,26 @@ def test_two_plans_compare_on_plan_figures(tmp_path):
     result = runner.invoke(app, ["check", str(PLAN), str(current)])
     assert result.exit_code == 1
     assert "plan: graph_bytes +20.0%" in result.output
+
+
+# Fuzzing the CLI end (issue 7): 80 generated cases of corrupted current reports.
+_BASE = json.loads((BASELINE / "report.json").read_text())
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=2000), size_index=st.integers(0, 41),
+       field=st.sampled_from(["retained_bytes", "size", "kind", "status", "replay_ms"]),
+       value=st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.text(max_size=8))
+def test_fuzz_corrupt_current_report_exits_2_with_one_line_or_compares(
+        tmp_path, cut, size_index, field, value):
+    data = json.loads(json.dumps(_BASE))
+    data["sizes"][size_index][field] = value
+    path = tmp_path / "report.json"
+    text = json.dumps(data)
+    path.write_text(text[: len(text) - cut] if cut % 3 == 0 else text)
+    result = runner.invoke(app, ["check", str(BASELINE), str(path)])
+    assert result.exit_code in (0, 1, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    if result.exit_code == 2:
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), result.output
