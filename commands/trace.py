@@ -26,7 +26,7 @@ trace_app = typer.Typer(
     no_args_is_help=True,
 )
 
-FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see the README's 'Traces')."
+FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see docs/traces.md)."
 ModelOption = Annotated[
     str | None,
     typer.Option(

@@ -174,7 +174,7 @@ def test_bad_request_line_names_file_line_and_field(tmp_path, bad_line, expected
     message = str(caught.value)
     assert message.startswith(f"{path}, line 2")
     assert expected in message
-    assert "README" in message  # the remedy says where the format is described
+    assert "docs/traces.md" in message  # the remedy says where the format is described
     assert "\n" not in message
 
 

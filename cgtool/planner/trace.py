@@ -9,11 +9,13 @@ it stands for. A file holds one kind; other keys are ignored.
 
 from __future__ import annotations
 
+import gc
 import json
 import json.scanner
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,13 +32,13 @@ from cgtool.planner.trace_fields import (
 
 REQUEST_REMEDY = (
     "Each request line needs arrival (seconds, >= 0), input_len (>= 1), output_len (>= 0) "
-    "and optionally cached_len (< input_len); see the README's 'Trace format'"
+    "and optionally cached_len (< input_len); see docs/traces.md"
 )
 BATCH_REMEDY = (
     'Each batch line is {"mode": "decode", "batch_size": N} or {"mode": "extend", '
-    '"num_tokens": N} with N >= 1 and an optional "count" >= 1; see the README\'s \'Trace format\''
+    '"num_tokens": N} with N >= 1 and an optional "count" >= 1; see docs/traces.md'
 )
-LINE_REMEDY = "Each line must be one JSON object; see the README's 'Trace format'"
+LINE_REMEDY = "Each line must be one JSON object; see docs/traces.md"
 BATCH_SIZE_FIELD = {"decode": "batch_size", "extend": "num_tokens"}
 
 
@@ -142,16 +144,16 @@ _scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-
 
 def _read_valid_fast(lines: list[str], source: str) -> RequestTrace | BatchTrace | None:
     """Whole-column parsing for well-formed files (the usual case); None at the first doubt."""
-    records = []
+    # A million fresh dicts and nothing cyclic: the collector's passes over them would cost
+    # more than the parse itself.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        for text in lines:
-            if not text or text.isspace():
-                continue
-            record, end = _scan_json(text, 0)
-            if end != len(text):
-                return None
-            records.append(record)
-    except (ValueError, StopIteration, RecursionError):
+        records = _scan_records(lines)
+    finally:
+        if collecting:
+            gc.enable()
+    if records is None:
         return None
     if not records or set(map(type, records)) != {dict}:
         return None
@@ -177,6 +179,21 @@ def _read_valid_fast(lines: list[str], source: str) -> RequestTrace | BatchTrace
     if not valid:
         return None
     return request_trace(source, arrival_s, input_len, output_len, cached_len)
+
+
+def _scan_records(lines: list[str]) -> list[Any] | None:
+    records = []
+    try:
+        for text in lines:
+            if not text or text.isspace():
+                continue
+            record, end = _scan_json(text, 0)
+            if end != len(text):
+                return None
+            records.append(record)
+    except (ValueError, StopIteration, RecursionError):
+        return None
+    return records
 
 
 def _number_column(
