@@ -97,7 +97,9 @@ def _memory(ax: Axes, rows: list[SizeResult], kind: str) -> None:
 
 def _capture_time(ax: Axes, rows: list[SizeResult], kind: str) -> None:
     sizes = _size_axis(ax, rows, kind)
-    ax.plot(sizes, _values(rows, lambda r: r.capture_s), "o-", color=MEMORY_COLOUR, ms=3)
+    # A failed size's capture time is how long it took to fail: not drawn as a capture.
+    ax.plot(sizes, _values(rows, lambda r: None if r.status == "failed" else r.capture_s), "o-",
+            color=MEMORY_COLOUR, ms=3)
     ax.set_ylabel("capture seconds")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{kind}: capture time per size (total {sum(r.capture_s for r in rows):.1f} s)")

@@ -122,10 +122,11 @@ def _cards(items: list[tuple[str, str]]) -> str:
 
 def _report_cards(report: CaptureReport) -> str:
     t = report.totals
-    failed = sum(s.status != "ok" for s in report.sizes)
+    failed = sum(s.status == "failed" for s in report.sizes)
+    unsafe = sum(s.status == "unsafe" for s in report.sizes)
     items = [(mib(t.graph_pool_bytes), "graph pool"), (f"{t.capture_s:.1f} s", "capture time"),
-             (f"{t.kv_tokens:,}", "KV tokens"), (f"{len(report.sizes)}", "sizes captured"),
-             (f"{failed}", "failed or unsafe sizes")]
+             (f"{t.kv_tokens:,}", "KV tokens"), (f"{len(report.sizes) - failed}", "sizes captured"),
+             (f"{failed} / {unsafe}", "failed / unsafe sizes")]
     for kind in report.kinds():
         smallest = min(report.sizes_of(kind), key=lambda s: s.size)
         if smallest.speedup is not None:
