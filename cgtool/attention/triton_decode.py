@@ -16,11 +16,17 @@ import triton.language as tl
 
 # Scores are computed in base 2: exp2 is a single MUFU instruction, exp is not.
 LOG2_E = 1.4426950408889634
-# Chunks are whole multiples of BLOCK_N, so short sequences use fewer chunks instead of
-# spreading a handful of keys thinly over all of them.
-BLOCK_N = 32
 # tl.dot needs at least 16 rows; smaller GQA groups are padded with masked rows.
 MIN_BLOCK_H = 16
+
+
+def launch_config() -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) of stage 1; SGLang's grouped decode kernel uses 32, 4, 2.
+
+    Chunks are whole multiples of BLOCK_N, so short sequences use fewer chunks instead of
+    spreading a handful of keys thinly over all of them.
+    """
+    return 32, 4, 2
 
 
 @triton.jit
@@ -147,6 +153,7 @@ def decode_attention(
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
     block_d = triton.next_power_of_2(head_dim)
+    block_n, num_warps, num_stages = launch_config()
     _decode_stage1[(bs, kv_heads, num_splits)](
         q, k_cache, v_cache, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
         sm_scale * LOG2_E,
@@ -154,13 +161,13 @@ def decode_attention(
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N,
-        NUM_SPLITS=num_splits, num_warps=4, num_stages=2,
+        BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        NUM_SPLITS=num_splits, num_warps=num_warps, num_stages=num_stages,
     )
     _decode_stage2[(bs, num_heads)](
         mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
         num_warps=4, num_stages=1,
     )

@@ -13,8 +13,42 @@ import triton
 import triton.language as tl
 
 LOG2_E = 1.4426950408889634  # scores in base 2: exp2 is one instruction
-BLOCK_M = 128  # SGLang's extend kernel picks 128 x 64 on Hopper for head_dim <= 256
-BLOCK_N = 64
+
+
+def launch_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); SGLang's extend kernel picks 128 x 64 on Hopper."""
+    return 128, 64, 4 if head_dim <= 64 else 8, 1
+
+
+@triton.jit
+def _attend_key_block(
+    acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
+    stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+):
+    """One online-softmax step over keys start_n..start_n + BLOCK_N - 1."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < kv_end
+    # int64: slot * stride overflows int32 on pools of a few million tokens.
+    slots = tl.load(token_row + offs_n, mask=mask_n, other=0).to(tl.int64)
+    k = tl.load(
+        K + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+    )  # [BLOCK_D, BLOCK_N]
+    s = tl.dot(q, k.to(q.dtype)) * scale_log2
+    if MASKED:
+        # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
+        s = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
+    v = tl.load(
+        V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
+        mask=mask_n[:, None] & mask_d[None, :], other=0.0,
+    )  # [BLOCK_N, BLOCK_D]
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return acc, l_i, m_new
 
 
 @triton.jit
@@ -27,7 +61,9 @@ def _extend_kernel(
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
-    block_m = tl.program_id(2)
+    # Causal blocks further down a request see more keys: launch those first, so the
+    # light ones fill the tail of the wave.
+    block_m = tl.num_programs(2) - 1 - tl.program_id(2)
     extend_len = tl.load(extend_lens + b)
     if block_m * BLOCK_M >= extend_len:
         return  # the grid is sized for the longest request of the batch
@@ -50,30 +86,20 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    # The last query of this block sees keys up to its own position, no further.
+    # Whole key blocks before the block's first query are visible to all its queries; the
+    # rest, up to the last query's own position, need the causal mask.
+    unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    for start_n in range(0, kv_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
-        # int64: slot * stride overflows int32 on pools of a few million tokens.
-        slots = tl.load(token_row + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(
-            K + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-        )  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, k.to(q.dtype)) * scale_log2
-        # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
-        s = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
-        v = tl.load(
-            V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+    for start_n in range(0, unmasked_end, BLOCK_N):
+        acc, l_i, m_i = _attend_key_block(
+            acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, False,
+        )
+    for start_n in range(unmasked_end, kv_end, BLOCK_N):
+        acc, l_i, m_i = _attend_key_block(
+            acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, True,
+        )
 
     tl.store(
         O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
@@ -108,13 +134,13 @@ def extend_attention(
     out[num_real_tokens:].zero_()
     if bs == 0 or max_extend_len == 0:
         return
+    block_m, block_n, num_warps, num_stages = launch_config(head_dim)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
-    _extend_kernel[(num_heads, bs, triton.cdiv(max_extend_len, BLOCK_M))](
+    _extend_kernel[(num_heads, bs, triton.cdiv(max_extend_len, block_m))](
         q, k_cache, v_cache, out, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        num_warps=4 if head_dim <= 64 else 8, num_stages=1,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )
