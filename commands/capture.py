@@ -52,11 +52,12 @@ def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
-    from cgtool.planner.schedules import sglang_decode_bs, sglang_piecewise_tokens
+    from cgtool.planner.schedules import default_schedule
 
     plan_bs, plan_tokens = sizes_from_plan(plan) if plan else (None, None)
-    capture_bs = parse_sizes(bs, "--bs") or plan_bs or sglang_decode_bs(max_bs)
-    capture_tokens = parse_sizes(tokens, "--tokens") or plan_tokens or sglang_piecewise_tokens(max_tokens)
+    sglang = default_schedule("sglang", max_bs=max_bs, max_tokens=max_tokens)
+    capture_bs = parse_sizes(bs, "--bs") or plan_bs or list(sglang.decode_bs)
+    capture_tokens = parse_sizes(tokens, "--tokens") or plan_tokens or list(sglang.piecewise_tokens)
     return capture_bs, capture_tokens
 
 

@@ -14,7 +14,7 @@ import torch
 
 from cgtool.batch import forward_context
 from cgtool.config import load_model_config
-from cgtool.planner.schedules import sglang_decode_bs
+from cgtool.planner.schedules import default_schedule
 from cgtool.profiler.timing import median_cuda_ms
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.workbench import build_workbench
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--max-bs", type=int, default=256)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    sizes = sglang_decode_bs(args.max_bs)
+    sizes = list(default_schedule("sglang", max_bs=args.max_bs).decode_bs)
     cfg = load_model_config(args.model)
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
                             max_bs=max(sizes), max_tokens=16, context_len=1024, seed=0)
