@@ -1,0 +1,107 @@
+"""Server flag lines for a plan, spelled as each engine release's argument parser wants them.
+
+SGLang renamed its graph flags: up to 0.5.10 `--cuda-graph-bs` / `--piecewise-cuda-graph-tokens`,
+from 0.5.23 per-phase `--cuda-graph-bs-decode` / `--cuda-graph-bs-prefill` (the old names are
+rejected there). Every name emitted here is checked in the tests against the option names of
+that release's own parser (tests/data/planner/).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cgtool.planner.schedules import resolve_version, sglang_release
+
+
+@dataclass(frozen=True, slots=True)
+class FlagValues:
+    decode_bs: tuple[int, ...]
+    piecewise_tokens: tuple[int, ...]
+    mem_fraction_static: float  # SGLang: (weights + KV) / total memory
+    gpu_memory_utilization: float  # vLLM: everything it may allocate / total memory
+    trtllm_free_fraction: float  # TensorRT-LLM: KV / memory free after loading and warm-up
+    kv_tokens: int
+    kv_bytes: int
+    chunked_prefill_size: int
+    max_running_requests: int
+
+
+def _ints(values: tuple[int, ...]) -> str:
+    return " ".join(str(v) for v in values)
+
+
+def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
+    release = sglang_release(version)
+    decode, tokens = values.decode_bs, values.piecewise_tokens
+    lines: list[str] = []
+    if release.per_phase_flags:
+        if decode:
+            lines += [f"--cuda-graph-max-bs-decode {max(decode)}", f"--cuda-graph-bs-decode {_ints(decode)}"]
+        else:
+            lines.append("--disable-decode-cuda-graph")
+        if tokens:
+            lines += [f"--cuda-graph-max-bs-prefill {max(tokens)}", f"--cuda-graph-bs-prefill {_ints(tokens)}"]
+        else:
+            lines.append("--disable-prefill-cuda-graph")
+    else:
+        if decode:
+            lines += [f"--cuda-graph-max-bs {max(decode)}", f"--cuda-graph-bs {_ints(decode)}"]
+        else:
+            lines.append("--disable-cuda-graph")
+        if tokens:
+            if not release.piecewise_on_by_default:
+                lines.append("--enable-piecewise-cuda-graph")
+            listed = f"'{list(tokens)}'" if release.tokens_flag_json else _ints(tokens)
+            lines += [
+                f"--piecewise-cuda-graph-max-tokens {max(tokens)}",
+                f"--piecewise-cuda-graph-tokens {listed}",
+            ]
+        elif release.piecewise_on_by_default:
+            lines.append("--disable-piecewise-cuda-graph")
+    return lines + [
+        f"--mem-fraction-static {values.mem_fraction_static:.3f}",
+        f"--max-total-tokens {values.kv_tokens}",
+        f"--chunked-prefill-size {values.chunked_prefill_size}",
+        f"--max-running-requests {values.max_running_requests}",
+    ]
+
+
+def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
+    resolve_version("vllm", version)
+    # vLLM captures one list of token counts for decode and mixed batches alike; a decode
+    # step of b requests is b tokens, so the union serves both kinds of step.
+    sizes = tuple(sorted(set(values.decode_bs) | set(values.piecewise_tokens)))
+    lines = [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"] if sizes else []
+    return lines + [
+        f"--gpu-memory-utilization {values.gpu_memory_utilization:.3f}",
+        f"--kv-cache-memory-bytes {values.kv_bytes}",
+        f"--max-num-batched-tokens {values.chunked_prefill_size}",
+        f"--max-num-seqs {values.max_running_requests}",
+    ]
+
+
+def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
+    resolve_version("trtllm", version)
+    # trtllm-serve takes graph sizes only through its LLM API options file.
+    decode = list(values.decode_bs)
+    options = f"cuda_graph_config: {{enable_padding: true, batch_sizes: {decode}}}"
+    return [
+        f"--max_batch_size {values.max_running_requests}",
+        f"--max_num_tokens {values.chunked_prefill_size}",
+        f"--kv_cache_free_gpu_memory_fraction {values.trtllm_free_fraction:.3f}",
+        "--extra_llm_api_options cgtool-trtllm.yaml",
+        f"# cgtool-trtllm.yaml: {options}",
+    ]
+
+
+def all_flags(values: FlagValues, sglang_version: str | None = None) -> dict[str, list[str]]:
+    return {
+        "sglang": sglang_flags(values, sglang_version),
+        "vllm": vllm_flags(values),
+        "trtllm": trtllm_flags(values),
+    }
+
+
+def flag_names(lines: list[str]) -> list[str]:
+    """The option names in flag lines (comment lines skipped)."""
+    return [line.split()[0] for line in lines if line.startswith("--")]

@@ -1,0 +1,76 @@
+from pathlib import Path
+
+import pytest
+
+from cgtool.planner.flags import FlagValues, flag_names, sglang_flags, trtllm_flags, vllm_flags
+
+DATA = Path(__file__).parent / "data" / "planner"
+VALUES = FlagValues(
+    decode_bs=(1, 2, 4, 8, 16, 24),
+    piecewise_tokens=(64, 256, 1024),
+    mem_fraction_static=0.8714,
+    gpu_memory_utilization=0.95,
+    trtllm_free_fraction=0.9,
+    kv_tokens=400_000,
+    kv_bytes=52_428_800_000,
+    chunked_prefill_size=8192,
+    max_running_requests=256,
+)
+NO_PIECEWISE = FlagValues(**{**{f: getattr(VALUES, f) for f in VALUES.__slots__}, "piecewise_tokens": ()})
+
+
+def _options(name: str) -> set[str]:
+    lines = (DATA / f"{name}-options.txt").read_text().splitlines()
+    return {line for line in lines if line.startswith("--")}
+
+
+@pytest.mark.parametrize("version", ["0.5.4", "0.5.10", "0.5.23"])
+@pytest.mark.parametrize("values", [VALUES, NO_PIECEWISE], ids=["piecewise", "no-piecewise"])
+def test_every_sglang_flag_exists_in_that_release_parser(version, values):
+    names = flag_names(sglang_flags(values, version))
+    assert names and set(names) <= _options(f"sglang-{version}")
+
+
+def test_0523_uses_per_phase_names_that_0510_lacks():
+    new = set(flag_names(sglang_flags(VALUES, "0.5.23")))
+    old = set(flag_names(sglang_flags(VALUES, "0.5.10")))
+    assert {"--cuda-graph-bs-decode", "--cuda-graph-bs-prefill"} <= new
+    assert "--cuda-graph-bs" in old and not old & {"--cuda-graph-bs-decode", "--cuda-graph-bs-prefill"}
+    # 0.5.23's parser no longer knows the old names
+    assert not {"--cuda-graph-bs", "--cuda-graph-max-bs", "--piecewise-cuda-graph-tokens"} & _options("sglang-0.5.23")
+
+
+def test_sglang_lines_carry_the_values():
+    lines = sglang_flags(VALUES, "0.5.23")
+    assert "--cuda-graph-bs-decode 1 2 4 8 16 24" in lines
+    assert "--cuda-graph-max-bs-prefill 1024" in lines
+    assert "--mem-fraction-static 0.871" in lines
+    assert "--max-total-tokens 400000" in lines
+
+
+def test_0510_piecewise_is_on_by_default_but_0_5_4_needs_enabling():
+    assert "--enable-piecewise-cuda-graph" not in sglang_flags(VALUES, "0.5.10")
+    assert "--enable-piecewise-cuda-graph" in sglang_flags(VALUES, "0.5.4")
+    assert "--disable-piecewise-cuda-graph" in sglang_flags(NO_PIECEWISE, "0.5.10")
+
+
+def test_0_5_4_takes_token_bins_as_one_json_list():
+    assert "--piecewise-cuda-graph-tokens '[64, 256, 1024]'" in sglang_flags(VALUES, "0.5.4")
+
+
+@pytest.mark.parametrize("values", [VALUES, NO_PIECEWISE], ids=["piecewise", "no-piecewise"])
+def test_every_vllm_flag_exists_in_its_parser(values):
+    assert set(flag_names(vllm_flags(values))) <= _options("vllm-0.33.0")
+
+
+def test_vllm_captures_the_union_of_decode_sizes_and_token_bins():
+    lines = vllm_flags(VALUES)
+    assert "--cudagraph-capture-sizes 1 2 4 8 16 24 64 256 1024" in lines
+    assert "--max-cudagraph-capture-size 1024" in lines
+    assert "--kv-cache-memory-bytes 52428800000" in lines
+
+
+def test_trtllm_puts_graph_sizes_in_the_options_file():
+    lines = trtllm_flags(VALUES)
+    assert any("batch_sizes: [1, 2, 4, 8, 16, 24]" in line for line in lines)
+    assert "--kv_cache_free_gpu_memory_fraction 0.900" in lines
