@@ -1,0 +1,245 @@
+"""Step time, graph memory and capture time per size: a roofline estimate, or measured.
+
+A step splits into a dense part that depends only on how many rows the forward computes (the
+padded size under a graph, the real size eagerly) and an attention part that depends on the
+context and is the same whatever is captured. Schedules differ only in the dense part, which is
+what the optimiser minimises; the attention part still counts in absolute step times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cgtool.config import ModelConfig
+from cgtool.errors import InputError
+from cgtool.gpus import GpuSpec
+
+# Achievable fractions of datasheet peaks for large bf16 GEMMs and streaming reads on
+# Hopper-class parts (typical of published GEMM and memcpy benchmarks, not measured here).
+_BANDWIDTH_EFFICIENCY = 0.85
+_FLOPS_EFFICIENCY = 0.7
+_ATTENTION_FLOPS_EFFICIENCY = 0.5  # flash-style kernels reach less than dense GEMMs
+# Host cost of launching one kernel from eager PyTorch. 4 us puts an 8B model's eager decode
+# at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
+_LAUNCH_MS = 4e-3
+_GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
+# Graph objects hold kernel parameters outside PyTorch's pool. 16 KiB a node puts one
+# piecewise size of an 8B model near the 8 MB a size that SGLang reserves for it.
+_GRAPH_NODE_BYTES = 16 << 10
+# Capture runs two warm-ups and one recorded pass (seed 000), each paying Python dispatch per
+# kernel; 150 us a kernel is an assumption that a capture report replaces.
+_CAPTURE_PASSES = 3
+_CAPTURE_S_PER_KERNEL = 150e-6
+_BF16 = 2
+_FP32 = 4
+
+
+@dataclass(frozen=True, eq=False)
+class CostModel:
+    """Per-size tables (index = size) plus the schedule-independent attention costs."""
+
+    source: str  # "roofline" or the capture report it was built from
+    decode_graph_ms: np.ndarray  # [max_bs + 1] dense ms of a replay of a graph of this size
+    decode_eager_ms: np.ndarray  # [max_bs + 1] dense ms of an eager step of this size
+    extend_graph_ms: np.ndarray  # [max_tokens + 1]
+    extend_eager_ms: np.ndarray  # [max_tokens + 1]
+    decode_pool_bytes: np.ndarray  # [max_bs + 1] shared-pool bytes a graph of this size needs
+    extend_pool_bytes: np.ndarray  # [max_tokens + 1]
+    decode_capture_s: np.ndarray  # [max_bs + 1]
+    extend_capture_s: np.ndarray  # [max_tokens + 1]
+    decode_graph_bytes: float  # bytes outside the pool per decode graph
+    extend_graph_bytes: float  # bytes outside the pool per piecewise size
+    kv_read_ms_per_token: float  # decode attention: one context token of one request
+    attention_ms_per_pair: float  # extend attention: one (query, key) token pair
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def max_bs(self) -> int:
+        return len(self.decode_graph_ms) - 1
+
+    @property
+    def max_tokens(self) -> int:
+        return len(self.extend_graph_ms) - 1
+
+    def graph_bytes(self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]) -> int:
+        """Both kinds capture into one pool, largest first: the pool is the larger of the two
+        largest sizes' needs, and every graph adds its own objects on top."""
+        pool = max(
+            float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0,
+            float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0,
+        )
+        return int(pool + len(decode_bs) * self.decode_graph_bytes + len(tokens) * self.extend_graph_bytes)
+
+    def capture_s(self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]) -> float:
+        return float(self.decode_capture_s[list(decode_bs)].sum() + self.extend_capture_s[list(tokens)].sum())
+
+
+def kernels_per_forward(cfg: ModelConfig) -> int:
+    # Per layer: norm, qkv, rope, kv store, attention, o_proj, add+norm, gate_up, act, down,
+    # residual add (+ q/k norm); then embedding, final norm, lm_head, sampling.
+    return cfg.num_layers * (11 + int(cfg.qk_norm)) + 4
+
+
+def _dense_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
+    weight_bytes = cfg.weight_bytes(_BF16)
+    head_params = cfg.vocab_size * cfg.hidden_size
+    body_params = cfg.param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
+    flops = 2.0 * (body_params * rows + head_params * logit_rows)
+    read_ms = weight_bytes / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3
+    compute_ms = flops / (gpu.bf16_flops * _FLOPS_EFFICIENCY) * 1e3
+    # A sum, not max(): at small batch the GEMMs neither stream weights at full bandwidth nor
+    # keep the tensor cores busy, and measured decode steps grow with batch size long before
+    # the ridge point, which a max() would flatten to zero padding cost.
+    return read_ms + compute_ms
+
+
+def _activation_bytes_per_row(cfg: ModelConfig) -> int:
+    # Live at the MLP: residual, normed hidden, gate_up output and its activation.
+    return (2 * cfg.hidden_size + 3 * cfg.intermediate_size) * _BF16
+
+
+def _decode_pool_bytes(cfg: ModelConfig, bs: np.ndarray) -> np.ndarray:
+    # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor.
+    logits_row = cfg.vocab_size * _FP32 + 2 * cfg.hidden_size * _BF16
+    return bs * max(_activation_bytes_per_row(cfg), logits_row)
+
+
+def _extend_pool_bytes(cfg: ModelConfig, tokens: np.ndarray) -> np.ndarray:
+    return tokens * _activation_bytes_per_row(cfg) + cfg.vocab_size * _FP32
+
+
+def roofline_cost(cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: int) -> CostModel:
+    """Estimate every table from model shapes and the GPU's datasheet peaks."""
+    kernels = kernels_per_forward(cfg)
+    bs = np.arange(max_bs + 1, dtype=np.float64)
+    tokens = np.arange(max_tokens + 1, dtype=np.float64)
+    decode_dense = _dense_ms(cfg, gpu, bs, bs)
+    extend_dense = _dense_ms(cfg, gpu, tokens, np.ones_like(tokens))
+    # Piecewise replay still launches the attention kernels eagerly between pieces.
+    piecewise_overhead_ms = cfg.num_layers * (_LAUNCH_MS + _GRAPH_LAUNCH_MS) + _GRAPH_LAUNCH_MS
+    decode_eager = decode_dense + kernels * _LAUNCH_MS
+    extend_eager = extend_dense + kernels * _LAUNCH_MS
+    capture_per_size_s = kernels * _CAPTURE_S_PER_KERNEL
+    attention_flops_per_pair = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+    return CostModel(
+        source="roofline",
+        decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS,
+        decode_eager_ms=decode_eager,
+        extend_graph_ms=extend_dense + piecewise_overhead_ms,
+        extend_eager_ms=extend_eager,
+        decode_pool_bytes=_decode_pool_bytes(cfg, bs),
+        extend_pool_bytes=_extend_pool_bytes(cfg, tokens),
+        decode_capture_s=_CAPTURE_PASSES * decode_eager / 1e3 + capture_per_size_s,
+        extend_capture_s=_CAPTURE_PASSES * extend_eager / 1e3 + capture_per_size_s,
+        decode_graph_bytes=float(kernels * _GRAPH_NODE_BYTES),
+        extend_graph_bytes=float((kernels - cfg.num_layers) * _GRAPH_NODE_BYTES),
+        kv_read_ms_per_token=cfg.kv_bytes_per_token(_BF16) / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3,
+        attention_ms_per_pair=attention_flops_per_pair / (gpu.bf16_flops * _ATTENTION_FLOPS_EFFICIENCY) * 1e3,
+    )
+
+
+def _interpolate(sizes: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:
+    """Linear between measured sizes, flat below the first, and beyond the last extended
+    along the slope of the last two (eager cost keeps growing past the captured range)."""
+    grid = np.arange(length, dtype=np.float64)
+    table = np.interp(grid, sizes, values)
+    if len(sizes) >= 2 and sizes[-1] > sizes[-2]:
+        slope = max((values[-1] - values[-2]) / (sizes[-1] - sizes[-2]), 0.0)
+        beyond = grid > sizes[-1]
+        table[beyond] = values[-1] + slope * (grid[beyond] - sizes[-1])
+    return table
+
+
+def _measured_rows(report: dict[str, Any], kind: str, source: str) -> dict[str, np.ndarray]:
+    rows = [r for r in report.get("sizes", []) if r.get("kind") == kind and r.get("status") == "ok"]
+    rows.sort(key=lambda r: r["size"])
+    fields = ("size", "eager_ms", "replay_ms", "capture_s", "retained_bytes", "non_torch_bytes")
+    try:
+        return {f: np.array([float(r[f]) for r in rows]) for f in fields}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"{source}: a '{kind}' size lacks a numeric {exc}", "Re-run `cgtool capture` to rewrite the report."
+        ) from None
+
+
+def profile_cost(
+    report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: int, source: str
+) -> CostModel:
+    """Tables from a capture report's measured sizes, the roofline filling what it lacks."""
+    base = roofline_cost(cfg, gpu, max_bs=max_bs, max_tokens=max_tokens)
+    decode = _measured_rows(report, "decode", source)
+    piecewise = _measured_rows(report, "piecewise", source)
+    if not len(decode["size"]) and not len(piecewise["size"]):
+        raise InputError(f"{source}: no size was captured successfully", "Plan without --profile, or re-capture.")
+    context_len = float(report.get("settings", {}).get("context_len", 0) or 0)
+    tables: dict[str, Any] = {}
+    if len(decode["size"]):
+        # Measured at context_len per request: take that attention read out of the dense part.
+        attention = base.kv_read_ms_per_token * decode["size"] * context_len
+        for name, column in (("decode_graph_ms", "replay_ms"), ("decode_eager_ms", "eager_ms")):
+            dense = np.maximum(decode[column] - attention, 0.1 * decode[column])
+            tables[name] = _interpolate(decode["size"], dense, max_bs + 1)
+        tables["decode_capture_s"] = _interpolate(decode["size"], decode["capture_s"], max_bs + 1)
+        tables["decode_graph_bytes"] = _per_graph_bytes(decode, base.decode_graph_bytes)
+    if len(piecewise["size"]):
+        pairs = piecewise["size"] * (piecewise["size"] + 1) / 2  # one request, causal
+        attention = base.attention_ms_per_pair * pairs
+        for name, column in (("extend_graph_ms", "replay_ms"), ("extend_eager_ms", "eager_ms")):
+            dense = np.maximum(piecewise[column] - attention, 0.1 * piecewise[column])
+            tables[name] = _interpolate(piecewise["size"], dense, max_tokens + 1)
+        tables["extend_capture_s"] = _interpolate(piecewise["size"], piecewise["capture_s"], max_tokens + 1)
+        tables["extend_graph_bytes"] = _per_graph_bytes(piecewise, base.extend_graph_bytes)
+    scale = _pool_scale(report, cfg, decode["size"], piecewise["size"])
+    tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
+    tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
+    return _with(base, source=source, warnings=_mismatches(report, cfg, gpu, source), **tables)
+
+
+def _per_graph_bytes(rows: dict[str, np.ndarray], fallback: float) -> float:
+    # The largest size was captured first and grew the pool; the others show what one more
+    # graph costs.
+    if len(rows["size"]) < 2:
+        return fallback
+    extra = rows["retained_bytes"][:-1] + rows["non_torch_bytes"][:-1]
+    return float(np.median(extra))
+
+
+def _pool_scale(report: dict[str, Any], cfg: ModelConfig, decode_sizes: np.ndarray, tokens: np.ndarray) -> float:
+    measured = float(report.get("totals", {}).get("graph_pool_bytes", 0) or 0)
+    predicted = max(
+        float(_decode_pool_bytes(cfg, decode_sizes[-1:]).sum()),
+        float(_extend_pool_bytes(cfg, tokens[-1:]).sum()) if len(tokens) else 0.0,
+    )
+    return measured / predicted if measured > 0 and predicted > 0 else 1.0
+
+
+def _mismatches(report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec, source: str) -> tuple[str, ...]:
+    notes = []
+    measured_gpu = str(report.get("environment", {}).get("gpu_name", ""))
+    if measured_gpu and not any(n.lower() in measured_gpu.lower() for n in gpu.nvml_names + (gpu.name,)):
+        notes.append(f"{source} was measured on {measured_gpu}, the plan is for {gpu.name}")
+    report_hash = report.get("model", {}).get("config_hash")
+    if report_hash and report_hash != cfg.config_hash():
+        notes.append(f"{source} was measured on another model ({report.get('model', {}).get('name')})")
+    if report.get("status") == "incomplete":
+        notes.append(f"{source} is incomplete: sizes it lacks are interpolated or estimated")
+    return tuple(notes)
+
+
+def _with(base: CostModel, **changes: Any) -> CostModel:
+    values = {name: getattr(base, name) for name in CostModel.__dataclass_fields__}
+    return CostModel(**(values | changes))
+
+
+def predicted_graph_bytes(report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec) -> tuple[int, int]:
+    """(roofline prediction, measurement) of graph memory for the sizes a report captured."""
+    ok = [r for r in report.get("sizes", []) if r.get("status") == "ok"]
+    decode = [int(r["size"]) for r in ok if r.get("kind") == "decode"]
+    tokens = [int(r["size"]) for r in ok if r.get("kind") == "piecewise"]
+    model = roofline_cost(cfg, gpu, max_bs=max(decode, default=1), max_tokens=max(tokens, default=1))
+    totals = report.get("totals", {})
+    measured = int(totals.get("graph_pool_bytes", 0)) + int(totals.get("non_torch_bytes", 0))
+    return model.graph_bytes(decode, tokens), measured

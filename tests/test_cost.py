@@ -1,0 +1,104 @@
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cgtool.config import load_model_config
+from cgtool.errors import InputError
+from cgtool.gpus import gpu_spec
+from cgtool.planner.cost import predicted_graph_bytes, profile_cost, roofline_cost
+
+CFG = load_model_config("llama-3.1-8b")
+H100 = gpu_spec("H100-80GB")
+REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return roofline_cost(CFG, H100, max_bs=512, max_tokens=8192)
+
+
+def test_decode_cannot_beat_streaming_the_weights_once(roofline):
+    floor_ms = CFG.weight_bytes(2) / H100.bandwidth_bytes_s * 1e3
+    assert floor_ms < roofline.decode_graph_ms[1] < 1.5 * floor_ms
+
+
+def test_eager_pays_launch_overhead_that_graphs_remove(roofline):
+    assert np.all(roofline.decode_eager_ms[1:] > roofline.decode_graph_ms[1:])
+    assert np.all(roofline.extend_eager_ms[1:] > roofline.extend_graph_ms[1:])
+    speedup = roofline.decode_eager_ms[1] / roofline.decode_graph_ms[1]
+    assert 1.1 <= speedup <= 1.4  # seed 001: decode graphs gain 10-30% at small batch
+
+
+def test_step_time_grows_with_size_so_padding_costs_something(roofline):
+    assert np.all(np.diff(roofline.decode_graph_ms[1:]) > 0)
+    assert np.all(np.diff(roofline.extend_graph_ms[1:]) > 0)
+
+
+def test_faster_gpu_gives_faster_steps():
+    h200 = roofline_cost(CFG, gpu_spec("H200"), max_bs=64, max_tokens=64)
+    a100 = roofline_cost(CFG, gpu_spec("A100-80GB"), max_bs=64, max_tokens=64)
+    assert h200.decode_graph_ms[32] < a100.decode_graph_ms[32]
+
+
+def test_both_kinds_share_one_pool_sized_by_the_larger_need(roofline):
+    decode, tokens = [1, 8, 64], [256, 4096]
+    both = roofline.graph_bytes(decode, tokens)
+    apart = roofline.graph_bytes(decode, []) + roofline.graph_bytes([], tokens)
+    assert both < apart
+    expected = max(roofline.decode_pool_bytes[64], roofline.extend_pool_bytes[4096])
+    expected += 3 * roofline.decode_graph_bytes + 2 * roofline.extend_graph_bytes
+    assert both == int(expected)
+
+
+def test_a_smaller_extra_size_costs_only_its_graph_objects(roofline):
+    assert roofline.graph_bytes([8, 64], []) - roofline.graph_bytes([64], []) == int(roofline.decode_graph_bytes)
+
+
+def test_profile_reproduces_measured_sizes_and_interpolates_between(roofline):
+    model = profile_cost(REPORT, CFG, H100, max_bs=512, max_tokens=8192, source="fixture")
+    measured = {r["size"]: r for r in REPORT["sizes"] if r["kind"] == "decode"}
+    for size in (16, 24, 256):
+        total = model.decode_graph_ms[size] + model.kv_read_ms_per_token * size * 1024
+        assert total == pytest.approx(measured[size]["replay_ms"], rel=1e-9)
+    midpoint = (model.decode_graph_ms[16] + model.decode_graph_ms[24]) / 2
+    assert model.decode_graph_ms[20] == pytest.approx(midpoint)
+    assert model.decode_eager_ms[400] > model.decode_eager_ms[256]  # extended past the last size
+
+
+def test_profile_ignores_failed_sizes():
+    report = copy.deepcopy(REPORT)
+    for row in report["sizes"]:
+        if row["kind"] == "decode" and row["size"] == 8:
+            row["status"], row["replay_ms"] = "failed", 1000.0
+    model = profile_cost(report, CFG, H100, max_bs=64, max_tokens=64, source="r")
+    assert model.decode_graph_ms[8] < 10
+
+
+def test_profile_without_any_good_size_is_refused():
+    report = copy.deepcopy(REPORT)
+    for row in report["sizes"]:
+        row["status"] = "failed"
+    with pytest.raises(InputError, match="no size was captured"):
+        profile_cost(report, CFG, H100, max_bs=64, max_tokens=64, source="r.json")
+
+
+def test_profile_from_another_gpu_or_model_is_flagged():
+    model = profile_cost(REPORT, CFG, gpu_spec("A100-80GB"), max_bs=64, max_tokens=64, source="r")
+    assert any("measured on NVIDIA H100" in w for w in model.warnings)
+    other = profile_cost(REPORT, load_model_config("qwen2.5-7b"), H100, max_bs=64, max_tokens=64, source="r")
+    assert any("another model" in w for w in other.warnings)
+    assert not profile_cost(REPORT, CFG, H100, max_bs=64, max_tokens=64, source="r").warnings
+
+
+def test_profile_scales_the_pool_to_the_measured_one():
+    model = profile_cost(REPORT, CFG, H100, max_bs=512, max_tokens=8192, source="r")
+    assert model.extend_pool_bytes[8192] == pytest.approx(REPORT["totals"]["graph_pool_bytes"])
+
+
+def test_prediction_for_a_report_is_set_beside_its_measurement():
+    predicted, measured = predicted_graph_bytes(REPORT, CFG, H100)
+    assert measured == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
+    assert predicted > 0
