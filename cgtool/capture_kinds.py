@@ -8,6 +8,7 @@ import torch
 
 from cgtool.measure import CaptureCost, ReplayCheck, check_replay, kernel_count, measure_capture
 from cgtool.results import KernelRow, SizeResult
+from cgtool.runners.pool import freeze_gc
 
 if TYPE_CHECKING:
     from cgtool.capture import CaptureOptions, ProgressCallback, SessionState
@@ -26,7 +27,10 @@ def capture_decode(
 
     runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
-    costs = _capture_sizes("decode", runner.capture_one, runner.capture_bs, pool, on_progress, state)
+    costs = _capture_sizes(
+        "decode", runner.capture_one, runner.capture_bs, pool, on_progress, state,
+        opts.enable_cudagraph_gc,
+    )
     model = bench.runner.model
     for i, (bs, cost) in enumerate(costs.items()):
         _progress(on_progress, "decode", "measure", bs, i, len(costs))
@@ -62,7 +66,9 @@ def capture_piecewise(
     _progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
     runner.warmup()
     sizes = sorted(set(opts.capture_num_tokens))
-    costs = _capture_sizes("piecewise", runner.capture_one, sizes, pool, on_progress, state)
+    costs = _capture_sizes(
+        "piecewise", runner.capture_one, sizes, pool, on_progress, state, opts.enable_cudagraph_gc
+    )
     model = bench.runner.model
     for i, (n, cost) in enumerate(costs.items()):
         _progress(on_progress, "piecewise", "measure", n, i, len(costs))
@@ -80,11 +86,24 @@ def capture_piecewise(
 
 
 def _capture_sizes(
-    kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any, state: SessionState
+    kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any,
+    state: SessionState, enable_gc: bool,
 ) -> dict[int, CaptureCost]:
-    """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory."""
+    """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory.
+
+    GC is collected once and frozen for the whole loop, not per size (a collection costs
+    tens of milliseconds with a model loaded)."""
     costs: dict[int, CaptureCost] = {}
     ordered = sorted(sizes, reverse=True)
+    with freeze_gc(enable_gc):
+        _capture_each(kind, capture_one, ordered, pool, on_progress, state, costs)
+    return costs
+
+
+def _capture_each(
+    kind: str, capture_one: Any, ordered: list[int], pool: Any, on_progress: Any,
+    state: SessionState, costs: dict[int, CaptureCost],
+) -> None:
     for i, size in enumerate(ordered):
         _progress(on_progress, kind, "capture", size, i, len(ordered))
         try:
@@ -97,7 +116,6 @@ def _capture_sizes(
             state.failed = (kind, size, free, ordered[i + 1 :])
             state.sizes.append(_failed_row(kind, size))
             break
-    return costs
 
 
 def _record(

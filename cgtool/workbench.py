@@ -50,7 +50,9 @@ def build_workbench(
     max_tokens: int,
     context_len: int,
     seed: int,
+    kv_tokens: int | None = None,
 ) -> Workbench:
+    """`kv_tokens` fixes the pool size; by default it follows `mem_fraction_static` as SGLang's does."""
     max_context = max(context_len + 1, max_tokens)
     if max_context > cfg.max_context_len:
         raise EnvironmentProblem(
@@ -63,8 +65,8 @@ def build_workbench(
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    budget = kv_budget_bytes(total, free, mem_fraction_static)
-    kv_tokens = kv_tokens_for_budget(cfg, budget, dtype)
+    if kv_tokens is None:
+        kv_tokens = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, mem_fraction_static), dtype)
     needed = max_bs * (context_len + 1) + max_tokens + 2
     if kv_tokens < needed:
         raise EnvironmentProblem(

@@ -42,7 +42,7 @@ def gpu_bench():
     cfg = load_model_config("qwen2.5-0.5b")
     return build_workbench(
         cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
-        max_bs=16, max_tokens=64, context_len=300, seed=0,
+        max_bs=16, max_tokens=64, context_len=300, seed=0, kv_tokens=8192,
     )
 
 

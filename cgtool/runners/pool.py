@@ -11,6 +11,7 @@ import torch
 
 _global_graph_pool: Any = None
 _capture_mode = False
+_gc_frozen_depth = 0
 
 
 def get_global_graph_memory_pool() -> Any:
@@ -48,14 +49,20 @@ def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
     A collection during capture can free tensors whose memory the graph is recording into
     and makes capture slow; SGLang freezes it unless --enable-cudagraph-gc is given.
     """
+    global _gc_frozen_depth
+    if _gc_frozen_depth:  # nested inside a frozen capture loop: collected already
+        yield
+        return
     gc.collect()
     should_freeze = not enable_cudagraph_gc
     if should_freeze:
         gc.freeze()
         gc.disable()
+        _gc_frozen_depth += 1
     try:
         yield
     finally:
         if should_freeze:
+            _gc_frozen_depth -= 1
             gc.enable()
             gc.unfreeze()
