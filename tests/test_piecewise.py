@@ -143,13 +143,17 @@ def gpu_runner():
     model_runner = _model_runner("cuda", torch.bfloat16, _attention_backend_name(), num_slots=65536)
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=GPU_SIZES)
     runner.warmup()
-    reserved_growth = {}
+    from cgtool.profiler.memory import graph_pool_bytes
+    from cgtool.runners.pool import get_global_graph_memory_pool
+
+    pool = get_global_graph_memory_pool()
+    reserved_growth = {}  # growth of the shared graph pool per size
     for n in sorted(GPU_SIZES, reverse=True):
         torch.cuda.synchronize()
-        before = torch.cuda.memory_reserved()
+        before = graph_pool_bytes(pool)
         runner.capture_one(n)
         torch.cuda.synchronize()
-        reserved_growth[n] = torch.cuda.memory_reserved() - before
+        reserved_growth[n] = graph_pool_bytes(pool) - before
     runner.reserved_growth = reserved_growth
     return runner
 
@@ -246,6 +250,7 @@ def test_silly_model_captures_sizes_times_pieces_graphs():
 
 @pytest.mark.gpu
 def test_inductor_pieces_replay_like_eager():
+    torch._dynamo.reset()  # other tests' compiled bodies would count as recompiles here
     model_runner = _model_runner("cuda", torch.bfloat16, _attention_backend_name())
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=[32, 64], compiler="inductor")
     for n in (64, 32):
