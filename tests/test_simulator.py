@@ -1,0 +1,180 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cgtool.planner.simulator import StepCost, simulate
+
+
+def flat_cost(decode_ms=1.0, extend_ms=10.0, kv_ms=0.0, pair_ms=0.0, max_bs=8, chunk=1000):
+    return StepCost(np.full(max_bs + 1, decode_ms), np.full(chunk + 1, extend_ms), kv_ms, pair_ms)
+
+
+def run(arrival, inp, out, cached=None, *, cost=None, max_running=8, chunk=1000, kv=10_000, context=None):
+    cost = cost or flat_cost(max_bs=max_running, chunk=chunk)
+    return simulate(
+        np.array(arrival, float), np.array(inp), np.array(out), None if cached is None else np.array(cached),
+        cost=cost, max_running_requests=max_running, chunked_prefill_size=chunk, kv_capacity_tokens=kv,
+        context_len=context,
+    )
+
+
+def nonzero(counts):
+    return {int(i): int(c) for i, c in enumerate(counts) if c}
+
+
+def test_one_request_is_one_extend_then_output_minus_one_decode_steps():
+    result = run([0.0], [100], [5])
+    assert nonzero(result.extend_counts) == {100: 1}
+    assert nonzero(result.decode_counts) == {1: 4}
+    assert result.duration_s == pytest.approx((10 + 4 * 1) / 1e3)
+    assert result.steps == 5 and result.mean_queue_s == 0
+
+
+def test_requests_arriving_together_share_an_extend_and_decode_together():
+    result = run([0.0, 0.0], [100, 60], [3, 5])
+    assert nonzero(result.extend_counts) == {160: 1}
+    assert nonzero(result.decode_counts) == {2: 2, 1: 2}
+
+
+def test_a_long_prompt_is_chunked_at_the_prefill_budget():
+    result = run([0.0], [250], [2], chunk=100)
+    assert nonzero(result.extend_counts) == {100: 2, 50: 1}
+    assert nonzero(result.decode_counts) == {1: 1}
+
+
+def test_a_split_prompt_finishes_before_the_next_prompt_fills_the_rest_of_the_step():
+    result = run([0.0, 0.0], [150, 30], [2, 2], chunk=100)
+    assert nonzero(result.extend_counts) == {100: 1, 80: 1}
+    assert nonzero(result.decode_counts) == {2: 1}
+
+
+def test_cached_prefix_is_not_computed_again():
+    result = run([0.0], [1000], [2], [900])
+    assert nonzero(result.extend_counts) == {100: 1}
+
+
+def test_max_running_requests_makes_the_second_request_wait():
+    result = run([0.0, 0.0], [10, 10], [3, 3], max_running=1)
+    assert nonzero(result.extend_counts) == {10: 2}
+    assert nonzero(result.decode_counts) == {1: 4}
+    # B waits for A's extend (10 ms) and two decode steps (2 ms)
+    assert result.mean_queue_s == pytest.approx(12 / 1e3 / 2)
+
+
+def test_kv_pool_admits_only_what_it_can_hold_to_the_end():
+    # each request reserves its prompt and output, 105 tokens; a 150-token pool holds one
+    result = run([0.0, 0.0], [100, 100], [5, 5], kv=150)
+    assert nonzero(result.decode_counts) == {1: 8}
+    assert result.peak_kv_demand_tokens == 105
+
+
+def test_an_arrival_during_decode_is_prefilled_at_the_next_step_boundary():
+    result = run([0.0, 0.0155], [10, 10], [100, 3])
+    # A's extend ends at 10 ms; six 1 ms decode steps reach 16 ms > 15.5 ms
+    assert result.decode_counts[1] >= 6
+    assert nonzero(result.extend_counts) == {10: 2}
+    assert result.decode_counts[2] == 2
+    assert result.mean_queue_s == pytest.approx((16 - 15.5) / 1e3 / 2)
+
+
+def test_decode_time_grows_with_the_context_read():
+    cost = flat_cost(kv_ms=0.01)
+    result = run([0.0], [100], [3], cost=cost)
+    # two decode steps reading contexts of 101 and 102 tokens
+    assert result.decode_context_tokens[1] == 203
+    assert result.decode_time_s[1] == pytest.approx((2 * 1.0 + 0.01 * 203) / 1e3)
+
+
+def test_requests_over_the_context_or_the_pool_are_dropped():
+    result = run([0.0, 0.0, 0.0], [100, 5000, 100], [10, 10, 20_000], context=4096, kv=10_000)
+    assert result.num_requests == 3 and result.dropped_requests == 2
+    assert nonzero(result.extend_counts) == {100: 1}
+
+
+def test_idle_time_between_requests_is_skipped():
+    result = run([0.0, 100.0], [10, 10], [2, 2])
+    assert result.duration_s == pytest.approx(100 + 11 / 1e3)
+    assert result.steps == 4
+
+
+def test_mismatched_array_lengths_are_refused():
+    with pytest.raises(Exception, match="differ in length"):
+        run([0.0, 1.0], [10], [2])
+
+
+# ---- the event-driven simulator against a plain one-step-at-a-time reference
+
+
+def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
+    """The same policy, one step per loop turn, no prefix sums and no skipped runs."""
+    n = len(arrival)
+    order = sorted(range(n), key=lambda i: arrival[i])
+    queue, running, clock_ms, split = list(order), {}, 0.0, None  # running: index -> (context, left)
+    decode, extend, kv_used = {}, {}, 0
+    while queue or running or split:
+        ready = [i for i in queue if arrival[i] * 1e3 <= clock_ms]
+        done: list[int] = []
+
+        def fits(i):
+            active = len(running) + len(done) + (split is not None)
+            return active < max_running and kv_used + inp[i] + max(out[i] - 1, 0) + 1 <= kv_capacity
+
+        if split is not None or (ready and fits(ready[0])):
+            budget, tokens = chunk, 0
+            if split is not None:
+                index, left = split
+                take = min(left, budget)
+                tokens, budget = take, budget - take
+                split = (index, left - take) if left > take else None
+                if split is None:
+                    done.append(index)
+            while split is None and budget > 0 and ready and fits(ready[0]):
+                index = ready.pop(0)
+                queue.remove(index)
+                kv_used += inp[index] + max(out[index] - 1, 0) + 1
+                take = min(inp[index], budget)
+                tokens, budget = tokens + take, budget - take
+                if take < inp[index]:
+                    split = (index, inp[index] - take)
+                else:
+                    done.append(index)
+            extend[tokens] = extend.get(tokens, 0) + 1
+            clock_ms += cost.extend_ms[tokens]
+            for index in done:
+                running[index] = [inp[index] + 1, max(out[index] - 1, 0)]
+            for index in [i for i, (_, left) in running.items() if left == 0]:
+                kv_used -= inp[index] + 1
+                del running[index]
+            continue
+        if not running:
+            clock_ms = max(clock_ms, arrival[queue[0]] * 1e3)
+            continue
+        batch = len(running)
+        decode[batch] = decode.get(batch, 0) + 1
+        clock_ms += cost.decode_ms[batch] + cost.kv_read_ms_per_token * sum(c for c, _ in running.values())
+        for index in list(running):
+            running[index][0] += 1
+            running[index][1] -= 1
+            if running[index][1] == 0:
+                kv_used -= inp[index] + max(out[index] - 1, 0) + 1
+                del running[index]
+    return decode, extend, clock_ms
+
+
+requests = st.lists(
+    st.tuples(st.floats(0, 0.2), st.integers(1, 300), st.integers(1, 40)), min_size=1, max_size=25
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(requests, st.integers(1, 6), st.sampled_from([64, 128, 512]), st.integers(350, 3000))
+def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk, kv_capacity):
+    arrival, inp, out = (list(column) for column in zip(*reqs))
+    cost = StepCost(1.0 + 0.1 * np.arange(max_running + 1), 5.0 + 0.01 * np.arange(chunk + 1), 0.001, 0.0)
+    decode, extend, clock_ms = reference(arrival, inp, out, max_running, chunk, kv_capacity, cost)
+    result = simulate(np.array(arrival), np.array(inp), np.array(out), None, cost=cost,
+                      max_running_requests=max_running, chunked_prefill_size=chunk, kv_capacity_tokens=kv_capacity)
+    assert nonzero(result.decode_counts) == decode
+    assert nonzero(result.extend_counts) == extend
+    assert result.duration_s * 1e3 == pytest.approx(clock_ms)
