@@ -161,8 +161,8 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         weights_dir=weights_dir,
         dtype=opts.dtype,
         mem_fraction_static=opts.mem_fraction_static,
-        max_bs=max(opts.capture_bs, default=1),
-        max_tokens=max(opts.capture_num_tokens, default=16),
+        max_bs=max(opts.capture_bs, default=1) if "decode" in opts.kinds else 1,
+        max_tokens=max(opts.capture_num_tokens, default=16) if "piecewise" in opts.kinds else 16,
         context_len=opts.context_len,
         seed=opts.seed,
     )

@@ -29,7 +29,7 @@ if want piecewise; then
   cgtool capture --model qwen2.5-0.5b --kind piecewise --max-tokens 4096 \
     --out "$OUT/runs/qwen05b-piecewise" >"$OUT/runs/qwen05b-piecewise.log" 2>&1
   echo "qwen2.5-0.5b piecewise exit $?"
-  cgtool capture --model llama-3.1-8b --kind piecewise --max-tokens 4096 --max-bs 1 \
+  cgtool capture --model llama-3.1-8b --kind piecewise --max-tokens 4096 \
     --out "$OUT/runs/llama8b-piecewise" >"$OUT/runs/llama8b-piecewise.log" 2>&1
   echo "llama-3.1-8b piecewise exit $?"
 fi
