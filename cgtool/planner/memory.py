@@ -1,0 +1,158 @@
+"""How much memory the KV pool can have: cgtool's recommendation and the engines' defaults.
+
+SGLang's `--mem-fraction-static` and vLLM's `--gpu-memory-utilization` are fractions of the
+GPU's total memory (weights included); TensorRT-LLM's `free_gpu_memory_fraction` is a fraction
+of what is free after the weights and a warm-up. cgtool sizes the parts left outside the
+static pool — prefill activations, graphs, a stated margin — and derives each engine's figure
+from the same KV budget.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from cgtool.config import ModelConfig
+from cgtool.errors import CgtoolError
+from cgtool.planner.schedules import sglang_release
+
+_MIB = 1 << 20
+_GIB = 1 << 30
+_BF16 = 2
+_FP32 = 4
+# Kept free beyond activations and graphs: the CUDA context (~0.5 GiB), cuBLAS and NCCL
+# workspaces, and allocator fragmentation. The larger of 2 GiB and 5% of the GPU.
+MARGIN_MIN_BYTES = 2 * _GIB
+MARGIN_FRACTION = 0.05
+# Eager PyTorch holds fp32 upcasts and temporaries beside the bf16 activations, and the caching
+# allocator rounds blocks up; twice the bf16 estimate covers both.
+_ACTIVATION_SLACK = 2.0
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm 0.33 CacheConfig default
+TRTLLM_DEFAULT_FREE_FRACTION = 0.9  # TensorRT-LLM KvCacheConfig default
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    gpu_memory_bytes: int
+    weights_bytes: int
+    graph_bytes: int
+    activation_bytes: int
+    margin_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    mem_fraction_static: float  # SGLang
+    gpu_memory_utilization: float  # vLLM
+    trtllm_free_gpu_memory_fraction: float  # TensorRT-LLM
+    default_mem_fraction_static: float  # what the engine release picks by itself
+    default_kv_tokens: int
+    peak_kv_demand_tokens: int
+    reachable_batch: int  # requests of typical length the pool holds at once
+    warnings: list[str] = field(default_factory=list)
+    graph_bytes_measured: int | None = None  # from a capture report, beside graph_bytes_predicted
+    graph_bytes_predicted: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def margin_bytes(gpu_memory_bytes: int) -> int:
+    return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * gpu_memory_bytes))
+
+
+def activation_bytes(cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int) -> int:
+    """Peak of an eager forward: a full prefill chunk, or a decode of every running request."""
+    per_token = (4 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size) * _BF16
+    logits_row = cfg.vocab_size * _FP32
+    extend = chunked_prefill_size * per_token + min(max_running_requests, chunked_prefill_size) * logits_row
+    decode = max_running_requests * (per_token + logits_row)
+    return int(_ACTIVATION_SLACK * max(extend, decode))
+
+
+def sglang_default_mem_fraction(
+    version: str | None,
+    gpu_memory_bytes: int,
+    *,
+    chunked_prefill_size: int,
+    max_bs: int,
+    num_piecewise_tokens: int,
+    tp_size: int = 1,
+) -> float:
+    """SGLang's own heuristic (its _handle_gpu_memory_settings): MB reserved for activations
+    and graphs, with a 10 GB floor on GPUs above 60 GB."""
+    release = sglang_release(version)
+    gpu_mib = gpu_memory_bytes / _MIB
+    reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + max_bs * 2 + tp_size / 8 * 1024
+    if release.counts_piecewise_reserve:
+        reserved_mib += num_piecewise_tokens * 8
+    if gpu_mib > 60 * 1024:
+        reserved_mib = max(reserved_mib, 10 * 1024)
+    return round((gpu_mib - reserved_mib) / gpu_mib, 3)
+
+
+def kv_tokens_at(cfg: ModelConfig, gpu_memory_bytes: int, mem_fraction_static: float) -> int:
+    """KV tokens SGLang's pool gets: the static share of memory minus the weights."""
+    kv_bytes = mem_fraction_static * gpu_memory_bytes - cfg.weight_bytes(_BF16)
+    return max(0, int(kv_bytes // cfg.kv_bytes_per_token(_BF16)))
+
+
+def plan_memory(
+    cfg: ModelConfig,
+    gpu_memory_bytes: int,
+    *,
+    graph_bytes: int,
+    chunked_prefill_size: int,
+    max_running_requests: int,
+    peak_kv_demand_tokens: int,
+    typical_request_tokens: int,
+    default_mem_fraction_static: float,
+) -> MemoryPlan:
+    """Recommend the static fraction that leaves activations, graphs and the margin free."""
+    weights = cfg.weight_bytes(_BF16)
+    activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests)
+    margin = margin_bytes(gpu_memory_bytes)
+    outside = activations + graph_bytes + margin
+    # Rounded down to SGLang's 3 decimals, so the margin is never eaten by rounding.
+    fraction = math.floor((gpu_memory_bytes - outside) / gpu_memory_bytes * 1000) / 1000
+    kv_tokens = kv_tokens_at(cfg, gpu_memory_bytes, fraction)
+    if kv_tokens <= 0:
+        raise CgtoolError(
+            f"{cfg.name} does not fit: weights {weights / _GIB:.1f} GiB plus activations, graphs and the "
+            f"{margin / _GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / _GIB:.1f} GiB",
+            "Use a GPU with more memory, tensor parallelism, or a smaller --chunked-prefill-size.",
+        )
+    kv_bytes = kv_tokens * cfg.kv_bytes_per_token(_BF16)
+    free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
+    reachable = min(max_running_requests, kv_tokens // max(typical_request_tokens, 1))
+    plan = MemoryPlan(
+        gpu_memory_bytes=gpu_memory_bytes,
+        weights_bytes=weights,
+        graph_bytes=graph_bytes,
+        activation_bytes=activations,
+        margin_bytes=margin,
+        kv_bytes=kv_bytes,
+        kv_tokens=kv_tokens,
+        mem_fraction_static=fraction,
+        gpu_memory_utilization=round((weights + kv_bytes + activations + graph_bytes) / gpu_memory_bytes, 3),
+        trtllm_free_gpu_memory_fraction=math.floor(kv_bytes / free_after_load * 1000) / 1000,
+        default_mem_fraction_static=default_mem_fraction_static,
+        default_kv_tokens=kv_tokens_at(cfg, gpu_memory_bytes, default_mem_fraction_static),
+        peak_kv_demand_tokens=peak_kv_demand_tokens,
+        reachable_batch=int(reachable),
+    )
+    plan.warnings.extend(_pool_warnings(plan, typical_request_tokens, max_running_requests))
+    return plan
+
+
+def _pool_warnings(plan: MemoryPlan, typical_request_tokens: int, max_running_requests: int) -> list[str]:
+    notes = []
+    if plan.peak_kv_demand_tokens > plan.kv_tokens:
+        notes.append(
+            f"the trace reserved up to {plan.peak_kv_demand_tokens} KV tokens at once, more than the "
+            f"{plan.kv_tokens} this plan leaves: requests will queue for memory"
+        )
+    if plan.reachable_batch < max_running_requests:
+        notes.append(
+            f"the KV pool holds about {plan.reachable_batch} requests of the trace's typical "
+            f"{typical_request_tokens} tokens, fewer than --max-running-requests {max_running_requests}"
+        )
+    return notes
