@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from cgtool.attention import triton_decode, triton_extend
 from cgtool.attention.torch_ref import TorchAttentionBackend
-from cgtool.attention.triton_backend import DEFAULT_NUM_KV_SPLITS, TritonAttentionBackend
+from cgtool.attention.triton_backend import TritonAttentionBackend
 from cgtool.batch import ForwardBatch
 from cgtool.config import ModelConfig
 from cgtool.engine import decode_batch, extend_batch
@@ -76,7 +76,7 @@ def decode_case(bs: int, seq_len: int) -> tuple[KVPool, ForwardBatch, torch.Tens
     return pool, batch, q, ref
 
 
-def bench_decode(case: tuple, num_kv_splits: int, copy_gbs: float) -> str:
+def bench_decode(case: tuple, num_kv_splits: int | None, copy_gbs: float) -> str:
     pool, batch, q, ref = case
     bs, seq_len = q.shape[0], batch.seq_lens_cpu[0]
     out = torch.empty_like(q)
@@ -138,7 +138,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  copy bandwidth {copy_gbs:.0f} GB/s  "
           f"heads {HEADS}/{KV_HEADS} head_dim {HEAD_DIM} {DTYPE}")
     for bs, seq_len in [(1, 1024), (1, 32768), (64, 1024), (256, 1024)]:
-        print(bench_decode(decode_case(bs, seq_len), DEFAULT_NUM_KV_SPLITS, copy_gbs))
+        print(bench_decode(decode_case(bs, seq_len), None, copy_gbs))
     for num_tokens in [512, 2048, 8192]:
         print(bench_extend(num_tokens))
     if "--sweep" in sys.argv:

@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
+from cgtool.attention.triton_decode import num_kv_splits_for
 from cgtool.config import ModelConfig
 from cgtool.engine import decode_batch
 from cgtool.kv import KVPool
@@ -67,15 +68,21 @@ def assert_attention_close(out: torch.Tensor, ref: torch.Tensor, atol: float) ->
 
 def run_decode(
     pool: KVPool, rows: list[int], seq_lens: list[int], num_heads: int, head_dim: int,
+    num_kv_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(triton output, reference output) for one decode step."""
     device = str(pool.req_to_token.device)
     batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
     q = random_q(len(rows), num_heads, head_dim, pool.k_buffers[0].dtype, device)
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    TritonAttentionBackend(num_heads, head_dim).forward(q, out, 0, batch, pool)
+    TritonAttentionBackend(num_heads, head_dim, num_kv_splits).forward(q, out, 0, batch, pool)
     TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
     return out, ref
+
+
+def test_kv_splits_are_powers_of_two_that_shrink_as_the_batch_grows():
+    splits = [num_kv_splits_for(bs, kv_heads=8) for bs in (1, 2, 4, 8, 64, 256)]
+    assert splits == [64, 64, 32, 16, 16, 16]
 
 
 @pytest.mark.parametrize(("num_heads", "kv_heads", "head_dim"), [(4, 4, 64), (8, 2, 64), (8, 2, 128)])
@@ -83,6 +90,13 @@ def test_decode_matches_reference_for_mixed_seq_lens(num_heads, kv_heads, head_d
     seq_lens = [1, 200, 33, 7]  # 200 spans several chunks; 1 and 7 one partial block
     pool, rows = random_pool([256] * 4, num_heads, kv_heads, head_dim, torch.float32, "cpu")
     out, ref = run_decode(pool, rows, seq_lens, num_heads, head_dim)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_decode_with_several_key_blocks_per_chunk_matches_reference():
+    # 16 chunks of 700 keys are 64 keys each: two BLOCK_N iterations per chunk, the last partial.
+    pool, rows = random_pool([700, 40, 1], 8, 2, 64, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, [700, 40, 1], 8, 64, num_kv_splits=16)
     assert_attention_close(out, ref, atol=1e-4)
 
 

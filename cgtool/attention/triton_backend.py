@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from cgtool.attention.triton_decode import decode_attention, decode_scratch
+from cgtool.attention.triton_decode import decode_attention, decode_scratch, num_kv_splits_for
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.batch import ForwardBatch
 from cgtool.kv import KVPool
-
-# 16 chunks x 8 KV heads fill the 132 SMs of an H100 at batch size 1; chunks are whole
-# key blocks, so short sequences use fewer of them and pay nothing for the rest.
-DEFAULT_NUM_KV_SPLITS = 16
 
 
 class TritonAttentionBackend:
     name = "triton"
 
-    def __init__(self, num_heads: int, head_dim: int, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS) -> None:
+    def __init__(self, num_heads: int, head_dim: int, num_kv_splits: int | None = None) -> None:
+        """`num_kv_splits` (a power of two) overrides the choice by batch size."""
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.num_kv_splits = num_kv_splits
@@ -41,9 +38,9 @@ class TritonAttentionBackend:
         # Tensors only, no host reads: this runs inside captured decode graphs. The scratch
         # is taken per call; inside a capture it comes from the graph pool, where every layer
         # (and every graph of the shared pool) reuses the same block.
-        mid_out, mid_lse = decode_scratch(
-            q.shape[0], self.num_heads, self.head_dim, self.num_kv_splits, q.device
-        )
+        bs = q.shape[0]
+        splits = self.num_kv_splits or num_kv_splits_for(bs, k_cache.shape[1])
+        mid_out, mid_lse = decode_scratch(bs, self.num_heads, self.head_dim, splits, q.device)
         decode_attention(
             q, k_cache, v_cache, out, kv_pool.req_to_token, batch.req_pool_indices,
             batch.seq_lens, self.scale, mid_out, mid_lse,
