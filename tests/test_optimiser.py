@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 
 from cgtool.planner.optimiser import (
     MAX_CANDIDATES,
+    MIN_GAIN_FRACTION,
+    KindSteps,
     best_partitions,
+    best_shared_partitions,
     candidate_sizes,
     choose_graph_count,
     dense_ms,
@@ -91,16 +94,16 @@ def test_many_distinct_sizes_are_rounded_up_to_a_grid():
     assert len(sizes) <= MAX_CANDIDATES and sizes.max() >= 4999 and np.all(sizes % 16 == 0)
 
 
-def test_graph_count_stops_when_the_next_size_gains_too_little():
+def test_graph_count_stops_within_a_small_share_of_the_best_searched():
     rng = np.random.default_rng(3)
     graph, eager = tables(256, 3)
     sizes = np.arange(1, 257)
     counts = rng.integers(1, 100, 256)
     part = best_partitions(sizes, counts, graph, eager, candidate_sizes(sizes, [], 256), 64)
-    k = choose_graph_count(part, counts.sum())
+    k = choose_graph_count(part)
     assert 1 <= k < 64
-    gain = (part.totals_ms[k] - part.totals_ms[k + 1]) / counts.sum()
-    assert gain < 1e-3 * part.totals_ms[k] / counts.sum()
+    assert part.totals_ms[k] <= part.totals_ms[64] * (1 + MIN_GAIN_FRACTION)
+    assert part.totals_ms[k - 1] > part.totals_ms[64] * (1 + MIN_GAIN_FRACTION)
 
 
 def test_graph_count_keeps_going_until_it_matches_a_reference_schedule():
@@ -110,7 +113,7 @@ def test_graph_count_keeps_going_until_it_matches_a_reference_schedule():
     default = list(range(8, 257, 8))
     target = dense_ms(sizes, counts, graph, eager, default)
     part = best_partitions(sizes, counts, graph, eager, candidate_sizes(sizes, default, 256), len(default))
-    k = choose_graph_count(part, counts.sum(), not_worse_than_ms=target)
+    k = choose_graph_count(part, not_worse_than_ms=target)
     assert part.totals_ms[k] <= target and k <= len(default)
 
 
@@ -118,4 +121,24 @@ def test_budget_caps_the_graph_count():
     graph, eager = tables(64, 5)
     sizes = np.arange(1, 65)
     part = best_partitions(sizes, np.full(64, 5), graph, eager, sizes, 10)
-    assert choose_graph_count(part, 320, max_graphs=3) <= 3
+    assert choose_graph_count(part, max_graphs=3) <= 3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_list_for_two_kinds_equals_brute_force(seed):
+    rng = np.random.default_rng(100 + seed)
+    kinds = []
+    for shift in (0.0, 3.0):
+        graph, eager = tables(48, seed)
+        sizes = np.unique(rng.integers(1, 49, 5))
+        kinds.append(KindSteps(sizes, rng.integers(1, 30, len(sizes)), graph + shift, eager + shift))
+    candidates = candidate_sizes(np.unique(np.concatenate([k.sizes for k in kinds])), [], 48)
+    part = best_shared_partitions(kinds, candidates, 3)
+
+    def total(chosen):
+        return sum(dense_ms(k.sizes, k.counts, k.graph_ms, k.eager_ms, chosen) for k in kinds)
+
+    for k in range(4):
+        brute = min(total(c) for r in range(k + 1) for c in itertools.combinations(candidates.tolist(), r))
+        assert part.totals_ms[k] == pytest.approx(brute)
+        assert total(part.sizes(k)) == pytest.approx(part.totals_ms[k])

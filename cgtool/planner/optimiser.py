@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Sizes stop being added once one more would cut the expected step by less than this share:
-# below run-to-run noise of a serving benchmark, and each graph costs capture time and memory.
+# Sizes stop being added once all further ones together would cut the expected step by less
+# than this share: below run-to-run noise of a serving benchmark, while each graph costs
+# capture time and memory.
 MIN_GAIN_FRACTION = 1e-3
 # Above this many distinct candidate sizes, candidates are rounded up to a grid (the DP is
 # quadratic in them); the optimum is then exact over that grid.
@@ -69,6 +70,16 @@ def candidate_sizes(observed: np.ndarray, extra: list[int] | tuple[int, ...], li
     return sizes.astype(np.int64)
 
 
+@dataclass(frozen=True, eq=False)
+class KindSteps:
+    """Observed steps of one kind and their dense ms by size (index = size)."""
+
+    sizes: np.ndarray
+    counts: np.ndarray
+    graph_ms: np.ndarray
+    eager_ms: np.ndarray
+
+
 def best_partitions(
     sizes: np.ndarray,
     counts: np.ndarray,
@@ -77,31 +88,40 @@ def best_partitions(
     candidates: np.ndarray,
     max_graphs: int,
 ) -> Partition:
-    """Exact best schedules over `candidates` for 0..max_graphs graphs.
+    """Exact best schedules over `candidates` for 0..max_graphs graphs (see the module doc)."""
+    return best_shared_partitions([KindSteps(sizes, counts, graph_ms, eager_ms)], candidates, max_graphs)
 
-    sizes/counts: observed step sizes and how often each occurred; graph_ms/eager_ms: dense
-    ms by size (index = size).
-    """
-    order = np.argsort(sizes)
-    sizes, counts = sizes[order], counts[order].astype(np.float64)
+
+def best_shared_partitions(kinds: list[KindSteps], candidates: np.ndarray, max_graphs: int) -> Partition:
+    """As best_partitions, for one list of sizes that several kinds of step pad into (vLLM
+    captures one list for decode and mixed batches): a bucket's cost sums over the kinds."""
     m = len(candidates)
-    eager_total = float((counts * eager_ms[sizes]).sum())
+    steps_upto = np.zeros((len(kinds), m))  # P_kind[j]
+    graph = np.zeros((len(kinds), m))  # graph_ms_kind[c_j]
+    tail = np.zeros(m)  # eager cost of the steps above c_j, all kinds
+    eager_total = 0.0
+    for row, kind in enumerate(kinds):
+        order = np.argsort(kind.sizes)
+        sizes, counts = kind.sizes[order], kind.counts[order].astype(np.float64)
+        eager = counts * kind.eager_ms[sizes]
+        covered = np.searchsorted(sizes, candidates, side="right")  # steps of size <= c_j
+        steps_upto[row] = np.concatenate([[0.0], np.cumsum(counts)])[covered]
+        tail += eager.sum() - np.concatenate([[0.0], np.cumsum(eager)])[covered]
+        graph[row] = kind.graph_ms[candidates]
+        eager_total += float(eager.sum())
     if m == 0 or max_graphs == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Partition(candidates, np.array([eager_total]), np.zeros(1, dtype=np.int64), [empty], np.zeros(1, dtype=np.int64))
-    covered = np.searchsorted(sizes, candidates, side="right")  # steps of size <= c_j
-    steps_upto = np.concatenate([[0.0], np.cumsum(counts)])[covered]  # P[j]
-    eager_upto = np.concatenate([[0.0], np.cumsum(counts * eager_ms[sizes])])[covered]
-    tail = eager_total - eager_upto  # eager cost of the steps above c_j
-    g = graph_ms[candidates].astype(np.float64)
-    f = steps_upto * g  # one graph, the largest at c_j
-    exact = [eager_total, float((f + tail).min())]
-    ends, back = [0, int((f + tail).argmin())], [np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)]
-    earlier = np.tri(m, m, -1, dtype=bool).T  # earlier[i, j]: i < j
+    own = (steps_upto * graph).sum(axis=0)  # every step up to c_j padded to c_j
+    f = own.copy()  # one graph, the largest at c_j
+    exact, ends = [eager_total, float((f + tail).min())], [0, int((f + tail).argmin())]
+    back = [np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)]
+    later = ~np.tri(m, m, 0, dtype=bool)  # later[i, j]: i < j
+    already = steps_upto.T @ graph  # [i, j]: steps up to c_i priced at c_j, which c_i serves instead
     for _ in range(2, min(max_graphs, m) + 1):
-        paths = np.where(earlier, f[:, None] - steps_upto[:, None] * g[None, :], np.inf)
+        paths = np.where(later, f[:, None] - already, np.inf)
         previous = paths.argmin(axis=0)
-        f = paths[previous, np.arange(m)] + steps_upto * g
+        f = paths[previous, np.arange(m)] + own
         back.append(previous)
         exact.append(float((f + tail).min()))
         ends.append(int((f + tail).argmin()))
@@ -112,19 +132,17 @@ def best_partitions(
 
 
 def choose_graph_count(
-    partition: Partition, num_steps: float, *, not_worse_than_ms: float | None = None, max_graphs: int | None = None
+    partition: Partition, *, not_worse_than_ms: float | None = None, max_graphs: int | None = None
 ) -> int:
-    """Fewest graphs whose next addition gains under MIN_GAIN_FRACTION of the step, but never a
-    schedule worse than `not_worse_than_ms` (summed) when one within reach is not."""
+    """Fewest graphs that come within MIN_GAIN_FRACTION of the best schedule searched (the
+    graphs beyond would not pay for their capture time and memory), and that are not worse than
+    `not_worse_than_ms` (summed) when that is reachable."""
     limit = partition.max_graphs if max_graphs is None else min(max_graphs, partition.max_graphs)
-    totals = partition.totals_ms
-    k = 0
-    while k < limit:
-        gain_per_step = (totals[k] - totals[k + 1]) / max(num_steps, 1.0)
-        behind = not_worse_than_ms is not None and totals[k] > not_worse_than_ms * (1 + 1e-12)
-        if not behind and gain_per_step < MIN_GAIN_FRACTION * totals[k] / max(num_steps, 1.0):
-            break
-        k += 1
+    totals = partition.totals_ms[: limit + 1]
+    good_enough = totals[-1] * (1 + MIN_GAIN_FRACTION)
+    if not_worse_than_ms is not None and not_worse_than_ms >= totals[-1]:
+        good_enough = min(good_enough, not_worse_than_ms)
+    k = int(np.argmax(totals <= good_enough * (1 + 1e-12)))
     return int(partition.uses[k])
 
 
@@ -148,3 +166,60 @@ def dense_ms(
     padded = padded_sizes(sizes, captured, pads)
     per_step = np.where(padded > 0, graph_ms[padded], eager_ms[sizes])
     return float((counts * per_step).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """Steps of one kind: how often each size ran, for how long, and its attention time
+    (context reads for decode, query-key work for extend), which no schedule changes."""
+
+    sizes: np.ndarray  # [k] ascending
+    counts: np.ndarray  # [k]
+    time_s: np.ndarray  # [k] time spent at each size in the simulation
+    attention_ms: np.ndarray  # [k] summed over those steps
+
+    def to_dict(self) -> dict[str, list]:
+        return {"sizes": self.sizes.tolist(), "counts": self.counts.tolist(), "time_s": self.time_s.tolist()}
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleScore:
+    schedule: str  # "plan" or "default"
+    expected_step_ms: float
+    decode_coverage: float  # share of decode steps that replay a graph
+    extend_coverage: float
+    padding_waste: float  # share of rows (decode) and tokens (extend) computed only as padding
+    num_graphs: int
+    graph_bytes: int
+    capture_s: float
+    kv_tokens: int
+
+
+def _kind_totals(hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray, captured, pads) -> tuple[float, float, float, float]:
+    """(dense + attention ms, steps on a graph, padding units, computed units)."""
+    padded = padded_sizes(hist.sizes, captured, pads)
+    on_graph = padded > 0
+    total_ms = dense_ms(hist.sizes, hist.counts, graph_ms, eager_ms, captured, pads) + float(hist.attention_ms.sum())
+    computed = np.where(on_graph, padded, hist.sizes)
+    padding = float((hist.counts * (computed - hist.sizes)).sum())
+    return total_ms, float(hist.counts[on_graph].sum()), padding, float((hist.counts * computed).sum())
+
+
+def score_schedule(
+    name: str, decode: Histogram, extend: Histogram, cost, decode_bs, tokens, *, pads: bool = True, kv_tokens: int = 0
+) -> ScheduleScore:
+    """Expected step time, coverage and cost of a capture schedule on the given steps."""
+    d_ms, d_graph, d_pad, d_rows = _kind_totals(decode, cost.decode_graph_ms, cost.decode_eager_ms, decode_bs, pads)
+    e_ms, e_graph, e_pad, e_rows = _kind_totals(extend, cost.extend_graph_ms, cost.extend_eager_ms, tokens, pads)
+    d_steps, e_steps = float(decode.counts.sum()), float(extend.counts.sum())
+    return ScheduleScore(
+        schedule=name,
+        expected_step_ms=(d_ms + e_ms) / max(d_steps + e_steps, 1.0),
+        decode_coverage=d_graph / d_steps if d_steps else 0.0,
+        extend_coverage=e_graph / e_steps if e_steps else 0.0,
+        padding_waste=(d_pad + e_pad) / max(d_rows + e_rows, 1.0),
+        num_graphs=len(decode_bs) + len(tokens),
+        graph_bytes=cost.graph_bytes(list(decode_bs), list(tokens)),
+        capture_s=cost.capture_s(list(decode_bs), list(tokens)),
+        kv_tokens=kv_tokens,
+    )

@@ -1,0 +1,115 @@
+"""Rich rendering of a plan: the flags to paste, then the plan against the engine default."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from cgtool.reports.tables import gib
+
+ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
+
+
+def _sizes(sizes: list[int], limit: int = 40) -> str:
+    if not sizes:
+        return "none (eager)"
+    shown = " ".join(str(s) for s in sizes[:limit])
+    return shown + (f" … ({len(sizes)} sizes)" if len(sizes) > limit else f"  ({len(sizes)} sizes)")
+
+
+def flag_block(lines: list[str], title: str) -> Text:
+    # Plain lines, never wrapped or boxed, so that they paste into a shell as they are.
+    text = Text(f"# {title}\n", style="bold", no_wrap=True, overflow="ignore")
+    text.append(" \\\n".join(line for line in lines if line.startswith("--")), style="")
+    for note in (line for line in lines if not line.startswith("--")):
+        text.append("\n" + note, style="dim")
+    return text
+
+
+def comparison_table(plan: dict[str, Any]) -> Table:
+    rows = {row["schedule"]: row for row in plan["comparison"]}
+    plan_row, default_row = rows["plan"], rows["default"]
+    inputs = plan["inputs"]
+    table = Table(title=f"Plan vs {ENGINE_NAMES[inputs['engine']]} {inputs['engine_version']} default, same simulated steps")
+    for column in ("", "plan", "default"):
+        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+    metrics = (
+        ("expected step", "expected_step_ms", lambda v: f"{v:.3f} ms"),
+        ("decode graph coverage", "decode_coverage", lambda v: f"{v:.1%}"),
+        ("extend graph coverage", "extend_coverage", lambda v: f"{v:.1%}"),
+        ("padding waste", "padding_waste", lambda v: f"{v:.1%}"),
+        ("graphs", "num_graphs", str),
+        ("graph memory (predicted)", "graph_bytes", gib),
+        ("capture time (predicted)", "capture_s", lambda v: f"{v:.1f} s"),
+        ("KV tokens", "kv_tokens", lambda v: f"{v:,}"),
+    )
+    for label, key, fmt in metrics:
+        table.add_row(label, fmt(plan_row[key]), fmt(default_row[key]))
+    return table
+
+
+def memory_table(plan: dict[str, Any]) -> Table:
+    memory = plan["memory"]
+    table = Table(title=f"Memory on {plan['inputs']['gpu']} ({gib(memory['gpu_memory_bytes'])})")
+    for column in ("", "plan", "engine default"):
+        table.add_column(column, justify="left" if not column else "right", no_wrap=True)
+    rows = [
+        ("weights", gib(memory["weights_bytes"]), ""),
+        ("graphs", gib(memory["graph_bytes"]), ""),
+        ("activations (eager peak)", gib(memory["activation_bytes"]), ""),
+        ("margin kept free", gib(memory["margin_bytes"]), ""),
+        ("KV cache", gib(memory["kv_bytes"]), ""),
+        ("KV tokens", f"{memory['kv_tokens']:,}", f"{memory['default_kv_tokens']:,}"),
+        ("SGLang --mem-fraction-static", f"{memory['mem_fraction_static']:.3f}", f"{memory['default_mem_fraction_static']:.3f}"),
+        ("vLLM --gpu-memory-utilization", f"{memory['gpu_memory_utilization']:.3f}", ""),
+        ("TensorRT-LLM free_gpu_memory_fraction", f"{memory['trtllm_free_gpu_memory_fraction']:.3f}", ""),
+        ("peak KV demand in the trace", f"{memory['peak_kv_demand_tokens']:,}", ""),
+    ]
+    if memory.get("graph_bytes_measured") is not None:
+        predicted, measured = memory["graph_bytes_predicted"], memory["graph_bytes_measured"]
+        error = (predicted - measured) / measured if measured else 0.0
+        rows.append(("graphs of the report's sizes", f"predicted {gib(predicted)}", f"measured {gib(measured)} ({error:+.0%})"))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def plan_view(plan: dict[str, Any]) -> RenderableType:
+    inputs, sim = plan["inputs"], plan["simulation"]
+    engine = inputs["engine"]
+    head = Text(
+        f"{inputs['model']} on {inputs['gpu']}, {ENGINE_NAMES[engine]} {inputs['engine_version']}; "
+        f"trace {inputs['trace']} ({inputs['trace_kind']}: {sim['num_requests']:,} requests, {sim['steps']:,} steps); "
+        f"step times from {inputs['profile'] or 'the roofline model'}",
+    )
+    parts: list[RenderableType] = [
+        head,
+        flag_block(plan["flags"][engine], f"Recommended flags for {ENGINE_NAMES[engine]} {inputs['engine_version']}"),
+        Text(f"decode batch sizes: {_sizes(plan['decode']['capture_bs'])}"),
+        Text(f"extend token bins:  {_sizes(plan['piecewise']['capture_num_tokens'])}"),
+        comparison_table(plan),
+        memory_table(plan),
+    ]
+    warnings = plan["memory"]["warnings"] + plan.get("warnings", [])
+    if warnings:
+        parts.append(Text("\n".join(f"note: {w}" for w in warnings), style="yellow"))
+    others = [e for e in ("sglang", "vllm", "trtllm") if e != engine]
+    for other in others:
+        parts.append(flag_block(plan["flags"][other], f"The same plan for {ENGINE_NAMES[other]}"))
+    return Group(*parts)
+
+
+def schedule_table(schedule: dict[str, Any]) -> Table:
+    table = Table(title=f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule", show_header=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("")
+    table.add_row("decode batch sizes", _sizes(schedule["decode_bs"], 200))
+    table.add_row("extend token bins", _sizes(schedule["piecewise_tokens"], 200))
+    table.add_row("largest", f"batch {schedule['max_bs']}, tokens {schedule['max_tokens']}")
+    table.add_row("pads to the next size", "yes" if schedule["pads"] else "no (other sizes run eagerly)")
+    table.add_row("piecewise on by default", "yes" if schedule["piecewise_on_by_default"] else "no")
+    table.add_row("rule from", schedule["source"])
+    return table

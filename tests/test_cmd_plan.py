@@ -1,0 +1,146 @@
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cgtool.commands.main import app
+from cgtool.commands.plan import parse_bytes
+from cgtool.errors import InputError
+
+runner = CliRunner()
+ROOT = Path(__file__).parent.parent
+EXAMPLE = ROOT / "examples" / "azure-conv-first-1000.jsonl"
+REPORT = Path(__file__).parent / "data" / "planner" / "report-h100-llama8b.json"
+
+
+def cgtool(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_plan_prints_flags_and_the_comparison():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB")
+    assert result.exit_code == 0, result.output
+    assert "Recommended flags for SGLang 0.5.23" in result.output
+    assert "--cuda-graph-bs-decode" in result.output and "--mem-fraction-static" in result.output
+    assert "expected step" in result.output and "default" in result.output
+
+
+def test_plan_json_is_a_plan_document():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["schema"] == "cgtool.plan" and data["inputs"]["gpu"] == "H100-80GB"
+    assert data["decode"]["capture_bs"]
+
+
+def test_out_writes_plan_json_and_figures(tmp_path):
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--out", tmp_path / "p")
+    assert result.exit_code == 0, result.output
+    names = {p.name for p in (tmp_path / "p").iterdir()}
+    assert {"plan.json", "plan_decode.png", "plan_extend.png", "plan_memory.png"} <= names
+    assert json.loads((tmp_path / "p" / "plan.json").read_text())["status"] == "complete"
+    assert (tmp_path / "p" / "plan_decode.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_vllm_engine_and_release_are_named():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine", "vllm")
+    assert result.exit_code == 0, result.output
+    assert "Recommended flags for vLLM 0.33" in result.output and "--cudagraph-capture-sizes" in result.output
+
+
+def test_older_sglang_release_gets_its_own_flag_names():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine-version", "0.5.10", "--json")
+    flags = json.loads(result.stdout)["flags"]["sglang"]
+    assert any(f.startswith("--cuda-graph-bs ") for f in flags)
+
+
+def test_auto_gpu_without_one_falls_back_with_a_note(monkeypatch):
+    import cgtool.commands.plan as plan_cmd
+    from cgtool.errors import CgtoolError
+
+    real = plan_cmd.gpu_spec
+
+    def no_gpu(name):
+        if name == "auto":
+            raise CgtoolError("no NVIDIA GPU found for --gpu auto")
+        return real(name)
+
+    monkeypatch.setattr(plan_cmd, "gpu_spec", no_gpu)
+    result = cgtool("plan", "--trace", EXAMPLE, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["inputs"]["gpu"] == "H100-80GB"
+    assert any("no GPU found" in w for w in data["warnings"])
+
+
+def test_profile_report_is_used():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--profile", REPORT, "--json")
+    assert result.exit_code == 0, result.output
+    memory = json.loads(result.stdout)["memory"]
+    assert memory["graph_bytes_measured"] > 0
+
+
+def test_budgets_are_applied():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--budget-graphs", "5",
+                    "--budget-memory", "300MiB", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert len(data["decode"]["capture_bs"]) + len(data["piecewise"]["capture_num_tokens"]) <= 5
+    assert data["memory"]["graph_bytes"] <= 300 << 20
+
+
+def test_a_malformed_trace_line_names_file_and_line(tmp_path):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"arrival": 0, "input_len": 10, "output_len": 5}\n{"arrival": 1, "input_len": "x", "output_len": 5}\n')
+    result = cgtool("plan", "--trace", bad, "--gpu", "H100-80GB")
+    assert result.exit_code == 2
+    assert "t.jsonl" in result.output and "2" in result.output and "input_len" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--engine", "trtllm"], "--engine trtllm"),
+    (["--engine-version", "0.4"], "--engine-version"),
+    (["--budget-memory", "lots"], "--budget-memory"),
+    (["--gpu", "H900"], "--gpu"),
+    (["--model", "nope-7b"], "nope-7b"),
+])
+def test_bad_options_exit_2_with_one_line(args, words):
+    result = cgtool("plan", "--trace", EXAMPLE, *args)
+    assert result.exit_code == 2
+    assert words in result.output and "Traceback" not in result.output
+
+
+def test_missing_trace_file_exits_2(tmp_path):
+    result = cgtool("plan", "--trace", tmp_path / "none.jsonl", "--gpu", "H100-80GB")
+    assert result.exit_code == 2 and "none.jsonl" in result.output
+
+
+def test_batch_trace_plans_without_simulation(tmp_path):
+    trace = tmp_path / "b.jsonl"
+    lines = [{"mode": "decode", "batch_size": b, "count": 100 - b} for b in range(1, 60)]
+    lines += [{"mode": "extend", "num_tokens": n, "count": 5} for n in range(64, 4096, 97)]
+    trace.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    result = cgtool("plan", "--trace", trace, "--gpu", "H100-80GB", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["inputs"]["trace_kind"] == "batches"
+
+
+def test_azure_csv_plans_directly_with_format(tmp_path):
+    csv = tmp_path / "a.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+                   "2023-11-16 18:15:50.9951690,396,109\n")
+    result = cgtool("plan", "--trace", csv, "--format", "azure", "--gpu", "H100-80GB", "--json")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("text, expected", [("8GiB", 8 << 30), ("512 MiB", 512 << 20), ("2e9", 2_000_000_000), ("100", 100), ("1.5G", 1_500_000_000)])
+def test_memory_amounts_parse(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "8 parsecs", "nan"])
+def test_bad_memory_amounts_are_refused(text):
+    with pytest.raises(InputError, match="--budget-memory"):
+        parse_bytes(text)

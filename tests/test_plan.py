@@ -1,0 +1,161 @@
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cgtool.config import load_model_config
+from cgtool.errors import CgtoolError
+from cgtool.gpus import gpu_spec
+from cgtool.planner.convert_public import convert_azure, convert_mooncake
+from cgtool.planner.plan import PlanRequest, check_plan_safety, plan_batches, plan_requests
+from cgtool.results import validate_plan
+
+CFG = load_model_config("llama-3.1-8b")
+H100 = gpu_spec("H100-80GB")
+TRACES = Path("/work/shared/traces")
+REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
+
+
+def synthetic(n=4000, rate=6.0, seed=0):
+    """Chat-like traffic: Poisson arrivals, log-normal prompt and output lengths."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1 / rate, n))
+    prompt = np.minimum(rng.lognormal(6.8, 0.9, n).astype(int) + 1, 12000)
+    output = np.minimum(rng.lognormal(5.0, 0.8, n).astype(int) + 1, 1500)
+    return arrival, prompt, output, np.zeros(n, dtype=int)
+
+
+@pytest.fixture(scope="module")
+def base_plan():
+    return plan_requests(*synthetic(), PlanRequest(CFG, H100, trace_name="synthetic"))
+
+
+def rows(plan):
+    return {row.schedule: row for row in plan.comparison}
+
+
+def assert_dominates(plan):
+    plan_row, default = rows(plan)["plan"], rows(plan)["default"]
+    assert plan_row.expected_step_ms <= default.expected_step_ms * (1 + 1e-9)
+    assert plan_row.num_graphs < default.num_graphs or plan_row.graph_bytes < default.graph_bytes
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("seed, rate", [(0, 3.0), (1, 8.0), (2, 20.0)])
+def test_plan_dominates_the_default_on_synthetic_traffic(engine, seed, rate):
+    assert_dominates(plan_requests(*synthetic(3000, rate, seed), PlanRequest(CFG, H100, engine=engine)))
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize("name, convert", [
+    ("AzureLLMInferenceTrace_conv.csv", convert_azure),
+    ("mooncake_fast25_conversation_trace.jsonl", convert_mooncake),
+])
+def test_plan_dominates_the_default_on_the_real_traces(engine, name, convert):
+    trace = convert(TRACES / name).trace
+    plan = plan_requests(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len,
+                         PlanRequest(CFG, H100, engine=engine, trace_name=name))
+    assert_dominates(plan)
+
+
+def test_plan_dominates_on_a_batch_trace(base_plan):
+    decode, extend = base_plan.decode.histogram, base_plan.piecewise.histogram
+    plan = plan_batches(decode.sizes, decode.counts, extend.sizes, extend.counts, PlanRequest(CFG, H100))
+    assert_dominates(plan)
+    assert plan.inputs["trace_kind"] == "batches"
+    assert any("context assumed" in w for w in plan.warnings)
+
+
+def test_plan_dict_follows_the_contract_and_the_loader_accepts_it(base_plan):
+    data = json.loads(json.dumps(base_plan.to_dict()))
+    validate_plan(data, "plan.json")
+    assert set(data["inputs"]) >= {"trace", "trace_kind", "model", "gpu", "engine", "engine_version", "profile",
+                                   "tp_size", "chunked_prefill_size", "max_running_requests", "context_len"}
+    assert set(data["memory"]) >= {"gpu_memory_bytes", "weights_bytes", "graph_bytes", "activation_bytes",
+                                   "margin_bytes", "kv_bytes", "kv_tokens", "mem_fraction_static",
+                                   "default_mem_fraction_static", "default_kv_tokens", "peak_kv_demand_tokens", "warnings"}
+    assert set(data["simulation"]) >= {"num_requests", "dropped_requests", "duration_s", "steps", "mean_queue_s", "p99_queue_s"}
+    assert set(data["flags"]) == {"sglang", "vllm", "trtllm"}
+    assert data["decode"]["max_bs"] == max(data["decode"]["capture_bs"])
+    hist = data["decode"]["histogram"]
+    assert len(hist["sizes"]) == len(hist["counts"]) == len(hist["time_s"])
+
+
+def test_histogram_counts_add_up_to_the_simulated_steps(base_plan):
+    steps = base_plan.decode.histogram.counts.sum() + base_plan.piecewise.histogram.counts.sum()
+    assert steps == base_plan.simulation["steps"]
+
+
+def test_token_bins_never_exceed_the_chunked_prefill_size():
+    plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, chunked_prefill_size=512))
+    assert plan.piecewise.capture and max(plan.piecewise.capture) <= 512
+    assert max(plan.piecewise.histogram.sizes) <= 512
+
+
+def test_graph_budget_caps_the_total_number_of_graphs():
+    plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, budget_graphs=6))
+    assert len(plan.decode.capture) + len(plan.piecewise.capture) <= 6
+
+
+def test_memory_budget_caps_graph_memory():
+    budget = 200 << 20
+    plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, budget_memory_bytes=budget))
+    assert plan.memory.graph_bytes <= budget
+    assert rows(plan)["plan"].graph_bytes == plan.memory.graph_bytes
+
+
+def test_the_engine_version_picks_the_flag_names(base_plan):
+    old = plan_requests(*synthetic(800), PlanRequest(CFG, H100, engine_version="0.5.10"))
+    assert any(line.startswith("--cuda-graph-bs ") for line in old.flags["sglang"])
+    assert any(line.startswith("--cuda-graph-bs-decode ") for line in base_plan.flags["sglang"])
+    assert old.inputs["engine_version"] == "0.5.10" and base_plan.inputs["engine_version"] == "0.5.23"
+
+
+def test_batches_above_the_default_graph_ceiling_are_captured_and_reported():
+    # Many short requests at once: the decode batch reaches several hundred.
+    rng = np.random.default_rng(5)
+    n = 3000
+    trace = (np.sort(rng.uniform(0, 5, n)), rng.integers(50, 200, n), rng.integers(200, 400, n), None)
+    plan = plan_requests(*trace, PlanRequest(CFG, H100))
+    default_max = max(plan.decode.default_capture)
+    assert plan.decode.histogram.sizes.max() > default_max
+    assert plan.decode.max_size > default_max
+    assert any("below batches the trace reaches" in w for w in plan.warnings)
+
+
+def test_a_profile_sets_measured_beside_predicted_graph_memory():
+    plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, profile=REPORT, profile_name="report.json"))
+    assert plan.memory.graph_bytes_measured == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
+    assert plan.memory.graph_bytes_predicted > 0
+    assert plan.inputs["profile"] == "report.json"
+    assert_dominates(plan)
+
+
+def test_dropped_requests_are_reported():
+    arrival, prompt, output, cached = synthetic(500)
+    prompt[:3] = CFG.max_context_len + 1
+    plan = plan_requests(arrival, prompt, output, cached, PlanRequest(CFG, H100))
+    assert plan.simulation["dropped_requests"] == 3
+    assert any("dropped" in w for w in plan.warnings)
+
+
+def test_safety_check_refuses_bins_above_the_chunk_or_context(base_plan):
+    with pytest.raises(CgtoolError, match="chunked prefill size"):
+        check_plan_safety([256, 9000], 8192, 131072, base_plan.memory)
+    with pytest.raises(CgtoolError, match="context length"):
+        check_plan_safety([256, 5000], 8192, 4096, base_plan.memory)
+
+
+def test_safety_check_refuses_a_fraction_that_eats_the_margin(base_plan):
+    greedy = replace(base_plan.memory, mem_fraction_static=0.99)
+    with pytest.raises(CgtoolError, match="margin") as exc:
+        check_plan_safety([], 8192, 131072, greedy)
+    assert "--budget-memory" in exc.value.remedy
+
+
+def test_planning_reports_progress():
+    seen = []
+    plan_requests(*synthetic(300), PlanRequest(CFG, H100), progress=lambda stage, f: seen.append((stage, f)))
+    assert ("simulate", 1.0) in seen and ("optimise", 1.0) in seen
