@@ -21,8 +21,20 @@ from cgtool.reports.plan_view import plan_view
 from cgtool.results import PLAN_FILENAME, load_report, write_json_atomic
 
 FALLBACK_GPU = "H100-80GB"
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 
 def parse_bytes(text: str, option: str = "--budget-memory") -> int:
@@ -34,7 +46,10 @@ def parse_bytes(text: str, option: str = "--budget-memory") -> int:
     except ValueError:
         value = float("nan")
     if not match or unit not in _UNITS or not value >= 0:
-        raise InputError(f"{option} '{text}' is not an amount of memory", "Write it like 8GiB, 512MiB or 8000000000.")
+        raise InputError(
+            f"{option} '{text}' is not an amount of memory",
+            "Write it like 8GiB, 512MiB or 8000000000.",
+        )
     return int(value * _UNITS[unit])
 
 
@@ -44,12 +59,19 @@ def _resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
     try:
         return gpu_spec("auto"), None
     except CgtoolError:
-        return gpu_spec(FALLBACK_GPU), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
+        return gpu_spec(
+            FALLBACK_GPU
+        ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
 
 
 def _run_plan(trace: Path, trace_format: str, request: PlanRequest) -> Plan:
     loaded = load_trace(trace, trace_format).trace
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err_console, transient=True) as progress:
         tasks: dict[str, int] = {}
 
@@ -59,37 +81,85 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest) -> Plan:
             progress.update(tasks[stage], completed=fraction)
 
         if isinstance(loaded, RequestTrace):
-            return plan_requests(loaded.arrival_s, loaded.input_len, loaded.output_len, loaded.cached_len, request, report)
-        return plan_batches(loaded.decode_batch_size, loaded.decode_count, loaded.extend_num_tokens,
-                            loaded.extend_count, request, report)
+            return plan_requests(
+                loaded.arrival_s,
+                loaded.input_len,
+                loaded.output_len,
+                loaded.cached_len,
+                request,
+                report,
+            )
+        return plan_batches(
+            loaded.decode_batch_size,
+            loaded.decode_count,
+            loaded.extend_num_tokens,
+            loaded.extend_count,
+            request,
+            report,
+        )
 
 
 @cli_errors
 def plan(
     trace: Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")],
-    trace_format: Annotated[str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")] = "cgtool",
-    model: Annotated[str, typer.Option(help="Model preset or HF folder with config.json.")] = "llama-3.1-8b",
-    gpu: Annotated[str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")] = "auto",
-    profile: Annotated[Path | None, typer.Option(help="Capture report.json: measured step times and graph memory.")] = None,
-    budget_graphs: Annotated[int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")] = None,
-    budget_memory: Annotated[str | None, typer.Option(help="Graph memory budget, e.g. 2GiB.")] = None,
+    trace_format: Annotated[
+        str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")
+    ] = "cgtool",
+    model: Annotated[
+        str, typer.Option(help="Model preset or HF folder with config.json.")
+    ] = "llama-3.1-8b",
+    gpu: Annotated[
+        str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
+    ] = "auto",
+    profile: Annotated[
+        Path | None, typer.Option(help="Capture report.json: measured step times and graph memory.")
+    ] = None,
+    budget_graphs: Annotated[
+        int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
+    ] = None,
+    budget_memory: Annotated[
+        str | None, typer.Option(help="Graph memory budget, e.g. 2GiB.")
+    ] = None,
     engine: Annotated[str, typer.Option(help="Engine to plan for: sglang or vllm.")] = "sglang",
-    engine_version: Annotated[str | None, typer.Option(help="Engine release whose flags and defaults to use (default: newest known).")] = None,
-    chunked_prefill_size: Annotated[int | None, typer.Option(min=1, help="Prefill token budget per step (default: the engine's).")] = None,
-    max_running_requests: Annotated[int | None, typer.Option(min=1, help="Most requests running at once (default: the engine's).")] = None,
-    out: Annotated[Path | None, typer.Option(help="Write plan.json and figures to this folder.")] = None,
+    engine_version: Annotated[
+        str | None,
+        typer.Option(
+            help="Engine release whose flags and defaults to use (default: newest known)."
+        ),
+    ] = None,
+    chunked_prefill_size: Annotated[
+        int | None,
+        typer.Option(min=1, help="Prefill token budget per step (default: the engine's)."),
+    ] = None,
+    max_running_requests: Annotated[
+        int | None,
+        typer.Option(min=1, help="Most requests running at once (default: the engine's)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write plan.json and figures to this folder.")
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
     if engine not in ("sglang", "vllm"):
-        raise InputError(f"--engine {engine} cannot be planned for", "Use sglang or vllm (see `cgtool schedule` for trtllm).")
+        raise InputError(
+            f"--engine {engine} cannot be planned for",
+            "Use sglang or vllm (see `cgtool schedule` for trtllm).",
+        )
     gpu_choice, gpu_note = _resolve_gpu(gpu)
     report = load_report(profile).to_dict() if profile is not None else None
     request = PlanRequest(
-        cfg=load_model_config(model), gpu=gpu_choice, engine=engine, engine_version=engine_version,
-        trace_name=str(trace), profile=report, profile_name=None if profile is None else str(profile),
-        chunked_prefill_size=chunked_prefill_size, max_running_requests=max_running_requests,
-        budget_graphs=budget_graphs, budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
+        cfg=load_model_config(model),
+        gpu=gpu_choice,
+        engine=engine,
+        engine_version=engine_version,
+        trace_name=str(trace),
+        profile=report,
+        profile_name=None if profile is None else str(profile),
+        chunked_prefill_size=chunked_prefill_size,
+        max_running_requests=max_running_requests,
+        budget_graphs=budget_graphs,
+        budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
     )
     result = _run_plan(trace, trace_format, request)
     if gpu_note:
@@ -113,6 +183,8 @@ def _write_outputs(out: Path, data: dict) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CgtoolError(f"--out {out}: cannot create the folder ({exc.strerror})", "Pick a writable folder.") from None
+        raise CgtoolError(
+            f"--out {out}: cannot create the folder ({exc.strerror})", "Pick a writable folder."
+        ) from None
     write_json_atomic(out / PLAN_FILENAME, data)
     write_plan_figures(data, out)

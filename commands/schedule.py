@@ -17,17 +17,32 @@ from cgtool.reports.plan_view import schedule_table
 @cli_errors
 def schedule(
     engine: Annotated[str, typer.Option(help=f"Engine: {', '.join(ENGINES)}.")] = "sglang",
-    engine_version: Annotated[str | None, typer.Option(help="Engine release (default: the newest cgtool knows).")] = None,
-    max_bs: Annotated[int | None, typer.Option(help="Largest decode batch size (default: the engine's for the GPU).")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="Largest extend token count (default: the engine's).")] = None,
-    gpu: Annotated[str | None, typer.Option(help="GPU whose memory sets the engine's defaults, e.g. H100-80GB.")] = None,
+    engine_version: Annotated[
+        str | None, typer.Option(help="Engine release (default: the newest cgtool knows).")
+    ] = None,
+    max_bs: Annotated[
+        int | None,
+        typer.Option(help="Largest decode batch size (default: the engine's for the GPU)."),
+    ] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(help="Largest extend token count (default: the engine's).")
+    ] = None,
+    gpu: Annotated[
+        str | None,
+        typer.Option(help="GPU whose memory sets the engine's defaults, e.g. H100-80GB."),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the schedule as JSON.")] = False,
 ) -> None:
     """Print an engine's default capture schedule (SGLang, vLLM, TensorRT-LLM)."""
     memory = gpu_spec(gpu).memory_bytes if gpu else None
-    result = default_schedule(engine, engine_version, max_bs=max_bs, max_tokens=max_tokens, gpu_memory_bytes=memory)
+    result = default_schedule(
+        engine, engine_version, max_bs=max_bs, max_tokens=max_tokens, gpu_memory_bytes=memory
+    )
     data = dataclasses.asdict(result)
-    data["decode_bs"], data["piecewise_tokens"] = list(result.decode_bs), list(result.piecewise_tokens)
+    data["decode_bs"], data["piecewise_tokens"] = (
+        list(result.decode_bs),
+        list(result.piecewise_tokens),
+    )
     if json_out:
         console.print_json(json.dumps(data))
     else:

@@ -8,12 +8,14 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 _GIB = 1 << 30
 
 
-def _histogram_figure(kind: dict[str, Any], sizes_key: str, default_key: str, title: str, unit: str, path: Path) -> Path:
+def _histogram_figure(
+    kind: dict[str, Any], sizes_key: str, default_key: str, title: str, unit: str, path: Path
+) -> Path:
     hist = kind["histogram"]
     fig, ax = plt.subplots(figsize=(9, 4))
     wide = max(hist["sizes"], default=1) > 256
@@ -24,8 +26,12 @@ def _histogram_figure(kind: dict[str, Any], sizes_key: str, default_key: str, ti
         ax.bar(hist["sizes"], hist["counts"], width=1.0, color="#4c72b0", label="steps (simulated)")
     for i, size in enumerate(kind[sizes_key]):
         ax.axvline(size, color="#dd8452", lw=0.8, alpha=0.9, label="plan" if i == 0 else None)
-    for i, size in enumerate(s for s in kind[default_key] if s <= max(hist["sizes"], default=0) * 1.2):
-        ax.axvline(size, color="#55a868", lw=0.6, ls=":", label="engine default" if i == 0 else None)
+    for i, size in enumerate(
+        s for s in kind[default_key] if s <= max(hist["sizes"], default=0) * 1.2
+    ):
+        ax.axvline(
+            size, color="#55a868", lw=0.6, ls=":", label="engine default" if i == 0 else None
+        )
     ax.set_xlabel(unit)
     ax.set_ylabel("steps")
     ax.set_title(title)
@@ -40,9 +46,13 @@ def _histogram_figure(kind: dict[str, Any], sizes_key: str, default_key: str, ti
 
 def _memory_figure(plan: dict[str, Any], path: Path) -> Path:
     memory = plan["memory"]
-    parts = [("weights", memory["weights_bytes"], "#4c72b0"), ("KV cache", memory["kv_bytes"], "#55a868"),
-             ("graphs", memory["graph_bytes"], "#dd8452"), ("activations", memory["activation_bytes"], "#c44e52"),
-             ("margin", memory["margin_bytes"], "#8172b3")]
+    parts = [
+        ("weights", memory["weights_bytes"], "#4c72b0"),
+        ("KV cache", memory["kv_bytes"], "#55a868"),
+        ("graphs", memory["graph_bytes"], "#dd8452"),
+        ("activations", memory["activation_bytes"], "#c44e52"),
+        ("margin", memory["margin_bytes"], "#8172b3"),
+    ]
     used = sum(value for _, value, _ in parts)
     parts.append(("unassigned", max(memory["gpu_memory_bytes"] - used, 0), "#cccccc"))
     fig, ax = plt.subplots(figsize=(9, 2.2))
@@ -51,7 +61,13 @@ def _memory_figure(plan: dict[str, Any], path: Path) -> Path:
         ax.barh(0, value / _GIB, left=left, color=color, label=f"{label} {value / _GIB:.1f} GiB")
         left += value / _GIB
     static = memory["mem_fraction_static"] * memory["gpu_memory_bytes"] / _GIB
-    ax.axvline(static, color="black", lw=1, ls="--", label=f"mem-fraction-static {memory['mem_fraction_static']:.3f}")
+    ax.axvline(
+        static,
+        color="black",
+        lw=1,
+        ls="--",
+        label=f"mem-fraction-static {memory['mem_fraction_static']:.3f}",
+    )
     ax.set_xlim(0, memory["gpu_memory_bytes"] / _GIB)
     ax.set_yticks([])
     ax.set_xlabel("GiB")
@@ -67,9 +83,21 @@ def write_plan_figures(plan: dict[str, Any], out_dir: Path) -> list[Path]:
     """Decode and extend size histograms with the chosen sizes drawn in, and a memory bar."""
     out_dir = Path(out_dir)
     return [
-        _histogram_figure(plan["decode"], "capture_bs", "default_capture_bs", "Decode batch sizes",
-                          "requests in a decode step", out_dir / "plan_decode.png"),
-        _histogram_figure(plan["piecewise"], "capture_num_tokens", "default_capture_num_tokens",
-                          "Extend token counts", "tokens in an extend step", out_dir / "plan_extend.png"),
+        _histogram_figure(
+            plan["decode"],
+            "capture_bs",
+            "default_capture_bs",
+            "Decode batch sizes",
+            "requests in a decode step",
+            out_dir / "plan_decode.png",
+        ),
+        _histogram_figure(
+            plan["piecewise"],
+            "capture_num_tokens",
+            "default_capture_num_tokens",
+            "Extend token counts",
+            "tokens in an extend step",
+            out_dir / "plan_extend.png",
+        ),
         _memory_figure(plan, out_dir / "plan_memory.png"),
     ]

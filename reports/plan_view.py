@@ -33,7 +33,9 @@ def comparison_table(plan: dict[str, Any]) -> Table:
     rows = {row["schedule"]: row for row in plan["comparison"]}
     plan_row, default_row = rows["plan"], rows["default"]
     inputs = plan["inputs"]
-    table = Table(title=f"Plan vs {ENGINE_NAMES[inputs['engine']]} {inputs['engine_version']} default, same simulated steps")
+    table = Table(
+        title=f"Plan vs {ENGINE_NAMES[inputs['engine']]} {inputs['engine_version']} default, same simulated steps"
+    )
     for column in ("", "plan", "default"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     metrics = (
@@ -63,15 +65,29 @@ def memory_table(plan: dict[str, Any]) -> Table:
         ("margin kept free", gib(memory["margin_bytes"]), ""),
         ("KV cache", gib(memory["kv_bytes"]), ""),
         ("KV tokens", f"{memory['kv_tokens']:,}", f"{memory['default_kv_tokens']:,}"),
-        ("SGLang --mem-fraction-static", f"{memory['mem_fraction_static']:.3f}", f"{memory['default_mem_fraction_static']:.3f}"),
+        (
+            "SGLang --mem-fraction-static",
+            f"{memory['mem_fraction_static']:.3f}",
+            f"{memory['default_mem_fraction_static']:.3f}",
+        ),
         ("vLLM --gpu-memory-utilization", f"{memory['gpu_memory_utilization']:.3f}", ""),
-        ("TensorRT-LLM free_gpu_memory_fraction", f"{memory['trtllm_free_gpu_memory_fraction']:.3f}", ""),
+        (
+            "TensorRT-LLM free_gpu_memory_fraction",
+            f"{memory['trtllm_free_gpu_memory_fraction']:.3f}",
+            "",
+        ),
         ("peak KV demand in the trace", f"{memory['peak_kv_demand_tokens']:,}", ""),
     ]
     if memory.get("graph_bytes_measured") is not None:
         predicted, measured = memory["graph_bytes_predicted"], memory["graph_bytes_measured"]
         error = (predicted - measured) / measured if measured else 0.0
-        rows.append(("graphs of the report's sizes", f"predicted {gib(predicted)}", f"measured {gib(measured)} ({error:+.0%})"))
+        rows.append(
+            (
+                "graphs of the report's sizes",
+                f"predicted {gib(predicted)}",
+                f"measured {gib(measured)} ({error:+.0%})",
+            )
+        )
     for row in rows:
         table.add_row(*row)
     return table
@@ -87,7 +103,10 @@ def plan_view(plan: dict[str, Any]) -> RenderableType:
     )
     parts: list[RenderableType] = [
         head,
-        flag_block(plan["flags"][engine], f"Recommended flags for {ENGINE_NAMES[engine]} {inputs['engine_version']}"),
+        flag_block(
+            plan["flags"][engine],
+            f"Recommended flags for {ENGINE_NAMES[engine]} {inputs['engine_version']}",
+        ),
         Text(f"decode batch sizes: {_sizes(plan['decode']['capture_bs'])}"),
         Text(f"extend token bins:  {_sizes(plan['piecewise']['capture_num_tokens'])}"),
         comparison_table(plan),
@@ -103,13 +122,18 @@ def plan_view(plan: dict[str, Any]) -> RenderableType:
 
 
 def schedule_table(schedule: dict[str, Any]) -> Table:
-    table = Table(title=f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule", show_header=False)
+    table = Table(
+        title=f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule",
+        show_header=False,
+    )
     table.add_column("", no_wrap=True)
     table.add_column("")
     table.add_row("decode batch sizes", _sizes(schedule["decode_bs"], 200))
     table.add_row("extend token bins", _sizes(schedule["piecewise_tokens"], 200))
     table.add_row("largest", f"batch {schedule['max_bs']}, tokens {schedule['max_tokens']}")
-    table.add_row("pads to the next size", "yes" if schedule["pads"] else "no (other sizes run eagerly)")
+    table.add_row(
+        "pads to the next size", "yes" if schedule["pads"] else "no (other sizes run eagerly)"
+    )
     table.add_row("piecewise on by default", "yes" if schedule["piecewise_on_by_default"] else "no")
     table.add_row("rule from", schedule["source"])
     return table

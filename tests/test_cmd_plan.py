@@ -46,11 +46,16 @@ def test_out_writes_plan_json_and_figures(tmp_path):
 def test_vllm_engine_and_release_are_named():
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine", "vllm")
     assert result.exit_code == 0, result.output
-    assert "Recommended flags for vLLM 0.33" in result.output and "--cudagraph-capture-sizes" in result.output
+    assert (
+        "Recommended flags for vLLM 0.33" in result.output
+        and "--cudagraph-capture-sizes" in result.output
+    )
 
 
 def test_older_sglang_release_gets_its_own_flag_names():
-    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine-version", "0.5.10", "--json")
+    result = cgtool(
+        "plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine-version", "0.5.10", "--json"
+    )
     flags = json.loads(result.stdout)["flags"]["sglang"]
     assert any(f.startswith("--cuda-graph-bs ") for f in flags)
 
@@ -82,8 +87,18 @@ def test_profile_report_is_used():
 
 
 def test_budgets_are_applied():
-    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--budget-graphs", "5",
-                    "--budget-memory", "300MiB", "--json")
+    result = cgtool(
+        "plan",
+        "--trace",
+        EXAMPLE,
+        "--gpu",
+        "H100-80GB",
+        "--budget-graphs",
+        "5",
+        "--budget-memory",
+        "300MiB",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert len(data["decode"]["capture_bs"]) + len(data["piecewise"]["capture_num_tokens"]) <= 5
@@ -92,20 +107,25 @@ def test_budgets_are_applied():
 
 def test_a_malformed_trace_line_names_file_and_line(tmp_path):
     bad = tmp_path / "t.jsonl"
-    bad.write_text('{"arrival": 0, "input_len": 10, "output_len": 5}\n{"arrival": 1, "input_len": "x", "output_len": 5}\n')
+    bad.write_text(
+        '{"arrival": 0, "input_len": 10, "output_len": 5}\n{"arrival": 1, "input_len": "x", "output_len": 5}\n'
+    )
     result = cgtool("plan", "--trace", bad, "--gpu", "H100-80GB")
     assert result.exit_code == 2
     assert "t.jsonl" in result.output and "2" in result.output and "input_len" in result.output
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--engine", "trtllm"], "--engine trtllm"),
-    (["--engine-version", "0.4"], "--engine-version"),
-    (["--budget-memory", "lots"], "--budget-memory"),
-    (["--gpu", "H900"], "--gpu"),
-    (["--model", "nope-7b"], "nope-7b"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--engine", "trtllm"], "--engine trtllm"),
+        (["--engine-version", "0.4"], "--engine-version"),
+        (["--budget-memory", "lots"], "--budget-memory"),
+        (["--gpu", "H900"], "--gpu"),
+        (["--model", "nope-7b"], "nope-7b"),
+    ],
+)
 def test_bad_options_exit_2_with_one_line(args, words):
     result = cgtool("plan", "--trace", EXAMPLE, *args)
     assert result.exit_code == 2
@@ -129,13 +149,24 @@ def test_batch_trace_plans_without_simulation(tmp_path):
 
 def test_azure_csv_plans_directly_with_format(tmp_path):
     csv = tmp_path / "a.csv"
-    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
-                   "2023-11-16 18:15:50.9951690,396,109\n")
+    csv.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
     result = cgtool("plan", "--trace", csv, "--format", "azure", "--gpu", "H100-80GB", "--json")
     assert result.exit_code == 0, result.output
 
 
-@pytest.mark.parametrize("text, expected", [("8GiB", 8 << 30), ("512 MiB", 512 << 20), ("2e9", 2_000_000_000), ("100", 100), ("1.5G", 1_500_000_000)])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8GiB", 8 << 30),
+        ("512 MiB", 512 << 20),
+        ("2e9", 2_000_000_000),
+        ("100", 100),
+        ("1.5G", 1_500_000_000),
+    ],
+)
 def test_memory_amounts_parse(text, expected):
     assert parse_bytes(text) == expected
 

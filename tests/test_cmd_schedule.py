@@ -19,8 +19,18 @@ def test_schedule_names_the_release_it_reproduces():
 
 
 def test_schedule_json_for_a_release_and_limits():
-    result = cgtool("schedule", "--engine", "sglang", "--engine-version", "0.5.4", "--max-bs", "32",
-                    "--max-tokens", "1024", "--json")
+    result = cgtool(
+        "schedule",
+        "--engine",
+        "sglang",
+        "--engine-version",
+        "0.5.4",
+        "--max-bs",
+        "32",
+        "--max-tokens",
+        "1024",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["decode_bs"] == [1, 2, 4, 8, 12, 16, 24, 32]
@@ -42,7 +52,12 @@ def test_vllm_and_trtllm_schedules():
 
 
 def test_bad_engine_or_release_exits_2():
-    for args in (["--engine", "tgi"], ["--engine-version", "1.0"], ["--max-bs", "0"], ["--gpu", "V100"]):
+    for args in (
+        ["--engine", "tgi"],
+        ["--engine-version", "1.0"],
+        ["--max-bs", "0"],
+        ["--gpu", "V100"],
+    ):
         result = cgtool("schedule", *args)
         assert result.exit_code == 2, args
         assert "Traceback" not in result.output

@@ -54,7 +54,9 @@ def test_both_kinds_share_one_pool_sized_by_the_larger_need(roofline):
 
 
 def test_a_smaller_extra_size_costs_only_its_graph_objects(roofline):
-    assert roofline.graph_bytes([8, 64], []) - roofline.graph_bytes([64], []) == int(roofline.decode_graph_bytes)
+    assert roofline.graph_bytes([8, 64], []) - roofline.graph_bytes([64], []) == int(
+        roofline.decode_graph_bytes
+    )
 
 
 def test_profile_reproduces_measured_sizes_and_interpolates_between(roofline):
@@ -88,7 +90,9 @@ def test_profile_without_any_good_size_is_refused():
 def test_profile_from_another_gpu_or_model_is_flagged():
     model = profile_cost(REPORT, CFG, gpu_spec("A100-80GB"), max_bs=64, max_tokens=64, source="r")
     assert any("measured on NVIDIA H100" in w for w in model.warnings)
-    other = profile_cost(REPORT, load_model_config("qwen2.5-7b"), H100, max_bs=64, max_tokens=64, source="r")
+    other = profile_cost(
+        REPORT, load_model_config("qwen2.5-7b"), H100, max_bs=64, max_tokens=64, source="r"
+    )
     assert any("another model" in w for w in other.warnings)
     assert not profile_cost(REPORT, CFG, H100, max_bs=64, max_tokens=64, source="r").warnings
 

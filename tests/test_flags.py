@@ -16,7 +16,9 @@ VALUES = FlagValues(
     chunked_prefill_size=8192,
     max_running_requests=256,
 )
-NO_PIECEWISE = FlagValues(**{**{f: getattr(VALUES, f) for f in VALUES.__slots__}, "piecewise_tokens": ()})
+NO_PIECEWISE = FlagValues(
+    **{**{f: getattr(VALUES, f) for f in VALUES.__slots__}, "piecewise_tokens": ()}
+)
 
 
 def _options(name: str) -> set[str]:
@@ -35,9 +37,16 @@ def test_0523_uses_per_phase_names_that_0510_lacks():
     new = set(flag_names(sglang_flags(VALUES, "0.5.23")))
     old = set(flag_names(sglang_flags(VALUES, "0.5.10")))
     assert {"--cuda-graph-bs-decode", "--cuda-graph-bs-prefill"} <= new
-    assert "--cuda-graph-bs" in old and not old & {"--cuda-graph-bs-decode", "--cuda-graph-bs-prefill"}
+    assert "--cuda-graph-bs" in old and not old & {
+        "--cuda-graph-bs-decode",
+        "--cuda-graph-bs-prefill",
+    }
     # 0.5.23's parser no longer knows the old names
-    assert not {"--cuda-graph-bs", "--cuda-graph-max-bs", "--piecewise-cuda-graph-tokens"} & _options("sglang-0.5.23")
+    assert not {
+        "--cuda-graph-bs",
+        "--cuda-graph-max-bs",
+        "--piecewise-cuda-graph-tokens",
+    } & _options("sglang-0.5.23")
 
 
 def test_sglang_lines_carry_the_values():

@@ -18,29 +18,43 @@ GIB = 1 << 30
 
 def test_sglang_0510_default_fraction_on_h100_by_hand():
     # 512 + 8192 * 1.5 + 256 * 2 + 1/8 * 1024 + 58 sizes * 8 = 13904 MiB reserved
-    fraction = sglang_default_mem_fraction("0.5.10", H100, chunked_prefill_size=8192, max_bs=256, num_piecewise_tokens=58)
+    fraction = sglang_default_mem_fraction(
+        "0.5.10", H100, chunked_prefill_size=8192, max_bs=256, num_piecewise_tokens=58
+    )
     assert fraction == round((81559 - 13904) / 81559, 3)
 
 
 def test_sglang_0_5_4_does_not_reserve_for_piecewise_sizes():
-    fraction = sglang_default_mem_fraction("0.5.4", H100, chunked_prefill_size=8192, max_bs=256, num_piecewise_tokens=58)
+    fraction = sglang_default_mem_fraction(
+        "0.5.4", H100, chunked_prefill_size=8192, max_bs=256, num_piecewise_tokens=58
+    )
     assert fraction == round((81559 - 13440) / 81559, 3)
 
 
 def test_sglang_reserves_at_least_10_gb_on_large_gpus():
-    fraction = sglang_default_mem_fraction("0.5.23", H100, chunked_prefill_size=2048, max_bs=8, num_piecewise_tokens=0)
+    fraction = sglang_default_mem_fraction(
+        "0.5.23", H100, chunked_prefill_size=2048, max_bs=8, num_piecewise_tokens=0
+    )
     assert fraction == round((81559 - 10240) / 81559, 3)
 
 
 def test_small_gpu_default_has_no_floor():
     l4 = gpu_spec("L4").memory_bytes  # 23034 MiB
-    fraction = sglang_default_mem_fraction("0.5.10", l4, chunked_prefill_size=2048, max_bs=24, num_piecewise_tokens=0)
+    fraction = sglang_default_mem_fraction(
+        "0.5.10", l4, chunked_prefill_size=2048, max_bs=24, num_piecewise_tokens=0
+    )
     assert fraction == round((23034 - (512 + 3072 + 48 + 128)) / 23034, 3)
 
 
 def plan(**overrides):
-    args = dict(graph_bytes=1 * GIB, chunked_prefill_size=8192, max_running_requests=256,
-                peak_kv_demand_tokens=100_000, typical_request_tokens=1500, default_mem_fraction_static=0.83)
+    args = {
+        "graph_bytes": 1 * GIB,
+        "chunked_prefill_size": 8192,
+        "max_running_requests": 256,
+        "peak_kv_demand_tokens": 100_000,
+        "typical_request_tokens": 1500,
+        "default_mem_fraction_static": 0.83,
+    }
     return plan_memory(CFG, H100, **(args | overrides))
 
 
@@ -48,7 +62,9 @@ def test_recommended_fraction_leaves_activations_graphs_and_the_margin_free():
     memory = plan()
     free = (1 - memory.mem_fraction_static) * H100
     assert free >= memory.activation_bytes + memory.graph_bytes + memory.margin_bytes
-    assert free - (memory.activation_bytes + memory.graph_bytes + memory.margin_bytes) < 0.001 * H100
+    assert (
+        free - (memory.activation_bytes + memory.graph_bytes + memory.margin_bytes) < 0.001 * H100
+    )
     assert memory.margin_bytes == margin_bytes(H100) >= 2 * GIB
 
 
@@ -60,7 +76,10 @@ def test_kv_tokens_are_the_static_share_minus_weights():
 
 
 def test_more_graph_memory_means_a_smaller_fraction():
-    assert plan(graph_bytes=4 * GIB).mem_fraction_static < plan(graph_bytes=1 * GIB).mem_fraction_static
+    assert (
+        plan(graph_bytes=4 * GIB).mem_fraction_static
+        < plan(graph_bytes=1 * GIB).mem_fraction_static
+    )
 
 
 def test_engine_fractions_describe_the_same_kv_budget():
@@ -69,7 +88,9 @@ def test_engine_fractions_describe_the_same_kv_budget():
     assert memory.gpu_memory_utilization == pytest.approx(1 - memory.margin_bytes / H100, abs=0.002)
     # TensorRT-LLM's fraction is of the memory left after weights, activations and graphs
     free_after = H100 - memory.weights_bytes - memory.activation_bytes - memory.graph_bytes
-    assert memory.trtllm_free_gpu_memory_fraction == pytest.approx(memory.kv_bytes / free_after, abs=0.001)
+    assert memory.trtllm_free_gpu_memory_fraction == pytest.approx(
+        memory.kv_bytes / free_after, abs=0.001
+    )
 
 
 def test_activation_peak_grows_with_the_prefill_chunk():
@@ -78,8 +99,16 @@ def test_activation_peak_grows_with_the_prefill_chunk():
 
 def test_a_model_that_leaves_no_kv_cache_is_refused():
     with pytest.raises(CgtoolError, match="does not fit") as exc:
-        plan_memory(CFG, 16 * GIB, graph_bytes=GIB, chunked_prefill_size=8192, max_running_requests=256,
-                    peak_kv_demand_tokens=0, typical_request_tokens=100, default_mem_fraction_static=0.8)
+        plan_memory(
+            CFG,
+            16 * GIB,
+            graph_bytes=GIB,
+            chunked_prefill_size=8192,
+            max_running_requests=256,
+            peak_kv_demand_tokens=0,
+            typical_request_tokens=100,
+            default_mem_fraction_static=0.8,
+        )
     assert "tensor parallelism" in exc.value.remedy
 
 

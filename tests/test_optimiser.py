@@ -5,6 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cgtool.planner.cost import dense_ms, padded_sizes
 from cgtool.planner.optimiser import (
     MAX_CANDIDATES,
     MIN_GAIN_FRACTION,
@@ -13,14 +14,16 @@ from cgtool.planner.optimiser import (
     best_shared_partitions,
     candidate_sizes,
     choose_graph_count,
-    dense_ms,
-    padded_sizes,
 )
 
 
 def tables(max_size, seed=0, monotone=True):
     rng = np.random.default_rng(seed)
-    graph = 5.0 + np.cumsum(rng.uniform(0.0, 0.2, max_size + 1)) if monotone else rng.uniform(5, 9, max_size + 1)
+    graph = (
+        5.0 + np.cumsum(rng.uniform(0.0, 0.2, max_size + 1))
+        if monotone
+        else rng.uniform(5, 9, max_size + 1)
+    )
     eager = graph + rng.uniform(0.5, 2.0, max_size + 1)
     return graph, eager
 
@@ -41,7 +44,9 @@ def test_padding_goes_to_the_next_captured_size_and_above_the_largest_runs_eager
 def test_one_graph_sits_at_the_largest_size_when_padding_is_cheap():
     graph = np.full(11, 5.0)
     eager = np.full(11, 7.0)
-    part = best_partitions(np.array([1, 4, 10]), np.array([5, 5, 5]), graph, eager, np.array([1, 4, 10]), 3)
+    part = best_partitions(
+        np.array([1, 4, 10]), np.array([5, 5, 5]), graph, eager, np.array([1, 4, 10]), 3
+    )
     assert part.sizes(1) == [10]
     assert part.totals_ms[1] == pytest.approx(15 * 5.0)
 
@@ -63,8 +68,12 @@ def test_dp_equals_brute_force_on_small_inputs(seed):
     candidates = candidate_sizes(sizes, [8, 16, 32], 40)
     part = best_partitions(sizes, counts, graph, eager, candidates, 4)
     for k in range(5):
-        assert part.totals_ms[k] == pytest.approx(brute_force(sizes, counts, graph, eager, candidates, k))
-        assert dense_ms(sizes, counts, graph, eager, part.sizes(k)) == pytest.approx(part.totals_ms[k])
+        assert part.totals_ms[k] == pytest.approx(
+            brute_force(sizes, counts, graph, eager, candidates, k)
+        )
+        assert dense_ms(sizes, counts, graph, eager, part.sizes(k)) == pytest.approx(
+            part.totals_ms[k]
+        )
         assert len(part.sizes(k)) <= k
 
 
@@ -80,7 +89,10 @@ def test_never_worse_than_any_schedule_with_as_many_sizes(steps, other, seed):
     sizes, counts = (np.array(c) for c in zip(*steps))
     candidates = candidate_sizes(np.unique(sizes), [], 64)
     part = best_partitions(sizes, counts, graph, eager, candidates, len(set(other)))
-    assert part.totals_ms[len(set(other))] <= dense_ms(sizes, counts, graph, eager, sorted(set(other))) + 1e-9
+    assert (
+        part.totals_ms[len(set(other))]
+        <= dense_ms(sizes, counts, graph, eager, sorted(set(other))) + 1e-9
+    )
 
 
 def test_candidates_include_defaults_within_the_observed_range_only():
@@ -112,7 +124,9 @@ def test_graph_count_keeps_going_until_it_matches_a_reference_schedule():
     counts = np.full(256, 10)
     default = list(range(8, 257, 8))
     target = dense_ms(sizes, counts, graph, eager, default)
-    part = best_partitions(sizes, counts, graph, eager, candidate_sizes(sizes, default, 256), len(default))
+    part = best_partitions(
+        sizes, counts, graph, eager, candidate_sizes(sizes, default, 256), len(default)
+    )
     k = choose_graph_count(part, not_worse_than_ms=target)
     assert part.totals_ms[k] <= target and k <= len(default)
 
@@ -131,7 +145,9 @@ def test_one_list_for_two_kinds_equals_brute_force(seed):
     for shift in (0.0, 3.0):
         graph, eager = tables(48, seed)
         sizes = np.unique(rng.integers(1, 49, 5))
-        kinds.append(KindSteps(sizes, rng.integers(1, 30, len(sizes)), graph + shift, eager + shift))
+        kinds.append(
+            KindSteps(sizes, rng.integers(1, 30, len(sizes)), graph + shift, eager + shift)
+        )
     candidates = candidate_sizes(np.unique(np.concatenate([k.sizes for k in kinds])), [], 48)
     part = best_shared_partitions(kinds, candidates, 3)
 
@@ -139,6 +155,8 @@ def test_one_list_for_two_kinds_equals_brute_force(seed):
         return sum(dense_ms(k.sizes, k.counts, k.graph_ms, k.eager_ms, chosen) for k in kinds)
 
     for k in range(4):
-        brute = min(total(c) for r in range(k + 1) for c in itertools.combinations(candidates.tolist(), r))
+        brute = min(
+            total(c) for r in range(k + 1) for c in itertools.combinations(candidates.tolist(), r)
+        )
         assert part.totals_ms[k] == pytest.approx(brute)
         assert total(part.sizes(k)) == pytest.approx(part.totals_ms[k])

@@ -9,7 +9,8 @@ from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError
 from cgtool.gpus import gpu_spec
 from cgtool.planner.convert_public import convert_azure, convert_mooncake
-from cgtool.planner.plan import PlanRequest, check_plan_safety, plan_batches, plan_requests
+from cgtool.planner.memory import check_plan_safety
+from cgtool.planner.plan import PlanRequest, plan_batches, plan_requests
 from cgtool.results import validate_plan
 
 CFG = load_model_config("llama-3.1-8b")
@@ -45,24 +46,36 @@ def assert_dominates(plan):
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 @pytest.mark.parametrize("seed, rate", [(0, 3.0), (1, 8.0), (2, 20.0)])
 def test_plan_dominates_the_default_on_synthetic_traffic(engine, seed, rate):
-    assert_dominates(plan_requests(*synthetic(3000, rate, seed), PlanRequest(CFG, H100, engine=engine)))
+    assert_dominates(
+        plan_requests(*synthetic(3000, rate, seed), PlanRequest(CFG, H100, engine=engine))
+    )
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
-@pytest.mark.parametrize("name, convert", [
-    ("AzureLLMInferenceTrace_conv.csv", convert_azure),
-    ("mooncake_fast25_conversation_trace.jsonl", convert_mooncake),
-])
+@pytest.mark.parametrize(
+    "name, convert",
+    [
+        ("AzureLLMInferenceTrace_conv.csv", convert_azure),
+        ("mooncake_fast25_conversation_trace.jsonl", convert_mooncake),
+    ],
+)
 def test_plan_dominates_the_default_on_the_real_traces(engine, name, convert):
     trace = convert(TRACES / name).trace
-    plan = plan_requests(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len,
-                         PlanRequest(CFG, H100, engine=engine, trace_name=name))
+    plan = plan_requests(
+        trace.arrival_s,
+        trace.input_len,
+        trace.output_len,
+        trace.cached_len,
+        PlanRequest(CFG, H100, engine=engine, trace_name=name),
+    )
     assert_dominates(plan)
 
 
 def test_plan_dominates_on_a_batch_trace(base_plan):
     decode, extend = base_plan.decode.histogram, base_plan.piecewise.histogram
-    plan = plan_batches(decode.sizes, decode.counts, extend.sizes, extend.counts, PlanRequest(CFG, H100))
+    plan = plan_batches(
+        decode.sizes, decode.counts, extend.sizes, extend.counts, PlanRequest(CFG, H100)
+    )
     assert_dominates(plan)
     assert plan.inputs["trace_kind"] == "batches"
     assert any("context assumed" in w for w in plan.warnings)
@@ -71,12 +84,41 @@ def test_plan_dominates_on_a_batch_trace(base_plan):
 def test_plan_dict_follows_the_contract_and_the_loader_accepts_it(base_plan):
     data = json.loads(json.dumps(base_plan.to_dict()))
     validate_plan(data, "plan.json")
-    assert set(data["inputs"]) >= {"trace", "trace_kind", "model", "gpu", "engine", "engine_version", "profile",
-                                   "tp_size", "chunked_prefill_size", "max_running_requests", "context_len"}
-    assert set(data["memory"]) >= {"gpu_memory_bytes", "weights_bytes", "graph_bytes", "activation_bytes",
-                                   "margin_bytes", "kv_bytes", "kv_tokens", "mem_fraction_static",
-                                   "default_mem_fraction_static", "default_kv_tokens", "peak_kv_demand_tokens", "warnings"}
-    assert set(data["simulation"]) >= {"num_requests", "dropped_requests", "duration_s", "steps", "mean_queue_s", "p99_queue_s"}
+    assert set(data["inputs"]) >= {
+        "trace",
+        "trace_kind",
+        "model",
+        "gpu",
+        "engine",
+        "engine_version",
+        "profile",
+        "tp_size",
+        "chunked_prefill_size",
+        "max_running_requests",
+        "context_len",
+    }
+    assert set(data["memory"]) >= {
+        "gpu_memory_bytes",
+        "weights_bytes",
+        "graph_bytes",
+        "activation_bytes",
+        "margin_bytes",
+        "kv_bytes",
+        "kv_tokens",
+        "mem_fraction_static",
+        "default_mem_fraction_static",
+        "default_kv_tokens",
+        "peak_kv_demand_tokens",
+        "warnings",
+    }
+    assert set(data["simulation"]) >= {
+        "num_requests",
+        "dropped_requests",
+        "duration_s",
+        "steps",
+        "mean_queue_s",
+        "p99_queue_s",
+    }
     assert set(data["flags"]) == {"sglang", "vllm", "trtllm"}
     assert data["decode"]["max_bs"] == max(data["decode"]["capture_bs"])
     hist = data["decode"]["histogram"]
@@ -110,14 +152,21 @@ def test_the_engine_version_picks_the_flag_names(base_plan):
     old = plan_requests(*synthetic(800), PlanRequest(CFG, H100, engine_version="0.5.10"))
     assert any(line.startswith("--cuda-graph-bs ") for line in old.flags["sglang"])
     assert any(line.startswith("--cuda-graph-bs-decode ") for line in base_plan.flags["sglang"])
-    assert old.inputs["engine_version"] == "0.5.10" and base_plan.inputs["engine_version"] == "0.5.23"
+    assert (
+        old.inputs["engine_version"] == "0.5.10" and base_plan.inputs["engine_version"] == "0.5.23"
+    )
 
 
 def test_batches_above_the_default_graph_ceiling_are_captured_and_reported():
     # Many short requests at once: the decode batch reaches several hundred.
     rng = np.random.default_rng(5)
     n = 3000
-    trace = (np.sort(rng.uniform(0, 5, n)), rng.integers(50, 200, n), rng.integers(200, 400, n), None)
+    trace = (
+        np.sort(rng.uniform(0, 5, n)),
+        rng.integers(50, 200, n),
+        rng.integers(200, 400, n),
+        None,
+    )
     plan = plan_requests(*trace, PlanRequest(CFG, H100))
     default_max = max(plan.decode.default_capture)
     assert plan.decode.histogram.sizes.max() > default_max
@@ -126,8 +175,13 @@ def test_batches_above_the_default_graph_ceiling_are_captured_and_reported():
 
 
 def test_a_profile_sets_measured_beside_predicted_graph_memory():
-    plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, profile=REPORT, profile_name="report.json"))
-    assert plan.memory.graph_bytes_measured == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
+    plan = plan_requests(
+        *synthetic(800), PlanRequest(CFG, H100, profile=REPORT, profile_name="report.json")
+    )
+    assert (
+        plan.memory.graph_bytes_measured
+        == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
+    )
     assert plan.memory.graph_bytes_predicted > 0
     assert plan.inputs["profile"] == "report.json"
     assert_dominates(plan)
@@ -157,5 +211,7 @@ def test_safety_check_refuses_a_fraction_that_eats_the_margin(base_plan):
 
 def test_planning_reports_progress():
     seen = []
-    plan_requests(*synthetic(300), PlanRequest(CFG, H100), progress=lambda stage, f: seen.append((stage, f)))
+    plan_requests(
+        *synthetic(300), PlanRequest(CFG, H100), progress=lambda stage, f: seen.append((stage, f))
+    )
     assert ("simulate", 1.0) in seen and ("optimise", 1.0) in seen

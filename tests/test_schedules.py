@@ -31,7 +31,10 @@ def test_sglang_decode_list_ends_at_an_off_grid_max_bs():
     "version, expected",
     [
         # seed 004 / 001 step table: 4-32 by 4, 48-256 by 16, 288-512 by 32, 576-1024 by 64, 1280-4096 by 256
-        ("0.5.10", _steps((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256))),
+        (
+            "0.5.10",
+            _steps((4, 32, 4), (48, 256, 16), (288, 512, 32), (576, 1024, 64), (1280, 4096, 256)),
+        ),
         # seed 003: 4-32 by 4, 48-256 by 16, 288-512 by 32, 640-4096 by 128
         ("0.5.4", _steps((4, 32, 4), (48, 256, 16), (288, 512, 32), (640, 4096, 128))),
         # seed 000: [16, 32, 64, 128, 256] + range(512, 4097, 256)
@@ -43,8 +46,16 @@ def test_each_sglang_release_reproduces_its_documented_token_schedule(version, e
 
 
 def test_token_schedule_above_4096_uses_each_release_step():
-    assert default_schedule("sglang", "0.5.10", max_tokens=6000).piecewise_tokens[-4:] == (4096, 4608, 5120, 5632)
-    assert default_schedule("sglang", "0.5.4", max_tokens=4700).piecewise_tokens[-2:] == (4352, 4608)
+    assert default_schedule("sglang", "0.5.10", max_tokens=6000).piecewise_tokens[-4:] == (
+        4096,
+        4608,
+        5120,
+        5632,
+    )
+    assert default_schedule("sglang", "0.5.4", max_tokens=4700).piecewise_tokens[-2:] == (
+        4352,
+        4608,
+    )
 
 
 def test_newer_releases_default_max_tokens_to_the_chunked_prefill_size():
@@ -74,8 +85,14 @@ def test_large_tensor_parallel_raises_the_default_max_bs():
 
 
 def test_0523_clips_default_max_bs_to_max_running_requests_but_0510_does_not():
-    assert default_schedule("sglang", "0.5.23", gpu_memory_bytes=H100, max_running_requests=64).max_bs == 64
-    assert default_schedule("sglang", "0.5.10", gpu_memory_bytes=H100, max_running_requests=64).max_bs == 256
+    assert (
+        default_schedule("sglang", "0.5.23", gpu_memory_bytes=H100, max_running_requests=64).max_bs
+        == 64
+    )
+    assert (
+        default_schedule("sglang", "0.5.10", gpu_memory_bytes=H100, max_running_requests=64).max_bs
+        == 256
+    )
 
 
 def test_vllm_default_on_h100_is_one_token_list_up_to_512():

@@ -10,11 +10,19 @@ def flat_cost(decode_ms=1.0, extend_ms=10.0, kv_ms=0.0, pair_ms=0.0, max_bs=8, c
     return StepCost(np.full(max_bs + 1, decode_ms), np.full(chunk + 1, extend_ms), kv_ms, pair_ms)
 
 
-def run(arrival, inp, out, cached=None, *, cost=None, max_running=8, chunk=1000, kv=10_000, context=None):
+def run(
+    arrival, inp, out, cached=None, *, cost=None, max_running=8, chunk=1000, kv=10_000, context=None
+):
     cost = cost or flat_cost(max_bs=max_running, chunk=chunk)
     return simulate(
-        np.array(arrival, float), np.array(inp), np.array(out), None if cached is None else np.array(cached),
-        cost=cost, max_running_requests=max_running, chunked_prefill_size=chunk, kv_capacity_tokens=kv,
+        np.array(arrival, float),
+        np.array(inp),
+        np.array(out),
+        None if cached is None else np.array(cached),
+        cost=cost,
+        max_running_requests=max_running,
+        chunked_prefill_size=chunk,
+        kv_capacity_tokens=kv,
         context_len=context,
     )
 
@@ -110,17 +118,22 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
     """The same policy, one step per loop turn, no prefix sums and no skipped runs."""
     n = len(arrival)
     order = sorted(range(n), key=lambda i: arrival[i])
-    queue, running, clock_ms, split = list(order), {}, 0.0, None  # running: index -> (context, left)
+    queue, running, clock_ms, split = (
+        list(order),
+        {},
+        0.0,
+        None,
+    )  # running: index -> (context, left)
     decode, extend, kv_used = {}, {}, 0
     while queue or running or split:
         ready = [i for i in queue if arrival[i] * 1e3 <= clock_ms]
         done: list[int] = []
 
-        def fits(i):
+        def fits(i, split, kv_used, done=done):
             active = len(running) + len(done) + (split is not None)
             return active < max_running and kv_used + inp[i] + max(out[i] - 1, 0) + 1 <= kv_capacity
 
-        if split is not None or (ready and fits(ready[0])):
+        if split is not None or (ready and fits(ready[0], split, kv_used)):
             budget, tokens = chunk, 0
             if split is not None:
                 index, left = split
@@ -129,7 +142,7 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
                 split = (index, left - take) if left > take else None
                 if split is None:
                     done.append(index)
-            while split is None and budget > 0 and ready and fits(ready[0]):
+            while split is None and budget > 0 and ready and fits(ready[0], split, kv_used):
                 index = ready.pop(0)
                 queue.remove(index)
                 kv_used += inp[index] + max(out[index] - 1, 0) + 1
@@ -152,7 +165,9 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
             continue
         batch = len(running)
         decode[batch] = decode.get(batch, 0) + 1
-        clock_ms += cost.decode_ms[batch] + cost.kv_read_ms_per_token * sum(c for c, _ in running.values())
+        clock_ms += cost.decode_ms[batch] + cost.kv_read_ms_per_token * sum(
+            c for c, _ in running.values()
+        )
         for index in list(running):
             running[index][0] += 1
             running[index][1] -= 1
@@ -171,10 +186,20 @@ requests = st.lists(
 @given(requests, st.integers(1, 6), st.sampled_from([64, 128, 512]), st.integers(350, 3000))
 def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk, kv_capacity):
     arrival, inp, out = (list(column) for column in zip(*reqs))
-    cost = StepCost(1.0 + 0.1 * np.arange(max_running + 1), 5.0 + 0.01 * np.arange(chunk + 1), 0.001, 0.0)
+    cost = StepCost(
+        1.0 + 0.1 * np.arange(max_running + 1), 5.0 + 0.01 * np.arange(chunk + 1), 0.001, 0.0
+    )
     decode, extend, clock_ms = reference(arrival, inp, out, max_running, chunk, kv_capacity, cost)
-    result = simulate(np.array(arrival), np.array(inp), np.array(out), None, cost=cost,
-                      max_running_requests=max_running, chunked_prefill_size=chunk, kv_capacity_tokens=kv_capacity)
+    result = simulate(
+        np.array(arrival),
+        np.array(inp),
+        np.array(out),
+        None,
+        cost=cost,
+        max_running_requests=max_running,
+        chunked_prefill_size=chunk,
+        kv_capacity_tokens=kv_capacity,
+    )
     assert nonzero(result.decode_counts) == decode
     assert nonzero(result.extend_counts) == extend
     assert result.duration_s * 1e3 == pytest.approx(clock_ms)

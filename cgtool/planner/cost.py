@@ -64,17 +64,25 @@ class CostModel:
     def max_tokens(self) -> int:
         return len(self.extend_graph_ms) - 1
 
-    def graph_bytes(self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]) -> int:
+    def graph_bytes(
+        self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]
+    ) -> int:
         """Both kinds capture into one pool, largest first: the pool is the larger of the two
         largest sizes' needs, and every graph adds its own objects on top."""
         pool = max(
             float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0,
             float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0,
         )
-        return int(pool + len(decode_bs) * self.decode_graph_bytes + len(tokens) * self.extend_graph_bytes)
+        return int(
+            pool + len(decode_bs) * self.decode_graph_bytes + len(tokens) * self.extend_graph_bytes
+        )
 
-    def capture_s(self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]) -> float:
-        return float(self.decode_capture_s[list(decode_bs)].sum() + self.extend_capture_s[list(tokens)].sum())
+    def capture_s(
+        self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]
+    ) -> float:
+        return float(
+            self.decode_capture_s[list(decode_bs)].sum() + self.extend_capture_s[list(tokens)].sum()
+        )
 
 
 def kernels_per_forward(cfg: ModelConfig) -> int:
@@ -83,7 +91,9 @@ def kernels_per_forward(cfg: ModelConfig) -> int:
     return cfg.num_layers * (11 + int(cfg.qk_norm)) + 4
 
 
-def _dense_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray) -> np.ndarray:
+def _dense_ms(
+    cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray
+) -> np.ndarray:
     weight_bytes = cfg.weight_bytes(_BF16)
     head_params = cfg.vocab_size * cfg.hidden_size
     body_params = cfg.param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
@@ -136,8 +146,12 @@ def roofline_cost(cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: in
         extend_capture_s=_CAPTURE_PASSES * extend_eager / 1e3 + capture_per_size_s,
         decode_graph_bytes=float(kernels * _GRAPH_NODE_BYTES),
         extend_graph_bytes=float((kernels - cfg.num_layers) * _GRAPH_NODE_BYTES),
-        kv_read_ms_per_token=cfg.kv_bytes_per_token(_BF16) / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3,
-        attention_ms_per_pair=attention_flops_per_pair / (gpu.bf16_flops * _ATTENTION_FLOPS_EFFICIENCY) * 1e3,
+        kv_read_ms_per_token=cfg.kv_bytes_per_token(_BF16)
+        / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY)
+        * 1e3,
+        attention_ms_per_pair=attention_flops_per_pair
+        / (gpu.bf16_flops * _ATTENTION_FLOPS_EFFICIENCY)
+        * 1e3,
     )
 
 
@@ -163,19 +177,28 @@ def _measured_rows(report: dict[str, Any], kind: str, source: str) -> dict[str, 
         return {f: np.array([float(r[f]) for r in rows]) for f in fields}
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(
-            f"{source}: a '{kind}' size lacks a numeric {exc}", "Re-run `cgtool capture` to rewrite the report."
+            f"{source}: a '{kind}' size lacks a numeric {exc}",
+            "Re-run `cgtool capture` to rewrite the report.",
         ) from None
 
 
 def profile_cost(
-    report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: int, source: str
+    report: dict[str, Any],
+    cfg: ModelConfig,
+    gpu: GpuSpec,
+    *,
+    max_bs: int,
+    max_tokens: int,
+    source: str,
 ) -> CostModel:
     """Tables from a capture report's measured sizes, the roofline filling what it lacks."""
     base = roofline_cost(cfg, gpu, max_bs=max_bs, max_tokens=max_tokens)
     decode = _measured_rows(report, "decode", source)
     piecewise = _measured_rows(report, "piecewise", source)
     if not len(decode["size"]) and not len(piecewise["size"]):
-        raise InputError(f"{source}: no size was captured successfully", "Plan without --profile, or re-capture.")
+        raise InputError(
+            f"{source}: no size was captured successfully", "Plan without --profile, or re-capture."
+        )
     context_len = float(report.get("settings", {}).get("context_len", 0) or 0)
     tables: dict[str, Any] = {}
     if len(decode["size"]):
@@ -192,7 +215,9 @@ def profile_cost(
         for name, column in (("extend_graph_ms", "replay_ms"), ("extend_eager_ms", "eager_ms")):
             dense = np.maximum(piecewise[column] - attention, 0.1 * piecewise[column])
             tables[name] = _interpolate(piecewise["size"], dense, max_tokens + 1)
-        tables["extend_capture_s"] = _interpolate(piecewise["size"], piecewise["capture_s"], max_tokens + 1)
+        tables["extend_capture_s"] = _interpolate(
+            piecewise["size"], piecewise["capture_s"], max_tokens + 1
+        )
         tables["extend_graph_bytes"] = _per_graph_bytes(piecewise, base.extend_graph_bytes)
     scale = _pool_scale(report, cfg, decode["size"], piecewise["size"])
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
@@ -209,7 +234,9 @@ def _per_graph_bytes(rows: dict[str, np.ndarray], fallback: float) -> float:
     return float(np.median(extra))
 
 
-def _pool_scale(report: dict[str, Any], cfg: ModelConfig, decode_sizes: np.ndarray, tokens: np.ndarray) -> float:
+def _pool_scale(
+    report: dict[str, Any], cfg: ModelConfig, decode_sizes: np.ndarray, tokens: np.ndarray
+) -> float:
     measured = float(report.get("totals", {}).get("graph_pool_bytes", 0) or 0)
     predicted = max(
         float(_decode_pool_bytes(cfg, decode_sizes[-1:]).sum()),
@@ -218,14 +245,20 @@ def _pool_scale(report: dict[str, Any], cfg: ModelConfig, decode_sizes: np.ndarr
     return measured / predicted if measured > 0 and predicted > 0 else 1.0
 
 
-def _mismatches(report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec, source: str) -> tuple[str, ...]:
+def _mismatches(
+    report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec, source: str
+) -> tuple[str, ...]:
     notes = []
     measured_gpu = str(report.get("environment", {}).get("gpu_name", ""))
-    if measured_gpu and not any(n.lower() in measured_gpu.lower() for n in gpu.nvml_names + (gpu.name,)):
+    if measured_gpu and not any(
+        n.lower() in measured_gpu.lower() for n in gpu.nvml_names + (gpu.name,)
+    ):
         notes.append(f"{source} was measured on {measured_gpu}, the plan is for {gpu.name}")
     report_hash = report.get("model", {}).get("config_hash")
     if report_hash and report_hash != cfg.config_hash():
-        notes.append(f"{source} was measured on another model ({report.get('model', {}).get('name')})")
+        notes.append(
+            f"{source} was measured on another model ({report.get('model', {}).get('name')})"
+        )
     if report.get("status") == "incomplete":
         notes.append(f"{source} is incomplete: sizes it lacks are interpolated or estimated")
     return tuple(notes)
@@ -236,12 +269,138 @@ def _with(base: CostModel, **changes: Any) -> CostModel:
     return CostModel(**(values | changes))
 
 
-def predicted_graph_bytes(report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec) -> tuple[int, int]:
+def predicted_graph_bytes(
+    report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec
+) -> tuple[int, int]:
     """(roofline prediction, measurement) of graph memory for the sizes a report captured."""
     ok = [r for r in report.get("sizes", []) if r.get("status") == "ok"]
     decode = [int(r["size"]) for r in ok if r.get("kind") == "decode"]
     tokens = [int(r["size"]) for r in ok if r.get("kind") == "piecewise"]
-    model = roofline_cost(cfg, gpu, max_bs=max(decode, default=1), max_tokens=max(tokens, default=1))
+    model = roofline_cost(
+        cfg, gpu, max_bs=max(decode, default=1), max_tokens=max(tokens, default=1)
+    )
     totals = report.get("totals", {})
     measured = int(totals.get("graph_pool_bytes", 0)) + int(totals.get("non_torch_bytes", 0))
     return model.graph_bytes(decode, tokens), measured
+
+
+# ---- what a capture schedule costs on a set of steps
+
+
+def padded_sizes(
+    sizes: np.ndarray, captured: list[int] | tuple[int, ...], pads: bool = True
+) -> np.ndarray:
+    """The graph size each step replays, 0 where it runs eagerly."""
+    if not len(captured):
+        return np.zeros(len(sizes), dtype=np.int64)
+    graphs = np.array(sorted(captured), dtype=np.int64)
+    index = np.searchsorted(graphs, sizes, side="left")
+    padded = np.where(index < len(graphs), graphs[np.minimum(index, len(graphs) - 1)], 0)
+    if not pads:
+        padded = np.where(padded == sizes, padded, 0)
+    return padded
+
+
+def dense_ms(
+    sizes: np.ndarray,
+    counts: np.ndarray,
+    graph_ms: np.ndarray,
+    eager_ms: np.ndarray,
+    captured: list[int] | tuple[int, ...],
+    pads: bool = True,
+) -> float:
+    """Summed dense ms of the observed steps under a capture list."""
+    padded = padded_sizes(sizes, captured, pads)
+    per_step = np.where(padded > 0, graph_ms[padded], eager_ms[sizes])
+    return float((counts * per_step).sum())
+
+
+@dataclass(frozen=True, eq=False)
+class Histogram:
+    """Steps of one kind: how often each size ran, for how long, and its attention time
+    (context reads for decode, query-key work for extend), which no schedule changes."""
+
+    sizes: np.ndarray  # [k] ascending
+    counts: np.ndarray  # [k]
+    time_s: np.ndarray  # [k] time spent at each size in the simulation
+    attention_ms: np.ndarray  # [k] summed over those steps
+
+    def to_dict(self) -> dict[str, list]:
+        return {
+            "sizes": self.sizes.tolist(),
+            "counts": self.counts.tolist(),
+            "time_s": self.time_s.tolist(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleScore:
+    schedule: str  # "plan" or "default"
+    expected_step_ms: float
+    decode_coverage: float  # share of decode steps that replay a graph
+    extend_coverage: float
+    padding_waste: float  # share of rows (decode) and tokens (extend) computed only as padding
+    num_graphs: int
+    graph_bytes: int
+    capture_s: float
+    kv_tokens: int
+
+
+def _kind_totals(
+    hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray, captured, pads
+) -> tuple[float, float, float, float]:
+    """(dense + attention ms, steps on a graph, padding units, computed units)."""
+    padded = padded_sizes(hist.sizes, captured, pads)
+    on_graph = padded > 0
+    total_ms = dense_ms(hist.sizes, hist.counts, graph_ms, eager_ms, captured, pads) + float(
+        hist.attention_ms.sum()
+    )
+    computed = np.where(on_graph, padded, hist.sizes)
+    padding = float((hist.counts * (computed - hist.sizes)).sum())
+    return (
+        total_ms,
+        float(hist.counts[on_graph].sum()),
+        padding,
+        float((hist.counts * computed).sum()),
+    )
+
+
+def score_schedule(
+    name: str,
+    decode: Histogram,
+    extend: Histogram,
+    cost,
+    decode_bs,
+    tokens,
+    *,
+    pads: bool = True,
+    kv_tokens: int = 0,
+) -> ScheduleScore:
+    """Expected step time, coverage and cost of a capture schedule on the given steps."""
+    d_ms, d_graph, d_pad, d_rows = _kind_totals(
+        decode, cost.decode_graph_ms, cost.decode_eager_ms, decode_bs, pads
+    )
+    e_ms, e_graph, e_pad, e_rows = _kind_totals(
+        extend, cost.extend_graph_ms, cost.extend_eager_ms, tokens, pads
+    )
+    d_steps, e_steps = float(decode.counts.sum()), float(extend.counts.sum())
+    return ScheduleScore(
+        schedule=name,
+        expected_step_ms=(d_ms + e_ms) / max(d_steps + e_steps, 1.0),
+        decode_coverage=d_graph / d_steps if d_steps else 0.0,
+        extend_coverage=e_graph / e_steps if e_steps else 0.0,
+        padding_waste=(d_pad + e_pad) / max(d_rows + e_rows, 1.0),
+        num_graphs=len(decode_bs) + len(tokens),
+        graph_bytes=cost.graph_bytes(list(decode_bs), list(tokens)),
+        capture_s=cost.capture_s(list(decode_bs), list(tokens)),
+        kv_tokens=kv_tokens,
+    )
+
+
+def served_ms(
+    graph_ms: np.ndarray, eager_ms: np.ndarray, captured: tuple[int, ...], pads: bool
+) -> np.ndarray:
+    """Dense ms of every size under a capture list (index = size)."""
+    sizes = np.arange(len(graph_ms))
+    padded = padded_sizes(sizes, captured, pads)
+    return np.where(padded > 0, graph_ms[np.minimum(padded, len(graph_ms) - 1)], eager_ms)

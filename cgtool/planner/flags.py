@@ -36,11 +36,17 @@ def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
     lines: list[str] = []
     if release.per_phase_flags:
         if decode:
-            lines += [f"--cuda-graph-max-bs-decode {max(decode)}", f"--cuda-graph-bs-decode {_ints(decode)}"]
+            lines += [
+                f"--cuda-graph-max-bs-decode {max(decode)}",
+                f"--cuda-graph-bs-decode {_ints(decode)}",
+            ]
         else:
             lines.append("--disable-decode-cuda-graph")
         if tokens:
-            lines += [f"--cuda-graph-max-bs-prefill {max(tokens)}", f"--cuda-graph-bs-prefill {_ints(tokens)}"]
+            lines += [
+                f"--cuda-graph-max-bs-prefill {max(tokens)}",
+                f"--cuda-graph-bs-prefill {_ints(tokens)}",
+            ]
         else:
             lines.append("--disable-prefill-cuda-graph")
     else:
@@ -71,7 +77,11 @@ def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
     # vLLM captures one list of token counts for decode and mixed batches alike; a decode
     # step of b requests is b tokens, so the union serves both kinds of step.
     sizes = tuple(sorted(set(values.decode_bs) | set(values.piecewise_tokens)))
-    lines = [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"] if sizes else []
+    lines = (
+        [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"]
+        if sizes
+        else []
+    )
     return lines + [
         f"--gpu-memory-utilization {values.gpu_memory_utilization:.3f}",
         f"--kv-cache-memory-bytes {values.kv_bytes}",

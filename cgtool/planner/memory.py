@@ -61,9 +61,14 @@ def margin_bytes(gpu_memory_bytes: int) -> int:
 
 def activation_bytes(cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int) -> int:
     """Peak of an eager forward: a full prefill chunk, or a decode of every running request."""
-    per_token = (4 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size) * _BF16
+    per_token = (
+        4 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size
+    ) * _BF16
     logits_row = cfg.vocab_size * _FP32
-    extend = chunked_prefill_size * per_token + min(max_running_requests, chunked_prefill_size) * logits_row
+    extend = (
+        chunked_prefill_size * per_token
+        + min(max_running_requests, chunked_prefill_size) * logits_row
+    )
     decode = max_running_requests * (per_token + logits_row)
     return int(_ACTIVATION_SLACK * max(extend, decode))
 
@@ -132,7 +137,9 @@ def plan_memory(
         kv_bytes=kv_bytes,
         kv_tokens=kv_tokens,
         mem_fraction_static=fraction,
-        gpu_memory_utilization=round((weights + kv_bytes + activations + graph_bytes) / gpu_memory_bytes, 3),
+        gpu_memory_utilization=round(
+            (weights + kv_bytes + activations + graph_bytes) / gpu_memory_bytes, 3
+        ),
         trtllm_free_gpu_memory_fraction=math.floor(kv_bytes / free_after_load * 1000) / 1000,
         default_mem_fraction_static=default_mem_fraction_static,
         default_kv_tokens=kv_tokens_at(cfg, gpu_memory_bytes, default_mem_fraction_static),
@@ -143,7 +150,9 @@ def plan_memory(
     return plan
 
 
-def _pool_warnings(plan: MemoryPlan, typical_request_tokens: int, max_running_requests: int) -> list[str]:
+def _pool_warnings(
+    plan: MemoryPlan, typical_request_tokens: int, max_running_requests: int
+) -> list[str]:
     notes = []
     if plan.peak_kv_demand_tokens > plan.kv_tokens:
         notes.append(
@@ -156,3 +165,32 @@ def _pool_warnings(plan: MemoryPlan, typical_request_tokens: int, max_running_re
             f"{typical_request_tokens} tokens, fewer than --max-running-requests {max_running_requests}"
         )
     return notes
+
+
+def sglang_default_max_running(kv_tokens: int, context_len: int) -> int:
+    # SGLang's _resolve_max_num_reqs without --max-running-requests.
+    estimated = max(min(int(kv_tokens / context_len * 512), 4096), 2048)
+    return max(1, min(estimated, kv_tokens // 2))
+
+
+def check_plan_safety(
+    tokens: list[int], chunked_prefill_size: int, context_len: int, memory: MemoryPlan
+) -> None:
+    """Refuse plans that would break a server: token bins it can never use or that exceed what
+    it allows, and a static fraction that leaves less than the stated margin free."""
+    ceiling = min(chunked_prefill_size, context_len)
+    over = [t for t in tokens if t > ceiling]
+    if over:
+        limit = "chunked prefill size" if ceiling == chunked_prefill_size else "context length"
+        raise CgtoolError(
+            f"token bins {over} exceed the {limit} ({ceiling}): an extend step never has that many tokens",
+            "Drop them, or raise --chunked-prefill-size (within the model's context).",
+        )
+    free = (1 - memory.mem_fraction_static) * memory.gpu_memory_bytes
+    needed = memory.activation_bytes + memory.graph_bytes + memory.margin_bytes
+    if free < needed:
+        raise CgtoolError(
+            f"--mem-fraction-static {memory.mem_fraction_static:.3f} leaves {free / (1 << 30):.2f} GiB free, less than "
+            f"activations, graphs and the {memory.margin_bytes / (1 << 30):.1f} GiB margin ({needed / (1 << 30):.2f} GiB)",
+            "Capture fewer or smaller graphs (--budget-memory) or use a smaller --chunked-prefill-size.",
+        )

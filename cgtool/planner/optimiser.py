@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cgtool.planner.cost import CostModel, Histogram, dense_ms
+from cgtool.planner.schedules import EngineSchedule
+
 # Sizes stop being added once all further ones together would cut the expected step by less
 # than this share: below run-to-run noise of a serving benchmark, while each graph costs
 # capture time and memory.
@@ -27,6 +30,7 @@ MIN_GAIN_FRACTION = 1e-3
 # Above this many distinct candidate sizes, candidates are rounded up to a grid (the DP is
 # quadratic in them); the optimum is then exact over that grid.
 MAX_CANDIDATES = 512
+MIN_SEARCHED_GRAPHS = 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,7 +57,9 @@ class Partition:
         return sorted(chosen)
 
 
-def candidate_sizes(observed: np.ndarray, extra: list[int] | tuple[int, ...], limit: int) -> np.ndarray:
+def candidate_sizes(
+    observed: np.ndarray, extra: list[int] | tuple[int, ...], limit: int
+) -> np.ndarray:
     """Observed sizes and `extra` ones up to `limit` (and the largest observed), on a grid
     when there are too many."""
     observed = observed[observed <= limit]
@@ -89,10 +95,14 @@ def best_partitions(
     max_graphs: int,
 ) -> Partition:
     """Exact best schedules over `candidates` for 0..max_graphs graphs (see the module doc)."""
-    return best_shared_partitions([KindSteps(sizes, counts, graph_ms, eager_ms)], candidates, max_graphs)
+    return best_shared_partitions(
+        [KindSteps(sizes, counts, graph_ms, eager_ms)], candidates, max_graphs
+    )
 
 
-def best_shared_partitions(kinds: list[KindSteps], candidates: np.ndarray, max_graphs: int) -> Partition:
+def best_shared_partitions(
+    kinds: list[KindSteps], candidates: np.ndarray, max_graphs: int
+) -> Partition:
     """As best_partitions, for one list of sizes that several kinds of step pad into (vLLM
     captures one list for decode and mixed batches): a bucket's cost sums over the kinds."""
     m = len(candidates)
@@ -111,13 +121,21 @@ def best_shared_partitions(kinds: list[KindSteps], candidates: np.ndarray, max_g
         eager_total += float(eager.sum())
     if m == 0 or max_graphs == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return Partition(candidates, np.array([eager_total]), np.zeros(1, dtype=np.int64), [empty], np.zeros(1, dtype=np.int64))
+        return Partition(
+            candidates,
+            np.array([eager_total]),
+            np.zeros(1, dtype=np.int64),
+            [empty],
+            np.zeros(1, dtype=np.int64),
+        )
     own = (steps_upto * graph).sum(axis=0)  # every step up to c_j padded to c_j
     f = own.copy()  # one graph, the largest at c_j
     exact, ends = [eager_total, float((f + tail).min())], [0, int((f + tail).argmin())]
     back = [np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)]
     later = ~np.tri(m, m, 0, dtype=bool)  # later[i, j]: i < j
-    already = steps_upto.T @ graph  # [i, j]: steps up to c_i priced at c_j, which c_i serves instead
+    already = (
+        steps_upto.T @ graph
+    )  # [i, j]: steps up to c_i priced at c_j, which c_i serves instead
     for _ in range(2, min(max_graphs, m) + 1):
         paths = np.where(later, f[:, None] - already, np.inf)
         previous = paths.argmin(axis=0)
@@ -146,80 +164,111 @@ def choose_graph_count(
     return int(partition.uses[k])
 
 
-def padded_sizes(sizes: np.ndarray, captured: list[int] | tuple[int, ...], pads: bool = True) -> np.ndarray:
-    """The graph size each step replays, 0 where it runs eagerly."""
-    if not len(captured):
-        return np.zeros(len(sizes), dtype=np.int64)
-    graphs = np.array(sorted(captured), dtype=np.int64)
-    index = np.searchsorted(graphs, sizes, side="left")
-    padded = np.where(index < len(graphs), graphs[np.minimum(index, len(graphs) - 1)], 0)
-    if not pads:
-        padded = np.where(padded == sizes, padded, 0)
-    return padded
-
-
-def dense_ms(
-    sizes: np.ndarray, counts: np.ndarray, graph_ms: np.ndarray, eager_ms: np.ndarray,
-    captured: list[int] | tuple[int, ...], pads: bool = True,
-) -> float:
-    """Summed dense ms of the observed steps under a capture list."""
-    padded = padded_sizes(sizes, captured, pads)
-    per_step = np.where(padded > 0, graph_ms[padded], eager_ms[sizes])
-    return float((counts * per_step).sum())
-
-
-@dataclass(frozen=True, eq=False)
-class Histogram:
-    """Steps of one kind: how often each size ran, for how long, and its attention time
-    (context reads for decode, query-key work for extend), which no schedule changes."""
-
-    sizes: np.ndarray  # [k] ascending
-    counts: np.ndarray  # [k]
-    time_s: np.ndarray  # [k] time spent at each size in the simulation
-    attention_ms: np.ndarray  # [k] summed over those steps
-
-    def to_dict(self) -> dict[str, list]:
-        return {"sizes": self.sizes.tolist(), "counts": self.counts.tolist(), "time_s": self.time_s.tolist()}
-
-
 @dataclass(frozen=True, slots=True)
-class ScheduleScore:
-    schedule: str  # "plan" or "default"
-    expected_step_ms: float
-    decode_coverage: float  # share of decode steps that replay a graph
-    extend_coverage: float
-    padding_waste: float  # share of rows (decode) and tokens (extend) computed only as padding
-    num_graphs: int
-    graph_bytes: int
-    capture_s: float
-    kv_tokens: int
+class Limits:
+    """What bounds a schedule: the sizes a server can run, and the user's budgets."""
+
+    max_bs: int  # --max-running-requests
+    max_tokens: int  # min(chunked prefill size, context length)
+    budget_graphs: int | None = None
+    budget_memory_bytes: int | None = None
 
 
-def _kind_totals(hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray, captured, pads) -> tuple[float, float, float, float]:
-    """(dense + attention ms, steps on a graph, padding units, computed units)."""
-    padded = padded_sizes(hist.sizes, captured, pads)
-    on_graph = padded > 0
-    total_ms = dense_ms(hist.sizes, hist.counts, graph_ms, eager_ms, captured, pads) + float(hist.attention_ms.sum())
-    computed = np.where(on_graph, padded, hist.sizes)
-    padding = float((hist.counts * (computed - hist.sizes)).sum())
-    return total_ms, float(hist.counts[on_graph].sum()), padding, float((hist.counts * computed).sum())
+def _steps(hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray) -> KindSteps:
+    return KindSteps(hist.sizes, hist.counts, graph_ms, eager_ms)
 
 
-def score_schedule(
-    name: str, decode: Histogram, extend: Histogram, cost, decode_bs, tokens, *, pads: bool = True, kv_tokens: int = 0
-) -> ScheduleScore:
-    """Expected step time, coverage and cost of a capture schedule on the given steps."""
-    d_ms, d_graph, d_pad, d_rows = _kind_totals(decode, cost.decode_graph_ms, cost.decode_eager_ms, decode_bs, pads)
-    e_ms, e_graph, e_pad, e_rows = _kind_totals(extend, cost.extend_graph_ms, cost.extend_eager_ms, tokens, pads)
-    d_steps, e_steps = float(decode.counts.sum()), float(extend.counts.sum())
-    return ScheduleScore(
-        schedule=name,
-        expected_step_ms=(d_ms + e_ms) / max(d_steps + e_steps, 1.0),
-        decode_coverage=d_graph / d_steps if d_steps else 0.0,
-        extend_coverage=e_graph / e_steps if e_steps else 0.0,
-        padding_waste=(d_pad + e_pad) / max(d_rows + e_rows, 1.0),
-        num_graphs=len(decode_bs) + len(tokens),
-        graph_bytes=cost.graph_bytes(list(decode_bs), list(tokens)),
-        capture_s=cost.capture_s(list(decode_bs), list(tokens)),
-        kv_tokens=kv_tokens,
+def _partition(steps: KindSteps, default: tuple[int, ...], limit: int, most: int) -> Partition:
+    candidates = candidate_sizes(steps.sizes, default, limit)
+    return best_shared_partitions([steps], candidates, most)
+
+
+def _searched(budget: int | None, default: tuple[int, ...]) -> int:
+    # Up to the default's number of graphs (at least MIN_SEARCHED_GRAPHS), or the budget.
+    return max(budget or 0, len(default), MIN_SEARCHED_GRAPHS)
+
+
+def choose_separate(
+    decode: Histogram, extend: Histogram, cost: CostModel, default: EngineSchedule, limits: Limits
+) -> tuple[list[int], list[int]]:
+    """SGLang and TensorRT-LLM: a decode list and a token list, each optimised on its steps,
+    neither worse than the default's on the same steps (the default is among those searched)."""
+    d = _steps(decode, cost.decode_graph_ms, cost.decode_eager_ms)
+    e = _steps(extend, cost.extend_graph_ms, cost.extend_eager_ms)
+    d_part = _partition(
+        d, default.decode_bs, limits.max_bs, _searched(limits.budget_graphs, default.decode_bs)
     )
+    e_part = _partition(
+        e,
+        default.piecewise_tokens,
+        limits.max_tokens,
+        _searched(limits.budget_graphs, default.piecewise_tokens),
+    )
+    if limits.budget_graphs is not None:
+        n = limits.budget_graphs  # the best split of n graphs between the two kinds
+        kd = min(range(n + 1), key=lambda k: d_part.totals_ms[k] + e_part.totals_ms[n - k])
+        kd, ke = int(d_part.uses[kd]), int(e_part.uses[n - kd])
+    else:
+        kd = choose_graph_count(
+            d_part, not_worse_than_ms=_total(d, default.decode_bs, default.pads)
+        )
+        ke = choose_graph_count(
+            e_part, not_worse_than_ms=_total(e, default.piecewise_tokens, default.pads)
+        )
+    if limits.budget_memory_bytes is not None:
+        kd, ke = _fit_memory_budget(limits.budget_memory_bytes, cost, d_part, e_part, kd, ke)
+    return d_part.sizes(kd), e_part.sizes(ke)
+
+
+def _total(steps: KindSteps, captured: tuple[int, ...], pads: bool) -> float:
+    return dense_ms(steps.sizes, steps.counts, steps.graph_ms, steps.eager_ms, captured, pads)
+
+
+def _fit_memory_budget(
+    budget: int, cost: CostModel, d_part: Partition, e_part: Partition, kd: int, ke: int
+) -> tuple[int, int]:
+    """Give up graphs, cheapest in step time per byte saved first, until they fit `budget`."""
+    while cost.graph_bytes(d_part.sizes(kd), e_part.sizes(ke)) > budget and (kd or ke):
+        now = cost.graph_bytes(d_part.sizes(kd), e_part.sizes(ke))
+        options = []
+        for nkd, nke in ((kd - 1, ke), (kd, ke - 1)):
+            if nkd < 0 or nke < 0:
+                continue
+            saved = now - cost.graph_bytes(d_part.sizes(nkd), e_part.sizes(nke))
+            slower = (
+                d_part.totals_ms[nkd]
+                + e_part.totals_ms[nke]
+                - d_part.totals_ms[kd]
+                - e_part.totals_ms[ke]
+            )
+            options.append((slower / saved if saved > 0 else np.inf, nkd, nke))
+        _, kd, ke = min(options)
+    return kd, ke
+
+
+def choose_shared(
+    decode: Histogram, extend: Histogram, cost: CostModel, default: EngineSchedule, limits: Limits
+) -> tuple[list[int], list[int]]:
+    """vLLM: one list of token counts that decode and mixed batches both pad into; each size up
+    to the running limit is captured twice, as a full graph (decode) and a piecewise one."""
+    kinds = [
+        _steps(decode, cost.decode_graph_ms, cost.decode_eager_ms),
+        _steps(extend, cost.extend_graph_ms, cost.extend_eager_ms),
+    ]
+    observed = np.unique(np.concatenate([decode.sizes, extend.sizes]))
+    candidates = candidate_sizes(observed, default.decode_bs, limits.max_tokens)
+    budget = None if limits.budget_graphs is None else limits.budget_graphs // 2
+    part = best_shared_partitions(kinds, candidates, _searched(budget, default.decode_bs))
+    target = sum(_total(k, default.decode_bs, default.pads) for k in kinds)
+    k = choose_graph_count(part, not_worse_than_ms=target, max_graphs=budget)
+
+    def split(sizes: list[int]) -> tuple[list[int], list[int]]:
+        return [s for s in sizes if s <= limits.max_bs], sizes
+
+    while (
+        limits.budget_memory_bytes is not None
+        and k
+        and cost.graph_bytes(*split(part.sizes(k))) > limits.budget_memory_bytes
+    ):
+        k -= 1
+    return split(part.sizes(k))

@@ -14,39 +14,36 @@ from typing import Any
 import numpy as np
 
 from cgtool.config import ModelConfig
-from cgtool.errors import CgtoolError
 from cgtool.gpus import GpuSpec
-from cgtool.planner.cost import CostModel, predicted_graph_bytes, profile_cost, roofline_cost
+from cgtool.planner.cost import (
+    CostModel,
+    Histogram,
+    ScheduleScore,
+    predicted_graph_bytes,
+    profile_cost,
+    roofline_cost,
+    score_schedule,
+    served_ms,
+)
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import (
-    MemoryPlan,
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    MemoryPlan,
     activation_bytes,
+    check_plan_safety,
     kv_tokens_at,
     plan_memory,
+    sglang_default_max_running,
     sglang_default_mem_fraction,
 )
-from cgtool.planner.optimiser import (
-    Histogram,
-    KindSteps,
-    Partition,
-    ScheduleScore,
-    best_partitions,
-    best_shared_partitions,
-    candidate_sizes,
-    choose_graph_count,
-    dense_ms,
-    padded_sizes,
-    score_schedule,
-)
-from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version, sglang_gpu_defaults
+from cgtool.planner.optimiser import Limits, choose_separate, choose_shared
+from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
 from cgtool.planner.simulator import SimulationResult, StepCost, simulate
 from cgtool.results import utc_now_iso
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
 BATCH_TRACE_CONTEXT_TOKENS = 1024
-MIN_SEARCHED_GRAPHS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,13 +87,23 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         def kind(k: KindPlan, sizes_key: str, max_key: str, default_key: str) -> dict[str, Any]:
-            return {sizes_key: k.capture, max_key: k.max_size, "histogram": k.histogram.to_dict(), default_key: k.default_capture}
+            return {
+                sizes_key: k.capture,
+                max_key: k.max_size,
+                "histogram": k.histogram.to_dict(),
+                default_key: k.default_capture,
+            }
 
         return {
-            "schema": "cgtool.plan", "version": "1.0", "status": self.status, "created": self.created,
+            "schema": "cgtool.plan",
+            "version": "1.0",
+            "status": self.status,
+            "created": self.created,
             "inputs": self.inputs,
             "decode": kind(self.decode, "capture_bs", "max_bs", "default_capture_bs"),
-            "piecewise": kind(self.piecewise, "capture_num_tokens", "max_tokens", "default_capture_num_tokens"),
+            "piecewise": kind(
+                self.piecewise, "capture_num_tokens", "max_tokens", "default_capture_num_tokens"
+            ),
             "memory": self.memory.to_dict(),
             "comparison": [asdict(row) for row in self.comparison],
             "flags": self.flags,
@@ -118,102 +125,174 @@ class _Setup:
 
 
 def _setup(req: PlanRequest) -> _Setup:
-    cfg, gpu, memory = req.cfg, req.gpu, req.gpu.memory_bytes
+    cfg, memory = req.cfg, req.gpu.memory_bytes
     version = resolve_version(req.engine, req.engine_version)
-    probe = default_schedule(req.engine, version, gpu_memory_bytes=memory, tp_size=req.tp_size,
-                             chunked_prefill_size=req.chunked_prefill_size, max_running_requests=req.max_running_requests)
+    probe = default_schedule(
+        req.engine,
+        version,
+        gpu_memory_bytes=memory,
+        tp_size=req.tp_size,
+        chunked_prefill_size=req.chunked_prefill_size,
+        max_running_requests=req.max_running_requests,
+    )
     chunk = req.chunked_prefill_size or probe.chunked_prefill_size
     if req.engine == "sglang":
-        _, default_bs = sglang_gpu_defaults(version, memory, req.tp_size)
-        fraction = sglang_default_mem_fraction(version, memory, chunked_prefill_size=chunk, max_bs=probe.max_bs,
-                                               num_piecewise_tokens=len(probe.piecewise_tokens), tp_size=req.tp_size)
+        fraction = sglang_default_mem_fraction(
+            version,
+            memory,
+            chunked_prefill_size=chunk,
+            max_bs=probe.max_bs,
+            num_piecewise_tokens=len(probe.piecewise_tokens),
+            tp_size=req.tp_size,
+        )
         kv_tokens = kv_tokens_at(cfg, memory, fraction)
-        max_running = req.max_running_requests or _sglang_default_max_running(kv_tokens, cfg.max_context_len)
+        max_running = req.max_running_requests or sglang_default_max_running(
+            kv_tokens, cfg.max_context_len
+        )
     else:
         max_running = req.max_running_requests or (1024 if memory >= 70 * (1 << 30) else 256)
         outside = activation_bytes(cfg, chunk, max_running)
         kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - cfg.weight_bytes(2) - outside
         kv_tokens = max(0, int(kv_bytes // cfg.kv_bytes_per_token(2)))
         fraction = round((cfg.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
-    default = default_schedule(req.engine, version, gpu_memory_bytes=memory, tp_size=req.tp_size,
-                               chunked_prefill_size=chunk, max_running_requests=max_running)
+    default = default_schedule(
+        req.engine,
+        version,
+        gpu_memory_bytes=memory,
+        tp_size=req.tp_size,
+        chunked_prefill_size=chunk,
+        max_running_requests=max_running,
+    )
     # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
     max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
     max_tokens = max(chunk, default.max_tokens)
     if req.profile is not None:
-        cost = profile_cost(req.profile, cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, source=req.profile_name or "report")
+        cost = profile_cost(
+            req.profile,
+            cfg,
+            req.gpu,
+            max_bs=max_bs,
+            max_tokens=max_tokens,
+            source=req.profile_name or "report",
+        )
     else:
         cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens)
-    return _Setup(version, chunk, max_running, cfg.max_context_len, default, fraction, kv_tokens, cost)
-
-
-def _sglang_default_max_running(kv_tokens: int, context_len: int) -> int:
-    # SGLang's _resolve_max_num_reqs without --max-running-requests.
-    estimated = max(min(int(kv_tokens / context_len * 512), 4096), 2048)
-    return max(1, min(estimated, kv_tokens // 2))
-
-
-def _served_ms(graph_ms: np.ndarray, eager_ms: np.ndarray, captured: tuple[int, ...], pads: bool) -> np.ndarray:
-    """Dense ms of every size under a capture list (index = size)."""
-    sizes = np.arange(len(graph_ms))
-    padded = padded_sizes(sizes, captured, pads)
-    return np.where(padded > 0, graph_ms[np.minimum(padded, len(graph_ms) - 1)], eager_ms)
+    return _Setup(
+        version, chunk, max_running, cfg.max_context_len, default, fraction, kv_tokens, cost
+    )
 
 
 def _default_step_cost(setup: _Setup) -> StepCost:
     cost, default = setup.cost, setup.default
     return StepCost(
-        decode_ms=_served_ms(cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads),
-        extend_ms=_served_ms(cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads),
+        decode_ms=served_ms(
+            cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads
+        ),
+        extend_ms=served_ms(
+            cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads
+        ),
         kv_read_ms_per_token=cost.kv_read_ms_per_token,
         attention_ms_per_pair=cost.attention_ms_per_pair,
     )
 
 
 def plan_requests(
-    arrival_s: np.ndarray, input_len: np.ndarray, output_len: np.ndarray, cached_len: np.ndarray | None,
-    req: PlanRequest, progress: Progress | None = None,
+    arrival_s: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+    cached_len: np.ndarray | None,
+    req: PlanRequest,
+    progress: Progress | None = None,
 ) -> Plan:
     """Plan from request-level arrays (seconds, tokens)."""
     setup = _setup(req)
     result = simulate(
-        arrival_s, input_len, output_len, cached_len, cost=_default_step_cost(setup),
-        max_running_requests=setup.max_running, chunked_prefill_size=setup.chunk,
-        kv_capacity_tokens=setup.default_kv_tokens, context_len=setup.context_len,
+        arrival_s,
+        input_len,
+        output_len,
+        cached_len,
+        cost=_default_step_cost(setup),
+        max_running_requests=setup.max_running,
+        chunked_prefill_size=setup.chunk,
+        kv_capacity_tokens=setup.default_kv_tokens,
+        context_len=setup.context_len,
         progress=None if progress is None else (lambda f: progress("simulate", f)),
     )
     footprint = np.asarray(input_len) + np.maximum(np.asarray(output_len), 1)
     typical = int(np.median(footprint)) if len(footprint) else BATCH_TRACE_CONTEXT_TOKENS
     decode, extend = _histograms(result, setup.cost.kv_read_ms_per_token)
     summary = {
-        "num_requests": result.num_requests, "dropped_requests": result.dropped_requests,
-        "duration_s": result.duration_s, "steps": result.steps,
-        "mean_queue_s": result.mean_queue_s, "p99_queue_s": result.p99_queue_s,
+        "num_requests": result.num_requests,
+        "dropped_requests": result.dropped_requests,
+        "duration_s": result.duration_s,
+        "steps": result.steps,
+        "mean_queue_s": result.mean_queue_s,
+        "p99_queue_s": result.p99_queue_s,
     }
-    plan = _finish(req, setup, decode, extend, summary, result.peak_kv_demand_tokens, typical, "requests", progress)
+    plan = _finish(
+        req,
+        setup,
+        decode,
+        extend,
+        summary,
+        result.peak_kv_demand_tokens,
+        typical,
+        "requests",
+        progress,
+    )
     if result.dropped_requests:
-        plan.warnings.append(f"{result.dropped_requests} requests were longer than the context or the KV pool and were dropped")
+        plan.warnings.append(
+            f"{result.dropped_requests} requests were longer than the context or the KV pool and were dropped"
+        )
     return plan
 
 
 def plan_batches(
-    decode_sizes: np.ndarray, decode_counts: np.ndarray, extend_sizes: np.ndarray, extend_counts: np.ndarray,
-    req: PlanRequest, progress: Progress | None = None,
+    decode_sizes: np.ndarray,
+    decode_counts: np.ndarray,
+    extend_sizes: np.ndarray,
+    extend_counts: np.ndarray,
+    req: PlanRequest,
+    progress: Progress | None = None,
 ) -> Plan:
     """Plan from step histograms a server logged (no simulation)."""
     setup = _setup(req)
-    decode_sizes, decode_counts = np.asarray(decode_sizes, np.int64), np.asarray(decode_counts, np.int64)
-    extend_sizes, extend_counts = np.asarray(extend_sizes, np.int64), np.asarray(extend_counts, np.int64)
+    decode_sizes, decode_counts = (
+        np.asarray(decode_sizes, np.int64),
+        np.asarray(decode_counts, np.int64),
+    )
+    extend_sizes, extend_counts = (
+        np.asarray(extend_sizes, np.int64),
+        np.asarray(extend_counts, np.int64),
+    )
     decode_sizes, decode_counts = _clip(decode_sizes, decode_counts, setup.cost.max_bs)
     extend_sizes, extend_counts = _clip(extend_sizes, extend_counts, setup.cost.max_tokens)
-    context_ms = decode_counts * decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS) * setup.cost.kv_read_ms_per_token
-    attention = extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * setup.cost.attention_ms_per_pair
+    context_ms = (
+        decode_counts
+        * decode_sizes
+        * float(BATCH_TRACE_CONTEXT_TOKENS)
+        * setup.cost.kv_read_ms_per_token
+    )
+    attention = (
+        extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * setup.cost.attention_ms_per_pair
+    )
     decode = Histogram(decode_sizes, decode_counts, np.zeros(len(decode_sizes)), context_ms)
     extend = Histogram(extend_sizes, extend_counts, np.zeros(len(extend_sizes)), attention)
     steps = int(decode_counts.sum() + extend_counts.sum())
-    summary = {"num_requests": 0, "dropped_requests": 0, "duration_s": 0.0, "steps": steps, "mean_queue_s": 0.0, "p99_queue_s": 0.0}
-    plan = _finish(req, setup, decode, extend, summary, 0, BATCH_TRACE_CONTEXT_TOKENS, "batches", progress)
-    plan.warnings.append(f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request")
+    summary = {
+        "num_requests": 0,
+        "dropped_requests": 0,
+        "duration_s": 0.0,
+        "steps": steps,
+        "mean_queue_s": 0.0,
+        "p99_queue_s": 0.0,
+    }
+    plan = _finish(
+        req, setup, decode, extend, summary, 0, BATCH_TRACE_CONTEXT_TOKENS, "batches", progress
+    )
+    plan.warnings.append(
+        f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request"
+    )
     return plan
 
 
@@ -228,97 +307,48 @@ def _histograms(result: SimulationResult, kv_ms_per_token: float) -> tuple[Histo
     d = np.nonzero(result.decode_counts)[0]
     e = np.nonzero(result.extend_counts)[0]
     return (
-        Histogram(d, result.decode_counts[d], result.decode_time_s[d], result.decode_context_tokens[d] * kv_ms_per_token),
-        Histogram(e, result.extend_counts[e], result.extend_time_s[e], result.extend_attention_ms[e]),
+        Histogram(
+            d,
+            result.decode_counts[d],
+            result.decode_time_s[d],
+            result.decode_context_tokens[d] * kv_ms_per_token,
+        ),
+        Histogram(
+            e, result.extend_counts[e], result.extend_time_s[e], result.extend_attention_ms[e]
+        ),
     )
 
 
-def _partition(hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray, default: tuple[int, ...],
-               limit: int, max_graphs: int) -> Partition:
-    candidates = candidate_sizes(hist.sizes, default, limit)
-    return best_partitions(hist.sizes, hist.counts, graph_ms, eager_ms, candidates, max_graphs)
-
-
-def _graph_counts(req: PlanRequest, setup: _Setup, decode: Histogram, extend: Histogram,
-                  d_part: Partition, e_part: Partition) -> tuple[int, int]:
-    cost, default = setup.cost, setup.default
-    if req.budget_graphs is not None:
-        # The best split of N graphs between the two kinds.
-        n = req.budget_graphs
-        splits = [(kd, n - kd) for kd in range(n + 1)]
-        return min(splits, key=lambda s: d_part.totals_ms[min(s[0], d_part.max_graphs)] + e_part.totals_ms[min(s[1], e_part.max_graphs)])
-    # Never worse than the default on either kind: it is one of the schedules searched.
-    d_target = dense_ms(decode.sizes, decode.counts, cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads)
-    e_target = dense_ms(extend.sizes, extend.counts, cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads)
-    kd = choose_graph_count(d_part, not_worse_than_ms=d_target)
-    ke = choose_graph_count(e_part, not_worse_than_ms=e_target)
-    return kd, ke
-
-
-def _fit_memory_budget(budget: int, cost: CostModel, d_part: Partition, e_part: Partition, kd: int, ke: int) -> tuple[int, int]:
-    """Give up graphs, cheapest in step time per byte saved first, until they fit `budget`."""
-    while cost.graph_bytes(d_part.sizes(kd), e_part.sizes(ke)) > budget and (kd or ke):
-        now = cost.graph_bytes(d_part.sizes(kd), e_part.sizes(ke))
-        options = []
-        for nkd, nke in ((kd - 1, ke), (kd, ke - 1)):
-            if nkd < 0 or nke < 0:
-                continue
-            saved = now - cost.graph_bytes(d_part.sizes(nkd), e_part.sizes(nke))
-            slower = (d_part.totals_ms[nkd] + e_part.totals_ms[nke]) - (d_part.totals_ms[kd] + e_part.totals_ms[ke])
-            options.append((slower / saved if saved > 0 else np.inf, nkd, nke))
-        _, kd, ke = min(options)
-    return kd, ke
-
-
-def _separate_sizes(req: PlanRequest, setup: _Setup, decode: Histogram, extend: Histogram) -> tuple[list[int], list[int]]:
-    """SGLang and TensorRT-LLM: a decode list and a token list, each optimised on its steps."""
-    cost, default = setup.cost, setup.default
-    # Searched up to the default's number of graphs (at least MIN_SEARCHED_GRAPHS) or the budget.
-    most = max(req.budget_graphs or 0, len(default.decode_bs), MIN_SEARCHED_GRAPHS)
-    d_part = _partition(decode, cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, setup.max_running, most)
-    most = max(req.budget_graphs or 0, len(default.piecewise_tokens), MIN_SEARCHED_GRAPHS)
-    token_limit = min(setup.chunk, setup.context_len)
-    e_part = _partition(extend, cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, token_limit, most)
-    kd, ke = _graph_counts(req, setup, decode, extend, d_part, e_part)
-    if req.budget_memory_bytes is not None:
-        kd, ke = _fit_memory_budget(req.budget_memory_bytes, cost, d_part, e_part, kd, ke)
-    return d_part.sizes(kd), e_part.sizes(ke)
-
-
-def _shared_sizes(req: PlanRequest, setup: _Setup, decode: Histogram, extend: Histogram) -> tuple[list[int], list[int]]:
-    """vLLM: one list of token counts that decode and mixed batches both pad into; each size
-    is captured as a full graph (decode) and a piecewise one."""
-    cost, default = setup.cost, setup.default
-    kinds = [KindSteps(decode.sizes, decode.counts, cost.decode_graph_ms, cost.decode_eager_ms),
-             KindSteps(extend.sizes, extend.counts, cost.extend_graph_ms, cost.extend_eager_ms)]
-    observed = np.unique(np.concatenate([decode.sizes, extend.sizes]))
-    candidates = candidate_sizes(observed, default.decode_bs, min(setup.chunk, setup.context_len))
-    budget = None if req.budget_graphs is None else req.budget_graphs // 2
-    part = best_shared_partitions(kinds, candidates, max(budget or 0, len(default.decode_bs), MIN_SEARCHED_GRAPHS))
-    target = sum(dense_ms(k.sizes, k.counts, k.graph_ms, k.eager_ms, default.decode_bs, default.pads) for k in kinds)
-    k = choose_graph_count(part, not_worse_than_ms=target, max_graphs=budget)
-
-    def split(sizes: list[int]) -> tuple[list[int], list[int]]:
-        return [s for s in sizes if s <= setup.max_running], sizes
-
-    while req.budget_memory_bytes is not None and k and cost.graph_bytes(*split(part.sizes(k))) > req.budget_memory_bytes:
-        k -= 1
-    return split(part.sizes(k))
-
-
-def _finish(req: PlanRequest, setup: _Setup, decode: Histogram, extend: Histogram, summary: dict[str, Any],
-            peak_kv: int, typical_tokens: int, trace_kind: str, progress: Progress | None) -> Plan:
+def _finish(
+    req: PlanRequest,
+    setup: _Setup,
+    decode: Histogram,
+    extend: Histogram,
+    summary: dict[str, Any],
+    peak_kv: int,
+    typical_tokens: int,
+    trace_kind: str,
+    progress: Progress | None,
+) -> Plan:
     if progress is not None:
         progress("optimise", 0.0)
     cost, default = setup.cost, setup.default
-    if req.engine == "vllm":
-        decode_bs, tokens = _shared_sizes(req, setup, decode, extend)
-    else:
-        decode_bs, tokens = _separate_sizes(req, setup, decode, extend)
+    limits = Limits(
+        setup.max_running,
+        min(setup.chunk, setup.context_len),
+        req.budget_graphs,
+        req.budget_memory_bytes,
+    )
+    choose = choose_shared if req.engine == "vllm" else choose_separate
+    decode_bs, tokens = choose(decode, extend, cost, default, limits)
     memory = plan_memory(
-        req.cfg, req.gpu.memory_bytes, graph_bytes=cost.graph_bytes(decode_bs, tokens),
-        chunked_prefill_size=setup.chunk, max_running_requests=setup.max_running,
-        peak_kv_demand_tokens=peak_kv, typical_request_tokens=typical_tokens,
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=cost.graph_bytes(decode_bs, tokens),
+        chunked_prefill_size=setup.chunk,
+        max_running_requests=setup.max_running,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical_tokens,
         default_mem_fraction_static=setup.default_fraction,
     )
     if req.profile is not None:
@@ -327,21 +357,47 @@ def _finish(req: PlanRequest, setup: _Setup, decode: Histogram, extend: Histogra
     check_plan_safety(tokens, setup.chunk, setup.context_len, memory)
     comparison = [
         score_schedule("plan", decode, extend, cost, decode_bs, tokens, kv_tokens=memory.kv_tokens),
-        score_schedule("default", decode, extend, cost, default.decode_bs, default.piecewise_tokens,
-                       pads=default.pads, kv_tokens=setup.default_kv_tokens),
+        score_schedule(
+            "default",
+            decode,
+            extend,
+            cost,
+            default.decode_bs,
+            default.piecewise_tokens,
+            pads=default.pads,
+            kv_tokens=setup.default_kv_tokens,
+        ),
     ]
-    values = FlagValues(tuple(decode_bs), tuple(tokens), memory.mem_fraction_static, memory.gpu_memory_utilization,
-                        memory.trtllm_free_gpu_memory_fraction, memory.kv_tokens, memory.kv_bytes, setup.chunk, setup.max_running)
+    values = FlagValues(
+        tuple(decode_bs),
+        tuple(tokens),
+        memory.mem_fraction_static,
+        memory.gpu_memory_utilization,
+        memory.trtllm_free_gpu_memory_fraction,
+        memory.kv_tokens,
+        memory.kv_bytes,
+        setup.chunk,
+        setup.max_running,
+    )
     inputs = {
-        "trace": req.trace_name, "trace_kind": trace_kind, "model": req.cfg.name, "gpu": req.gpu.name,
-        "engine": req.engine, "engine_version": setup.version, "profile": req.profile_name, "tp_size": req.tp_size,
-        "chunked_prefill_size": setup.chunk, "max_running_requests": setup.max_running, "context_len": setup.context_len,
+        "trace": req.trace_name,
+        "trace_kind": trace_kind,
+        "model": req.cfg.name,
+        "gpu": req.gpu.name,
+        "engine": req.engine,
+        "engine_version": setup.version,
+        "profile": req.profile_name,
+        "tp_size": req.tp_size,
+        "chunked_prefill_size": setup.chunk,
+        "max_running_requests": setup.max_running,
+        "context_len": setup.context_len,
     }
     plan = Plan(
         inputs=inputs,
         decode=KindPlan(decode_bs, max(decode_bs, default=0), decode, list(default.decode_bs)),
         piecewise=KindPlan(tokens, max(tokens, default=0), extend, list(default.piecewise_tokens)),
-        memory=memory, comparison=comparison,
+        memory=memory,
+        comparison=comparison,
         flags=all_flags(values, setup.version if req.engine == "sglang" else None),
         simulation=summary | {"peak_kv_demand_tokens": peak_kv},
     )
@@ -358,27 +414,8 @@ def _ceiling_warnings(decode: Histogram, default: EngineSchedule) -> list[str]:
         return []
     share = decode.counts[above].sum() / max(decode.counts.sum(), 1)
     return [
-        f"the default's largest decode graph ({default.max_bs}) is below batches the trace reaches "
-        f"(up to {int(decode.sizes.max())}): {share:.0%} of decode steps would run eagerly"
+        (
+            f"the default's largest decode graph ({default.max_bs}) is below batches the trace "
+            f"reaches (up to {int(decode.sizes.max())}): {share:.0%} of decode steps would run eagerly"
+        )
     ]
-
-
-def check_plan_safety(tokens: list[int], chunked_prefill_size: int, context_len: int, memory: MemoryPlan) -> None:
-    """Refuse plans that would break a server: token bins it can never use or that exceed what
-    it allows, and a static fraction that leaves less than the stated margin free."""
-    ceiling = min(chunked_prefill_size, context_len)
-    over = [t for t in tokens if t > ceiling]
-    if over:
-        raise CgtoolError(
-            f"token bins {over} exceed the {'chunked prefill size' if ceiling == chunked_prefill_size else 'context length'} "
-            f"({ceiling}): an extend step never has that many tokens",
-            "Drop them, or raise --chunked-prefill-size (within the model's context).",
-        )
-    free = (1 - memory.mem_fraction_static) * memory.gpu_memory_bytes
-    needed = memory.activation_bytes + memory.graph_bytes + memory.margin_bytes
-    if free < needed:
-        raise CgtoolError(
-            f"--mem-fraction-static {memory.mem_fraction_static:.3f} leaves {free / (1 << 30):.2f} GiB free, less than "
-            f"activations, graphs and the {memory.margin_bytes / (1 << 30):.1f} GiB margin ({needed / (1 << 30):.2f} GiB)",
-            "Capture fewer or smaller graphs (--budget-memory) or use a smaller --chunked-prefill-size.",
-        )

@@ -96,27 +96,51 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
     r.version: r
     for r in (
         SglangRelease(
-            "0.5.3.dev", _tokens_seed000, _TIERS_054, piecewise_on_by_default=False,
-            max_tokens_is_chunk=False, per_phase_flags=False, tokens_flag_json=True,
-            caps_max_bs_at_running=False, counts_piecewise_reserve=False,
+            "0.5.3.dev",
+            _tokens_seed000,
+            _TIERS_054,
+            piecewise_on_by_default=False,
+            max_tokens_is_chunk=False,
+            per_phase_flags=False,
+            tokens_flag_json=True,
+            caps_max_bs_at_running=False,
+            counts_piecewise_reserve=False,
             source="seed 000 (section 10); a development state no PyPI release carries",
         ),
         SglangRelease(
-            "0.5.4", _tokens_054, _TIERS_054, piecewise_on_by_default=False,
-            max_tokens_is_chunk=False, per_phase_flags=False, tokens_flag_json=True,
-            caps_max_bs_at_running=False, counts_piecewise_reserve=False,
+            "0.5.4",
+            _tokens_054,
+            _TIERS_054,
+            piecewise_on_by_default=False,
+            max_tokens_is_chunk=False,
+            per_phase_flags=False,
+            tokens_flag_json=True,
+            caps_max_bs_at_running=False,
+            counts_piecewise_reserve=False,
             source="sglang 0.5.4 server_args (same rule in 0.5.3.post2 and 0.5.6); seed 003",
         ),
         SglangRelease(
-            "0.5.10", _tokens_0510, _TIERS_0510, piecewise_on_by_default=True,
-            max_tokens_is_chunk=True, per_phase_flags=False, tokens_flag_json=False,
-            caps_max_bs_at_running=False, counts_piecewise_reserve=True,
+            "0.5.10",
+            _tokens_0510,
+            _TIERS_0510,
+            piecewise_on_by_default=True,
+            max_tokens_is_chunk=True,
+            per_phase_flags=False,
+            tokens_flag_json=False,
+            caps_max_bs_at_running=False,
+            counts_piecewise_reserve=True,
             source="sglang 0.5.10 server_args; seeds 001 and 004",
         ),
         SglangRelease(
-            "0.5.23", _tokens_0510, _TIERS_0523, piecewise_on_by_default=True,
-            max_tokens_is_chunk=True, per_phase_flags=True, tokens_flag_json=False,
-            caps_max_bs_at_running=True, counts_piecewise_reserve=True,
+            "0.5.23",
+            _tokens_0510,
+            _TIERS_0523,
+            piecewise_on_by_default=True,
+            max_tokens_is_chunk=True,
+            per_phase_flags=True,
+            tokens_flag_json=False,
+            caps_max_bs_at_running=True,
+            counts_piecewise_reserve=True,
             source="sglang 0.5.23 arg_groups/memory_hook.py and cuda_graph_hook.py",
         ),
     )
@@ -181,8 +205,13 @@ def default_schedule(
             raise CgtoolError(f"{name} must be at least 1, got {value}", f"Pass {name} 1 or more.")
     if engine == "sglang":
         return _sglang_schedule(
-            version, max_bs, max_tokens, gpu_memory_bytes, tp_size,
-            chunked_prefill_size, max_running_requests,
+            version,
+            max_bs,
+            max_tokens,
+            gpu_memory_bytes,
+            tp_size,
+            chunked_prefill_size,
+            max_running_requests,
         )
     if engine == "vllm":
         return _vllm_schedule(version, max_bs, max_tokens, gpu_memory_bytes, max_running_requests)
@@ -208,9 +237,15 @@ def _sglang_schedule(
     if max_tokens is None:
         max_tokens = chunk if release.max_tokens_is_chunk else 4096
     return EngineSchedule(
-        "sglang", version, tuple(_sglang_decode_bs(max_bs)),
-        tuple(release.tokens_rule(max_tokens)), max_bs, max_tokens,
-        release.piecewise_on_by_default, chunk, release.source,
+        "sglang",
+        version,
+        tuple(_sglang_decode_bs(max_bs)),
+        tuple(release.tokens_rule(max_tokens)),
+        max_bs,
+        max_tokens,
+        release.piecewise_on_by_default,
+        chunk,
+        release.source,
     )
 
 
@@ -237,8 +272,15 @@ def _vllm_schedule(
         sizes.append(max_num_seqs)
     sizes = sorted(set(sizes))
     return EngineSchedule(
-        "vllm", version, tuple(sizes), tuple(sizes), sizes[-1], sizes[-1], True,
-        batched_tokens, "vllm 0.33 config/vllm.py _set_cudagraph_sizes, engine/arg_utils.py",
+        "vllm",
+        version,
+        tuple(sizes),
+        tuple(sizes),
+        sizes[-1],
+        sizes[-1],
+        True,
+        batched_tokens,
+        "vllm 0.33 config/vllm.py _set_cudagraph_sizes, engine/arg_utils.py",
     )
 
 
@@ -253,12 +295,21 @@ def _trtllm_schedule(version: str, max_bs: int | None, max_tokens: int | None) -
     if sizes[-1] != max_bs:
         sizes.append(max_bs)
     return EngineSchedule(
-        "trtllm", version, tuple(sizes), (), max_bs, max_tokens or 8192, False,
-        max_tokens or 8192, "TensorRT-LLM llmapi/llm_args.py CudaGraphConfig (enable_padding=False)",
+        "trtllm",
+        version,
+        tuple(sizes),
+        (),
+        max_bs,
+        max_tokens or 8192,
+        False,
+        max_tokens or 8192,
+        "TensorRT-LLM llmapi/llm_args.py CudaGraphConfig (enable_padding=False)",
         pads=False,
     )
 
 
 def _check_engine(engine: str) -> None:
     if engine not in ENGINES:
-        raise CgtoolError(f"unknown engine '{engine}' (--engine)", f"Use one of: {', '.join(ENGINES)}.")
+        raise CgtoolError(
+            f"unknown engine '{engine}' (--engine)", f"Use one of: {', '.join(ENGINES)}."
+        )

@@ -14,6 +14,7 @@ reads `batch` more context tokens than the one before.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 from bisect import bisect_right
@@ -65,13 +66,17 @@ class _Requests:
     cum_pairs: list[float]
 
 
-def _prepare(arrival_s, input_len, output_len, cached_len, limit_tokens: int) -> tuple[_Requests, int, np.ndarray]:
+def _prepare(
+    arrival_s, input_len, output_len, cached_len, limit_tokens: int
+) -> tuple[_Requests, int, np.ndarray]:
     arrival = np.asarray(arrival_s, dtype=np.float64)
     prompt = np.asarray(input_len, dtype=np.int64)
     output = np.asarray(output_len, dtype=np.int64)
     cached = np.zeros_like(prompt) if cached_len is None else np.asarray(cached_len, dtype=np.int64)
     if not (len(arrival) == len(prompt) == len(output) == len(cached)):
-        raise InputError("request arrays differ in length", "Pass one value per request in each array.")
+        raise InputError(
+            "request arrays differ in length", "Pass one value per request in each array."
+        )
     decode_steps = np.maximum(output - 1, 0)
     footprint = prompt + decode_steps + 1
     keep = (footprint <= limit_tokens) & (prompt >= 1)
@@ -83,8 +88,12 @@ def _prepare(arrival_s, input_len, output_len, cached_len, limit_tokens: int) ->
     new = prompt - cached
     pairs = new * cached + new * (new + 1) / 2.0  # causal attention over prefix and chunk
     requests = _Requests(
-        (arrival * 1e3).tolist(), prompt.tolist(), new.tolist(), cached.tolist(),
-        decode_steps.tolist(), footprint.tolist(),
+        (arrival * 1e3).tolist(),
+        prompt.tolist(),
+        new.tolist(),
+        cached.tolist(),
+        decode_steps.tolist(),
+        footprint.tolist(),
         np.concatenate([[0], np.cumsum(new)]).tolist(),
         np.concatenate([[0], np.cumsum(footprint)]).tolist(),
         np.concatenate([[0.0], np.cumsum(pairs)]).tolist(),
@@ -112,27 +121,56 @@ class _Tallies:
     extend_counts: list[int]
     extend_elapsed_ms: list[float]
     extend_attention_ms: list[float]
-    admissions: list[tuple[int, float]]  # (end of a run of admitted requests, clock ms)
+    admitted_upto: list[int]  # admission runs: requests before this index were admitted ...
+    admitted_at_ms: list[float]  # ... at this clock (the earlier runs' requests excepted)
     clock_ms: float = 0.0
     steps: int = 0
     peak_kv: int = 0
 
 
-def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capacity: int,
-         progress: Callable[[float], None] | None) -> _Tallies:
+def _run(
+    reqs: _Requests,
+    cost: StepCost,
+    max_running: int,
+    chunk: int,
+    kv_capacity: int,
+    progress: Callable[[float], None] | None,
+) -> _Tallies:
     # One flat loop over local variables: it runs once per arrival and once per completion
     # (millions of times for a large trace), and attribute lookups or method calls would
     # double its time.
-    n, arrival_ms, prompt, new, cached = len(reqs.arrival_ms), reqs.arrival_ms, reqs.prompt, reqs.new, reqs.cached
+    n, arrival_ms, prompt, new, cached = (
+        len(reqs.arrival_ms),
+        reqs.arrival_ms,
+        reqs.prompt,
+        reqs.new,
+        reqs.cached,
+    )
     decode_steps, footprint = reqs.decode_steps, reqs.footprint
     cum_new, cum_footprint, cum_pairs = reqs.cum_new, reqs.cum_footprint, reqs.cum_pairs
     decode_ms, extend_ms = cost.decode_ms.tolist(), cost.extend_ms.tolist()
     kv_ms, pair_ms = cost.kv_read_ms_per_token, cost.attention_ms_per_pair
-    t = _Tallies([0] * (max_running + 1), [0.0] * (max_running + 1), [0] * (max_running + 1),
-                 [0] * (chunk + 1), [0.0] * (chunk + 1), [0.0] * (chunk + 1), [])
-    decode_counts, decode_elapsed, decode_context = t.decode_counts, t.decode_elapsed_ms, t.decode_context
-    extend_counts, extend_elapsed, extend_attention = t.extend_counts, t.extend_elapsed_ms, t.extend_attention_ms
-    admissions, sqrt, ceil = t.admissions, math.sqrt, math.ceil
+    t = _Tallies(
+        [0] * (max_running + 1),
+        [0.0] * (max_running + 1),
+        [0] * (max_running + 1),
+        [0] * (chunk + 1),
+        [0.0] * (chunk + 1),
+        [0.0] * (chunk + 1),
+        [],
+        [],
+    )
+    decode_counts, decode_elapsed, decode_context = (
+        t.decode_counts,
+        t.decode_elapsed_ms,
+        t.decode_context,
+    )
+    extend_counts, extend_elapsed, extend_attention = (
+        t.extend_counts,
+        t.extend_elapsed_ms,
+        t.extend_attention_ms,
+    )
+    admitted_upto, admitted_at, sqrt, ceil = t.admitted_upto, t.admitted_at_ms, math.sqrt, math.ceil
     heap: list[int] = []  # finish step * n + request, for decoding requests
     push, pop = heapq.heappush, heapq.heappop
     clock = 0.0
@@ -144,8 +182,11 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
         loops += 1
         if progress is not None and not loops % 65536:
             progress(head / n)
-        arrived = bisect_right(arrival_ms, clock, arrived)
-        if split >= 0 or (head < arrived and running < max_running and kv_used + footprint[head] <= kv_capacity):
+        if arrived < n and arrival_ms[arrived] <= clock:
+            arrived = bisect_right(arrival_ms, clock, arrived)
+        if split >= 0 or (
+            head < arrived and running < max_running and kv_used + footprint[head] <= kv_capacity
+        ):
             # ---- extend: the split prompt first, then whole queued prompts, then a new split
             tokens, pairs, finished_split, first = 0, 0.0, -1, head
             if split >= 0:
@@ -156,9 +197,23 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
                     finished_split, split = split, -1
             budget = chunk - tokens
             if split < 0 and budget > 0 and head < arrived:
-                last = min(bisect_right(cum_footprint, cum_footprint[head] + kv_capacity - kv_used, head) - 1,
-                           bisect_right(cum_new, cum_new[head] + budget, head) - 1,
-                           head + max_running - running, arrived)
+                if arrived - head == 1:  # the usual case at moderate load: no search needed
+                    whole_fits = (
+                        new[head] <= budget
+                        and running < max_running
+                        and kv_used + footprint[head] <= kv_capacity
+                    )
+                    last = head + 1 if whole_fits else head
+                else:
+                    last = min(
+                        bisect_right(
+                            cum_footprint, cum_footprint[head] + kv_capacity - kv_used, head
+                        )
+                        - 1,
+                        bisect_right(cum_new, cum_new[head] + budget, head) - 1,
+                        head + max_running - running,
+                        arrived,
+                    )
                 if last > head:
                     kv_used += cum_footprint[last] - cum_footprint[head]
                     running += last - head
@@ -166,8 +221,12 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
                     pairs += cum_pairs[last] - cum_pairs[head]
                     budget = chunk - tokens
                     head = last
-                if budget > 0 and head < arrived and running < max_running \
-                        and kv_used + footprint[head] <= kv_capacity:
+                if (
+                    budget > 0
+                    and head < arrived
+                    and running < max_running
+                    and kv_used + footprint[head] <= kv_capacity
+                ):
                     # The next prompt is longer than what is left of the budget: split it.
                     tokens += budget
                     pairs += budget * cached[head] + budget * (budget + 1) / 2.0
@@ -176,7 +235,8 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
                     running += 1
                     head += 1
             if head > first:
-                admissions.append((head, clock))
+                admitted_upto.append(head)
+                admitted_at.append(clock)
             attention = pairs * pair_ms
             elapsed = extend_ms[tokens] + attention
             extend_counts[tokens] += 1
@@ -184,8 +244,7 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
             extend_attention[tokens] += attention
             clock += elapsed
             steps += 1
-            if kv_used > peak_kv:
-                peak_kv = kv_used
+            peak_kv = max(peak_kv, kv_used)
             if finished_split >= 0:
                 if decode_steps[finished_split]:
                     push(heap, (step + decode_steps[finished_split]) * n + finished_split)
@@ -212,11 +271,19 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
         context0 = context_base + batch * step
         first_ms = decode_ms[batch] + kv_ms * context0
         growth_ms = kv_ms * batch
-        if head == arrived < n and running < max_running and kv_used + footprint[head] <= kv_capacity:
+        if (
+            head == arrived < n
+            and running < max_running
+            and kv_used + footprint[head] <= kv_capacity
+        ):
             # Steps until the arrival: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
             wait = arrival_ms[head] - clock
             b = first_ms - growth_ms / 2
-            until = ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9) if growth_ms > 0 else ceil(wait / first_ms)
+            until = (
+                ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
+                if growth_ms > 0
+                else ceil(wait / first_ms)
+            )
             if until < run:
                 run = max(until, 1)
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
@@ -236,10 +303,10 @@ def _run(reqs: _Requests, cost: StepCost, max_running: int, chunk: int, kv_capac
     return t
 
 
-def _queue_delays_s(admissions: list[tuple[int, float]], arrival_s: np.ndarray) -> np.ndarray:
-    if not admissions:
+def _queue_delays_s(tallies: _Tallies, arrival_s: np.ndarray) -> np.ndarray:
+    if not tallies.admitted_upto:
         return np.zeros(len(arrival_s))
-    ends, clocks_ms = (np.array(column) for column in zip(*admissions))
+    ends, clocks_ms = np.array(tallies.admitted_upto), np.array(tallies.admitted_at_ms)
     run_of = np.searchsorted(ends, np.arange(len(arrival_s)), side="right")
     return clocks_ms[run_of] / 1e3 - arrival_s
 
@@ -262,11 +329,19 @@ def simulate(
     reqs, dropped, arrival = _prepare(arrival_s, input_len, output_len, cached_len, limit)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
         raise ValueError("cost tables are shorter than the limits they must cover")
-    tallies = _run(reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress)
+    collecting = gc.isenabled()
+    gc.disable()  # the loop allocates no cycles; collections would only rescan its big lists
+    try:
+        tallies = _run(
+            reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress
+        )
+    finally:
+        if collecting:
+            gc.enable()
     if progress is not None:
         progress(1.0)
     n = len(reqs.arrival_ms)
-    queue_s = _queue_delays_s(tallies.admissions, arrival)
+    queue_s = _queue_delays_s(tallies, arrival)
     return SimulationResult(
         decode_counts=np.array(tallies.decode_counts, dtype=np.int64),
         decode_time_s=np.array(tallies.decode_elapsed_ms) / 1e3,
