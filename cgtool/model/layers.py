@@ -1,14 +1,17 @@
-"""Building blocks: RMSNorm, rotary embedding (with Llama 3 scaling), SwiGLU MLP."""
+"""Building blocks: RMSNorm, rotary embedding (with Llama 3 scaling), SwiGLU MLP.
+
+The arithmetic lives in `fused`: Triton kernels on the GPU, the torch reference elsewhere.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cgtool.config import ModelConfig, RopeScaling
+from cgtool.model.fused import apply_rope, fused_add_rms_norm, rms_norm, silu_and_mul
 
 
 class RMSNorm(nn.Module):
@@ -17,11 +20,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """With a residual: (norm(x + residual), x + residual), the add fused into the norm."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
@@ -50,12 +55,11 @@ class RotaryEmbedding(nn.Module):
         # [max_positions, head_dim]: cos and sin halves side by side
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim], rotated in HF's half-split layout."""
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
-        x1, x2 = x.float().chunk(2, dim=-1)
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return out.to(x.dtype)
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q/k: [num_tokens, heads, head_dim], maybe strided; rotated into contiguous tensors."""
+        return apply_rope(q, k, positions, self.cos_sin)
 
 
 class SwiGLU(nn.Module):
@@ -65,5 +69,4 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

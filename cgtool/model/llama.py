@@ -24,12 +24,14 @@ class Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
-        k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        # Strided views of the qkv output: the rope kernel reads them in place and writes
+        # contiguous q and k, so only v may need a copy (none at one token).
+        q = q.view(n, cfg.num_heads, cfg.head_dim)
+        k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = self.rotary(positions, q).reshape(n, cfg.q_size)
-        k = self.rotary(positions, k).reshape(n, cfg.kv_size)
+        q, k = self.rotary(positions, q, k)
+        q, k = q.view(n, cfg.q_size), k.view(n, cfg.kv_size)
         out = torch.empty_like(q)
         torch.ops.cgtool.attention(q, k, v.contiguous(), out, self.layer_id)
         return self.o_proj(out)
@@ -43,9 +45,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        h = x + self.self_attn(positions, self.input_layernorm(x))
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream is carried apart from the hidden state, as in SGLang and vLLM,
+        so that each residual add is fused into the norm that follows it."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class DecoderBody(nn.Module):
@@ -59,10 +70,12 @@ class DecoderBody(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        hidden = self.embed_tokens(input_ids)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            x = layer(positions, x)
-        return self.norm(x)
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
 
 
 class CausalLM(nn.Module):

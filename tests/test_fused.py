@@ -1,0 +1,210 @@
+import dataclasses
+
+import pytest
+import torch
+
+from cgtool.attention import make_backend
+from cgtool.config import load_model_config
+from cgtool.engine import ModelRunner, extend_batch
+from cgtool.kv import KVPool
+from cgtool.model import fused
+from cgtool.model.layers import RotaryEmbedding
+from cgtool.model.loader import build_model
+
+# Without a GPU the kernels run in Triton's interpreter (tests/conftest.py): small shapes.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+GPU_NUM_TOKENS = [1, 7, 256, 2048]
+
+
+def _assert_close(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    else:
+        # A few bf16 ulps: the kernels round where the reference rounds, but the interpreter
+        # truncates to bf16 and fp32 sums run in another order.
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=2**-6, atol=2**-6)
+
+
+def _randn(*shape, dtype, device=DEVICE):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+def _qkv_views(n, heads, kv_heads, head_dim, dtype, device=DEVICE):
+    """q and k as the model hands them over: strided [n, heads, head_dim] views of a qkv output."""
+    qkv = _randn(n, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=device)
+    q, k, _ = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    return q.view(n, heads, head_dim), k.view(n, kv_heads, head_dim)
+
+
+def _cos_sin(head_dim, max_positions, device=DEVICE):
+    cfg = dataclasses.replace(load_model_config("llama-3.1-8b"), head_dim=head_dim)
+    return RotaryEmbedding(cfg, max_positions).cos_sin.to(device)
+
+
+# ---------------------------------------------------------------- kernels vs references
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_kernel_matches_reference_on_strided_rows(dtype):
+    x = _randn(5, 80, dtype=dtype)[:, 8:56]  # rows of 48 with a row stride of 80
+    weight = _randn(48, dtype=dtype)
+    _assert_close(torch.ops.cgtool.rms_norm(x, weight, 1e-6), fused.rms_norm_ref(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_kernel_normalises_each_head_of_a_strided_view(dtype):
+    q, k = _qkv_views(3, 4, 2, 24, dtype)
+    weight = _randn(24, dtype=dtype)
+    for x in (q, k):
+        out = torch.ops.cgtool.rms_norm(x, weight, 1e-6)
+        assert out.is_contiguous()
+        _assert_close(out, fused.rms_norm_ref(x, weight, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_returns_the_norm_and_the_new_residual(dtype):
+    x, residual = _randn(6, 48, dtype=dtype), _randn(6, 48, dtype=dtype)
+    weight = _randn(48, dtype=dtype)
+    normed, new_residual = torch.ops.cgtool.fused_add_rms_norm(x, residual, weight, 1e-5)
+    expected_normed, expected_residual = fused.fused_add_rms_norm_ref(x, residual, weight, 1e-5)
+    _assert_close(new_residual, expected_residual)
+    _assert_close(normed, expected_normed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_rotates_q_and_k_from_strided_views_into_contiguous_tensors(dtype):
+    q, k = _qkv_views(5, 6, 2, 24, dtype)  # 6 heads and a half of 12: both padded in the kernel
+    cos_sin = _cos_sin(24, 64)
+    positions = torch.tensor([0, 63, 7, 7, 31], device=DEVICE)
+    q_out, k_out = torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
+    q_ref, k_ref = fused.apply_rope_ref(q, k, positions, cos_sin)
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    _assert_close(q_out, q_ref)
+    _assert_close(k_out, k_ref)
+
+
+def test_rope_at_position_zero_is_the_identity():
+    q, k = _qkv_views(2, 4, 2, 16, torch.float32)
+    positions = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    q_out, k_out = torch.ops.cgtool.apply_rope(q, k, positions, _cos_sin(16, 8))
+    torch.testing.assert_close(q_out, q.contiguous())
+    torch.testing.assert_close(k_out, k.contiguous())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_reference_across_blocks(dtype):
+    gate_up = _randn(3, 2 * (fused.SILU_BLOCK + 76), dtype=dtype) * 4  # a full block and a tail
+    _assert_close(torch.ops.cgtool.silu_and_mul(gate_up), fused.silu_and_mul_ref(gate_up))
+
+
+def test_fused_ops_trace_as_opaque_nodes_with_a_dynamic_token_dim():
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def block(x, residual, weight, q, k, positions, cos_sin, gate_up):
+        normed, residual = torch.ops.cgtool.fused_add_rms_norm(x, residual, weight, 1e-6)
+        q, k = torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
+        act = torch.ops.cgtool.silu_and_mul(gate_up)
+        return torch.ops.cgtool.rms_norm(normed, weight, 1e-6), residual, q, k, act
+
+    compiled = torch.compile(block, backend=record, fullgraph=True, dynamic=True)
+    f32, weight, cos_sin = torch.float32, _randn(32, dtype=torch.float32), _cos_sin(16, 32)
+    for n in (3, 5):
+        x, residual = _randn(n, 32, dtype=f32), _randn(n, 32, dtype=f32)
+        gate_up = _randn(n, 64, dtype=f32)
+        q, k = _qkv_views(n, 4, 2, 16, f32)
+        args = (x, residual, weight, q, k, torch.arange(n, device=DEVICE), cos_sin, gate_up)
+        for got, expected in zip(compiled(*args), block(*args)):
+            torch.testing.assert_close(got, expected)
+    assert len(graphs) == 1  # one trace serves both token counts
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    fused_ops = sorted(t.split(".")[1] for t in targets if t.startswith("cgtool."))
+    assert fused_ops == ["apply_rope", "fused_add_rms_norm", "rms_norm", "silu_and_mul"]
+
+# ---------------------------------------------------------------- GPU: real shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", GPU_NUM_TOKENS)
+def test_norms_at_llama_8b_shapes(n):
+    x, residual = _randn(n, 4096, dtype=torch.bfloat16), _randn(n, 4096, dtype=torch.bfloat16)
+    weight = _randn(4096, dtype=torch.bfloat16)
+    _assert_close(torch.ops.cgtool.rms_norm(x, weight, 1e-5), fused.rms_norm_ref(x, weight, 1e-5))
+    got = torch.ops.cgtool.fused_add_rms_norm(x, residual, weight, 1e-5)
+    for actual, expected in zip(got, fused.fused_add_rms_norm_ref(x, residual, weight, 1e-5)):
+        _assert_close(actual, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", GPU_NUM_TOKENS)
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_rope_and_qk_norm_at_real_shapes(n, head_dim):
+    q, k = _qkv_views(n, 32, 8, head_dim, torch.bfloat16)
+    cos_sin = _cos_sin(head_dim, 131072)
+    positions = torch.randint(0, 131072, (n,), device="cuda")
+    got = torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
+    for actual, expected in zip(got, fused.apply_rope_ref(q, k, positions, cos_sin)):
+        _assert_close(actual, expected)
+    weight = _randn(head_dim, dtype=torch.bfloat16)
+    _assert_close(torch.ops.cgtool.rms_norm(q, weight, 1e-6), fused.rms_norm_ref(q, weight, 1e-6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", GPU_NUM_TOKENS)
+def test_silu_and_mul_at_llama_8b_shapes(n):
+    gate_up = _randn(n, 2 * 14336, dtype=torch.bfloat16) * 4
+    _assert_close(torch.ops.cgtool.silu_and_mul(gate_up), fused.silu_and_mul_ref(gate_up))
+
+
+@pytest.mark.gpu
+def test_fused_ops_replay_in_a_cuda_graph_with_new_inputs():
+    n = 8
+    x, residual = _randn(n, 4096, dtype=torch.bfloat16), _randn(n, 4096, dtype=torch.bfloat16)
+    weight, gate_up = _randn(4096, dtype=torch.bfloat16), _randn(n, 2 * 14336, dtype=torch.bfloat16)
+    q, k = _qkv_views(n, 32, 8, 128, torch.bfloat16)
+    positions, cos_sin = torch.arange(n, device="cuda"), _cos_sin(128, 4096)
+
+    def step():
+        return (
+            *fused.fused_add_rms_norm(x, residual, weight, 1e-5),
+            *fused.apply_rope(q, k, positions, cos_sin),
+            fused.silu_and_mul(gate_up),
+        )
+
+    step()  # compile the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = step()
+    for t in (x, residual, q, k, gate_up):
+        t.copy_(torch.randn_like(t, dtype=torch.float32))
+    positions.copy_(torch.randint(0, 4096, (n,), device="cuda"))
+    graph.replay()
+    expected = (
+        *fused.fused_add_rms_norm_ref(x, residual, weight, 1e-5),
+        *fused.apply_rope_ref(q, k, positions, cos_sin),
+        fused.silu_and_mul_ref(gate_up),
+    )
+    for actual, ref in zip(outputs, expected):
+        _assert_close(actual, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["tiny", "qwen3-8b"])
+def test_model_on_the_gpu_matches_its_torch_reference_path(monkeypatch, preset):
+    cfg = load_model_config(preset)
+    if preset != "tiny":  # qk-norm and a 128 head_dim, two layers
+        cfg = dataclasses.replace(cfg, num_layers=2, vocab_size=1000)
+    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, max_positions=256)
+    pool = KVPool(cfg, 1024, max_reqs=4, max_context_len=256, dtype=torch.bfloat16, device="cuda")
+    runner = ModelRunner(model, pool, make_backend("torch", cfg.num_heads, cfg.head_dim))
+    row = pool.alloc_request(40)[0]
+    batch = extend_batch(pool, [row], [0], [list(range(3, 40))])
+    got = runner.forward_eager(batch)
+    monkeypatch.setattr(fused, "_use_triton", lambda x: False)
+    expected = runner.forward_eager(batch)
+    torch.testing.assert_close(got.float(), expected.float(), atol=3e-2, rtol=3e-2)
