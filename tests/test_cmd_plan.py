@@ -175,3 +175,25 @@ def test_memory_amounts_parse(text, expected):
 def test_bad_memory_amounts_are_refused(text):
     with pytest.raises(InputError, match="--budget-memory"):
         parse_bytes(text)
+
+
+def test_sglang_server_log_plans_as_batches(tmp_path):
+    log = tmp_path / "server.log"
+    lines = []
+    for i in range(40):
+        lines.append(
+            f"[2025-09-03 05:49:{i:02d}] Prefill batch. #new-seq: 1, #new-token: {100 + 37 * i}, #cached-token: 0, "
+            "token usage: 0.02, #running-req: 0, #queue-req: 0,"
+        )
+        lines.append(
+            f"[2025-09-03 05:49:{i:02d}] Decode batch. #running-req: {1 + i % 13}, #token: 501, token usage: 0.02, "
+            "cuda graph: True, gen throughput (token/s): 65.75, #queue-req: 0,"
+        )
+    log.write_text("\n".join(lines) + "\n")
+    result = cgtool(
+        "plan", "--trace", log, "--format", "sglang-log", "--gpu", "H100-80GB", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["inputs"]["trace_kind"] == "batches"
+    assert max(data["decode"]["capture_bs"]) == 13

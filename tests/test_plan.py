@@ -215,3 +215,19 @@ def test_planning_reports_progress():
         *synthetic(300), PlanRequest(CFG, H100), progress=lambda stage, f: seen.append((stage, f))
     )
     assert ("simulate", 1.0) in seen and ("optimise", 1.0) in seen
+
+
+def test_a_trace_whose_requests_all_exceed_the_context_is_refused():
+    with pytest.raises(CgtoolError, match="all 2 requests are longer"):
+        plan_requests(
+            np.zeros(2),
+            np.full(2, 10**6),
+            np.full(2, 10),
+            None,
+            PlanRequest(CFG, H100, trace_name="t"),
+        )
+
+
+def test_a_single_request_gets_a_plan():
+    plan = plan_requests(np.zeros(1), np.array([100]), np.array([10]), None, PlanRequest(CFG, H100))
+    assert plan.decode.capture == [1] and plan.piecewise.capture == [100]

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cgtool.config import ModelConfig
+from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
 from cgtool.planner.cost import (
     CostModel,
@@ -206,6 +207,10 @@ def plan_requests(
 ) -> Plan:
     """Plan from request-level arrays (seconds, tokens)."""
     setup = _setup(req)
+    if len(arrival_s) == 0:
+        raise InputError(
+            f"{req.trace_name or 'the trace'} holds no request", "Plan from a trace with requests."
+        )
     result = simulate(
         arrival_s,
         input_len,
@@ -218,6 +223,12 @@ def plan_requests(
         context_len=setup.context_len,
         progress=None if progress is None else (lambda f: progress("simulate", f)),
     )
+    if result.dropped_requests == result.num_requests:
+        raise InputError(
+            f"{req.trace_name or 'the trace'}: all {result.num_requests} requests are longer than "
+            f"{req.cfg.name}'s context ({setup.context_len}) or its KV pool ({setup.default_kv_tokens} tokens)",
+            "Plan for a model with a longer context, or a larger GPU.",
+        )
     footprint = np.asarray(input_len) + np.maximum(np.asarray(output_len), 1)
     typical = int(np.median(footprint)) if len(footprint) else BATCH_TRACE_CONTEXT_TOKENS
     decode, extend = _histograms(result, setup.cost.kv_read_ms_per_token)
