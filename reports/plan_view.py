@@ -72,7 +72,7 @@ def memory_table(plan: dict[str, Any]) -> Table:
         ),
         ("vLLM --gpu-memory-utilization", f"{memory['gpu_memory_utilization']:.3f}", ""),
         (
-            "TensorRT-LLM free_gpu_memory_fraction",
+            "TRT-LLM free_gpu_memory_fraction",
             f"{memory['trtllm_free_gpu_memory_fraction']:.3f}",
             "",
         ),
@@ -83,9 +83,9 @@ def memory_table(plan: dict[str, Any]) -> Table:
         error = (predicted - measured) / measured if measured else 0.0
         rows.append(
             (
-                "graphs of the report's sizes",
-                f"predicted {gib(predicted)}",
-                f"measured {gib(measured)} ({error:+.0%})",
+                "report's graphs: predicted, measured",
+                gib(predicted),
+                f"{gib(measured)} ({error:+.0%} off)",
             )
         )
     for row in rows:
@@ -117,7 +117,10 @@ def plan_view(plan: dict[str, Any]) -> RenderableType:
         parts.append(Text("\n".join(f"note: {w}" for w in warnings), style="yellow"))
     others = [e for e in ("sglang", "vllm", "trtllm") if e != engine]
     for other in others:
-        parts.append(flag_block(plan["flags"][other], f"The same plan for {ENGINE_NAMES[other]}"))
+        title = f"The same sizes for {ENGINE_NAMES[other]}"
+        if other == "vllm":
+            title += " (--engine vllm plans vLLM's one shared list instead)"
+        parts.append(flag_block(plan["flags"][other], title))
     return Group(*parts)
 
 
