@@ -57,7 +57,7 @@ class DecodeGraphRunner:
         runner = self.model_runner
         with forward_context(batch, runner.kv_pool, runner.backend):
             hidden = runner.model(batch.input_ids, batch.positions)
-        self.logits[: batch.batch_size].copy_(runner.model.compute_logits(hidden))
+        runner.model.compute_logits(hidden, out=self.logits[: batch.batch_size])
 
     def capture_one(self, bs: int) -> None:
         """Two warm-ups, then record the forward of `bs` requests into the global pool."""
