@@ -83,3 +83,19 @@ def test_trtllm_puts_graph_sizes_in_the_options_file():
     lines = trtllm_flags(VALUES)
     assert any("batch_sizes: [1, 2, 4, 8, 16, 24]" in line for line in lines)
     assert "--kv_cache_free_gpu_memory_fraction 0.900" in lines
+
+
+def test_no_graphs_at_all_turns_them_off_in_every_engine():
+    none = FlagValues(
+        **{
+            **{f: getattr(VALUES, f) for f in VALUES.__slots__},
+            "decode_bs": (),
+            "piecewise_tokens": (),
+        }
+    )
+    assert {"--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"} <= set(
+        flag_names(sglang_flags(none))
+    )
+    assert "--enforce-eager" in vllm_flags(none)
+    assert set(flag_names(vllm_flags(none))) <= _options("vllm-0.33.0")
+    assert any("cuda_graph_config: null" in line for line in trtllm_flags(none))

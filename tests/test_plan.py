@@ -231,3 +231,22 @@ def test_a_trace_whose_requests_all_exceed_the_context_is_refused():
 def test_a_single_request_gets_a_plan():
     plan = plan_requests(np.zeros(1), np.array([100]), np.array([10]), None, PlanRequest(CFG, H100))
     assert plan.decode.capture == [1] and plan.piecewise.capture == [100]
+
+
+def test_batch_sizes_listed_twice_are_merged():
+    plan = plan_batches(
+        np.array([4, 4, 9]),
+        np.array([10, 5, 1]),
+        np.array([100]),
+        np.array([2]),
+        PlanRequest(CFG, H100),
+    )
+    assert plan.decode.histogram.sizes.tolist() == [4, 9]
+    assert plan.decode.histogram.counts.tolist() == [15, 1]
+
+
+def test_a_budget_that_slows_the_plan_says_so():
+    plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, budget_graphs=0))
+    assert plan.decode.capture == [] and plan.piecewise.capture == []
+    assert rows(plan)["plan"].expected_step_ms > rows(plan)["default"].expected_step_ms
+    assert any("slower than the default" in w for w in plan.warnings)

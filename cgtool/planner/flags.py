@@ -80,7 +80,7 @@ def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
     lines = (
         [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"]
         if sizes
-        else []
+        else ["--enforce-eager"]  # without a list vLLM would capture its own default one
     )
     return lines + [
         f"--gpu-memory-utilization {values.gpu_memory_utilization:.3f}",
@@ -94,7 +94,11 @@ def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
     resolve_version("trtllm", version)
     # trtllm-serve takes graph sizes only through its LLM API options file.
     decode = list(values.decode_bs)
-    options = f"cuda_graph_config: {{enable_padding: true, batch_sizes: {decode}}}"
+    options = (
+        f"cuda_graph_config: {{enable_padding: true, batch_sizes: {decode}}}"
+        if decode
+        else "cuda_graph_config: null"  # null turns graphs off
+    )
     return [
         f"--max_batch_size {values.max_running_requests}",
         f"--max_num_tokens {values.chunked_prefill_size}",

@@ -308,10 +308,11 @@ def plan_batches(
 
 
 def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    # Steps larger than the engine allows cannot occur in that server; a log from a server with
-    # larger limits is planned within this one's.
+    """One entry per size, ascending. Steps larger than the engine allows cannot occur in that
+    server; a log from a server with larger limits is planned within this one's."""
     keep = (sizes >= 1) & (sizes <= limit) & (counts > 0)
-    return sizes[keep], counts[keep]
+    unique, index = np.unique(sizes[keep], return_inverse=True)
+    return unique, np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
 
 
 def _histograms(result: SimulationResult, kv_ms_per_token: float) -> tuple[Histogram, Histogram]:
@@ -414,6 +415,10 @@ def _finish(
     )
     plan.warnings.extend(cost.warnings)
     plan.warnings.extend(_ceiling_warnings(decode, default))
+    if comparison[0].expected_step_ms > comparison[1].expected_step_ms:
+        plan.warnings.append(
+            "the budgets given make the plan's expected step slower than the default's"
+        )
     if progress is not None:
         progress("optimise", 1.0)
     return plan
