@@ -243,6 +243,7 @@ def test_batch_sizes_listed_twice_are_merged():
     )
     assert plan.decode.histogram.sizes.tolist() == [4, 9]
     assert plan.decode.histogram.counts.tolist() == [15, 1]
+    assert np.all(plan.decode.histogram.time_s > 0)  # estimated under the default schedule
 
 
 def test_a_budget_that_slows_the_plan_says_so():

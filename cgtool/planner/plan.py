@@ -287,8 +287,12 @@ def plan_batches(
     attention = (
         extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * setup.cost.attention_ms_per_pair
     )
-    decode = Histogram(decode_sizes, decode_counts, np.zeros(len(decode_sizes)), context_ms)
-    extend = Histogram(extend_sizes, extend_counts, np.zeros(len(extend_sizes)), attention)
+    # No clock ran: time at each size is estimated as the default schedule would take it.
+    step_cost = _default_step_cost(setup)
+    decode_s = (decode_counts * step_cost.decode_ms[decode_sizes] + context_ms) / 1e3
+    extend_s = (extend_counts * step_cost.extend_ms[extend_sizes] + attention) / 1e3
+    decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
+    extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
     steps = int(decode_counts.sum() + extend_counts.sum())
     summary = {
         "num_requests": 0,
