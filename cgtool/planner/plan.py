@@ -232,14 +232,15 @@ def plan_requests(
     footprint = np.asarray(input_len) + np.maximum(np.asarray(output_len), 1)
     typical = int(np.median(footprint)) if len(footprint) else BATCH_TRACE_CONTEXT_TOKENS
     decode, extend = _histograms(result, setup.cost.kv_read_ms_per_token)
-    summary = {
-        "num_requests": result.num_requests,
-        "dropped_requests": result.dropped_requests,
-        "duration_s": result.duration_s,
-        "steps": result.steps,
-        "mean_queue_s": result.mean_queue_s,
-        "p99_queue_s": result.p99_queue_s,
-    }
+    fields = (
+        "num_requests",
+        "dropped_requests",
+        "duration_s",
+        "steps",
+        "mean_queue_s",
+        "p99_queue_s",
+    )
+    summary = {name: getattr(result, name) for name in fields}
     plan = _finish(
         req,
         setup,
@@ -268,14 +269,6 @@ def plan_batches(
 ) -> Plan:
     """Plan from step histograms a server logged (no simulation)."""
     setup = _setup(req)
-    decode_sizes, decode_counts = (
-        np.asarray(decode_sizes, np.int64),
-        np.asarray(decode_counts, np.int64),
-    )
-    extend_sizes, extend_counts = (
-        np.asarray(extend_sizes, np.int64),
-        np.asarray(extend_counts, np.int64),
-    )
     decode_sizes, decode_counts = _clip(decode_sizes, decode_counts, setup.cost.max_bs)
     extend_sizes, extend_counts = _clip(extend_sizes, extend_counts, setup.cost.max_tokens)
     context_ms = (
@@ -293,15 +286,9 @@ def plan_batches(
     extend_s = (extend_counts * step_cost.extend_ms[extend_sizes] + attention) / 1e3
     decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
     extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
-    steps = int(decode_counts.sum() + extend_counts.sum())
-    summary = {
-        "num_requests": 0,
-        "dropped_requests": 0,
-        "duration_s": 0.0,
-        "steps": steps,
-        "mean_queue_s": 0.0,
-        "p99_queue_s": 0.0,
-    }
+    summary = dict.fromkeys(("num_requests", "dropped_requests", "mean_queue_s", "p99_queue_s"), 0)
+    summary["steps"] = int(decode_counts.sum() + extend_counts.sum())
+    summary["duration_s"] = float(decode_s.sum() + extend_s.sum())
     plan = _finish(
         req, setup, decode, extend, summary, 0, BATCH_TRACE_CONTEXT_TOKENS, "batches", progress
     )
@@ -314,6 +301,7 @@ def plan_batches(
 def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
     """One entry per size, ascending. Steps larger than the engine allows cannot occur in that
     server; a log from a server with larger limits is planned within this one's."""
+    sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
     keep = (sizes >= 1) & (sizes <= limit) & (counts > 0)
     unique, index = np.unique(sizes[keep], return_inverse=True)
     return unique, np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
