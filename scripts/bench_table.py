@@ -74,9 +74,11 @@ def main() -> None:
         for line in decode_lines(name, report) + piecewise_lines(name, report):
             print(line)
         print()
-    compile_json = runs / "compile.json"
-    if compile_json.exists():
-        print(compile_json.read_text())
+    for compile_json in sorted(runs.glob("compile-*.json")):
+        summary = json.loads(compile_json.read_text())
+        print(f"## torch.compile reduce-overhead vs cgtool, {summary['model']} ({summary['gpu']})")
+        print(f"cgtool capture {summary['cgtool_capture_s']:.1f} s; torch.compile compile + record "
+              f"{summary.get('compile_compile_and_capture_s', float('nan')):.1f} s")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,10 @@ if want prefill; then
   done
 fi
 if want compile; then
-  python3 scripts/bench_compile.py --out "$OUT/runs/compile.json" 2>&1 | tee "$OUT/runs/compile.log" | tail -20
+  for m in qwen2.5-0.5b llama-3.1-8b; do
+    python3 scripts/bench_compile.py --model $m --out "$OUT/runs/compile-$m.json" 2>&1 \
+      | tee "$OUT/runs/compile-$m.log" | tail -42
+  done
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs

@@ -78,10 +78,10 @@ class DecodeGraphRunner:
             and batch.batch_size <= self.captured_bs[-1]
         )
 
-    def replay(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits of the batch's requests, [raw_bs, vocab], from the next captured size up."""
+    def load_inputs(self, batch: ForwardBatch) -> int:
+        """Copy the batch into the static buffers; returns the captured size it pads up to."""
         raw_bs = batch.batch_size
-        captured = self.captured_bs
+        captured = self.captured_bs or self.capture_bs
         bs = captured[bisect.bisect_left(captured, raw_bs)]
         if bs != raw_bs:
             # Padded entries read request row 0 and write slot 0: both reserved dummies.
@@ -93,9 +93,14 @@ class DecodeGraphRunner:
         self.req_pool_indices[:raw_bs].copy_(batch.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(batch.seq_lens)
         self.out_cache_loc[:raw_bs].copy_(batch.out_cache_loc)
+        return bs
+
+    def replay(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits of the batch's requests, [raw_bs, vocab], from the next captured size up."""
+        bs = self.load_inputs(batch)
         self.graphs[bs].replay()
         self.replay_count += 1
-        return self.logits[:raw_bs]
+        return self.logits[: batch.batch_size]
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.can_run(batch):
