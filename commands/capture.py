@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -12,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.signals import exit_code, signal_name, terminate_as_interrupt
 from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
@@ -101,11 +99,10 @@ def capture(
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
             report = run_capture(opts, bar.update, state)
     except KeyboardInterrupt as interrupt:
-        code = 143 if isinstance(interrupt, Terminated) else 130
-        partial = partial_report(opts, state, f"interrupted by {'SIGTERM' if code == 143 else 'SIGINT'}")
+        partial = partial_report(opts, state, f"interrupted by {signal_name(interrupt)}")
         if partial is not None:
             _save(partial, out, state)
-        raise typer.Exit(code) from None
+        raise typer.Exit(exit_code(interrupt)) from None
     _save(report, out, state)
     if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
         raise typer.Exit(1)
@@ -120,19 +117,3 @@ def _save(report: CaptureReport, out: Path, state: SessionState) -> None:
     write_report(report, out / REPORT_FILENAME)
     written = [out / REPORT_FILENAME, *render_report(report, out)]
     print_capture_summary(console, report, state.failed, written)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an exception so the partial report is written on the way out."""
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    def raise_terminated(signum: int, frame: object) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

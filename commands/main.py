@@ -50,7 +50,7 @@ app.command("models")(models)
 
 
 def main() -> None:
-    app()
+    app()  # Typer turns Ctrl-C outside the commands that keep partial results into exit 130
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.signals import StopRequest, exit_code, signal_name
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.gpus import GpuSpec, gpu_spec
@@ -64,7 +65,8 @@ def _resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
         ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
 
 
-def _run_plan(trace: Path, trace_format: str, request: PlanRequest) -> Plan:
+def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
+    err_console.print(f"reading {trace}", highlight=False)
     loaded = load_trace(trace, trace_format).trace
     columns = (
         TextColumn("{task.description}"),
@@ -72,6 +74,11 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest) -> Plan:
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
     )
+    if isinstance(loaded, RequestTrace):
+        err_console.print(f"simulating {len(loaded.arrival_s):,} requests", highlight=False)
+    # From here a signal ends the simulation at its next poll, and the plan of what was
+    # simulated is still written; before, there is nothing worth keeping.
+    stop.defer()
     with Progress(*columns, console=err_console, transient=True) as progress:
         tasks: dict[str, int] = {}
 
@@ -88,6 +95,7 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest) -> Plan:
                 loaded.cached_len,
                 request,
                 report,
+                stop.requested,
             )
         return plan_batches(
             loaded.decode_batch_size,
@@ -161,7 +169,17 @@ def plan(
         budget_graphs=budget_graphs,
         budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
     )
-    result = _run_plan(trace, trace_format, request)
+    stop = StopRequest()
+    try:
+        with stop.installed():
+            result = _run_plan(trace, trace_format, request, stop)
+    except KeyboardInterrupt as interrupt:
+        when = "by a second signal" if stop.deferring else "before the simulation began"
+        err_console.print(
+            f"[yellow]interrupted by {signal_name(interrupt)}[/] {when}; no plan was written",
+            highlight=False,
+        )
+        raise typer.Exit(exit_code(interrupt)) from None
     if gpu_note:
         result.warnings.insert(0, gpu_note)
         if json_out:
@@ -175,6 +193,10 @@ def plan(
         console.print(plan_view(data), soft_wrap=True)
         if out is not None:
             console.print(f"wrote {out / PLAN_FILENAME} and figures")
+    if stop.requested():
+        state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
+        err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
+        raise typer.Exit(stop.exit_code())
 
 
 def _write_outputs(out: Path, data: dict) -> None:

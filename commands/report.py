@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
-from cgtool.reports.render import Rendered, render_path
 from cgtool.reports.tables import (
     plan_comparison_rows,
     plan_memory_rows,
@@ -19,6 +18,9 @@ from cgtool.reports.tables import (
 )
 from cgtool.results import CaptureReport
 
+if TYPE_CHECKING:
+    from cgtool.reports.render import Rendered
+
 
 @cli_errors
 def report(
@@ -28,6 +30,8 @@ def report(
         help="Write the rendered files here instead of beside the input.")] = None,
 ) -> None:
     """Re-render tables, figures and an HTML page from a saved report or plan."""
+    from cgtool.reports.render import render_path  # matplotlib: only when rendering
+
     rendered = render_path(path, out)
     _print_tables(rendered)
     for written in rendered.files:

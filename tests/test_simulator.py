@@ -203,3 +203,32 @@ def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk,
     assert nonzero(result.decode_counts) == decode
     assert nonzero(result.extend_counts) == extend
     assert result.duration_s * 1e3 == pytest.approx(clock_ms)
+
+
+def _many_requests(n: int = 200_000):
+    rng = np.random.default_rng(3)
+    return np.cumsum(rng.exponential(0.01, n)), rng.integers(10, 200, n), rng.integers(1, 50, n)
+
+
+def test_stop_ends_the_run_early_and_says_how_far_it_got():
+    arrival, inp, out = _many_requests()
+    kwargs = dict(cost=flat_cost(max_bs=64, chunk=4096), max_running_requests=64,
+                  chunked_prefill_size=4096, kv_capacity_tokens=1_000_000)
+    full = simulate(arrival, inp, out, None, **kwargs)
+    polls = []
+    stopped = simulate(arrival, inp, out, None, stop=lambda: polls.append(1) or len(polls) >= 2, **kwargs)
+    assert full.completed_fraction == 1.0
+    assert 0.0 < stopped.completed_fraction < 1.0
+    assert 0 < stopped.steps < full.steps
+    assert stopped.decode_counts.sum() < full.decode_counts.sum()
+    assert np.isfinite(stopped.mean_queue_s)
+
+
+def test_a_stop_that_never_fires_changes_nothing():
+    arrival, inp, out = _many_requests(50_000)
+    kwargs = dict(cost=flat_cost(max_bs=64, chunk=4096), max_running_requests=64,
+                  chunked_prefill_size=4096, kv_capacity_tokens=1_000_000)
+    plain = simulate(arrival, inp, out, None, **kwargs)
+    polled = simulate(arrival, inp, out, None, stop=lambda: False, **kwargs)
+    assert polled.steps == plain.steps and polled.duration_s == plain.duration_s
+    assert np.array_equal(polled.decode_counts, plain.decode_counts)

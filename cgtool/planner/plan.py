@@ -204,8 +204,10 @@ def plan_requests(
     cached_len: np.ndarray | None,
     req: PlanRequest,
     progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> Plan:
-    """Plan from request-level arrays (seconds, tokens)."""
+    """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
+    the plan then covers the requests simulated so far, marked incomplete."""
     setup = _setup(req)
     if len(arrival_s) == 0:
         raise InputError(
@@ -222,6 +224,7 @@ def plan_requests(
         kv_capacity_tokens=setup.default_kv_tokens,
         context_len=setup.context_len,
         progress=None if progress is None else (lambda f: progress("simulate", f)),
+        stop=stop,
     )
     if result.dropped_requests == result.num_requests:
         raise InputError(
@@ -252,6 +255,13 @@ def plan_requests(
         "requests",
         progress,
     )
+    if result.completed_fraction < 1.0:
+        plan.status = "incomplete"
+        plan.warnings.insert(
+            0,
+            f"incomplete: simulation stopped after {result.completed_fraction:.0%} of the "
+            "requests; sizes fit only the traffic simulated so far",
+        )
     if result.dropped_requests:
         plan.warnings.append(
             f"{result.dropped_requests} requests were longer than the context or the KV pool and were dropped"

@@ -51,6 +51,7 @@ class SimulationResult:
     mean_queue_s: float
     p99_queue_s: float
     peak_kv_demand_tokens: int  # most KV reserved at once (prompts plus whole outputs)
+    completed_fraction: float = 1.0  # below 1 when `stop` ended the run: share of requests admitted
 
 
 @dataclass(slots=True)
@@ -126,6 +127,7 @@ class _Tallies:
     clock_ms: float = 0.0
     steps: int = 0
     peak_kv: int = 0
+    head: int = 0  # requests admitted when the loop ended (all of them unless stopped)
 
 
 def _run(
@@ -135,6 +137,7 @@ def _run(
     chunk: int,
     kv_capacity: int,
     progress: Callable[[float], None] | None,
+    stop: Callable[[], bool] | None = None,
 ) -> _Tallies:
     # One flat loop over local variables: it runs once per arrival and once per completion
     # (millions of times for a large trace), and attribute lookups or method calls would
@@ -180,8 +183,11 @@ def _run(
     # decode context = context_base + len(heap) * step
     while head < n or split >= 0 or heap:
         loops += 1
-        if progress is not None and not loops % 65536:
-            progress(head / n)
+        if not loops % 65536:
+            if progress is not None:
+                progress(head / n)
+            if stop is not None and stop():
+                break
         if arrived < n and arrival_ms[arrived] <= clock:
             arrived = bisect_right(arrival_ms, clock, arrived)
         if split >= 0 or (
@@ -299,7 +305,7 @@ def _run(
             context_base -= prompt[index] + 1 - (key // n - decode_steps[index])
             running -= 1
             kv_used -= footprint[index]
-    t.clock_ms, t.steps, t.peak_kv = clock, steps, peak_kv
+    t.clock_ms, t.steps, t.peak_kv, t.head = clock, steps, peak_kv, head
     return t
 
 
@@ -307,8 +313,9 @@ def _queue_delays_s(tallies: _Tallies, arrival_s: np.ndarray) -> np.ndarray:
     if not tallies.admitted_upto:
         return np.zeros(len(arrival_s))
     ends, clocks_ms = np.array(tallies.admitted_upto), np.array(tallies.admitted_at_ms)
-    run_of = np.searchsorted(ends, np.arange(len(arrival_s)), side="right")
-    return clocks_ms[run_of] / 1e3 - arrival_s
+    admitted = min(int(ends[-1]), len(arrival_s))  # fewer than all when the run was stopped
+    run_of = np.searchsorted(ends, np.arange(admitted), side="right")
+    return clocks_ms[run_of] / 1e3 - arrival_s[:admitted]
 
 
 def simulate(
@@ -323,8 +330,12 @@ def simulate(
     kv_capacity_tokens: int,
     context_len: int | None = None,
     progress: Callable[[float], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> SimulationResult:
-    """Replay requests (seconds, tokens) through the scheduler; see the module docstring."""
+    """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
+
+    `stop` is polled every 65,536 loop turns; when it returns True the run ends there and the
+    result covers the steps simulated so far (`completed_fraction` < 1)."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
     reqs, dropped, arrival = _prepare(arrival_s, input_len, output_len, cached_len, limit)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
@@ -333,7 +344,8 @@ def simulate(
     gc.disable()  # the loop allocates no cycles; collections would only rescan its big lists
     try:
         tallies = _run(
-            reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress
+            reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress,
+            stop,
         )
     finally:
         if collecting:
@@ -356,4 +368,5 @@ def simulate(
         mean_queue_s=float(queue_s.mean()) if n else 0.0,
         p99_queue_s=float(np.percentile(queue_s, 99)) if n else 0.0,
         peak_kv_demand_tokens=tallies.peak_kv,
+        completed_fraction=tallies.head / n if n and tallies.head < n else 1.0,
     )
