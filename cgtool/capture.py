@@ -55,6 +55,17 @@ class CaptureProgress:
 ProgressCallback = Callable[[CaptureProgress], None]
 
 
+@dataclass(frozen=True)
+class CaptureFailure:
+    """The first size that ran out of memory, with what the remedies need to say how much."""
+
+    kind: str
+    size: int
+    free_bytes: int  # free on the device at that moment
+    shortfall_bytes: int  # the allocation that failed: at least this much more was needed
+    total_bytes: int  # the device's memory, to turn the shortfall into a memory fraction
+
+
 @dataclass
 class SessionState:
     """What the session has gathered so far: kept whole when a size fails or a signal arrives."""
@@ -63,7 +74,7 @@ class SessionState:
     kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
     incomplete_reason: str | None = None
     chrome_trace: str | None = None
-    failed: tuple[str, int, int, list[int]] | None = None  # kind, size, free bytes, sizes skipped
+    failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
     runners: list[object] = field(default_factory=list)
     cfg: ModelConfig | None = None
     totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist

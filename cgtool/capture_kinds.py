@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import re
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,18 +106,37 @@ def _capture_each(
     kind: str, capture_one: Any, ordered: list[int], pool: Any, on_progress: Any,
     state: SessionState, costs: dict[int, CaptureCost],
 ) -> None:
+    """A size that runs out of memory is marked failed and the smaller ones are still tried:
+    the report then names the largest size that fits, which is what the remedy needs."""
     for i, size in enumerate(ordered):
         _progress(on_progress, kind, "capture", size, i, len(ordered))
         try:
             costs[size] = measure_capture(lambda: capture_one(size), pool)
-        except torch.OutOfMemoryError:
-            free = torch.cuda.mem_get_info()[0]
-            state.incomplete_reason = (
-                f"out of memory capturing {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
-            )
-            state.failed = (kind, size, free, ordered[i + 1 :])
-            state.sizes.append(_failed_row(kind, size))
-            break
+        except torch.OutOfMemoryError as oom:
+            _note_out_of_memory(state, kind, size, str(oom))
+
+
+def _note_out_of_memory(state: SessionState, kind: str, size: int, message: str) -> None:
+    from cgtool.capture import CaptureFailure
+
+    gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
+    free, total = torch.cuda.mem_get_info()
+    state.sizes.append(_failed_row(kind, size))
+    if state.failed is None:
+        state.failed = CaptureFailure(kind, size, free, _tried_bytes(message), total)
+        state.incomplete_reason = (
+            f"out of memory capturing {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
+        )
+
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _tried_bytes(message: str) -> int:
+    """The size of the allocation PyTorch's out-of-memory message names (0 if it names none)."""
+    match = _TRIED.search(message)
+    return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else 0
 
 
 def _record(

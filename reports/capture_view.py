@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cgtool.capture import CaptureProgress
+from cgtool.capture import CaptureFailure, CaptureProgress
 from cgtool.reports.tables import size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
 
@@ -43,26 +44,34 @@ class CaptureProgressBar:
         description = f"{event.phase} {event.kind} {label}={event.size} ({free})"
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(description, total=event.total)
+            if not self.progress.console.is_terminal:  # a log file gets one line per phase
+                self.progress.console.print(
+                    f"{event.phase} {event.kind}: {event.total} sizes ({free})", highlight=False
+                )
         self.progress.update(self.tasks[key], description=description, completed=event.done + 1)
 
 
-def remedies(report: CaptureReport, failed: tuple[str, int, int, list[int]] | None) -> list[str]:
+def remedies(report: CaptureReport, failed: CaptureFailure | None) -> list[str]:
     """SGLang's order: lower the largest size, then the memory fraction, then drop token bins."""
     if failed is None:
         return []
-    kind, size, _free, _skipped = failed
-    fitted = [s.size for s in report.sizes if s.kind == kind and s.status != "failed"]
-    flag = "--cuda-graph-max-bs" if kind == "decode" else "--piecewise-cuda-graph-max-tokens"
+    fitted = [s.size for s in report.sizes if s.kind == failed.kind and s.status != "failed"]
+    flag = "--cuda-graph-max-bs" if failed.kind == "decode" else "--piecewise-cuda-graph-max-tokens"
     lines = []
     if fitted:
         lines.append(f"lower {flag} to {max(fitted)}, the largest size that fitted")
     else:
-        lines.append(f"lower {flag} below {size}")
-    lines.append(
-        f"or lower --mem-fraction-static below {report.settings.mem_fraction_static} "
-        "to leave the graphs more room"
-    )
-    if kind == "piecewise":
+        lines.append(f"lower {flag} below {failed.size}")
+    fraction = report.settings.mem_fraction_static
+    if failed.shortfall_bytes and failed.total_bytes:
+        step = math.ceil(failed.shortfall_bytes / failed.total_bytes * 1000) / 1000
+        lines.append(
+            f"or lower --mem-fraction-static by at least {step:.3f} (to {fraction - step:.3f}): "
+            f"the failed allocation needed {failed.shortfall_bytes / (1 << 20):,.0f} MiB more"
+        )
+    else:
+        lines.append(f"or lower --mem-fraction-static below {fraction} to leave the graphs more room")
+    if failed.kind == "piecewise":
         lines.append("or drop the largest token bins (--tokens)")
     return lines
 
@@ -70,7 +79,7 @@ def remedies(report: CaptureReport, failed: tuple[str, int, int, list[int]] | No
 def print_capture_summary(
     console: Console,
     report: CaptureReport,
-    failed: tuple[str, int, int, list[int]] | None,
+    failed: CaptureFailure | None,
     written: list[Path],
 ) -> None:
     for kind in report.kinds():

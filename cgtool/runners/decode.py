@@ -9,7 +9,12 @@ import torch
 from cgtool.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
-from cgtool.runners.pool import freeze_gc, get_global_graph_memory_pool, model_capture_mode
+from cgtool.runners.pool import (
+    freeze_gc,
+    get_global_graph_memory_pool,
+    keep_graph_if_capture_fails,
+    model_capture_mode,
+)
 
 
 class DecodeGraphRunner:
@@ -66,7 +71,10 @@ class DecodeGraphRunner:
             for _ in range(2):
                 self._forward_into_logits(batch)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream):
+            with (
+                keep_graph_if_capture_fails(graph),
+                torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream),
+            ):
                 self._forward_into_logits(batch)
         torch.cuda.current_stream().wait_stream(self.stream)
         self.graphs[bs] = graph

@@ -18,7 +18,11 @@ import torch
 from torch import fx, nn
 
 from cgtool.attention.op import ATTENTION_OP
-from cgtool.runners.pool import get_global_graph_memory_pool, is_capture_mode
+from cgtool.runners.pool import (
+    get_global_graph_memory_pool,
+    is_capture_mode,
+    keep_graph_if_capture_fails,
+)
 from cgtool.runners.split import SplitGraph, split_graph
 
 COMPILERS = ("eager", "inductor")
@@ -115,6 +119,7 @@ class CapturablePiece(nn.Module):
         self.runnable(*args)  # warm-up: lazy kernel loading and cuBLAS workspaces stay outside
         graph = torch.cuda.CUDAGraph()
         with ExitStack() as stack:
+            stack.enter_context(keep_graph_if_capture_fails(graph))
             if self.index > 0:
                 # torch.cuda.graph collects garbage and empties the cache on entry; once per
                 # forward (the first piece) is enough, per layer it makes capture crawl.

@@ -66,3 +66,17 @@ def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
             _gc_frozen_depth -= 1
             gc.enable()
             gc.unfreeze()
+
+
+_failed_graphs: list[Any] = []
+
+
+@contextmanager
+def keep_graph_if_capture_fails(graph: Any) -> Iterator[None]:
+    """A graph whose capture raised (out of memory, Ctrl-C) is kept, not freed: freeing a
+    graph while the shared pool still takes captures trips an assertion in the allocator."""
+    try:
+        yield
+    except BaseException:
+        _failed_graphs.append(graph)
+        raise

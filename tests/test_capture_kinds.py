@@ -1,0 +1,55 @@
+"""The sizes loop on out-of-memory, without a GPU: the capture itself is replaced by a fake."""
+
+from __future__ import annotations
+
+import torch
+
+from cgtool import capture_kinds
+from cgtool.capture import SessionState
+from cgtool.measure import CaptureCost
+
+GIB = 1 << 30
+OOM_TEXT = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB"
+
+
+def _run_loop(monkeypatch, fits_up_to: int, sizes: list[int]) -> tuple[SessionState, dict, list[int]]:
+    attempted: list[int] = []
+
+    def capture_one(size: int) -> None:
+        attempted.append(size)
+        if size > fits_up_to:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+
+    def fake_measure(fn, pool):
+        fn()
+        return CaptureCost(capture_s=0.1, retained_bytes=1, peak_bytes=2, non_torch_bytes=0)
+
+    monkeypatch.setattr(capture_kinds, "measure_capture", fake_measure)
+    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
+    state = SessionState()
+    costs = capture_kinds._capture_sizes("decode", capture_one, sizes, None, None, state, False)
+    return state, costs, attempted
+
+
+def test_sizes_too_large_fail_and_smaller_ones_are_still_captured(monkeypatch):
+    state, costs, attempted = _run_loop(monkeypatch, fits_up_to=16, sizes=[1, 2, 4, 8, 16, 32, 64])
+    assert attempted == [64, 32, 16, 8, 4, 2, 1]  # largest first, as SGLang captures
+    assert sorted(costs) == [1, 2, 4, 8, 16]
+    assert [(r.size, r.status) for r in state.sizes] == [(64, "failed"), (32, "failed")]
+    assert state.failed is not None and state.failed.size == 64  # the first failure is named
+    assert state.failed.shortfall_bytes == int(1.5 * GIB)
+    assert state.failed.free_bytes == 3 * GIB and state.failed.total_bytes == 80 * GIB
+    assert state.incomplete_reason == "out of memory capturing decode size 64 (free 3.00 GiB)"
+
+
+def test_everything_fits_leaves_the_session_complete(monkeypatch):
+    state, costs, _ = _run_loop(monkeypatch, fits_up_to=1000, sizes=[1, 8, 64])
+    assert sorted(costs) == [1, 8, 64]
+    assert state.failed is None and state.incomplete_reason is None and state.sizes == []
+
+
+def test_the_failed_allocation_size_is_read_from_pytorch_message():
+    assert capture_kinds._tried_bytes(OOM_TEXT) == int(1.5 * GIB)
+    assert capture_kinds._tried_bytes("Tried to allocate 20.00 MiB") == 20 << 20
+    assert capture_kinds._tried_bytes("some other allocator error") == 0

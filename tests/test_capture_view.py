@@ -1,0 +1,44 @@
+"""Remedies after an out-of-memory capture, in SGLang's order, with the amounts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from cgtool.capture import CaptureFailure
+from cgtool.reports.capture_view import print_capture_summary, remedies
+from cgtool.results import load_report
+
+OOM_REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b-oom" / "report.json"
+GIB = 1 << 30
+
+
+def test_remedies_name_the_largest_size_that_fitted_then_the_fraction_to_give_up():
+    report = load_report(OOM_REPORT)  # decode 256 failed, 248 and below fitted, fraction 0.88
+    failure = CaptureFailure("decode", 256, int(0.21 * GIB), int(1.2 * GIB), 80 * GIB)
+    lines = remedies(report, failure)
+    assert lines[0] == "lower --cuda-graph-max-bs to 248, the largest size that fitted"
+    # 1.2 GiB of 80 GiB is 0.015 of the device: the fraction must fall at least that much.
+    assert lines[1].startswith("or lower --mem-fraction-static by at least 0.015 (to 0.865)")
+    assert len(lines) == 2  # token bins only matter for piecewise failures
+
+
+def test_piecewise_failure_also_suggests_dropping_token_bins():
+    report = load_report(OOM_REPORT)
+    failure = CaptureFailure("piecewise", 8192, 0, 0, 80 * GIB)
+    lines = remedies(report, failure)
+    assert lines[0] == "lower --piecewise-cuda-graph-max-tokens below 8192"  # no piecewise size fitted
+    assert lines[1] == "or lower --mem-fraction-static below 0.88 to leave the graphs more room"
+    assert lines[2] == "or drop the largest token bins (--tokens)"
+
+
+def test_summary_prints_the_reason_and_remedies(tmp_path):
+    report = load_report(OOM_REPORT)
+    console = Console(record=True, width=200)
+    failure = CaptureFailure("decode", 256, int(0.21 * GIB), int(1.2 * GIB), 80 * GIB)
+    print_capture_summary(console, report, failure, [tmp_path / "report.json"])
+    text = console.export_text()
+    assert "incomplete: out of memory capturing decode bs 256" in text
+    assert "- lower --cuda-graph-max-bs to 248" in text
+    assert f"wrote {tmp_path / 'report.json'}" in text
