@@ -122,6 +122,13 @@ def plan(
     profile: Annotated[
         Path | None, typer.Option(help="Capture report.json: measured step times and graph memory.")
     ] = None,
+    tp: Annotated[
+        int,
+        typer.Option(
+            "--tp",
+            help="Tensor-parallel GPUs per server: memory and step time are planned per GPU.",
+        ),
+    ] = 1,
     budget_graphs: Annotated[
         int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
     ] = None,
@@ -164,6 +171,7 @@ def plan(
         trace_name=str(trace),
         profile=report,
         profile_name=None if profile is None else str(profile),
+        tp_size=tp,
         chunked_prefill_size=chunked_prefill_size,
         max_running_requests=max_running_requests,
         budget_graphs=budget_graphs,

@@ -13,6 +13,16 @@ from cgtool.reports.tables import gib
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
 
 
+def tp_size(plan: dict[str, Any]) -> int:
+    # Plans written before `plan --tp` existed were all for one GPU.
+    return int(plan["inputs"].get("tp_size") or 1)
+
+
+def gpus_label(plan: dict[str, Any]) -> str:
+    gpu, tp = plan["inputs"]["gpu"], tp_size(plan)
+    return f"{tp} × {gpu} (--tp {tp})" if tp > 1 else gpu
+
+
 def _sizes(sizes: list[int], limit: int = 40) -> str:
     if not sizes:
         return "none (eager)"
@@ -50,19 +60,29 @@ def comparison_table(plan: dict[str, Any]) -> Table:
     )
     for label, key, fmt in metrics:
         table.add_row(label, fmt(plan_row[key]), fmt(default_row[key]))
+    if tp_size(plan) > 1:
+        comm = [f"{row.get('comm_ms', 0.0):.3f} ms" for row in (plan_row, default_row)]
+        table.add_row("of the step: all-reduces (estimated)", *comm)
     return table
 
 
 def memory_table(plan: dict[str, Any]) -> Table:
-    memory = plan["memory"]
-    table = Table(title=f"Memory on {plan['inputs']['gpu']} ({gib(memory['gpu_memory_bytes'])})")
+    memory, tp = plan["memory"], tp_size(plan)
+    size = gib(memory["gpu_memory_bytes"])
+    table = Table(
+        title=f"Memory per GPU of {gpus_label(plan)}, {size} each"
+        if tp > 1
+        else f"Memory on {gpus_label(plan)} ({size})"
+    )
     for column in ("", "plan", "engine default"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    rows = [
+    # Under tensor parallelism every figure is one GPU's: its shard of weights and KV heads.
+    shards = [("KV heads per GPU", str(memory.get("kv_heads_per_rank", "")), "")] if tp > 1 else []
+    rows = shards + [
         ("weights", gib(memory["weights_bytes"]), ""),
         ("graphs", gib(memory["graph_bytes"]), ""),
         ("activations (eager peak)", gib(memory["activation_bytes"]), ""),
-        ("margin kept free", gib(memory["margin_bytes"]), ""),
+        ("margin kept free" + (" (+ NCCL)" if tp > 1 else ""), gib(memory["margin_bytes"]), ""),
         ("KV cache", gib(memory["kv_bytes"]), ""),
         ("KV tokens", f"{memory['kv_tokens']:,}", f"{memory['default_kv_tokens']:,}"),
         (
@@ -97,7 +117,7 @@ def plan_view(plan: dict[str, Any]) -> RenderableType:
     inputs, sim = plan["inputs"], plan["simulation"]
     engine = inputs["engine"]
     head = Text(
-        f"{inputs['model']} on {inputs['gpu']}, {ENGINE_NAMES[engine]} {inputs['engine_version']}; "
+        f"{inputs['model']} on {gpus_label(plan)}, {ENGINE_NAMES[engine]} {inputs['engine_version']}; "
         f"trace {inputs['trace']} ({inputs['trace_kind']}: {sim['num_requests']:,} requests, {sim['steps']:,} steps); "
         f"step times from {inputs['profile'] or 'the roofline model'}",
     )

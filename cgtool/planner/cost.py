@@ -16,6 +16,12 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
+from cgtool.planner.parallel import (
+    allreduces_per_forward,
+    collectives_per_forward,
+    comm_ms,
+    rank_shapes,
+)
 
 # Achievable fractions of datasheet peaks for large bf16 GEMMs and streaming reads on
 # Hopper-class parts (typical of published GEMM and memcpy benchmarks, not measured here).
@@ -54,6 +60,10 @@ class CostModel:
     extend_graph_bytes: float  # bytes outside the pool per piecewise size
     kv_read_ms_per_token: float  # decode attention: one context token of one request
     attention_ms_per_pair: float  # extend attention: one (query, key) token pair
+    # [max_bs + 1], [max_tokens + 1]: the tensor-parallel collectives inside the dense tables
+    # above (zero at tp 1); graphs and eager steps pay them alike.
+    decode_comm_ms: np.ndarray
+    extend_comm_ms: np.ndarray
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -85,10 +95,11 @@ class CostModel:
         )
 
 
-def kernels_per_forward(cfg: ModelConfig) -> int:
+def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
     # Per layer: norm, qkv, rope, kv store, attention, o_proj, add+norm, gate_up, act, down,
-    # residual add (+ q/k norm); then embedding, final norm, lm_head, sampling.
-    return cfg.num_layers * (11 + int(cfg.qk_norm)) + 4
+    # residual add (+ q/k norm); then embedding, final norm, lm_head, sampling; plus the
+    # tensor-parallel all-reduces and the logits' all-gather.
+    return cfg.num_layers * (11 + int(cfg.qk_norm)) + 4 + collectives_per_forward(cfg, tp_size)
 
 
 def _dense_ms(
@@ -106,52 +117,65 @@ def _dense_ms(
     return read_ms + compute_ms
 
 
-def _activation_bytes_per_row(cfg: ModelConfig) -> int:
-    # Live at the MLP: residual, normed hidden, gate_up output and its activation.
-    return (2 * cfg.hidden_size + 3 * cfg.intermediate_size) * _BF16
+def _activation_bytes_per_row(cfg: ModelConfig, tp_size: int) -> int:
+    # Live at the MLP: residual, normed hidden, gate_up output (this rank's share) and its
+    # activation.
+    shard = rank_shapes(cfg, tp_size)
+    return (2 * cfg.hidden_size + 3 * shard.intermediate_size) * _BF16
 
 
-def _decode_pool_bytes(cfg: ModelConfig, bs: np.ndarray) -> np.ndarray:
-    # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor.
+def _decode_pool_bytes(cfg: ModelConfig, bs: np.ndarray, tp_size: int = 1) -> np.ndarray:
+    # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor; under
+    # tensor parallelism they are gathered whole on every rank.
     logits_row = cfg.vocab_size * _FP32 + 2 * cfg.hidden_size * _BF16
-    return bs * max(_activation_bytes_per_row(cfg), logits_row)
+    return bs * max(_activation_bytes_per_row(cfg, tp_size), logits_row)
 
 
-def _extend_pool_bytes(cfg: ModelConfig, tokens: np.ndarray) -> np.ndarray:
-    return tokens * _activation_bytes_per_row(cfg) + cfg.vocab_size * _FP32
+def _extend_pool_bytes(cfg: ModelConfig, tokens: np.ndarray, tp_size: int = 1) -> np.ndarray:
+    return tokens * _activation_bytes_per_row(cfg, tp_size) + cfg.vocab_size * _FP32
 
 
-def roofline_cost(cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: int) -> CostModel:
-    """Estimate every table from model shapes and the GPU's datasheet peaks."""
-    kernels = kernels_per_forward(cfg)
+def roofline_cost(
+    cfg: ModelConfig, gpu: GpuSpec, *, max_bs: int, max_tokens: int, tp_size: int = 1
+) -> CostModel:
+    """Estimate every table from model shapes and the GPU's datasheet peaks, for one rank of
+    `tp_size` (its share of the weights and heads, plus the collectives between ranks)."""
+    shard = rank_shapes(cfg, tp_size)
+    kernels = kernels_per_forward(cfg, tp_size)
     bs = np.arange(max_bs + 1, dtype=np.float64)
     tokens = np.arange(max_tokens + 1, dtype=np.float64)
-    decode_dense = _dense_ms(cfg, gpu, bs, bs)
-    extend_dense = _dense_ms(cfg, gpu, tokens, np.ones_like(tokens))
-    # Piecewise replay still launches the attention kernels eagerly between pieces.
-    piecewise_overhead_ms = cfg.num_layers * (_LAUNCH_MS + _GRAPH_LAUNCH_MS) + _GRAPH_LAUNCH_MS
+    decode_comm = comm_ms(cfg, gpu, tp_size, bs, bs)
+    extend_comm = comm_ms(cfg, gpu, tp_size, tokens, np.ones_like(tokens))
+    decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm
+    extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm
+    # Piecewise replay still launches the split ops eagerly between pieces: attention, and
+    # under tensor parallelism the all-reduces (SGLang splits at inplace_all_reduce too).
+    splits = cfg.num_layers + allreduces_per_forward(cfg, tp_size)
+    piecewise_overhead_ms = splits * (_LAUNCH_MS + _GRAPH_LAUNCH_MS) + _GRAPH_LAUNCH_MS
     decode_eager = decode_dense + kernels * _LAUNCH_MS
     extend_eager = extend_dense + kernels * _LAUNCH_MS
     capture_per_size_s = kernels * _CAPTURE_S_PER_KERNEL
-    attention_flops_per_pair = 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim
+    attention_flops_per_pair = 4.0 * shard.num_layers * shard.num_heads * shard.head_dim
     return CostModel(
         source="roofline",
         decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS,
         decode_eager_ms=decode_eager,
         extend_graph_ms=extend_dense + piecewise_overhead_ms,
         extend_eager_ms=extend_eager,
-        decode_pool_bytes=_decode_pool_bytes(cfg, bs),
-        extend_pool_bytes=_extend_pool_bytes(cfg, tokens),
+        decode_pool_bytes=_decode_pool_bytes(cfg, bs, tp_size),
+        extend_pool_bytes=_extend_pool_bytes(cfg, tokens, tp_size),
         decode_capture_s=_CAPTURE_PASSES * decode_eager / 1e3 + capture_per_size_s,
         extend_capture_s=_CAPTURE_PASSES * extend_eager / 1e3 + capture_per_size_s,
         decode_graph_bytes=float(kernels * _GRAPH_NODE_BYTES),
-        extend_graph_bytes=float((kernels - cfg.num_layers) * _GRAPH_NODE_BYTES),
-        kv_read_ms_per_token=cfg.kv_bytes_per_token(_BF16)
+        extend_graph_bytes=float((kernels - splits) * _GRAPH_NODE_BYTES),
+        kv_read_ms_per_token=shard.kv_bytes_per_token(_BF16)
         / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY)
         * 1e3,
         attention_ms_per_pair=attention_flops_per_pair
         / (gpu.bf16_flops * _ATTENTION_FLOPS_EFFICIENCY)
         * 1e3,
+        decode_comm_ms=decode_comm,
+        extend_comm_ms=extend_comm,
     )
 
 
@@ -190,9 +214,10 @@ def profile_cost(
     max_bs: int,
     max_tokens: int,
     source: str,
+    tp_size: int = 1,
 ) -> CostModel:
     """Tables from a capture report's measured sizes, the roofline filling what it lacks."""
-    base = roofline_cost(cfg, gpu, max_bs=max_bs, max_tokens=max_tokens)
+    base = roofline_cost(cfg, gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=tp_size)
     decode = _measured_rows(report, "decode", source)
     piecewise = _measured_rows(report, "piecewise", source)
     if not len(decode["size"]) and not len(piecewise["size"]):
@@ -222,7 +247,23 @@ def profile_cost(
     scale = _pool_scale(report, cfg, decode["size"], piecewise["size"])
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
     tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
-    return _with(base, source=source, warnings=_mismatches(report, cfg, gpu, source), **tables)
+    notes = _mismatches(report, cfg, gpu, source) + _tp_mismatch(report, tp_size, source)
+    return _with(base, source=source, warnings=notes, **tables)
+
+
+def _report_tp_size(report: dict[str, Any]) -> int:
+    # Reports written before tensor-parallel capture carry no tp_size: they ran on one GPU.
+    return int(report.get("settings", {}).get("tp_size", 1) or 1)
+
+
+def _tp_mismatch(report: dict[str, Any], tp_size: int, source: str) -> tuple[str, ...]:
+    measured = _report_tp_size(report)
+    if measured == tp_size:
+        return ()
+    return (
+        f"{source} was measured at --tp {measured}, the plan is for --tp {tp_size}: its step "
+        "times and graph memory are of the other split",
+    )
 
 
 def _per_graph_bytes(rows: dict[str, np.ndarray], fallback: float) -> float:
@@ -238,9 +279,10 @@ def _pool_scale(
     report: dict[str, Any], cfg: ModelConfig, decode_sizes: np.ndarray, tokens: np.ndarray
 ) -> float:
     measured = float(report.get("totals", {}).get("graph_pool_bytes", 0) or 0)
+    tp = _report_tp_size(report)
     predicted = max(
-        float(_decode_pool_bytes(cfg, decode_sizes[-1:]).sum()),
-        float(_extend_pool_bytes(cfg, tokens[-1:]).sum()) if len(tokens) else 0.0,
+        float(_decode_pool_bytes(cfg, decode_sizes[-1:], tp).sum()),
+        float(_extend_pool_bytes(cfg, tokens[-1:], tp).sum()) if len(tokens) else 0.0,
     )
     return measured / predicted if measured > 0 and predicted > 0 else 1.0
 
@@ -277,7 +319,11 @@ def predicted_graph_bytes(
     decode = [int(r["size"]) for r in ok if r.get("kind") == "decode"]
     tokens = [int(r["size"]) for r in ok if r.get("kind") == "piecewise"]
     model = roofline_cost(
-        cfg, gpu, max_bs=max(decode, default=1), max_tokens=max(tokens, default=1)
+        cfg,
+        gpu,
+        max_bs=max(decode, default=1),
+        max_tokens=max(tokens, default=1),
+        tp_size=_report_tp_size(report),
     )
     totals = report.get("totals", {})
     measured = int(totals.get("graph_pool_bytes", 0)) + int(totals.get("non_torch_bytes", 0))
@@ -344,6 +390,7 @@ class ScheduleScore:
     graph_bytes: int
     capture_s: float
     kv_tokens: int
+    comm_ms: float = 0.0  # tensor-parallel collectives inside expected_step_ms
 
 
 def _kind_totals(
@@ -384,6 +431,11 @@ def score_schedule(
         extend, cost.extend_graph_ms, cost.extend_eager_ms, tokens, pads
     )
     d_steps, e_steps = float(decode.counts.sum()), float(extend.counts.sum())
+    # A padded replay all-reduces its padding rows too.
+    d_comm, e_comm = cost.decode_comm_ms, cost.extend_comm_ms
+    comm = dense_ms(decode.sizes, decode.counts, d_comm, d_comm, decode_bs, pads) + dense_ms(
+        extend.sizes, extend.counts, e_comm, e_comm, tokens, pads
+    )
     return ScheduleScore(
         schedule=name,
         expected_step_ms=(d_ms + e_ms) / max(d_steps + e_steps, 1.0),
@@ -394,6 +446,7 @@ def score_schedule(
         graph_bytes=cost.graph_bytes(list(decode_bs), list(tokens)),
         capture_s=cost.capture_s(list(decode_bs), list(tokens)),
         kv_tokens=kv_tokens,
+        comm_ms=comm / max(d_steps + e_steps, 1.0),
     )
 
 

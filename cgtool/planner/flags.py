@@ -24,6 +24,7 @@ class FlagValues:
     kv_bytes: int
     chunked_prefill_size: int
     max_running_requests: int
+    tp_size: int = 1  # memory figures above are per GPU of tp_size
 
 
 def _ints(values: tuple[int, ...]) -> str:
@@ -33,7 +34,7 @@ def _ints(values: tuple[int, ...]) -> str:
 def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
     release = sglang_release(version)
     decode, tokens = values.decode_bs, values.piecewise_tokens
-    lines: list[str] = []
+    lines = [f"--tp-size {values.tp_size}"] if values.tp_size > 1 else []
     if release.per_phase_flags:
         if decode:
             lines += [
@@ -77,7 +78,8 @@ def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
     # vLLM captures one list of token counts for decode and mixed batches alike; a decode
     # step of b requests is b tokens, so the union serves both kinds of step.
     sizes = tuple(sorted(set(values.decode_bs) | set(values.piecewise_tokens)))
-    lines = (
+    lines = [f"--tensor-parallel-size {values.tp_size}"] if values.tp_size > 1 else []
+    lines += (
         [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"]
         if sizes
         else ["--enforce-eager"]  # without a list vLLM would capture its own default one
@@ -99,7 +101,7 @@ def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
         if decode
         else "cuda_graph_config: null"  # null turns graphs off
     )
-    return [
+    return ([f"--tp_size {values.tp_size}"] if values.tp_size > 1 else []) + [
         f"--max_batch_size {values.max_running_requests}",
         f"--max_num_tokens {values.chunked_prefill_size}",
         f"--kv_cache_free_gpu_memory_fraction {values.trtllm_free_fraction:.3f}",

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from cgtool.config import ModelConfig
 from cgtool.errors import CgtoolError
+from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
 
 _MIB = 1 << 20
@@ -24,6 +25,9 @@ _FP32 = 4
 # workspaces, and allocator fragmentation. The larger of 2 GiB and 5% of the GPU.
 MARGIN_MIN_BYTES = 2 * _GIB
 MARGIN_FRACTION = 0.05
+# Beyond that, with tensor parallelism: NCCL's communicator buffers and SGLang's custom
+# all-reduce buffers, for which SGLang's own heuristic reserves tp_size / 8 GiB.
+COMM_RESERVE_BYTES_PER_RANK = _GIB // 8
 # Eager PyTorch holds fp32 upcasts and temporaries beside the bf16 activations, and the caching
 # allocator rounds blocks up; twice the bf16 estimate covers both.
 _ACTIVATION_SLACK = 2.0
@@ -50,21 +54,29 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     graph_bytes_measured: int | None = None  # from a capture report, beside graph_bytes_predicted
     graph_bytes_predicted: int | None = None
+    # Every byte figure above is of one GPU of tp_size; kv_tokens is the server's pool.
+    tp_size: int = 1
+    kv_heads_per_rank: int = 0  # replicated when the model has fewer KV heads than ranks
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def margin_bytes(gpu_memory_bytes: int) -> int:
-    return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * gpu_memory_bytes))
+def margin_bytes(gpu_memory_bytes: int, tp_size: int = 1) -> int:
+    comm = tp_size * COMM_RESERVE_BYTES_PER_RANK if tp_size > 1 else 0
+    return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * gpu_memory_bytes)) + comm
 
 
-def activation_bytes(cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int) -> int:
-    """Peak of an eager forward: a full prefill chunk, or a decode of every running request."""
+def activation_bytes(
+    cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int, tp_size: int = 1
+) -> int:
+    """Peak of an eager forward on one rank: a full prefill chunk, or a decode of every
+    running request."""
+    shard = rank_shapes(cfg, tp_size)
     per_token = (
-        4 * cfg.hidden_size + cfg.q_size + 2 * cfg.kv_size + 3 * cfg.intermediate_size
+        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + 3 * shard.intermediate_size
     ) * _BF16
-    logits_row = cfg.vocab_size * _FP32
+    logits_row = cfg.vocab_size * _FP32  # gathered to the whole vocabulary on every rank
     extend = (
         chunked_prefill_size * per_token
         + min(max_running_requests, chunked_prefill_size) * logits_row
@@ -94,10 +106,14 @@ def sglang_default_mem_fraction(
     return round((gpu_mib - reserved_mib) / gpu_mib, 3)
 
 
-def kv_tokens_at(cfg: ModelConfig, gpu_memory_bytes: int, mem_fraction_static: float) -> int:
-    """KV tokens SGLang's pool gets: the static share of memory minus the weights."""
-    kv_bytes = mem_fraction_static * gpu_memory_bytes - cfg.weight_bytes(_BF16)
-    return max(0, int(kv_bytes // cfg.kv_bytes_per_token(_BF16)))
+def kv_tokens_at(
+    cfg: ModelConfig, gpu_memory_bytes: int, mem_fraction_static: float, tp_size: int = 1
+) -> int:
+    """KV tokens SGLang's pool gets: the static share of one rank's memory minus its weights,
+    over its share of a token's KV."""
+    shard = rank_shapes(cfg, tp_size)
+    kv_bytes = mem_fraction_static * gpu_memory_bytes - shard.weight_bytes(_BF16)
+    return max(0, int(kv_bytes // shard.kv_bytes_per_token(_BF16)))
 
 
 def plan_memory(
@@ -110,22 +126,26 @@ def plan_memory(
     peak_kv_demand_tokens: int,
     typical_request_tokens: int,
     default_mem_fraction_static: float,
+    tp_size: int = 1,
 ) -> MemoryPlan:
-    """Recommend the static fraction that leaves activations, graphs and the margin free."""
-    weights = cfg.weight_bytes(_BF16)
-    activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests)
-    margin = margin_bytes(gpu_memory_bytes)
+    """Recommend the static fraction that leaves activations, graphs and the margin free, on
+    each GPU of `tp_size` (graph_bytes is one rank's)."""
+    shard = rank_shapes(cfg, tp_size)
+    weights = shard.weight_bytes(_BF16)
+    activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests, tp_size)
+    margin = margin_bytes(gpu_memory_bytes, tp_size)
     outside = activations + graph_bytes + margin
     # Rounded down to SGLang's 3 decimals, so the margin is never eaten by rounding.
     fraction = math.floor((gpu_memory_bytes - outside) / gpu_memory_bytes * 1000) / 1000
-    kv_tokens = kv_tokens_at(cfg, gpu_memory_bytes, fraction)
+    kv_tokens = kv_tokens_at(cfg, gpu_memory_bytes, fraction, tp_size)
     if kv_tokens <= 0:
+        per_gpu = f" per GPU at --tp {tp_size}" if tp_size > 1 else ""
         raise CgtoolError(
             f"{cfg.name} does not fit: weights {weights / _GIB:.1f} GiB plus activations, graphs and the "
-            f"{margin / _GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / _GIB:.1f} GiB",
+            f"{margin / _GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / _GIB:.1f} GiB{per_gpu}",
             "Use a GPU with more memory, tensor parallelism, or a smaller --chunked-prefill-size.",
         )
-    kv_bytes = kv_tokens * cfg.kv_bytes_per_token(_BF16)
+    kv_bytes = kv_tokens * shard.kv_bytes_per_token(_BF16)
     free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
     reachable = min(max_running_requests, kv_tokens // max(typical_request_tokens, 1))
     plan = MemoryPlan(
@@ -142,9 +162,13 @@ def plan_memory(
         ),
         trtllm_free_gpu_memory_fraction=math.floor(kv_bytes / free_after_load * 1000) / 1000,
         default_mem_fraction_static=default_mem_fraction_static,
-        default_kv_tokens=kv_tokens_at(cfg, gpu_memory_bytes, default_mem_fraction_static),
+        default_kv_tokens=kv_tokens_at(
+            cfg, gpu_memory_bytes, default_mem_fraction_static, tp_size
+        ),
         peak_kv_demand_tokens=peak_kv_demand_tokens,
         reachable_batch=int(reachable),
+        tp_size=tp_size,
+        kv_heads_per_rank=kv_heads_per_rank(cfg, tp_size),
     )
     plan.warnings.extend(_pool_warnings(plan, typical_request_tokens, max_running_requests))
     return plan

@@ -38,6 +38,7 @@ from cgtool.planner.memory import (
     sglang_default_mem_fraction,
 )
 from cgtool.planner.optimiser import Limits, choose_separate, choose_shared
+from cgtool.planner.parallel import check_tp_size, rank_shapes
 from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
 from cgtool.planner.simulator import SimulationResult, StepCost, simulate
 from cgtool.results import utc_now_iso
@@ -126,7 +127,8 @@ class _Setup:
 
 
 def _setup(req: PlanRequest) -> _Setup:
-    cfg, memory = req.cfg, req.gpu.memory_bytes
+    cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
+    check_tp_size(cfg, tp, req.gpu)
     version = resolve_version(req.engine, req.engine_version)
     probe = default_schedule(
         req.engine,
@@ -146,16 +148,18 @@ def _setup(req: PlanRequest) -> _Setup:
             num_piecewise_tokens=len(probe.piecewise_tokens),
             tp_size=req.tp_size,
         )
-        kv_tokens = kv_tokens_at(cfg, memory, fraction)
+        kv_tokens = kv_tokens_at(cfg, memory, fraction, tp)
         max_running = req.max_running_requests or sglang_default_max_running(
             kv_tokens, cfg.max_context_len
         )
     else:
+        # vLLM's utilisation, like SGLang's fraction, is of each GPU's memory.
+        shard = rank_shapes(cfg, tp)
         max_running = req.max_running_requests or (1024 if memory >= 70 * (1 << 30) else 256)
-        outside = activation_bytes(cfg, chunk, max_running)
-        kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - cfg.weight_bytes(2) - outside
-        kv_tokens = max(0, int(kv_bytes // cfg.kv_bytes_per_token(2)))
-        fraction = round((cfg.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
+        outside = activation_bytes(cfg, chunk, max_running, tp)
+        kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - shard.weight_bytes(2) - outside
+        kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(2)))
+        fraction = round((shard.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
     default = default_schedule(
         req.engine,
         version,
@@ -175,9 +179,10 @@ def _setup(req: PlanRequest) -> _Setup:
             max_bs=max_bs,
             max_tokens=max_tokens,
             source=req.profile_name or "report",
+            tp_size=tp,
         )
     else:
-        cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens)
+        cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=tp)
     return _Setup(
         version, chunk, max_running, cfg.max_context_len, default, fraction, kv_tokens, cost
     )
@@ -364,6 +369,7 @@ def _finish(
         peak_kv_demand_tokens=peak_kv,
         typical_request_tokens=typical_tokens,
         default_mem_fraction_static=setup.default_fraction,
+        tp_size=req.tp_size,
     )
     if req.profile is not None:
         predicted, measured = predicted_graph_bytes(req.profile, req.cfg, req.gpu)
@@ -392,6 +398,7 @@ def _finish(
         memory.kv_bytes,
         setup.chunk,
         setup.max_running,
+        req.tp_size,
     )
     inputs = {
         "trace": req.trace_name,
@@ -416,6 +423,7 @@ def _finish(
         simulation=summary | {"peak_kv_demand_tokens": peak_kv},
     )
     plan.warnings.extend(cost.warnings)
+    plan.warnings.extend(_replication_warnings(req))
     plan.warnings.extend(_ceiling_warnings(decode, default))
     if comparison[0].expected_step_ms > comparison[1].expected_step_ms:
         plan.warnings.append(
@@ -424,6 +432,16 @@ def _finish(
     if progress is not None:
         progress("optimise", 1.0)
     return plan
+
+
+def _replication_warnings(req: PlanRequest) -> list[str]:
+    kv, tp = req.cfg.num_kv_heads, req.tp_size
+    if kv >= tp:
+        return []
+    return [
+        f"--tp {tp} is more ranks than {req.cfg.name}'s {kv} KV heads: each is replicated on "
+        f"{tp // kv} ranks, so KV memory per token stops shrinking past --tp {kv}"
+    ]
 
 
 def _ceiling_warnings(decode: Histogram, default: EngineSchedule) -> list[str]:
