@@ -40,6 +40,7 @@ class CaptureOptions:
     out_dir: Path = Path("cgtool-capture")
     dtype: torch.dtype = torch.bfloat16
     seed: int = 0
+    max_total_tokens: int | None = None  # fixes the KV pool's size, as SGLang's flag does
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         max_tokens=max(opts.capture_num_tokens, default=16) if "piecewise" in opts.kinds else 16,
         context_len=opts.context_len,
         seed=opts.seed,
+        kv_tokens=opts.max_total_tokens,
     )
     bandwidth = copy_bandwidth_bytes_s()
     if opts.profile:

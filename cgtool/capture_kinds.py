@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cgtool.measure import CaptureCost, ReplayCheck, check_replay, kernel_count, measure_capture
 from cgtool.results import KernelRow, SizeResult
+from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 from cgtool.runners.pool import freeze_gc
 
 if TYPE_CHECKING:
@@ -31,18 +33,20 @@ def capture_decode(
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     costs = _capture_sizes(
         "decode", runner.capture_one, runner.capture_bs, pool, on_progress, state,
-        opts.enable_cudagraph_gc,
+        opts.enable_cudagraph_gc, runner.forward_static,
     )
     model = bench.runner.model
     for i, (bs, cost) in enumerate(costs.items()):
         _progress(on_progress, "decode", "measure", bs, i, len(costs))
         batch = bench.decode_batch(bs)
-        check = check_replay(
+        check = _measured(state, "decode", bs, lambda: check_replay(
             eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)),
             replay=lambda: runner.replay(batch),
             dtype=opts.dtype,
             trace_path=_trace_path(opts, state, "decode", bs),
-        )
+        ))
+        if check is None:
+            continue
         kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
         roofline_ms = (bench.weights_bytes + kv_read) / bandwidth * 1e3
         _record(state, "decode", bs, cost, check, roofline_ms, opts.profile)
@@ -69,18 +73,21 @@ def capture_piecewise(
     runner.warmup()
     sizes = sorted(set(opts.capture_num_tokens))
     costs = _capture_sizes(
-        "piecewise", runner.capture_one, sizes, pool, on_progress, state, opts.enable_cudagraph_gc
+        "piecewise", runner.capture_one, sizes, pool, on_progress, state, opts.enable_cudagraph_gc,
+        runner.forward_static,
     )
     model = bench.runner.model
     for i, (n, cost) in enumerate(costs.items()):
         _progress(on_progress, "piecewise", "measure", n, i, len(costs))
         batch = bench.extend_batch(n)
-        check = check_replay(
+        check = _measured(state, "piecewise", n, lambda: check_replay(
             eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)[-1:]),
             replay=lambda: model.compute_logits(runner.replay(batch)[-1:]),
             dtype=opts.dtype,
             trace_path=_trace_path(opts, state, "piecewise", n),
-        )
+        ))
+        if check is None:
+            continue
         flops = 2 * bench.cfg.param_count() * n
         bytes_ms = bench.weights_bytes / bandwidth * 1e3
         roofline_ms = max(bytes_ms, flops / _peak_flops() * 1e3) if _peak_flops() else bytes_ms
@@ -89,7 +96,7 @@ def capture_piecewise(
 
 def _capture_sizes(
     kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any,
-    state: SessionState, enable_gc: bool,
+    state: SessionState, enable_gc: bool, forward_static: Callable[[int], object] | None = None,
 ) -> dict[int, CaptureCost]:
     """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory.
 
@@ -98,13 +105,14 @@ def _capture_sizes(
     costs: dict[int, CaptureCost] = {}
     ordered = sorted(sizes, reverse=True)
     with freeze_gc(enable_gc):
-        _capture_each(kind, capture_one, ordered, pool, on_progress, state, costs)
+        _capture_each(kind, capture_one, ordered, pool, on_progress, state, costs, forward_static)
     return costs
 
 
 def _capture_each(
     kind: str, capture_one: Any, ordered: list[int], pool: Any, on_progress: Any,
     state: SessionState, costs: dict[int, CaptureCost],
+    forward_static: Callable[[int], object] | None = None,
 ) -> None:
     """A size that runs out of memory is marked failed and the smaller ones are still tried:
     the report then names the largest size that fits, which is what the remedy needs."""
@@ -114,9 +122,27 @@ def _capture_each(
             costs[size] = measure_capture(lambda: capture_one(size), pool)
         except torch.OutOfMemoryError as oom:
             _note_out_of_memory(state, kind, size, str(oom))
+        except RuntimeError as error:
+            if forward_static is None or not is_capture_error(error):
+                raise
+            raise diagnose_capture_error(kind, size, lambda: forward_static(size)) from error
 
 
-def _note_out_of_memory(state: SessionState, kind: str, size: int, message: str) -> None:
+def _measured(
+    state: SessionState, kind: str, size: int, measure: Callable[[], ReplayCheck]
+) -> ReplayCheck | None:
+    """The eager run beside the replay needs activation memory the graph does not: on a
+    nearly full GPU it can fail where the capture fitted."""
+    try:
+        return measure()
+    except torch.OutOfMemoryError as oom:
+        _note_out_of_memory(state, kind, size, str(oom), doing="measuring")
+        return None
+
+
+def _note_out_of_memory(
+    state: SessionState, kind: str, size: int, message: str, doing: str = "capturing"
+) -> None:
     from cgtool.capture import CaptureFailure
 
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
@@ -125,7 +151,7 @@ def _note_out_of_memory(state: SessionState, kind: str, size: int, message: str)
     if state.failed is None:
         state.failed = CaptureFailure(kind, size, free, _tried_bytes(message), total)
         state.incomplete_reason = (
-            f"out of memory capturing {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
+            f"out of memory {doing} {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
         )
 
 

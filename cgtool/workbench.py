@@ -65,14 +65,15 @@ def build_workbench(
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
+    source = f"--max-total-tokens {kv_tokens}" if kv_tokens else f"--mem-fraction-static {mem_fraction_static}"
     if kv_tokens is None:
         kv_tokens = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, mem_fraction_static), dtype)
     needed = max_bs * (context_len + 1) + max_tokens + 2
     if kv_tokens < needed:
         raise EnvironmentProblem(
-            f"--mem-fraction-static {mem_fraction_static} leaves room for {kv_tokens} KV tokens, "
+            f"{source} leaves room for {kv_tokens} KV tokens, "
             f"but measuring {max_bs} requests of {context_len} tokens needs {needed}",
-            "Raise --mem-fraction-static, or lower --max-bs / --context-len.",
+            f"Raise {source.split()[0]}, or lower --max-bs / --context-len.",
         )
     pool = KVPool(cfg, kv_tokens, max_bs + 2, max_context, dtype, "cuda")
     decode_rows = [pool.alloc_request(context_len + 1)[0] for _ in range(max_bs)]

@@ -70,6 +70,7 @@ def capture(
     plan: Annotated[Optional[Path], typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
     mem_fraction_static: Annotated[float, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag.")] = 0.85,
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
+    max_total_tokens: Annotated[Optional[int], typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
@@ -90,7 +91,7 @@ def capture(
         model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
-        out_dir=out, dtype=torch.bfloat16,
+        out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens,
     )
     from cgtool.reports.capture_view import CaptureProgressBar
 
@@ -103,6 +104,12 @@ def capture(
         if partial is not None:
             _save(partial, out, state)
         raise typer.Exit(exit_code(interrupt)) from None
+    except CgtoolError as error:
+        # A pitfall found at one size must not throw away the sizes measured before it.
+        partial = partial_report(opts, state, str(error)) if state.sizes else None
+        if partial is not None:
+            _save(partial, out, state)
+        raise
     _save(report, out, state)
     if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
         raise typer.Exit(1)

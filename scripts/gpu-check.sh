@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
-# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|prefill|compile|all]...
+# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|both|prefill|compile|all]...
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -32,6 +32,12 @@ if want piecewise; then
   cgtool capture --model llama-3.1-8b --kind piecewise --max-tokens 4096 \
     --out "$OUT/runs/llama8b-piecewise" >"$OUT/runs/llama8b-piecewise.log" 2>&1
   echo "llama-3.1-8b piecewise exit $?"
+fi
+if want both; then
+  for m in qwen2.5-0.5b llama-3.1-8b; do
+    cgtool capture --model $m --kind both --out "$OUT/runs/both-$m" >"$OUT/runs/both-$m.log" 2>&1
+    echo "$m --kind both exit $?"; grep -E "verified|incomplete|unsafe|capture_s|graph pool" "$OUT/runs/both-$m.log" | tail -5
+  done
 fi
 if want prefill; then
   for m in qwen2.5-0.5b llama-3.1-8b; do

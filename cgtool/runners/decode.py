@@ -9,6 +9,7 @@ import torch
 from cgtool.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import (
     freeze_gc,
     get_global_graph_memory_pool,
@@ -38,9 +39,17 @@ class DecodeGraphRunner:
             self.seq_lens = torch.full((self.max_bs,), seq_len_fill_value, dtype=torch.int32)
             self.out_cache_loc = torch.full((self.max_bs,), DUMMY_SLOT, dtype=torch.int64)
             self.logits = torch.zeros((self.max_bs, vocab), dtype=torch.float32)  # [max_bs, vocab]
+        self.static_inputs = StaticInputs(**self._buffers())
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # kept alive: they share one pool
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids, "positions": self.positions,
+            "req_pool_indices": self.req_pool_indices, "seq_lens": self.seq_lens,
+            "out_cache_loc": self.out_cache_loc, "logits": self.logits,
+        }
 
     @property
     def captured_bs(self) -> list[int]:
@@ -63,6 +72,10 @@ class DecodeGraphRunner:
         with forward_context(batch, runner.kv_pool, runner.backend):
             hidden = runner.model(batch.input_ids, batch.positions)
         runner.model.compute_logits(hidden, out=self.logits[: batch.batch_size])
+
+    def forward_static(self, bs: int) -> None:
+        """What capture records, run eagerly: for diagnosing a capture that failed."""
+        self._forward_into_logits(self.static_batch(bs))
 
     def capture_one(self, bs: int) -> None:
         """Two warm-ups, then record the forward of `bs` requests into the global pool."""
@@ -105,6 +118,7 @@ class DecodeGraphRunner:
 
     def replay(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits of the batch's requests, [raw_bs, vocab], from the next captured size up."""
+        self.static_inputs.check(**self._buffers())
         bs = self.load_inputs(batch)
         self.graphs[bs].replay()
         self.replay_count += 1

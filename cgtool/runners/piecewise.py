@@ -15,6 +15,7 @@ import torch
 from cgtool.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
 from cgtool.runners.pool import freeze_gc, model_capture_mode
 
@@ -35,12 +36,20 @@ class PiecewiseGraphRunner:
             self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
             self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
             self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
+        self.static_inputs = StaticInputs(**self._buffers())
         self.backend = PiecewiseBackend(compiler)
         self.compiled_body = torch.compile(model_runner.model.model, backend=self.backend, fullgraph=True)
         self.captured_num_tokens: list[int] = []
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
         self.warmed_up = False
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "positions": self.positions, "out_cache_loc": self.out_cache_loc}
+
+    def forward_static(self, num_tokens: int) -> None:
+        """What capture records, run without graphs: for diagnosing a capture that failed."""
+        self.forward_compiled(self.static_batch(num_tokens))
 
     def static_batch(self, num_tokens: int) -> ForwardBatch:
         """`num_tokens` tokens on the dummy request row, in requests no longer than the context.
@@ -117,6 +126,7 @@ class PiecewiseGraphRunner:
 
         The result lives in the graph pool: read it before the next replay.
         """
+        self.static_inputs.check(**self._buffers())
         raw = batch.num_tokens
         captured = self.captured_num_tokens
         num_tokens = captured[bisect.bisect_left(captured, raw)]

@@ -1,0 +1,77 @@
+"""Out of memory and interruption during a real capture (GPU): what was measured is kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from cgtool.capture import CaptureOptions, CaptureProgress, SessionState, run_capture
+
+pytestmark = pytest.mark.gpu
+HEADROOM = 48 << 20  # room left above what is reserved when the decode captures begin
+
+
+def test_sizes_that_do_not_fit_fail_and_the_smaller_ones_are_kept(tmp_path):
+    """qwen2.5-0.5b's LM head output alone is 78 MB at bs 256 (151,936 × 256 bf16) but 0.3 MB
+    at bs 1: with 48 MiB of headroom the largest sizes cannot be captured, the small ones can."""
+    opts = CaptureOptions(
+        model="qwen2.5-0.5b", kinds=("decode",), capture_bs=[1, 2, 4, 8, 16, 256],
+        capture_num_tokens=[], context_len=64, max_total_tokens=20_000, out_dir=tmp_path,
+    )
+    total = torch.cuda.mem_get_info()[1]
+
+    def cap_memory_at_capture(event: CaptureProgress) -> None:
+        if event.phase == "capture" and event.done == 0:
+            torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + HEADROOM) / total)
+        if event.phase == "measure" and event.done == 0:
+            torch.cuda.set_per_process_memory_fraction(1.0)  # eager timing needs its own room
+
+    state = SessionState()
+    try:
+        report = run_capture(opts, cap_memory_at_capture, state)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+    by_size = {row.size: row for row in report.sizes}
+    assert by_size[256].status == "failed"
+    assert all(by_size[bs].status == "ok" for bs in (1, 2, 4)), [(r.size, r.status) for r in report.sizes]
+    assert report.status == "incomplete"
+    assert report.incomplete_reason.startswith("out of memory capturing decode size 256 (free ")
+    assert state.failed is not None and state.failed.size == 256 and state.failed.shortfall_bytes > 0
+    assert all(row.max_abs_diff is not None for row in report.sizes if row.status == "ok")
+
+
+def _capture_then_signal(out: Path, signum: int) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
+           "--kind", "both", "--tokens", "16,32", "--max-bs", "256", "--context-len", "64",
+           "--max-total-tokens", "40000", "--out", str(out)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen = ""
+    while "capture decode:" not in seen:  # piecewise is done and measured by then
+        line = proc.stderr.readline()
+        assert line, f"capture ended before the decode captures began:\n{seen}"
+        seen += line
+    time.sleep(0.5)
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=300)
+    return proc.returncode, seen + stdout + stderr
+
+
+@pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_a_signal_during_capture_writes_the_partial_report(tmp_path, signum, code, name):
+    rc, output = _capture_then_signal(tmp_path / "run", signum)
+    assert rc == code, output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "incomplete"
+    assert report["incomplete_reason"] == f"interrupted by {name}"
+    kept = {(s["kind"], s["size"]) for s in report["sizes"]}
+    assert {("piecewise", 16), ("piecewise", 32)} <= kept  # measured before the signal
+    assert "Traceback" not in output
