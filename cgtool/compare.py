@@ -211,6 +211,10 @@ def _report_mismatches(baseline: CaptureReport, current: CaptureReport, force: b
 def _plan_mismatches(baseline: dict[str, Any], current: dict[str, Any], force: bool) -> list[str]:
     hard = [f"{name} differs: baseline {baseline['inputs'][name]}, current {current['inputs'][name]}"
             for name in ("gpu", "model") if baseline["inputs"][name] != current["inputs"][name]]
+    # Memory figures are per GPU: plans over different --tp are different deployments.
+    tp = [int(plan["inputs"].get("tp_size") or 1) for plan in (baseline, current)]
+    if tp[0] != tp[1]:
+        hard.append(f"tp_size differs: baseline {tp[0]}, current {tp[1]}")
     return _refuse_unless_forced(hard, force)
 
 

@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 
+from cgtool.reports.plan_view import gpus_label, tp_size
+
 _GIB = 1 << 30
 
 
@@ -70,7 +72,7 @@ def _memory_figure(plan: dict[str, Any], path: Path) -> Path:
     )
     ax.set_xlim(0, memory["gpu_memory_bytes"] / _GIB)
     ax.set_yticks([])
-    ax.set_title(f"Memory on {plan['inputs']['gpu']} (GiB)")
+    ax.set_title(f"Memory {'per GPU of' if tp_size(plan) > 1 else 'on'} {gpus_label(plan)} (GiB)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")

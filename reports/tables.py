@@ -198,7 +198,9 @@ def plan_memory_rows(plan: dict[str, Any]) -> TableData:
     fraction = f"{m['mem_fraction_static']:g} (default {m['default_mem_fraction_static']:g})"
     rows.append(["mem-fraction-static", fraction])
     rows += [["warning", w] for w in m["warnings"]]
-    return TableData("Memory", ["", "value"], rows, {i for i, r in enumerate(rows) if r[0] == "warning"})
+    tp = int(plan["inputs"].get("tp_size") or 1)  # absent from plans made before `plan --tp`
+    title = f"Memory per GPU (--tp {tp})" if tp > 1 else "Memory"
+    return TableData(title, ["", "value"], rows, {i for i, r in enumerate(rows) if r[0] == "warning"})
 
 
 def _list(sizes: list[int], limit: int = 16) -> str:

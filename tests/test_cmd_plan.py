@@ -197,3 +197,47 @@ def test_sglang_server_log_plans_as_batches(tmp_path):
     data = json.loads(result.stdout)
     assert data["inputs"]["trace_kind"] == "batches"
     assert max(data["decode"]["capture_bs"]) == 13
+
+
+def test_tp_plans_each_gpu_and_names_the_tp_flags():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--tp", "2")
+    assert result.exit_code == 0, result.output
+    assert "--tp-size 2 \\" in result.output and "--tensor-parallel-size 2 \\" in result.output
+    assert "Memory per GPU of 2 × H100-80GB (--tp 2)" in result.output
+    assert "all-reduces (estimated)" in result.output
+    as_json = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--tp", "2", "--json")
+    data = json.loads(as_json.stdout)
+    assert data["inputs"]["tp_size"] == 2 and data["memory"]["kv_heads_per_rank"] == 4
+
+
+def test_one_gpu_output_names_no_tp_flag():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB")
+    assert "--tp-size" not in result.output and "Memory on H100-80GB (" in result.output
+
+
+@pytest.mark.parametrize(
+    "tp, words",
+    [("0", "--tp 0 is not a number of GPUs"), ("3", "--tp 3 does not divide"), ("16", "--tp 16")],
+)
+def test_bad_tp_exits_2_with_one_line_naming_the_sizes_that_work(tp, words):
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--tp", tp)
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert words in lines[0] and "Use --tp 1, 2, 4 or 8" in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_a_plan_written_before_tp_renders_as_one_gpu():
+    from rich.console import Console
+
+    from cgtool.reports.plan_view import plan_view
+
+    old = json.loads(cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json").stdout)
+    del old["inputs"]["tp_size"], old["memory"]["tp_size"], old["memory"]["kv_heads_per_rank"]
+    for row in old["comparison"]:
+        del row["comm_ms"]
+    console = Console(width=200, record=True)
+    console.print(plan_view(old))
+    text = console.export_text()
+    assert "Memory on H100-80GB" in text and "all-reduces" not in text

@@ -149,3 +149,13 @@ def test_plans_for_different_gpus_are_refused():
     current["inputs"]["gpu"] = "A100-80GB"
     with pytest.raises(InputError, match="gpu differs"):
         compare_plans(PLAN, current)
+
+
+def test_plans_for_different_tp_sizes_are_refused_and_older_plans_count_as_one_gpu():
+    current = copy.deepcopy(PLAN)
+    current["inputs"]["tp_size"] = 2
+    with pytest.raises(InputError, match="tp_size differs: baseline 1, current 2"):
+        compare_plans(PLAN, current)
+    older = copy.deepcopy(PLAN)
+    del older["inputs"]["tp_size"]
+    assert compare_plans(older, copy.deepcopy(PLAN)).passed

@@ -1,5 +1,6 @@
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,37 @@ def test_prediction_for_a_report_is_set_beside_its_measurement():
     predicted, measured = predicted_graph_bytes(REPORT, CFG, H100)
     assert measured == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
     assert predicted > 0
+
+
+def test_tp2_reads_half_the_weights_a_step_and_pays_the_all_reduces(roofline):
+    tp2 = roofline_cost(CFG, H100, max_bs=512, max_tokens=8192, tp_size=2)
+    one_gpu = roofline.decode_graph_ms[1:] - 0.01  # less the graph launch
+    without_comm = tp2.decode_graph_ms[1:] - 0.01 - tp2.decode_comm_ms[1:]
+    assert np.all((0.49 < without_comm / one_gpu) & (without_comm / one_gpu < 0.52))
+    assert np.all(roofline.decode_comm_ms == 0) and np.all(roofline.extend_comm_ms == 0)
+    assert tp2.kv_read_ms_per_token == pytest.approx(roofline.kv_read_ms_per_token / 2)
+
+
+def test_all_reduce_cost_grows_with_tokens_and_graphs_do_not_remove_it():
+    tp2 = roofline_cost(CFG, H100, max_bs=256, max_tokens=8192, tp_size=2)
+    assert np.all(np.diff(tp2.decode_comm_ms[1:]) > 0)
+    assert np.all(np.diff(tp2.extend_comm_ms[1:]) > 0)
+    free_link = replace(H100, link_bytes_s=1e30, link_latency_s=0.0)
+    ideal = roofline_cost(CFG, free_link, max_bs=256, max_tokens=8192, tp_size=2)
+    slower = tp2.decode_comm_ms - ideal.decode_comm_ms
+    assert np.allclose(tp2.decode_graph_ms - ideal.decode_graph_ms, slower)
+    assert np.allclose(tp2.decode_eager_ms - ideal.decode_eager_ms, slower)
+    assert tp2.extend_comm_ms[8192] > 10 * tp2.extend_comm_ms[64]  # bandwidth-bound at 8k
+
+
+def test_tp_adds_collective_launches_that_eager_pays_and_graphs_hide(roofline):
+    tp2 = roofline_cost(CFG, H100, max_bs=64, max_tokens=64, tp_size=2)
+    # 2 all-reduces a layer, the embedding's, and the logits' all-gather: 66 more kernels
+    launch_ms = [m.decode_eager_ms[1:65] - m.decode_graph_ms[1:65] for m in (tp2, roofline)]
+    assert np.allclose(launch_ms[0] - launch_ms[1], 66 * 4e-3)
+    assert tp2.decode_graph_bytes > roofline.decode_graph_bytes
+
+
+def test_a_profile_from_another_tp_size_is_flagged():
+    model = profile_cost(REPORT, CFG, H100, max_bs=64, max_tokens=64, source="r", tp_size=2)
+    assert any("measured at --tp 1, the plan is for --tp 2" in w for w in model.warnings)

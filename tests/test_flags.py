@@ -19,6 +19,7 @@ VALUES = FlagValues(
 NO_PIECEWISE = FlagValues(
     **{**{f: getattr(VALUES, f) for f in VALUES.__slots__}, "piecewise_tokens": ()}
 )
+TP2 = FlagValues(**{**{f: getattr(VALUES, f) for f in VALUES.__slots__}, "tp_size": 2})
 
 
 def _options(name: str) -> set[str]:
@@ -27,7 +28,9 @@ def _options(name: str) -> set[str]:
 
 
 @pytest.mark.parametrize("version", ["0.5.4", "0.5.10", "0.5.23"])
-@pytest.mark.parametrize("values", [VALUES, NO_PIECEWISE], ids=["piecewise", "no-piecewise"])
+@pytest.mark.parametrize(
+    "values", [VALUES, NO_PIECEWISE, TP2], ids=["piecewise", "no-piecewise", "tp2"]
+)
 def test_every_sglang_flag_exists_in_that_release_parser(version, values):
     names = flag_names(sglang_flags(values, version))
     assert names and set(names) <= _options(f"sglang-{version}")
@@ -67,7 +70,9 @@ def test_0_5_4_takes_token_bins_as_one_json_list():
     assert "--piecewise-cuda-graph-tokens '[64, 256, 1024]'" in sglang_flags(VALUES, "0.5.4")
 
 
-@pytest.mark.parametrize("values", [VALUES, NO_PIECEWISE], ids=["piecewise", "no-piecewise"])
+@pytest.mark.parametrize(
+    "values", [VALUES, NO_PIECEWISE, TP2], ids=["piecewise", "no-piecewise", "tp2"]
+)
 def test_every_vllm_flag_exists_in_its_parser(values):
     assert set(flag_names(vllm_flags(values))) <= _options("vllm-0.33.0")
 
@@ -99,3 +104,12 @@ def test_no_graphs_at_all_turns_them_off_in_every_engine():
     assert "--enforce-eager" in vllm_flags(none)
     assert set(flag_names(vllm_flags(none))) <= _options("vllm-0.33.0")
     assert any("cuda_graph_config: null" in line for line in trtllm_flags(none))
+
+
+@pytest.mark.parametrize("version", ["0.5.4", "0.5.10", "0.5.23"])
+def test_tensor_parallel_size_is_named_in_every_engine_only_above_one_gpu(version):
+    assert sglang_flags(TP2, version)[0] == "--tp-size 2"
+    assert "--tensor-parallel-size 2" in vllm_flags(TP2)
+    assert "--tp_size 2" in trtllm_flags(TP2)
+    for lines in (sglang_flags(VALUES, version), vllm_flags(VALUES), trtllm_flags(VALUES)):
+        assert not any("tp" in name or "tensor" in name for name in flag_names(lines))

@@ -121,3 +121,37 @@ def test_warns_when_the_pool_holds_fewer_requests_than_may_run():
     memory = plan(typical_request_tokens=100_000, max_running_requests=1024)
     assert memory.reachable_batch < 1024
     assert any("--max-running-requests 1024" in w for w in memory.warnings)
+
+
+def test_tp2_sizes_each_gpu_from_its_shard():
+    one, two = plan(), plan(tp_size=2)
+    assert two.weights_bytes == 2 * 4_015_263_744  # test_parallel's hand count, about half
+    assert two.weights_bytes < 0.51 * one.weights_bytes
+    assert two.kv_heads_per_rank == 4 and two.tp_size == 2
+    # every KV token costs this GPU 4 of the 8 KV heads: 65536 bytes instead of 131072
+    assert two.kv_bytes == two.kv_tokens * 65_536
+    assert one.kv_bytes == one.kv_tokens * 131_072
+    # NCCL's buffers are kept free beside the margin
+    assert two.margin_bytes == margin_bytes(H100) + 2 * GIB // 8
+    free = (1 - two.mem_fraction_static) * H100
+    assert free >= two.activation_bytes + two.graph_bytes + two.margin_bytes
+    assert two.kv_tokens == kv_tokens_at(CFG, H100, two.mem_fraction_static, tp_size=2)
+    assert two.kv_tokens > 2 * one.kv_tokens  # half the KV a token, and room the weights freed
+
+
+def test_activations_shrink_with_tp_but_the_gathered_logits_do_not():
+    assert activation_bytes(CFG, 8192, 256, tp_size=2) < activation_bytes(CFG, 8192, 256)
+    # A decode of 4096 requests at tp 8, twice (slack) 4096 rows of: hidden states 4 x 4096,
+    # this GPU's q (4 heads), k and v (1 head each) and MLP (3 x 14336 / 8) in bf16, then fp32
+    # logits over the whole vocabulary, gathered from every GPU's rows.
+    row = (4 * 4096 + 4 * 128 + 2 * 128 + 3 * 1792) * 2 + 128_256 * 4
+    assert activation_bytes(CFG, 64, 4096, tp_size=8) == 2 * 4096 * row
+
+
+def test_replicated_kv_heads_stop_the_kv_saving():
+    tiny = load_model_config("tiny")
+    gpu = 8 * GIB
+    at = {tp: kv_tokens_at(tiny, gpu, 0.5, tp_size=tp) for tp in (1, 2, 4)}
+    assert at[2] == pytest.approx(2 * at[1], rel=0.01)
+    # 2 KV heads over 4 GPUs: each still holds one, so only the weights' share grows the pool
+    assert at[4] == pytest.approx(at[2], rel=0.01)

@@ -251,3 +251,46 @@ def test_a_budget_that_slows_the_plan_says_so():
     assert plan.decode.capture == [] and plan.piecewise.capture == []
     assert rows(plan)["plan"].expected_step_ms > rows(plan)["default"].expected_step_ms
     assert any("slower than the default" in w for w in plan.warnings)
+
+
+@pytest.fixture(scope="module")
+def tp2_plan():
+    return plan_requests(*synthetic(), PlanRequest(CFG, H100, tp_size=2, trace_name="synthetic"))
+
+
+def test_tp2_plan_is_sized_per_gpu_and_records_tp(tp2_plan, base_plan):
+    assert tp2_plan.inputs["tp_size"] == 2
+    memory = tp2_plan.memory
+    assert memory.tp_size == 2 and memory.kv_heads_per_rank == 4
+    assert memory.weights_bytes < 0.51 * base_plan.memory.weights_bytes
+    assert memory.kv_bytes == memory.kv_tokens * CFG.kv_bytes_per_token(2) // 2
+    assert memory.kv_tokens > 2 * base_plan.memory.kv_tokens  # half a token's KV, less weight
+    data = json.loads(json.dumps(tp2_plan.to_dict()))
+    validate_plan(data, "plan.json")
+    assert data["memory"]["tp_size"] == 2 and data["flags"]["sglang"][0] == "--tp-size 2"
+    assert "--tensor-parallel-size 2" in data["flags"]["vllm"]
+
+
+def test_tp2_steps_carry_the_all_reduces_and_the_plan_still_dominates(tp2_plan, base_plan):
+    assert_dominates(tp2_plan)
+    plan_row, default_row = rows(tp2_plan)["plan"], rows(tp2_plan)["default"]
+    assert 0 < plan_row.comm_ms < plan_row.expected_step_ms
+    assert default_row.comm_ms > 0
+    assert rows(base_plan)["plan"].comm_ms == 0.0
+    # half the weights to stream a step, less than half back in all-reduces
+    assert plan_row.expected_step_ms < rows(base_plan)["plan"].expected_step_ms
+
+
+def test_more_ranks_than_kv_heads_warns_that_they_are_replicated():
+    tiny = load_model_config("tiny")
+    arrival, prompt, output, cached = synthetic(300)
+    prompt, output = np.minimum(prompt, 200), np.minimum(output, 100)  # tiny's short context
+    plan = plan_requests(arrival, prompt, output, cached, PlanRequest(tiny, H100, tp_size=4))
+    assert plan.memory.kv_heads_per_rank == 1
+    assert any("replicated on 2 ranks" in w for w in plan.warnings)
+
+
+def test_a_tp_size_the_model_cannot_split_into_is_refused_before_planning():
+    with pytest.raises(CgtoolError, match="--tp 3 does not divide") as exc:
+        PlanRequest(CFG, H100, tp_size=3)
+    assert "1, 2, 4 or 8" in exc.value.remedy

@@ -65,6 +65,9 @@ class PlanRequest:
     budget_graphs: int | None = None
     budget_memory_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        check_tp_size(self.cfg, self.tp_size, self.gpu)
+
 
 @dataclass(slots=True)
 class KindPlan:
@@ -128,7 +131,6 @@ class _Setup:
 
 def _setup(req: PlanRequest) -> _Setup:
     cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
-    check_tp_size(cfg, tp, req.gpu)
     version = resolve_version(req.engine, req.engine_version)
     probe = default_schedule(
         req.engine,
