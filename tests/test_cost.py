@@ -141,3 +141,13 @@ def test_tp_adds_collective_launches_that_eager_pays_and_graphs_hide(roofline):
 def test_a_profile_from_another_tp_size_is_flagged():
     model = profile_cost(REPORT, CFG, H100, max_bs=64, max_tokens=64, source="r", tp_size=2)
     assert any("measured at --tp 1, the plan is for --tp 2" in w for w in model.warnings)
+
+
+def test_a_tp_report_is_read_from_rank_0_and_matches_a_plan_of_its_tp():
+    report = copy.deepcopy(REPORT)
+    report["settings"]["tp_size"] = 2
+    other_rank = [dict(row, rank=1, replay_ms=1000.0) for row in report["sizes"]]
+    report["sizes"] = [dict(row, rank=0) for row in report["sizes"]] + other_rank
+    model = profile_cost(report, CFG, H100, max_bs=512, max_tokens=8192, source="r", tp_size=2)
+    assert not any("--tp" in w for w in model.warnings)
+    assert model.decode_graph_ms[256] < 100  # rank 1's rows were left out

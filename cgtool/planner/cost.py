@@ -193,8 +193,15 @@ def _interpolate(sizes: np.ndarray, values: np.ndarray, length: int) -> np.ndarr
     return np.maximum.accumulate(table)
 
 
+def _rank0_ok(report: dict[str, Any]) -> list[dict[str, Any]]:
+    # A tensor-parallel report holds a row per rank and size; its totals are rank 0's, and the
+    # ranks step together (every all-reduce waits for all), so rank 0 stands for the server.
+    rows = report.get("sizes", [])
+    return [r for r in rows if r.get("status") == "ok" and r.get("rank", 0) == 0]
+
+
 def _measured_rows(report: dict[str, Any], kind: str, source: str) -> dict[str, np.ndarray]:
-    rows = [r for r in report.get("sizes", []) if r.get("kind") == kind and r.get("status") == "ok"]
+    rows = [r for r in _rank0_ok(report) if r.get("kind") == kind]
     rows.sort(key=lambda r: r["size"])
     fields = ("size", "eager_ms", "replay_ms", "capture_s", "retained_bytes", "non_torch_bytes")
     try:
@@ -315,7 +322,7 @@ def predicted_graph_bytes(
     report: dict[str, Any], cfg: ModelConfig, gpu: GpuSpec
 ) -> tuple[int, int]:
     """(roofline prediction, measurement) of graph memory for the sizes a report captured."""
-    ok = [r for r in report.get("sizes", []) if r.get("status") == "ok"]
+    ok = _rank0_ok(report)
     decode = [int(r["size"]) for r in ok if r.get("kind") == "decode"]
     tokens = [int(r["size"]) for r in ok if r.get("kind") == "piecewise"]
     model = roofline_cost(
