@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -52,30 +55,6 @@ def tiny_bench():
 
 
 @pytest.mark.gpu
-def test_a_host_sync_inside_the_captured_forward_is_named(tiny_bench, monkeypatch):
-    from cgtool.capture import SessionState
-    from cgtool.capture_kinds import _capture_sizes
-    from cgtool.runners.decode import DecodeGraphRunner
-
-    runner = DecodeGraphRunner(tiny_bench.runner, [1, 2])
-    layer = tiny_bench.runner.model.model.layers[0]
-    plain = layer.forward
-
-    def syncing_forward(positions, hidden, residual):
-        if hidden.sum().item() > 1e30:  # a host read of a GPU value: not capturable
-            pass
-        return plain(positions, hidden, residual)
-
-    monkeypatch.setattr(layer, "forward", syncing_forward)
-    with pytest.raises(CapturePitfall) as info:
-        _capture_sizes("decode", runner.capture_one, [1, 2], None, lambda *a: None, SessionState(),
-                       False, runner.forward_static)
-    message = str(info.value)
-    assert message.startswith("decode size 2: the captured forward waits for the host at test_pitfalls.py:")
-    assert "hidden.sum().item()" in message
-
-
-@pytest.mark.gpu
 def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
     from cgtool.runners.decode import DecodeGraphRunner
 
@@ -87,3 +66,46 @@ def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
     runner.seq_lens = runner.seq_lens.clone()  # a new tensor: the graphs still read the old one
     with pytest.raises(CapturePitfall, match="static input 'seq_lens' moved after capture"):
         runner.replay(batch)
+
+
+_SYNC_SCRIPT = """
+import torch
+from cgtool.capture import SessionState
+from cgtool.capture_kinds import _capture_sizes
+from cgtool.config import load_model_config
+from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.runners.pitfalls import CapturePitfall
+from cgtool.workbench import build_workbench
+
+bench = build_workbench(
+    load_model_config("tiny"), weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
+    max_bs=4, max_tokens=64, context_len=32, seed=0, kv_tokens=2048,
+)
+runner = DecodeGraphRunner(bench.runner, [1, 2])
+layer = bench.runner.model.model.layers[0]
+plain = layer.forward
+
+def syncing_forward(positions, hidden, residual):
+    if hidden.sum().item() > 1e30:  # a host read of a GPU value: not capturable
+        pass
+    return plain(positions, hidden, residual)
+
+layer.forward = syncing_forward
+try:
+    _capture_sizes("decode", runner.capture_one, [1, 2], None, lambda *a: None, SessionState(),
+                   False, runner.forward_static)
+except CapturePitfall as pitfall:
+    print("PITFALL", pitfall)
+"""
+
+
+@pytest.mark.gpu
+def test_a_host_sync_inside_the_captured_forward_is_named(tmp_path):
+    # In its own process: an aborted capture leaves the allocator and the CUDA RNG marked as
+    # capturing, so nothing else may capture after it (the command itself stops there).
+    script = tmp_path / "sync_in_forward.py"
+    script.write_text(_SYNC_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    message = next((l for l in done.stdout.splitlines() if l.startswith("PITFALL ")), done.stdout + done.stderr)
+    assert message.startswith("PITFALL decode size 2: the captured forward waits for the host at sync_in_forward.py:"), message
+    assert "hidden.sum().item()" in message
