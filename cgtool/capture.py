@@ -41,6 +41,7 @@ class CaptureOptions:
     dtype: torch.dtype = torch.bfloat16
     seed: int = 0
     max_total_tokens: int | None = None  # fixes the KV pool's size, as SGLang's flag does
+    tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture_tp)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class SessionState:
     failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
     runners: list[object] = field(default_factory=list)
     cfg: ModelConfig | None = None
+    rank_totals: list[CaptureTotals] = field(default_factory=list)  # every rank's, on rank 0
     totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
 
 
@@ -145,6 +147,7 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
         attention_backend="triton",
         context_len=opts.context_len,
         enable_cudagraph_gc=opts.enable_cudagraph_gc,
+        tp_size=opts.tp_size,
     )
 
 
@@ -160,10 +163,12 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
     """Capture and measure every size; `state` keeps what was gathered if this stops early."""
     from cgtool.profiler.memory import read_memory
     from cgtool.profiler.timing import copy_bandwidth_bytes_s
+    from cgtool.distributed import current_tp
     from cgtool.runners.pool import get_global_graph_memory_pool
     from cgtool.workbench import build_workbench
 
     require_cuda()
+    tp = current_tp()
     cfg, weights_dir = resolve_model(opts.model, opts.random_weights)
     state.cfg = cfg
     _check_sizes(cfg, opts)
@@ -178,6 +183,7 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         context_len=opts.context_len,
         seed=opts.seed,
         kv_tokens=opts.max_total_tokens,
+        tp=tp,
     )
     bandwidth = copy_bandwidth_bytes_s()
     if opts.profile:
@@ -212,6 +218,10 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
         copy_bandwidth_bytes_s=bandwidth,
     )
+    if tp.size > 1:
+        from cgtool.capture_tp import gather_ranks
+
+        gather_ranks(state, totals)
     return build_report(opts, cfg, state, totals, snapshot)
 
 
@@ -235,6 +245,7 @@ def build_report(
         ),
         status="incomplete" if state.incomplete_reason else "complete",
         incomplete_reason=state.incomplete_reason,
+        rank_totals=state.rank_totals,
     )
 
 

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cgtool.distributed import barrier, current_tp
+from cgtool.errors import EnvironmentProblem
 from cgtool.measure import CaptureCost, ReplayCheck, check_replay, kernel_count, measure_capture
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
@@ -118,6 +120,7 @@ def _capture_each(
     the report then names the largest size that fits, which is what the remedy needs."""
     for i, size in enumerate(ordered):
         _progress(on_progress, kind, "capture", size, i, len(ordered))
+        barrier()  # with TP, every rank records the same size together (NCCL needs it)
         try:
             costs[size] = measure_capture(lambda: capture_one(size), pool)
         except torch.OutOfMemoryError as oom:
@@ -147,6 +150,13 @@ def _note_out_of_memory(
 
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
+    if current_tp().size > 1:
+        # The other ranks have issued collectives this one never will: no size can follow.
+        raise EnvironmentProblem(
+            f"out of memory {doing} {kind} size {size} (free {free / (1 << 30):.2f} GiB)",
+            "With --tp a size that does not fit ends the run on every rank: lower the largest "
+            "size (--bs / --tokens) or --mem-fraction-static.",
+        )
     state.sizes.append(_failed_row(kind, size))
     if state.failed is None:
         state.failed = CaptureFailure(kind, size, free, _tried_bytes(message), total)

@@ -134,9 +134,13 @@ class CaptureReport:
     status: Literal["complete", "incomplete"] = "complete"
     incomplete_reason: str | None = None
     created: str = field(default_factory=utc_now_iso)
+    # Tensor parallelism: every rank's totals in rank order (`totals` is rank 0's); empty at TP=1.
+    rank_totals: list[CaptureTotals] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
+        if not body["rank_totals"]:
+            del body["rank_totals"]  # TP=1 reports stay as they were
         head = {"schema": REPORT_SCHEMA, "version": FORMAT_VERSION}
         order = ("status", "incomplete_reason", "created", "environment", "model", "settings")
         return head | {k: body.pop(k) for k in order} | body
@@ -147,11 +151,13 @@ class CaptureReport:
         report = _convert(cls, data, source, "")
         _check_created(report.created, source)
         _check_sizes(report.sizes, source)
+        _check_ranks(report, source)
         return report
 
-    def sizes_of(self, kind: str) -> list[SizeResult]:
-        """This kind's sizes, largest first (the order they were captured in)."""
-        return sorted((s for s in self.sizes if s.kind == kind), key=lambda s: -s.size)
+    def sizes_of(self, kind: str, rank: int = 0) -> list[SizeResult]:
+        """This kind's sizes on one rank, largest first (the order they were captured in)."""
+        rows = (s for s in self.sizes if s.kind == kind and s.rank == rank)
+        return sorted(rows, key=lambda s: -s.size)
 
     def kinds(self) -> list[str]:
         return [k for k in ("decode", "piecewise") if any(s.kind == k for s in self.sizes)]
@@ -321,6 +327,17 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
             for name in ("eager_ms", "replay_ms", "speedup"):
                 if getattr(row, name) is None:
                     _fail(source, f"{where}.{name}", f"is null but status is '{row.status}'")
+
+
+def _check_ranks(report: CaptureReport, source: str) -> None:
+    tp_size = report.settings.tp_size
+    if tp_size < 1:
+        _fail(source, "settings.tp_size", f"must be at least 1, got {tp_size}")
+    for i, row in enumerate(report.sizes):
+        if not 0 <= row.rank < tp_size:
+            _fail(source, f"sizes[{i}].rank", f"is {row.rank}, outside 0..{tp_size - 1} (tp_size)")
+    if report.rank_totals and len(report.rank_totals) != tp_size:
+        _fail(source, "rank_totals", f"has {len(report.rank_totals)} ranks, expected {tp_size}")
 
 
 def _convert(expected: Any, value: Any, source: str, where: str) -> Any:

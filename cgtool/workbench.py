@@ -10,15 +10,17 @@ import torch
 from cgtool.attention import make_backend
 from cgtool.batch import ForwardBatch
 from cgtool.config import ModelConfig
+from cgtool.distributed import SINGLE, TensorParallel, all_min
 from cgtool.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
 from cgtool.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
 from cgtool.model.loader import build_model
+from cgtool.model.parallel import kv_head_range, local_config
 
 
 @dataclass
 class Workbench:
-    cfg: ModelConfig
+    cfg: ModelConfig  # this rank's share of the heads and MLP (the whole model at TP=1)
     runner: ModelRunner
     weights_bytes: int
     kv_tokens: int
@@ -51,8 +53,13 @@ def build_workbench(
     context_len: int,
     seed: int,
     kv_tokens: int | None = None,
+    tp: TensorParallel = SINGLE,
 ) -> Workbench:
-    """`kv_tokens` fixes the pool size; by default it follows `mem_fraction_static` as SGLang's does."""
+    """`kv_tokens` fixes the pool size; by default it follows `mem_fraction_static` as SGLang's does.
+
+    With tensor parallelism this builds one rank's share: its weights, its KV heads, and a KV
+    pool of as many tokens as the rank with the least free memory can hold.
+    """
     max_context = max(context_len + 1, max_tokens)
     if max_context > cfg.max_context_len:
         raise EnvironmentProblem(
@@ -60,14 +67,20 @@ def build_workbench(
             "Lower --max-tokens / --context-len.",
         )
     model = build_model(
-        cfg, device="cuda", dtype=dtype, max_positions=max_context, weights_dir=weights_dir, seed=seed
+        cfg, device="cuda", dtype=dtype, max_positions=max_context, weights_dir=weights_dir, seed=seed,
+        tp=tp,
     )
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    local = local_config(cfg, tp)
+    if tp.size > 1:
+        torch.cuda.empty_cache()  # the whole tensors each rank sliced its weights from
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
+    if tp.size > 1:
+        free = all_min(free)  # every rank holds the same slots: the GPU with least room decides
     source = f"--max-total-tokens {kv_tokens}" if kv_tokens else f"--mem-fraction-static {mem_fraction_static}"
     if kv_tokens is None:
-        kv_tokens = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, mem_fraction_static), dtype)
+        kv_tokens = kv_tokens_for_budget(local, kv_budget_bytes(total, free, mem_fraction_static), dtype)
     needed = max_bs * (context_len + 1) + max_tokens + 2
     if kv_tokens < needed:
         raise EnvironmentProblem(
@@ -75,16 +88,24 @@ def build_workbench(
             f"but measuring {max_bs} requests of {context_len} tokens needs {needed}",
             f"Raise {source.split()[0]}, or lower --max-bs / --context-len.",
         )
-    pool = KVPool(cfg, kv_tokens, max_bs + 2, max_context, dtype, "cuda")
+    pool = KVPool(local, kv_tokens, max_bs + 2, max_context, dtype, "cuda")
     decode_rows = [pool.alloc_request(context_len + 1)[0] for _ in range(max_bs)]
     extend_row = pool.alloc_request(max_tokens)[0]
-    _fill_cache_randomly(pool, used_slots=needed, seed=seed)
-    runner = ModelRunner(model, pool, make_backend("triton", cfg.num_heads, cfg.head_dim))
-    return Workbench(cfg, runner, weights_bytes, kv_tokens, decode_rows, extend_row, context_len, seed)
+    _fill_cache_randomly(pool, used_slots=needed, seed=seed, heads=kv_head_range(cfg, tp), cfg=cfg)
+    runner = ModelRunner(model, pool, make_backend("triton", local.num_heads, local.head_dim))
+    return Workbench(local, runner, weights_bytes, kv_tokens, decode_rows, extend_row, context_len, seed)
 
 
-def _fill_cache_randomly(pool: KVPool, used_slots: int, seed: int) -> None:
+def _fill_cache_randomly(
+    pool: KVPool, used_slots: int, seed: int, heads: tuple[int, int], cfg: ModelConfig
+) -> None:
     # Decode reads every cached token: random K/V stand in for a real prefill of the context.
     gen = torch.Generator(device="cuda").manual_seed(seed)
     for buf in pool.k_buffers + pool.v_buffers:
-        buf[1:used_slots].normal_(generator=gen)
+        if heads == (0, cfg.num_kv_heads):
+            buf[1:used_slots].normal_(generator=gen)
+            continue
+        # This rank's heads of the cache TP=1 would hold: the same numbers at any TP size.
+        shape = (used_slots - 1, cfg.num_kv_heads, cfg.head_dim)
+        full = torch.empty(shape, dtype=buf.dtype, device=buf.device).normal_(generator=gen)
+        buf[1:used_slots] = full[:, heads[0] : heads[1]]

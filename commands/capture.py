@@ -76,6 +76,7 @@ def capture(
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot and a Chrome trace.")] = False,
     out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     if not 0.0 < mem_fraction_static < 1.0:
@@ -85,20 +86,23 @@ def capture(
     from cgtool.capture import CaptureOptions, SessionState, partial_report, require_cuda, run_capture
 
     require_cuda()
+    from cgtool.capture_tp import run_capture_tp, validate_tp
+
+    validate_tp(model, tp, torch.cuda.device_count())
     capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
         model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
-        out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens,
+        out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
     )
     from cgtool.reports.capture_view import CaptureProgressBar
 
     state = SessionState()
     try:
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
-            report = run_capture(opts, bar.update, state)
+            report = run_capture_tp(opts, bar.update) if tp > 1 else run_capture(opts, bar.update, state)
     except KeyboardInterrupt as interrupt:
         partial = partial_report(opts, state, f"interrupted by {signal_name(interrupt)}")
         if partial is not None:

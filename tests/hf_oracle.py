@@ -24,21 +24,23 @@ SHAPES = dict(
 )
 
 
-def make_hf_model(arch: str, folder: Path, seed: int = 0) -> torch.nn.Module:
+def make_hf_model(arch: str, folder: Path, seed: int = 0, **overrides: int) -> torch.nn.Module:
+    """`overrides` change SHAPES, e.g. num_key_value_heads=1."""
     import transformers
 
     torch.manual_seed(seed)
+    shapes = SHAPES | overrides
     if arch == "llama":
-        config = transformers.LlamaConfig(**SHAPES, rope_scaling=LLAMA3_ROPE, rope_theta=10000.0)
+        config = transformers.LlamaConfig(**shapes, rope_scaling=LLAMA3_ROPE, rope_theta=10000.0)
         model = transformers.LlamaForCausalLM(config)
     elif arch == "qwen2":
-        config = transformers.Qwen2Config(**SHAPES, tie_word_embeddings=True)
+        config = transformers.Qwen2Config(**shapes, tie_word_embeddings=True)
         model = transformers.Qwen2ForCausalLM(config)
     elif arch == "qwen3":
-        config = transformers.Qwen3Config(**SHAPES, head_dim=32)
+        config = transformers.Qwen3Config(**shapes, head_dim=32)
         model = transformers.Qwen3ForCausalLM(config)
     elif arch == "mistral":
-        config = transformers.MistralConfig(**SHAPES, sliding_window=None)
+        config = transformers.MistralConfig(**shapes, sliding_window=None)
         model = transformers.MistralForCausalLM(config)
     else:
         raise ValueError(arch)

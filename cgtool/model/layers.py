@@ -11,7 +11,9 @@ import torch
 from torch import nn
 
 from cgtool.config import ModelConfig, RopeScaling
+from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.fused import apply_rope, fused_add_rms_norm, rms_norm, silu_and_mul
+from cgtool.model.parallel import ColumnParallelLinear, RowParallelLinear, split
 
 
 class RMSNorm(nn.Module):
@@ -63,10 +65,11 @@ class RotaryEmbedding(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        rows = split(intermediate, tp)
+        self.gate_up_proj = ColumnParallelLinear(hidden, [intermediate, intermediate], False, tp, [rows, rows])
+        self.down_proj = RowParallelLinear(intermediate, hidden, tp, rows)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))

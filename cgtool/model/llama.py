@@ -6,17 +6,34 @@ import torch
 from torch import nn
 
 from cgtool.config import ModelConfig
+from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from cgtool.model.parallel import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    kv_head_range,
+    local_config,
+    split,
+)
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        self.cfg = cfg
+        self.cfg = local_config(cfg, tp)  # this rank's heads
         self.layer_id = layer_id
         self.rotary = rotary
-        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        (h0, h1), (k0, k1), d = split(cfg.num_heads, tp), kv_head_range(cfg, tp), cfg.head_dim
+        q_rows, kv_rows = (h0 * d, h1 * d), (k0 * d, k1 * d)
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.qkv_bias, tp,
+            [q_rows, kv_rows, kv_rows],
+        )
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, tp, q_rows)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -38,12 +55,14 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, rotary)
+        self.self_attn = Attention(cfg, layer_id, rotary, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, tp)
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None
@@ -62,11 +81,11 @@ class DecoderLayer(nn.Module):
 class DecoderBody(nn.Module):
     """Embedding → layers → final norm: the part piecewise graphs capture."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         rotary = RotaryEmbedding(cfg, max_positions)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -79,11 +98,12 @@ class DecoderBody(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, max_positions: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.cfg = cfg
-        self.model = DecoderBody(cfg, max_positions)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tp = tp
+        self.model = DecoderBody(cfg, max_positions, tp)
+        self.lm_head = ParallelLMHead(cfg.hidden_size, cfg.vocab_size, tp)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -94,5 +114,5 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits; into `out` when given (one copy that also casts, not a cast and a copy)."""
         if out is None:
-            return self.lm_head(hidden).float()
-        return out.copy_(self.lm_head(hidden))
+            return self.lm_head.logits(hidden).float()
+        return out.copy_(self.lm_head.logits(hidden))

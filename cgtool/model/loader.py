@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cgtool.config import ModelConfig
+from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.errors import ConfigError
 from cgtool.model.llama import CausalLM
+from cgtool.model.parallel import RowParallelLinear
 
-# HF checkpoints keep q/k/v and gate/up separate; cgtool fuses them into one matmul each.
+# HF checkpoints keep q/k/v and gate/up separate; cgtool fuses them into one matmul each
+# (and, with tensor parallelism, keeps this rank's rows of each part).
 _FUSED = {
     "q_proj": ("qkv_proj", 0),
     "k_proj": ("qkv_proj", 1),
@@ -30,14 +34,18 @@ def build_model(
     max_positions: int,
     weights_dir: Path | None = None,
     seed: int = 0,
+    tp: TensorParallel = SINGLE,
 ) -> CausalLM:
-    """Random weights when `weights_dir` is None: created on the device, never on the host."""
+    """Random weights when `weights_dir` is None: created on the device, never on the host.
+
+    With tensor parallelism each rank holds its slice of the same random weights as TP=1.
+    """
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         torch.manual_seed(seed)
         with torch.device(device):
-            model = CausalLM(cfg, max_positions)
+            model = CausalLM(cfg, max_positions, tp)
     finally:
         torch.set_default_dtype(previous)
     if weights_dir is not None:
@@ -59,7 +67,8 @@ def safetensors_files(folder: Path) -> list[Path]:
     return files
 
 
-def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, Any]]:
+    """(name, lazy slice): each rank reads only the rows or columns it keeps."""
     from safetensors import safe_open
 
     for path in safetensors_files(folder):
@@ -67,24 +76,24 @@ def _checkpoint_tensors(folder: Path) -> Iterator[tuple[str, torch.Tensor]]:
             raise ConfigError(f"{path}: shard named in the index is missing", "Re-download the model.")
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def load_safetensors(model: CausalLM, folder: Path) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in _checkpoint_tensors(folder):
-        target, rows = _target_rows(model.cfg, name)
+        target, part = _target_part(name)
         if target not in params:
             continue  # e.g. rotary inv_freq buffers in old checkpoints
-        param = params[target]
-        dst = param.data if rows is None else param.data[rows[0] : rows[1]]
-        if dst.shape != tensor.shape:
+        module = model.get_submodule(target.rsplit(".", 1)[0])
+        dst, index, expected = _shard_of(module, params[target], part)
+        if tuple(tensor.get_shape()) != expected:
             raise ConfigError(
-                f"{folder}: tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}",
+                f"{folder}: tensor {name} has shape {tuple(tensor.get_shape())}, expected {expected}",
                 "Check that config.json matches the weights.",
             )
-        dst.copy_(tensor)
+        dst.copy_(tensor[index])
         loaded.add(name)
     missing = _expected_names(model) - loaded
     if missing:
@@ -94,18 +103,29 @@ def load_safetensors(model: CausalLM, folder: Path) -> None:
         )
 
 
-def _target_rows(cfg: ModelConfig, name: str) -> tuple[str, tuple[int, int] | None]:
+def _target_part(name: str) -> tuple[str, int]:
+    """The cgtool parameter a checkpoint tensor belongs to, and which fused part it is."""
     parts = name.split(".")
     fused = _FUSED.get(parts[-2]) if len(parts) >= 2 else None
     if fused is None:
-        return name, None
+        return name, 0
     target_name, part = fused
-    if target_name == "qkv_proj":
-        sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
-    else:
-        sizes = [cfg.intermediate_size, cfg.intermediate_size]
-    start = sum(sizes[:part])
-    return ".".join(parts[:-2] + [target_name, parts[-1]]), (start, start + sizes[part])
+    return ".".join(parts[:-2] + [target_name, parts[-1]]), part
+
+
+def _shard_of(
+    module: torch.nn.Module, param: torch.Tensor, part: int
+) -> tuple[torch.Tensor, tuple[slice, ...], tuple[int, ...]]:
+    """(where in `param` it goes, this rank's slice of the tensor, the tensor's full shape)."""
+    if isinstance(module, RowParallelLinear):
+        (a, b), out_features = module.cols, param.shape[0]
+        return param.data, (slice(None), slice(a, b)), (out_features, module.cols_total)
+    parts = getattr(module, "parts", None)
+    if parts is None:  # norms: every rank holds all of it
+        return param.data, (slice(None),), tuple(param.shape)
+    (a, b), full = parts[part], module.part_sizes[part]
+    offset = sum(stop - start for start, stop in parts[:part])
+    return param.data[offset : offset + b - a], (slice(a, b),), (full, *param.shape[1:])
 
 
 def _expected_names(model: CausalLM) -> set[str]:

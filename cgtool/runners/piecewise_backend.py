@@ -18,6 +18,7 @@ import torch
 from torch import fx, nn
 
 from cgtool.attention.op import ATTENTION_OP
+from cgtool.distributed import ALL_REDUCE_OP
 from cgtool.runners.pool import (
     get_global_graph_memory_pool,
     is_capture_mode,
@@ -27,7 +28,9 @@ from cgtool.runners.split import SplitGraph, split_graph
 
 COMPILERS = ("eager", "inductor")
 
-_split_ops: list[torch._ops.OpOverload] = [ATTENTION_OP]
+# The tensor-parallel all-reduce splits too, as in SGLang: NCCL then runs eagerly between
+# pieces, and the pieces' graphs hold no collective (TP=1 models never call it).
+_split_ops: list[torch._ops.OpOverload] = [ATTENTION_OP, ALL_REDUCE_OP]
 _graph_num_tokens: int | None = None
 
 

@@ -1,0 +1,72 @@
+"""`capture --tp N`: one capture session per rank, each on its own GPU, one report from rank 0.
+
+Every rank runs the same `run_capture` (same sizes, same order, a barrier before each
+capture), so the collectives inside its forwards and graphs line up; at the end rank 0
+gathers every rank's rows and totals into the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from cgtool.capture import CaptureOptions, ProgressCallback, SessionState, resolve_model
+from cgtool.errors import EnvironmentProblem
+from cgtool.results import CaptureReport, CaptureTotals
+
+
+def validate_tp(model: str, tp_size: int, visible_gpus: int | None) -> None:
+    """Refuse a TP size the model cannot be split into, or more ranks than visible GPUs."""
+    from cgtool.config import load_model_config
+    from cgtool.model.parallel import check_tp_shapes
+
+    if tp_size < 1:
+        raise EnvironmentProblem(f"--tp {tp_size} must be at least 1", "Pass --tp 1 for one GPU.")
+    if tp_size == 1:
+        return
+    check_tp_shapes(load_model_config(model), tp_size)
+    if visible_gpus is not None and tp_size > visible_gpus:
+        raise EnvironmentProblem(
+            f"--tp {tp_size} needs {tp_size} GPUs but {visible_gpus} "
+            f"{'is' if visible_gpus == 1 else 'are'} visible",
+            "Lower --tp, or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
+        )
+
+
+def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> CaptureReport:
+    """Start `opts.tp_size` ranks, relay rank 0's progress, return the report rank 0 built.
+
+    Any rank's failure stops every rank and is raised here as that rank's CgtoolError.
+    """
+    from cgtool.launch import run_ranks
+
+    resolve_model(opts.model, opts.random_weights)  # a bad --model fails here, not N times
+    data = run_ranks(_capture_rank, opts.tp_size, (opts,), on_progress, log_dir=opts.out_dir)
+    return CaptureReport.from_dict(data, "rank 0's report")
+
+
+def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: CaptureOptions) -> None:
+    import torch
+
+    from cgtool.capture import run_capture
+    from cgtool.distributed import init_tensor_parallel
+
+    init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
+    # Artifacts (trace, memory snapshot) are rank 0's: the others would write the same files.
+    mine = opts if rank == 0 else dataclasses.replace(opts, profile=False)
+    report = run_capture(mine, channel.progress, SessionState())
+    if rank == 0:
+        channel.result(report.to_dict())
+
+
+def gather_ranks(state: SessionState, totals: CaptureTotals) -> None:
+    """Every rank's size rows (marked with their rank) and totals, on rank 0's `state`."""
+    from cgtool.distributed import current_tp, gather_to_rank0
+
+    rank = current_tp().rank
+    rows = [dataclasses.replace(row, rank=rank) for row in state.sizes]
+    gathered = gather_to_rank0((rows, totals))
+    if gathered is None:
+        return
+    state.sizes = [row for rank_rows, _ in gathered for row in rank_rows]
+    state.rank_totals = [rank_totals for _, rank_totals in gathered]

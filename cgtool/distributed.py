@@ -1,0 +1,103 @@
+"""The tensor-parallel group on torch.distributed (NCCL on GPUs, gloo on CPUs) and its collectives.
+
+The model calls two collectives: the all-reduce after every row-parallel matmul (a custom op,
+so that piecewise graphs split at it as they split at attention) and the all-gather of
+vocabulary-parallel logits. With one rank neither is ever called.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, slots=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+
+
+SINGLE = TensorParallel()
+
+_tp = SINGLE
+_group: Any = None
+_device = torch.device("cpu")
+
+
+def current_tp() -> TensorParallel:
+    return _tp
+
+
+def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.device) -> TensorParallel:
+    """Join the group of `size` ranks; NCCL when `device` is a GPU, gloo otherwise."""
+    global _tp, _group, _device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        # device_id binds the communicator to this GPU at once, so the first collective is not
+        # the one that creates it (it must exist before any collective is captured).
+        dist.init_process_group(
+            "nccl", init_method=init_method, rank=rank, world_size=size, device_id=device
+        )
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=size)
+    _tp, _group, _device = TensorParallel(rank, size), dist.group.WORLD, device
+    return _tp
+
+
+def destroy_tensor_parallel() -> None:
+    global _tp, _group
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _tp, _group = SINGLE, None
+
+
+@torch.library.custom_op("cgtool::all_reduce", mutates_args=("x",))
+def all_reduce(x: torch.Tensor) -> None:
+    """Sum `x` over the tensor-parallel ranks, in place."""
+    dist.all_reduce(x, group=_group)
+
+
+@all_reduce.register_fake
+def _(x: torch.Tensor) -> None:
+    return None
+
+
+ALL_REDUCE_OP = torch.ops.cgtool.all_reduce.default
+
+# torch 2.13 renamed all_gather_into_tensor (and deprecated the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def gather_vocab(local: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, shard] logits of this rank's vocabulary slice → [n, vocab_size] on every rank."""
+    n, shard = local.shape
+    out = torch.empty((_tp.size * n, shard), dtype=local.dtype, device=local.device)
+    _all_gather_single(out, local.contiguous(), group=_group)
+    # Rank-major blocks of rows: put each token's shards side by side, drop the padding.
+    return out.view(_tp.size, n, shard).transpose(0, 1).reshape(n, _tp.size * shard)[:, :vocab_size]
+
+
+def all_min(value: int) -> int:
+    """The smallest `value` over the ranks (as SGLang sizes the KV pool from the tightest GPU)."""
+    if _tp.size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_group)
+    return int(t.item())
+
+
+def barrier() -> None:
+    if _tp.size > 1:
+        dist.barrier(group=_group)
+
+
+def gather_to_rank0(obj: Any) -> list[Any] | None:
+    """Every rank's `obj`, in rank order, on rank 0; None elsewhere."""
+    if _tp.size == 1:
+        return [obj]
+    out: list[Any] | None = [None] * _tp.size if _tp.rank == 0 else None
+    dist.gather_object(obj, out, dst=0, group=_group)
+    return out
