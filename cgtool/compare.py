@@ -122,11 +122,15 @@ def compare_reports(
                 result.changes.append(_change(size_label(*key), metric,
                                               getattr(before, metric.size_field),
                                               getattr(after, metric.size_field), result))
-    for metric in chosen:
-        if metric.total_field:
-            result.changes.append(_change("total", metric,
-                                          getattr(baseline.totals, metric.total_field),
-                                          getattr(current.totals, metric.total_field), result))
+    # `totals` is rank 0's; with --tp the other ranks' totals are compared rank by rank too.
+    ranks = min(len(baseline.rank_totals), len(current.rank_totals))
+    pairs = [("total", baseline.totals, current.totals)] + [
+        (f"total rank {r}", baseline.rank_totals[r], current.rank_totals[r]) for r in range(1, ranks)]
+    for metric in (m for m in chosen if m.total_field):
+        for label, before_totals, after_totals in pairs:
+            result.changes.append(_change(label, metric,
+                                          getattr(before_totals, metric.total_field),
+                                          getattr(after_totals, metric.total_field), result))
     if current.status == "incomplete":
         result.warnings.append(f"current run is incomplete: {current.incomplete_reason}")
     return result

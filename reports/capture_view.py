@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cgtool.capture import CaptureFailure, CaptureProgress
+from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
 
@@ -85,10 +86,13 @@ def print_capture_summary(
     for kind in report.kinds():
         console.print(to_rich(size_rows(report, kind)))
     console.print(to_rich(totals_rows(report)))
+    for table in rank_tables(report):  # --tp only
+        console.print(to_rich(table))
     unsafe = [s for s in report.sizes if s.status == "unsafe"]
     for row in unsafe:
+        on_rank = f" on rank {row.rank}" if report.settings.tp_size > 1 else ""
         console.print(
-            f"[bold red]unsafe:[/] {row.kind} size {row.size}: replay differs from eager by "
+            f"[bold red]unsafe:[/] {row.kind} size {row.size}{on_rank}: replay differs from eager by "
             f"{row.max_abs_diff:.3g}", highlight=False,
         )
     if report.incomplete_reason:

@@ -11,10 +11,12 @@ from cgtool.results import CaptureReport
 
 
 def sizes_frame(report: CaptureReport) -> pd.DataFrame:
-    """Sizes in capture order (per kind, largest first) with cumulative pool growth."""
-    rows = [asdict(row) for kind in report.kinds() for row in report.sizes_of(kind)]
+    """Sizes in capture order (per kind, largest first) with cumulative pool growth; with --tp,
+    every rank's rows, rank by rank."""
+    rows = [asdict(row) for rank in range(report.settings.tp_size) for kind in report.kinds()
+            for row in report.sizes_of(kind, rank)]
     frame = pd.DataFrame(rows, columns=[f for f in _COLUMNS])
-    frame["cumulative_retained_bytes"] = frame.groupby("kind")["retained_bytes"].cumsum()
+    frame["cumulative_retained_bytes"] = frame.groupby(["rank", "kind"])["retained_bytes"].cumsum()
     replay = frame["replay_ms"].astype("float64")
     frame["roofline_pct"] = 100 * frame["roofline_ms"].astype("float64") / replay
     return frame

@@ -7,6 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
+from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import (
     TableData,
     environment_rows,
@@ -62,6 +63,10 @@ def report_html(report: CaptureReport, figures: list[Path], artifact_prefix: str
         body.append(table_html(size_rows(report, kind)))
     body.append("<h2>Memory and environment</h2>")
     body.append(table_html(totals_rows(report)) + table_html(environment_rows(report)))
+    tp_tables = rank_tables(report)
+    if tp_tables:
+        body.append(f"<h2>Tensor parallelism: {report.settings.tp_size} ranks</h2>")
+        body.append("".join(table_html(t) for t in tp_tables))
     body.append(_kernel_sections(report))
     body.append(_artifact_links(report, artifact_prefix))
     return _page(f"cgtool report: {title}", "\n".join(body))
