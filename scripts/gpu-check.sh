@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
-# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|both|prefill|compile|all]...
+# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|both|prefill|compile|all|tp]...
+# `tp` (two GPUs): tensor-parallel GPU tests and scripts/bench_tp.py, logs and reports in $OUT/tp.
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -50,6 +51,13 @@ if want compile; then
     python3 scripts/bench_compile.py --model $m --out "$OUT/runs/compile-$m.json" 2>&1 \
       | tee "$OUT/runs/compile-$m.log" | tail -42
   done
+fi
+if [[ " $stages " == *" tp "* ]]; then  # asked for by name only (not in "all"): needs two GPUs
+  export NCCL_NVLS_ENABLE=0  # the lent two-GPU machine's notes: leave NVLink multicast off
+  mkdir -p "$OUT/tp"
+  python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_tp_gpu.py 2>&1 \
+    | tee "$OUT/tp/gpu-tests.log" | tail -30
+  python3 scripts/bench_tp.py --model llama-3.1-8b --out "$OUT/tp" 2>&1 | tee "$OUT/tp/bench.log" | tail -30
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs

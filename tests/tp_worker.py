@@ -105,3 +105,54 @@ def piecewise_rank(rank: int, size: int, init_method: str, channel) -> None:
         "pieces": len(split.pieces),
         "capturable": len(split.capturable_pieces),
     })
+
+
+# ------------------------------------------------------------------ GPU (NCCL), two ranks
+
+
+def _barrier_each(capture_one, sizes: list[int]) -> None:
+    for size in sorted(sizes, reverse=True):  # as capture_kinds does: same sizes, same order
+        barrier()
+        capture_one(size)
+
+
+def _diff(got: torch.Tensor, expected: torch.Tensor) -> dict:
+    return {"max_abs_diff": float((got.float() - expected.float()).abs().max()),
+            "scale": float(expected.float().abs().max()),
+            "argmax_agree": float((got.argmax(-1) == expected.argmax(-1)).float().mean())}
+
+
+def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str,
+                    capture_bs: list[int], capture_tokens: list[int]) -> None:
+    """TP=2 decode and piecewise graphs, every replay compared on rank 0 with TP=1 eager."""
+    from cgtool.runners.decode import DecodeGraphRunner
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
+    from cgtool.workbench import build_workbench
+
+    init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
+    cfg = load_model_config(preset)
+    kwargs = dict(weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5, max_bs=max(capture_bs),
+                  max_tokens=max(capture_tokens), context_len=128, seed=0, kv_tokens=8192)
+    bench = build_workbench(cfg, **kwargs, tp=current_tp())
+    ref = build_workbench(cfg, **kwargs) if rank == 0 else None  # TP=1, the same weights and cache
+    decode = DecodeGraphRunner(bench.runner, capture_bs)
+    _barrier_each(decode.capture_one, capture_bs)
+    results = {}
+    for bs in sorted({*capture_bs, *(b - 1 for b in capture_bs if b > 2)}):  # padded sizes too
+        got = decode.replay(bench.decode_batch(bs)).clone()
+        own_eager = bench.runner.model.compute_logits(bench.runner.forward_eager(bench.decode_batch(bs)))
+        if ref is not None:
+            expected = ref.runner.model.compute_logits(ref.runner.forward_eager(ref.decode_batch(bs)))
+            results[("decode", bs)] = _diff(got, expected) | {"vs_own_eager": _diff(got, own_eager)}
+    piecewise = PiecewiseGraphRunner(bench.runner, capture_tokens)
+    piecewise.warmup()
+    _barrier_each(piecewise.capture_one, capture_tokens)
+    for n in sorted({*capture_tokens, max(capture_tokens) - 7}):
+        model = bench.runner.model
+        got = model.compute_logits(piecewise.replay(bench.extend_batch(n))[-1:]).clone()
+        if ref is not None:
+            expected = ref.runner.model.compute_logits(ref.runner.forward_eager(ref.extend_batch(n))[-1:])
+            results[("piecewise", n)] = _diff(got, expected)
+    results["replays"] = (decode.replay_count, piecewise.replay_count)
+    results["pieces"] = len(piecewise.backend.split.capturable_pieces)
+    channel.result(results)
