@@ -55,9 +55,11 @@ fi
 if [[ " $stages " == *" tp "* ]]; then  # asked for by name only (not in "all"): needs two GPUs
   export NCCL_NVLS_ENABLE=0  # the lent two-GPU machine's notes: leave NVLink multicast off
   mkdir -p "$OUT/tp"
-  python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_tp_gpu.py 2>&1 \
-    | tee "$OUT/tp/gpu-tests.log" | tail -30
-  python3 scripts/bench_tp.py --model llama-3.1-8b --out "$OUT/tp" 2>&1 | tee "$OUT/tp/bench.log" | tail -30
+  # Time limits: a collective that never matches hangs rather than fails.
+  timeout -k 10 "${TP_TEST_TIMEOUT:-900}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+    tests/test_tp_gpu.py 2>&1 | tee "$OUT/tp/gpu-tests.log" | tail -30
+  timeout -k 10 "${TP_BENCH_TIMEOUT:-1800}" python3 scripts/bench_tp.py --model llama-3.1-8b \
+    --out "$OUT/tp" 2>&1 | tee "$OUT/tp/bench.log" | tail -30
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs
