@@ -97,6 +97,7 @@ def _rank_entry(
     channel = RankChannel(channel_queue, rank)
     try:
         target(rank, size, init_method, channel, *args)
+        _leave_together()
     except CgtoolError as exc:
         channel.error(type(exc).__name__, exc.message, exc.remedy)
     except BaseException as exc:  # anything else still ends every rank with one sentence
@@ -113,6 +114,19 @@ def _rank_entry(
         sys.stderr.flush()
         # No teardown: the process group's destructor may wait for peers that have left.
         os._exit(0)
+
+
+def _leave_together() -> None:
+    """Wait until every rank is done. Collectives are queued asynchronously on the GPU: a rank
+    that exits as soon as its Python returns takes its queued share of the last collectives
+    with it, and the ranks still running them wait forever."""
+    import torch
+
+    from cgtool.distributed import barrier
+
+    barrier()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _redirect_output(path: Path) -> None:

@@ -6,6 +6,7 @@ against one process at TP=1.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -125,9 +126,19 @@ def _diff(got: torch.Tensor, expected: torch.Tensor) -> dict:
 def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str,
                     capture_bs: list[int], capture_tokens: list[int]) -> None:
     """TP=2 decode and piecewise graphs, every replay compared on rank 0 with TP=1 eager."""
+    import faulthandler
+    import sys
+
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
     from cgtool.workbench import build_workbench
+
+    # A collective that never matches hangs: leave every thread's stack in the log first.
+    faulthandler.dump_traceback_later(float(os.environ.get("CGTOOL_TP_TEST_STACKS_S", 600)))
+    start = time.monotonic()
+
+    def stage(name: str) -> None:
+        print(f"rank {rank} {time.monotonic() - start:7.1f} s {name}", file=sys.stderr, flush=True)
 
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
     cfg = load_model_config(preset)
@@ -135,6 +146,7 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
                   max_tokens=max(capture_tokens), context_len=128, seed=0, kv_tokens=8192)
     bench = build_workbench(cfg, **kwargs, tp=current_tp())
     ref = build_workbench(cfg, **kwargs) if rank == 0 else None  # TP=1, the same weights and cache
+    stage("built")
     decode = DecodeGraphRunner(bench.runner, capture_bs)
     _barrier_each(decode.capture_one, capture_bs)
     results = {}
@@ -144,15 +156,19 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
         if ref is not None:
             expected = ref.runner.model.compute_logits(ref.runner.forward_eager(ref.decode_batch(bs)))
             results[("decode", bs)] = _diff(got, expected) | {"vs_own_eager": _diff(got, own_eager)}
+    stage("decode checked")
     piecewise = PiecewiseGraphRunner(bench.runner, capture_tokens)
     piecewise.warmup()
+    stage("compiled")
     _barrier_each(piecewise.capture_one, capture_tokens)
+    stage("piecewise captured")
     for n in sorted({*capture_tokens, max(capture_tokens) - 7}):
         model = bench.runner.model
         got = model.compute_logits(piecewise.replay(bench.extend_batch(n))[-1:]).clone()
         if ref is not None:
             expected = ref.runner.model.compute_logits(ref.runner.forward_eager(ref.extend_batch(n))[-1:])
             results[("piecewise", n)] = _diff(got, expected)
+    stage("piecewise checked")
     results["replays"] = (decode.replay_count, piecewise.replay_count)
     results["pieces"] = len(piecewise.backend.split.capturable_pieces)
     channel.result(results)
