@@ -161,9 +161,9 @@ def timed(fn: Callable[[], object]) -> float:
 
 def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: SessionState) -> CaptureReport:
     """Capture and measure every size; `state` keeps what was gathered if this stops early."""
+    from cgtool.distributed import current_tp
     from cgtool.profiler.memory import read_memory
     from cgtool.profiler.timing import copy_bandwidth_bytes_s
-    from cgtool.distributed import current_tp
     from cgtool.runners.pool import get_global_graph_memory_pool
     from cgtool.workbench import build_workbench
 

@@ -100,7 +100,7 @@ def _rank_entry(
         _leave_together()
     except CgtoolError as exc:
         channel.error(type(exc).__name__, exc.message, exc.remedy)
-    except BaseException as exc:  # anything else still ends every rank with one sentence
+    except BaseException as exc:  # noqa: BLE001 - anything else still ends every rank with one sentence
         traceback.print_exc()
         first_line = (str(exc).strip().splitlines() or [""])[0][:300]
         where = f"the traceback is in {log_dir / f'rank{rank}.log'}" if log_dir and not debug else (

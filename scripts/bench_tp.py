@@ -24,7 +24,7 @@ def capture(model: str, tp: int, kind: str, bs: str, tokens: str, out: Path, reu
         args = ["cgtool", "capture", "--model", model, "--tp", str(tp), "--kind", kind,
                 "--bs", bs, "--tokens", tokens, "--out", str(out)]
         with open(out.with_suffix(".log"), "w") as log:
-            code = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(args, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
         print(f"{' '.join(args)}: exit {code}", file=sys.stderr)
         if not report.is_file():
             sys.exit(f"no report from TP={tp}; see {out.with_suffix('.log')}")
@@ -42,8 +42,8 @@ def rows_by_rank(report: dict, kind: str) -> dict[int, dict[int, dict]]:
 
 def decode_table(tp1: dict, tpn: dict, tp: int) -> list[str]:
     one, many = rows_by_rank(tp1, "decode"), rows_by_rank(tpn, "decode")
-    lines = [f"| bs | TP=1 replay ms | TP={tp} replay ms (slowest rank) | TP={tp} speedup | "
-             f"TP=1 eager ms | TP={tp} eager ms | TP={tp} verified ranks |",
+    lines = [(f"| bs | TP=1 replay ms | TP={tp} replay ms (slowest rank) | TP={tp} speedup | "
+              f"TP=1 eager ms | TP={tp} eager ms | TP={tp} verified ranks |"),
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for bs in sorted(set(one) & set(many)):
         single, ranks = one[bs][0], many[bs]
@@ -57,8 +57,8 @@ def decode_table(tp1: dict, tpn: dict, tp: int) -> list[str]:
 
 
 def summary(tp1: dict, tpn: dict, tp: int) -> list[str]:
-    lines = [f"GPU {tpn['environment']['gpu_name']}, torch {tpn['environment']['torch']}, "
-             f"{tpn['created'][:10]}; model {tpn['model']['name']} (random weights, bf16)"]
+    lines = [(f"GPU {tpn['environment']['gpu_name']}, torch {tpn['environment']['torch']}, "
+              f"{tpn['created'][:10]}; model {tpn['model']['name']} (random weights, bf16)")]
     t1 = tp1["totals"]
     lines.append(f"TP=1: weights {t1['weights_bytes'] / GIB:.2f} GiB, KV {t1['kv_tokens']:,} tokens, "
                  f"decode graph pool {t1['graph_pool_bytes'] / GIB:.3f} GiB, capture {t1['capture_s']:.1f} s")

@@ -134,7 +134,7 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
     from cgtool.workbench import build_workbench
 
     # A collective that never matches hangs: leave every thread's stack in the log first.
-    faulthandler.dump_traceback_later(float(os.environ.get("CGTOOL_TP_TEST_STACKS_S", 600)))
+    faulthandler.dump_traceback_later(float(os.environ.get("CGTOOL_TP_TEST_STACKS_S", "600")))
     start = time.monotonic()
 
     def stage(name: str) -> None:
@@ -142,8 +142,9 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
 
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
     cfg = load_model_config(preset)
-    kwargs = dict(weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5, max_bs=max(capture_bs),
-                  max_tokens=max(capture_tokens), context_len=128, seed=0, kv_tokens=8192)
+    kwargs = {"weights_dir": None, "dtype": torch.bfloat16, "mem_fraction_static": 0.5,
+              "max_bs": max(capture_bs), "max_tokens": max(capture_tokens), "context_len": 128,
+              "seed": 0, "kv_tokens": 8192}
     bench = build_workbench(cfg, **kwargs, tp=current_tp())
     ref = build_workbench(cfg, **kwargs) if rank == 0 else None  # TP=1, the same weights and cache
     stage("built")
