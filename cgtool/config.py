@@ -94,36 +94,84 @@ class ModelConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def parse_hf_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelConfig:
-    """Build a ModelConfig from the dict of a HF config.json; `source` names it in errors."""
+_MAX_DIM = 1 << 24  # no real model comes near: beyond it a value is a typo or garbage
+_MAX_CONTEXT = 1 << 26
+
+
+def _whole(raw: dict[str, Any], key: str, source: str, default: int | None = None,
+           limit: int = _MAX_DIM) -> int:
+    """A positive whole number (5 or 5.0), or a ConfigError naming the key."""
+    value = raw.get(key, default)
+    ok = (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value
+        and float(value).is_integer()
+        and 1 <= value <= limit
+    )
+    if not ok:
+        raise ConfigError(
+            f"{source}: '{key}' must be a whole number from 1 to {limit:,}, not {value!r}",
+            "Fix config.json.",
+        )
+    return int(value)
+
+
+def _optional_whole(raw: dict[str, Any], key: str, source: str, default: int) -> int:
+    """HF writes null for "not set" (e.g. head_dim): then the default applies."""
+    return default if raw.get(key) is None else _whole(raw, key, source)
+
+
+def _positive(raw: dict[str, Any], key: str, source: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{source}: '{key}' must be a positive number, not {value!r}", "Fix config.json.")
+    return float(value)
+
+
+def _architecture(raw: dict[str, Any], source: str) -> str:
     archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    names = archs if isinstance(archs, list) else [archs]
+    arch = next((a for a in names if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ConfigError(
             f"{source}: architecture {archs or 'missing'} is not supported",
             f"Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.",
         )
+    return arch
+
+
+def parse_hf_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelConfig:
+    """Build a ModelConfig from the dict of a HF config.json; `source` names it in errors."""
+    arch = _architecture(raw, source)
     for key in _REQUIRED_KEYS:
         if key not in raw:
             raise ConfigError(f"{source}: required key '{key}' is missing", "Fix config.json.")
-    heads = int(raw["num_attention_heads"])
-    head_dim = raw.get("head_dim") or int(raw["hidden_size"]) // heads
+    heads = _whole(raw, "num_attention_heads", source)
+    hidden = _whole(raw, "hidden_size", source)
+    kv_heads = _optional_whole(raw, "num_key_value_heads", source, heads)
+    if heads % kv_heads:
+        raise ConfigError(
+            f"{source}: num_attention_heads ({heads}) is not a multiple of num_key_value_heads ({kv_heads})",
+            "Fix config.json.",
+        )
+    rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
     return ModelConfig(
         name=name,
         architecture=arch,
-        vocab_size=int(raw["vocab_size"]),
-        hidden_size=int(raw["hidden_size"]),
-        intermediate_size=int(raw["intermediate_size"]),
-        num_layers=int(raw["num_hidden_layers"]),
+        vocab_size=_whole(raw, "vocab_size", source, limit=1 << 28),
+        hidden_size=hidden,
+        intermediate_size=_whole(raw, "intermediate_size", source),
+        num_layers=_whole(raw, "num_hidden_layers", source, limit=4096),
         num_heads=heads,
-        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        max_context_len=int(raw.get("max_position_embeddings", 4096)),
-        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        num_kv_heads=kv_heads,
+        head_dim=_optional_whole(raw, "head_dim", source, max(1, hidden // heads)),
+        max_context_len=_whole(raw, "max_position_embeddings", source, 4096, limit=_MAX_CONTEXT),
+        rms_norm_eps=_positive(raw, "rms_norm_eps", source, 1e-6),
+        rope_theta=_positive(raw if "rope_theta" in raw else rope, "rope_theta", source, 10000.0),
         rope_scaling=_parse_rope_scaling(raw, source),
-        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "Qwen2ForCausalLM" or bool(raw.get("attention_bias", False)),
+        tie_word_embeddings=raw.get("tie_word_embeddings", False) is True,
+        qkv_bias=arch == "Qwen2ForCausalLM" or raw.get("attention_bias", False) is True,
         qk_norm=arch == "Qwen3ForCausalLM",
     )
 
@@ -132,6 +180,8 @@ def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:
     scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
     if not scaling:
         return None
+    if not isinstance(scaling, dict):
+        raise ConfigError(f"{source}: rope_scaling must be an object, not {scaling!r}", "Fix config.json.")
     kind = scaling.get("rope_type") or scaling.get("type")
     if kind in (None, "default"):
         return None
@@ -140,17 +190,21 @@ def _parse_rope_scaling(raw: dict[str, Any], source: str) -> RopeScaling | None:
             f"{source}: rope_scaling type '{kind}' is not supported",
             "Supported: llama3 (or none).",
         )
-    try:
-        return RopeScaling(
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-        )
-    except KeyError as missing:
-        raise ConfigError(
-            f"{source}: rope_scaling is missing key {missing}", "Fix config.json."
-        ) from None
+    missing = [k for k in _ROPE_KEYS if k not in scaling]
+    if missing:
+        raise ConfigError(f"{source}: rope_scaling is missing key '{missing[0]}'", "Fix config.json.")
+    where = f"{source} rope_scaling"
+    return RopeScaling(
+        factor=_positive(scaling, "factor", where, 1.0),
+        low_freq_factor=_positive(scaling, "low_freq_factor", where, 1.0),
+        high_freq_factor=_positive(scaling, "high_freq_factor", where, 1.0),
+        original_max_position_embeddings=_whole(
+            scaling, "original_max_position_embeddings", where, limit=_MAX_CONTEXT
+        ),
+    )
+
+
+_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def preset_names() -> list[str]:
