@@ -144,8 +144,11 @@ def gpu_runner():
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=GPU_SIZES)
     runner.warmup()
     from cgtool.profiler.memory import graph_pool_bytes
-    from cgtool.runners.pool import get_global_graph_memory_pool
+    from cgtool.runners.pool import get_global_graph_memory_pool, reset_global_graph_memory_pool
 
+    # A pool of its own: earlier tests in this process leave free blocks in the shared one,
+    # which the largest size would reuse without growing it.
+    reset_global_graph_memory_pool()
     pool = get_global_graph_memory_pool()
     reserved_growth = {}  # growth of the shared graph pool per size
     for n in sorted(GPU_SIZES, reverse=True):

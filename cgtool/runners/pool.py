@@ -23,7 +23,8 @@ def get_global_graph_memory_pool() -> Any:
 
 
 def reset_global_graph_memory_pool() -> None:
-    """Forget the pool handle (tests only: graphs that use it must already be gone)."""
+    """Start a new pool for later captures (tests, and after an aborted capture). Graphs
+    already captured keep the old pool alive through their own reference to it."""
     global _global_graph_pool
     _global_graph_pool = None
 
