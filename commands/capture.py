@@ -115,8 +115,12 @@ def capture(
             _save(partial, out, state)
         raise
     _save(report, out, state)
-    if report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes):
-        raise typer.Exit(1)
+    raise typer.Exit(capture_exit_code(report))
+
+
+def capture_exit_code(report: CaptureReport) -> int:
+    """1 when any size is missing (incomplete) or replays something else than eager (unsafe)."""
+    return int(report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes))
 
 
 def _save(report: CaptureReport, out: Path, state: SessionState) -> None:

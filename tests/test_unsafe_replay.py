@@ -1,0 +1,50 @@
+"""A replay that differs from eager beyond the dtype's tolerance: marked unsafe, named, exit 1."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from cgtool.capture import SessionState
+from cgtool.capture_kinds import _record
+from cgtool.commands.capture import capture_exit_code
+from cgtool.measure import CaptureCost, ReplayCheck, replay_tolerance
+from cgtool.reports.capture_view import print_capture_summary
+from cgtool.results import load_report
+
+REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "report.json"
+COST = CaptureCost(capture_s=0.1, retained_bytes=1 << 20, peak_bytes=2 << 20, non_torch_bytes=0)
+
+
+def _check(diff: float, logits_scale: float = 20.0) -> ReplayCheck:
+    tolerance = replay_tolerance(torch.full((4,), logits_scale), torch.bfloat16)
+    return ReplayCheck(eager_ms=20.0, replay_ms=6.0, max_abs_diff=diff, tolerance=tolerance, kernels=[])
+
+
+def test_tolerance_is_a_few_ulps_of_the_dtype_at_the_logits_scale():
+    assert replay_tolerance(torch.tensor([20.0, -3.0]), torch.bfloat16) == 4 * 2**-7 * 20.0
+    assert _check(0.0).safe and _check(0.6).safe  # 4 bf16 ulps of 20 = 0.625
+    assert not _check(0.7).safe
+
+
+def test_a_size_beyond_tolerance_is_recorded_unsafe_with_its_difference():
+    state = SessionState()
+    _record(state, "decode", 8, COST, _check(0.0), 5.0, keep_kernels=False)
+    _record(state, "decode", 16, COST, _check(1.25), 5.0, keep_kernels=False)
+    assert [(r.size, r.status, r.max_abs_diff) for r in state.sizes] == [(8, "ok", 0.0), (16, "unsafe", 1.25)]
+
+
+def test_the_summary_names_unsafe_sizes_and_the_command_exits_1():
+    report = load_report(REPORT)
+    assert capture_exit_code(report) == 0
+    first = report.sizes[0]
+    unsafe = dataclasses.replace(first, status="unsafe", max_abs_diff=0.75)
+    report = dataclasses.replace(report, sizes=[unsafe, *report.sizes[1:]])
+    console = Console(record=True, width=200)
+    print_capture_summary(console, report, None, [])
+    text = console.export_text()
+    assert f"unsafe: {first.kind} size {first.size}: replay differs from eager by 0.75" in text
+    assert capture_exit_code(report) == 1
