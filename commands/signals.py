@@ -13,12 +13,16 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, turned into an exception so the partial result is written on the way out."""
 
 
+def _signal_of(interrupt: KeyboardInterrupt) -> signal.Signals:
+    return signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT
+
+
 def exit_code(interrupt: KeyboardInterrupt) -> int:
-    return 143 if isinstance(interrupt, Terminated) else 130
+    return EXIT_CODES[_signal_of(interrupt)]
 
 
 def signal_name(interrupt: KeyboardInterrupt) -> str:
-    return "SIGTERM" if isinstance(interrupt, Terminated) else "SIGINT"
+    return _signal_of(interrupt).name
 
 
 @contextmanager
