@@ -135,7 +135,7 @@ def _architecture(raw: dict[str, Any], source: str) -> str:
     arch = next((a for a in names if isinstance(a, str) and a in SUPPORTED_ARCHITECTURES), None)
     if arch is None:
         raise ConfigError(
-            f"{source}: architecture {archs or 'missing'} is not supported",
+            f"{source}: architecture {archs!r} is not supported" if archs else f"{source}: no architectures listed",
             f"Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.",
         )
     return arch
