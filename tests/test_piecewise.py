@@ -70,6 +70,21 @@ def test_compiled_split_body_equals_eager_without_graphs(cpu_runner):
     assert all(not piece.graphs for piece in cpu_runner.backend.pieces)
 
 
+def test_attention_pieces_call_the_implementation_not_the_custom_op(cpu_runner):
+    from cgtool.attention.op import attention_impl
+
+    split = cpu_runner.backend.split
+    targets = [
+        node.target
+        for piece in split.pieces
+        if piece.is_split_op
+        for node in piece.graph.graph.nodes
+        if node.op == "call_function"
+    ]
+    assert targets.count(attention_impl) == cpu_runner.runner.model.cfg.num_layers
+    assert not any("cgtool.attention" in str(t) for t in targets)
+
+
 def test_piece_refuses_to_run_eagerly_for_a_size_it_has_no_graph_of(cpu_runner):
     batch = _mixed_batch(cpu_runner.model_runner, 16, random.Random(1))
     with use_graphs_for(16), pytest.raises(RuntimeError, match="no CUDA graph for 16 tokens"):

@@ -22,11 +22,23 @@ class AttentionBackend(Protocol):
     ) -> None: ...
 
 
-@torch.library.custom_op("cgtool::attention", mutates_args=("out",))
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
 ) -> None:
-    """q/out: [num_tokens, heads * head_dim]; k/v: [num_tokens, kv_heads * head_dim]."""
+    """q/out: [num_tokens, heads * head_dim]; k/v: [num_tokens, kv_heads * head_dim].
+
+    Under torch.compile this is the custom op, the split point of piecewise graphs; eager
+    code (and the attention pieces between graphs) call the implementation directly, since
+    the custom op's dispatch costs far more host time than the kernels take."""
+    if torch.compiler.is_compiling():
+        torch.ops.cgtool.attention(q, k, v, out, layer_id)
+    else:
+        attention_impl(q, k, v, out, layer_id)
+
+
+def attention_impl(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
+) -> None:
     ctx = get_forward_context()
     pool = ctx.kv_pool
     kv_shape = (k.shape[0], *pool.k_buffers[layer_id].shape[1:])
@@ -34,7 +46,14 @@ def attention(
     ctx.backend.forward(q, out, layer_id, ctx.batch, pool)
 
 
-@attention.register_fake
+@torch.library.custom_op("cgtool::attention", mutates_args=("out",))
+def _attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
+) -> None:
+    attention_impl(q, k, v, out, layer_id)
+
+
+@_attention_op.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int) -> None:
     return None
 

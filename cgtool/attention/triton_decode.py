@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.triton_launch import CachedKernel
+
 # Scores are computed in base 2: exp2 is a single MUFU instruction, exp is not.
 LOG2_E = 1.4426950408889634
 # tl.dot needs at least 16 rows; smaller GQA groups are padded with masked rows.
@@ -135,6 +137,10 @@ def _decode_stage2(
     tl.store(O + b * stride_ob + head * stride_oh + offs_d, merged.to(O.dtype.element_ty), mask=mask_d)
 
 
+_STAGE1 = CachedKernel(_decode_stage1)
+_STAGE2 = CachedKernel(_decode_stage2)
+
+
 def decode_scratch(
     batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,8 +176,8 @@ def decode_attention(
     assert req_to_token.stride(1) == 1
     block_d = triton.next_power_of_2(head_dim)
     block_n, num_warps, num_stages = launch_config()
-    _decode_stage1[(bs, kv_heads, num_splits)](
-        q, k_cache, v_cache, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
+    _STAGE1.launch(
+        (bs, kv_heads, num_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
         sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
@@ -180,8 +186,8 @@ def decode_attention(
         BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)), BLOCK_N=block_n,
         NUM_SPLITS=num_splits, num_warps=num_warps, num_stages=num_stages,
     )
-    _decode_stage2[(bs, num_heads)](
-        mid_out, mid_lse, out, seq_lens,
+    _STAGE2.launch(
+        (bs, num_heads), mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.triton_launch import CachedKernel
+
 LOG2_E = 1.4426950408889634  # scores in base 2: exp2 is one instruction
 
 
@@ -113,6 +115,9 @@ def _extend_kernel(
     )
 
 
+_EXTEND = CachedKernel(_extend_kernel)
+
+
 def extend_attention(
     q: torch.Tensor,  # [num_tokens, heads, head_dim]
     k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim], new tokens already stored
@@ -142,8 +147,8 @@ def extend_attention(
         return
     block_m, block_n, num_warps, num_stages = launch_config(head_dim)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
-    _extend_kernel[(num_heads, bs, triton.cdiv(max_extend_len, block_m))](
-        q, k_cache, v_cache, out, req_to_token, req_pool_indices,
+    _EXTEND.launch(
+        (num_heads, bs, triton.cdiv(max_extend_len, block_m)), q, k_cache, v_cache, out, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from cgtool.triton_launch import CachedKernel
+
 # One program covers a whole gate or up chunk of this many elements.
 SILU_BLOCK = 1024
 
@@ -23,23 +25,34 @@ def _use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda
 
 
+def _as_op() -> bool:
+    """Dynamo must see one opaque custom op; eager code calls the launcher itself, since a
+    custom op's dispatch costs ~170 µs of host time a call (notes/eager-host-profile.md)."""
+    return torch.compiler.is_compiling()
+
+
 # ---------------------------------------------------------------- dispatch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x ([..., dim], any leading strides)."""
-    if _use_triton(x):
+    if not _use_triton(x):
+        return rms_norm_ref(x, weight, eps)
+    if _as_op():
         return torch.ops.cgtool.rms_norm(x, weight, eps)
-    return rms_norm_ref(x, weight, eps)
+    return _launch_rms_norm(x, None, weight, eps)[0]
 
 
 def fused_add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual), x + residual), the sum rounded to the input dtype first."""
-    if _use_triton(x):
+    if not _use_triton(x):
+        return fused_add_rms_norm_ref(x, residual, weight, eps)
+    if _as_op():
         return torch.ops.cgtool.fused_add_rms_norm(x, residual, weight, eps)
-    return fused_add_rms_norm_ref(x, residual, weight, eps)
+    out, res_out = _launch_rms_norm(x, residual, weight, eps)
+    return out, res_out  # type: ignore[return-value]
 
 
 def apply_rope(
@@ -50,16 +63,20 @@ def apply_rope(
     Inputs may be strided views (of the qkv projection); the outputs are new contiguous
     tensors. `cos_sin` is [max_positions, head_dim]: cos and sin halves side by side.
     """
-    if _use_triton(q):
+    if not _use_triton(q):
+        return apply_rope_ref(q, k, positions, cos_sin)
+    if _as_op():
         return torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
-    return apply_rope_ref(q, k, positions, cos_sin)
+    return _launch_rope(q, k, positions, cos_sin)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [n, 2 * I] holding gate and up side by side: [n, I]."""
-    if _use_triton(gate_up):
+    if not _use_triton(gate_up):
+        return silu_and_mul_ref(gate_up)
+    if _as_op():
         return torch.ops.cgtool.silu_and_mul(gate_up)
-    return silu_and_mul_ref(gate_up)
+    return _launch_silu_and_mul(gate_up)
 
 
 # ---------------------------------------------------------------- torch references
@@ -176,6 +193,10 @@ def _silu_and_mul_kernel(X, Out, stride_xt, stride_ot, inter, BLOCK: tl.constexp
 
 # ---------------------------------------------------------------- launchers as custom ops
 
+_RMS_NORM = CachedKernel(_rms_norm_kernel)
+_ROPE = CachedKernel(_rope_kernel)
+_SILU_AND_MUL = CachedKernel(_silu_and_mul_kernel)
+
 
 def _norm_warps(block: int) -> int:
     return min(max(block // 512, 1), 8)
@@ -195,8 +216,8 @@ def _launch_rms_norm(
     out = torch.empty(x.shape, dtype=torch.promote_types(res_dtype, weight.dtype), device=x.device)
     res_out = None if residual is None else torch.empty(x.shape, dtype=res_dtype, device=x.device)
     block = triton.next_power_of_2(dim)
-    _rms_norm_kernel[(rows.shape[0] * rows.shape[1],)](
-        rows, residual if residual is not None else rows, weight, out,
+    _RMS_NORM.launch(
+        (rows.shape[0] * rows.shape[1],), rows, residual if residual is not None else rows, weight, out,
         res_out if res_out is not None else out, rows.shape[1], rows.stride(0), rows.stride(1),
         residual.stride(0) if residual is not None else 0, dim, dim, dim, eps,
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_norm_warps(block),
@@ -236,13 +257,19 @@ def _(
 def _apply_rope_op(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_rope(q, k, positions, cos_sin)
+
+
+def _launch_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [n, heads, head_dim]
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # [n, kv_heads, head_dim]
     half = q.shape[-1] // 2
-    _rope_kernel[(q.shape[0],)](
-        q, k, q_out, k_out, positions, cos_sin, q.stride(0), q.stride(1), k.stride(0),
+    _ROPE.launch(
+        (q.shape[0],), q, k, q_out, k_out, positions, cos_sin, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), cos_sin.stride(0), NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1],
         HALF=half, BLOCK_D=triton.next_power_of_2(half),
         BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
@@ -260,13 +287,17 @@ def _(
 
 @torch.library.custom_op("cgtool::silu_and_mul", mutates_args=())
 def _silu_and_mul_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return _launch_silu_and_mul(gate_up)
+
+
+def _launch_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if gate_up.stride(-1) != 1:
         gate_up = gate_up.contiguous()
     num_tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((num_tokens, inter), dtype=gate_up.dtype, device=gate_up.device)  # [n, I]
     grid = (num_tokens, triton.cdiv(inter, SILU_BLOCK))
-    _silu_and_mul_kernel[grid](
-        gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=SILU_BLOCK, num_warps=4
+    _SILU_AND_MUL.launch(
+        grid, gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=SILU_BLOCK, num_warps=4
     )
     return out
 

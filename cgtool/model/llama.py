@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cgtool.attention.op import attention
 from cgtool.config import ModelConfig
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         q, k = self.rotary(positions, q, k)
         q, k = q.view(n, cfg.q_size), k.view(n, cfg.kv_size)
         out = torch.empty_like(q)
-        torch.ops.cgtool.attention(q, k, v.contiguous(), out, self.layer_id)
+        attention(q, k, v.contiguous(), out, self.layer_id)
         return self.o_proj(out)
 
 

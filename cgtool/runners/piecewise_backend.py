@@ -17,7 +17,7 @@ from unittest.mock import patch
 import torch
 from torch import fx, nn
 
-from cgtool.attention.op import ATTENTION_OP
+from cgtool.attention.op import ATTENTION_OP, attention_impl
 from cgtool.distributed import ALL_REDUCE_OP
 from cgtool.runners.pool import (
     get_global_graph_memory_pool,
@@ -32,6 +32,9 @@ COMPILERS = ("eager", "inductor")
 # pieces, and the pieces' graphs hold no collective (TP=1 models never call it).
 _split_ops: list[torch._ops.OpOverload] = [ATTENTION_OP, ALL_REDUCE_OP]
 _graph_num_tokens: int | None = None
+# Split ops run eagerly between pieces; these are called as plain functions there, since
+# a custom op's dispatch costs ~170 µs of host time a call (notes/eager-host-profile.md).
+_EAGER_IMPLS: dict[torch._ops.OpOverload, Callable[..., Any]] = {ATTENTION_OP: attention_impl}
 
 
 def register_split_op(op: torch._ops.OpOverload) -> None:
@@ -159,6 +162,20 @@ def piece_example_inputs(split: SplitGraph, example_inputs: list[Any]) -> dict[s
     return inputs
 
 
+def call_split_ops_directly(graph: fx.GraphModule) -> None:
+    """Point calls of split ops that have a plain implementation at it."""
+    changed = False
+    for node in graph.graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverloadPacket):
+            target = getattr(target, "default", target)
+        if node.op == "call_function" and target in _EAGER_IMPLS:
+            node.target = _EAGER_IMPLS[target]
+            changed = True
+    if changed:
+        graph.recompile()
+
+
 def compile_piece(graph: fx.GraphModule, example_inputs: list[Any] | None, compiler: str) -> Callable[..., Any]:
     if compiler == "eager":
         return graph
@@ -188,6 +205,9 @@ class PiecewiseBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.num_compiles += 1
         split = split_graph(gm, self.split_ops or registered_split_ops())
+        for piece in split.pieces:
+            if piece.is_split_op:
+                call_split_ops_directly(piece.graph)
         inputs = piece_example_inputs(split, example_inputs) if self.compiler == "inductor" else {}
         for index, piece in enumerate(split.capturable_pieces):
             runnable = compile_piece(piece.graph, inputs.get(piece.name), self.compiler)
