@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,12 +43,14 @@ class CaptureOptions:
     seed: int = 0
     max_total_tokens: int | None = None  # fixes the KV pool's size, as SGLang's flag does
     tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture_tp)
+    # With --profile, the sizes of each kind that get a Chrome trace of their replay.
+    profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class CaptureProgress:
     kind: str
-    phase: str  # "load", "compile", "capture", "measure", "done"
+    phase: str  # "load", "compile", "capture", "measure", "profile"
     size: int | None
     done: int
     total: int
@@ -75,12 +78,29 @@ class SessionState:
     sizes: list[SizeResult] = field(default_factory=list)
     kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
     incomplete_reason: str | None = None
-    chrome_trace: str | None = None
     failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
     runners: list[object] = field(default_factory=list)
     cfg: ModelConfig | None = None
     rank_totals: list[CaptureTotals] = field(default_factory=list)  # every rank's, on rank 0
     totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in each phase
+    stopped_in: str | None = None  # the innermost phase an exception or signal left
+    sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)  # by kind
+    eager_host_ms: float | None = None  # host time to launch the smallest eager decode step
+    memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
+    chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.stopped_in = self.stopped_in or name
+            raise
+        finally:
+            self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - start
 
 
 def zero_totals() -> CaptureTotals:
@@ -151,21 +171,12 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
     )
 
 
-def timed(fn: Callable[[], object]) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
-
-
 def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: SessionState) -> CaptureReport:
     """Capture and measure every size; `state` keeps what was gathered if this stops early."""
+    from cgtool.capture_kinds import capture_decode, capture_piecewise
     from cgtool.distributed import current_tp
     from cgtool.profiler.memory import read_memory
-    from cgtool.profiler.timing import copy_bandwidth_bytes_s
     from cgtool.runners.pool import get_global_graph_memory_pool
-    from cgtool.workbench import build_workbench
 
     require_cuda()
     tp = current_tp()
@@ -173,6 +184,46 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
     state.cfg = cfg
     _check_sizes(cfg, opts)
     on_progress(CaptureProgress("", "load", None, 0, 1, torch.cuda.mem_get_info()[0]))
+    with state.phase("load"):
+        bench, bandwidth = _load(cfg, weights_dir, opts, tp)
+    pool = get_global_graph_memory_pool()
+    torch.cuda.empty_cache()  # free memory read without the allocator's cached blocks, as SGLang does
+    before = read_memory(pool)
+    state.totals = CaptureTotals(
+        weights_bytes=bench.weights_bytes, kv_pool_bytes=bench.runner.kv_pool.nbytes,
+        kv_tokens=bench.kv_tokens, graph_pool_bytes=0, peak_bytes=0,
+        free_before_capture_bytes=before.free_bytes, free_after_capture_bytes=before.free_bytes,
+        capture_s=0.0, non_torch_bytes=0, copy_bandwidth_bytes_s=bandwidth,
+    )
+    if "piecewise" in opts.kinds:
+        capture_piecewise(bench, opts, pool, bandwidth, on_progress, state)
+    if "decode" in opts.kinds and state.incomplete_reason is None:
+        capture_decode(bench, opts, pool, bandwidth, on_progress, state)
+    torch.cuda.empty_cache()
+    after = read_memory(pool)
+    totals = CaptureTotals(
+        weights_bytes=bench.weights_bytes,
+        kv_pool_bytes=bench.runner.kv_pool.nbytes,
+        kv_tokens=bench.kv_tokens,
+        graph_pool_bytes=after.pool_bytes - before.pool_bytes,
+        peak_bytes=torch.cuda.max_memory_reserved(),
+        free_before_capture_bytes=before.free_bytes,
+        free_after_capture_bytes=after.free_bytes,
+        capture_s=state.phase_s.get("capture", 0.0),
+        non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
+        copy_bandwidth_bytes_s=bandwidth,
+    )
+    if tp.size > 1:
+        from cgtool.capture_tp import gather_ranks
+
+        gather_ranks(state, totals)
+    return build_report(opts, cfg, state, totals)
+
+
+def _load(cfg: ModelConfig, weights_dir: Path | None, opts: CaptureOptions, tp: object) -> tuple[object, float]:
+    from cgtool.profiler.timing import copy_bandwidth_bytes_s
+    from cgtool.workbench import build_workbench
+
     bench = build_workbench(
         cfg,
         weights_dir=weights_dir,
@@ -183,46 +234,9 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         context_len=opts.context_len,
         seed=opts.seed,
         kv_tokens=opts.max_total_tokens,
-        tp=tp,
+        tp=tp,  # type: ignore[arg-type]
     )
-    bandwidth = copy_bandwidth_bytes_s()
-    if opts.profile:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
-    pool = get_global_graph_memory_pool()
-    before = read_memory(pool)
-    state.totals = CaptureTotals(
-        weights_bytes=bench.weights_bytes, kv_pool_bytes=bench.runner.kv_pool.nbytes,
-        kv_tokens=bench.kv_tokens, graph_pool_bytes=0, peak_bytes=0,
-        free_before_capture_bytes=before.free_bytes, free_after_capture_bytes=before.free_bytes,
-        capture_s=0.0, non_torch_bytes=0, copy_bandwidth_bytes_s=bandwidth,
-    )
-    start = time.perf_counter()
-    from cgtool.capture_kinds import capture_decode, capture_piecewise
-
-    if "piecewise" in opts.kinds:
-        capture_piecewise(bench, opts, pool, bandwidth, on_progress, state)
-    if "decode" in opts.kinds and state.incomplete_reason is None:
-        capture_decode(bench, opts, pool, bandwidth, on_progress, state)
-    capture_s = time.perf_counter() - start
-    after = read_memory(pool)
-    snapshot = _dump_snapshot(opts) if opts.profile else None
-    totals = CaptureTotals(
-        weights_bytes=bench.weights_bytes,
-        kv_pool_bytes=bench.runner.kv_pool.nbytes,
-        kv_tokens=bench.kv_tokens,
-        graph_pool_bytes=after.pool_bytes - before.pool_bytes,
-        peak_bytes=torch.cuda.max_memory_reserved(),
-        free_before_capture_bytes=before.free_bytes,
-        free_after_capture_bytes=after.free_bytes,
-        capture_s=capture_s,
-        non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
-        copy_bandwidth_bytes_s=bandwidth,
-    )
-    if tp.size > 1:
-        from cgtool.capture_tp import gather_ranks
-
-        gather_ranks(state, totals)
-    return build_report(opts, cfg, state, totals, snapshot)
+    return bench, copy_bandwidth_bytes_s()
 
 
 def build_report(
@@ -230,8 +244,12 @@ def build_report(
     cfg: ModelConfig,
     state: SessionState,
     totals: CaptureTotals,
-    snapshot: str | None = None,
 ) -> CaptureReport:
+    totals.phase_s = dict(state.phase_s)
+    totals.sglang_mem_usage_bytes = dict(state.sglang_mem_usage_bytes)
+    totals.eager_host_us_per_kernel = _host_us_per_kernel(state)
+    snapshots = dict(state.memory_snapshots)
+    traces = dict(state.chrome_traces)
     return CaptureReport(
         environment=environment(),
         model=model_info(cfg, opts.dtype),
@@ -239,9 +257,11 @@ def build_report(
         sizes=state.sizes,
         totals=totals,
         artifacts=Artifacts(
-            memory_snapshot=snapshot,
-            chrome_trace=state.chrome_trace,
+            memory_snapshot=next(iter(snapshots.values()), None),
+            chrome_trace=next(iter(traces.values()), None),
             kernel_tables=state.kernel_tables,
+            memory_snapshots=snapshots,
+            chrome_traces=traces,
         ),
         status="incomplete" if state.incomplete_reason else "complete",
         incomplete_reason=state.incomplete_reason,
@@ -249,11 +269,20 @@ def build_report(
     )
 
 
+def _host_us_per_kernel(state: SessionState) -> float | None:
+    """Host time per kernel of the smallest eager decode step: the eager path's overhead."""
+    rows = [s for s in state.sizes if s.kind == "decode" and s.kernels_per_forward and s.rank == 0]
+    if state.eager_host_ms is None or not rows:
+        return None
+    return state.eager_host_ms * 1e3 / min(rows, key=lambda s: s.size).kernels_per_forward
+
+
 def partial_report(opts: CaptureOptions, state: SessionState, reason: str) -> CaptureReport | None:
     """What was measured before an interruption, marked incomplete; None if nothing was loaded."""
     if state.cfg is None or not torch.cuda.is_available():
         return None
-    state.incomplete_reason = reason
+    where = f" during {state.stopped_in}" if state.stopped_in else ""
+    state.incomplete_reason = f"{reason}{where}"
     return build_report(opts, state.cfg, state, state.totals or zero_totals())
 
 
@@ -266,11 +295,3 @@ def _check_sizes(cfg: ModelConfig, opts: CaptureOptions) -> None:
         )
     if any(n < 1 for n in opts.capture_bs + opts.capture_num_tokens):
         raise EnvironmentProblem("capture sizes must be positive integers", "Fix --bs / --tokens.")
-
-
-def _dump_snapshot(opts: CaptureOptions) -> str:
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    name = "memory_snapshot.pickle"
-    torch.cuda.memory._dump_snapshot(str(opts.out_dir / name))
-    torch.cuda.memory._record_memory_history(enabled=None)
-    return name

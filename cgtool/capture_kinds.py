@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import gc
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cgtool.distributed import barrier, current_tp
 from cgtool.errors import EnvironmentProblem
-from cgtool.measure import CaptureCost, ReplayCheck, check_replay, kernel_count, measure_capture
+from cgtool.measure import CaptureCost, ReplayCheck, check_replay, measure_capture
+from cgtool.profiler.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 from cgtool.runners.pool import freeze_gc
@@ -33,25 +36,35 @@ def capture_decode(
 
     runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
-    costs = _capture_sizes(
-        "decode", runner.capture_one, runner.capture_bs, pool, on_progress, state,
-        opts.enable_cudagraph_gc, runner.forward_static,
-    )
-    model = bench.runner.model
-    for i, (bs, cost) in enumerate(costs.items()):
-        _progress(on_progress, "decode", "measure", bs, i, len(costs))
-        batch = bench.decode_batch(bs)
-        check = _measured(state, "decode", bs, lambda: check_replay(
-            eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)),
-            replay=lambda: runner.replay(batch),
-            dtype=opts.dtype,
-            trace_path=_trace_path(opts, state, "decode", bs),
-        ))
-        if check is None:
-            continue
-        kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
-        roofline_ms = (bench.weights_bytes + kv_read) / bandwidth * 1e3
-        _record(state, "decode", bs, cost, check, roofline_ms, opts.profile)
+    with state.phase("capture"), _sglang_mem_usage(state, "decode"):
+        costs = _capture_sizes(
+            "decode", runner.capture_one, runner.capture_bs, pool, on_progress, state, opts,
+            runner.forward_static,
+        )
+    calls = []
+    with state.phase("measure"):
+        for i, (bs, cost) in enumerate(costs.items()):
+            _progress(on_progress, "decode", "measure", bs, i, len(costs))
+            batch = bench.decode_batch(bs)
+            eager = partial(_decode_eager, bench, batch)
+            replay = partial(runner.replay, batch)
+            check = _measured(state, "decode", bs, partial(
+                check_replay, eager=lambda f=eager: [f()], replay=lambda f=replay: [f()],
+                dtype=opts.dtype, timed_eager=eager, timed_replay=replay,
+            ))
+            if check is None:
+                continue
+            kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
+            roofline_ms = (bench.weights_bytes + kv_read) / bandwidth * 1e3
+            _record(state, "decode", bs, cost, check, roofline_ms)
+            calls.append((bs, replay, eager))
+        if calls:
+            state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
+    _count_kernels(state, "decode", calls, opts, on_progress)
+
+
+def _decode_eager(bench: Workbench, batch: Any) -> torch.Tensor:
+    return bench.runner.model.compute_logits(bench.runner.forward_eager(batch))
 
 
 def capture_piecewise(
@@ -72,33 +85,91 @@ def capture_piecewise(
     )
     state.runners.append(runner)
     _progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
-    runner.warmup()
-    sizes = sorted(set(opts.capture_num_tokens))
-    costs = _capture_sizes(
-        "piecewise", runner.capture_one, sizes, pool, on_progress, state, opts.enable_cudagraph_gc,
-        runner.forward_static,
-    )
+    with state.phase("compile"):
+        runner.warmup()
+    with state.phase("capture"), _sglang_mem_usage(state, "piecewise"):
+        costs = _capture_sizes(
+            "piecewise", runner.capture_one, runner.capture_num_tokens, pool, on_progress, state,
+            opts, runner.forward_static,
+        )
     model = bench.runner.model
-    for i, (n, cost) in enumerate(costs.items()):
-        _progress(on_progress, "piecewise", "measure", n, i, len(costs))
-        batch = bench.extend_batch(n)
-        check = _measured(state, "piecewise", n, lambda: check_replay(
-            eager=lambda: model.compute_logits(bench.runner.forward_eager(batch)[-1:]),
-            replay=lambda: model.compute_logits(runner.replay(batch)[-1:]),
-            dtype=opts.dtype,
-            trace_path=_trace_path(opts, state, "piecewise", n),
-        ))
-        if check is None:
-            continue
-        flops = 2 * bench.cfg.param_count() * n
-        bytes_ms = bench.weights_bytes / bandwidth * 1e3
-        roofline_ms = max(bytes_ms, flops / _peak_flops() * 1e3) if _peak_flops() else bytes_ms
-        _record(state, "piecewise", n, cost, check, roofline_ms, opts.profile)
+    calls = []
+    with state.phase("measure"):
+        for i, (n, cost) in enumerate(costs.items()):
+            _progress(on_progress, "piecewise", "measure", n, i, len(costs))
+            batch = bench.extend_batch(n)
+            eager = partial(bench.runner.forward_eager, batch)
+            replay = partial(runner.replay, batch)
+            # Compared on every token's final hidden state and the last token's logits; timed
+            # as a server runs prefill, to the last token's logits.
+            check = _measured(state, "piecewise", n, partial(
+                check_replay,
+                eager=partial(_with_last_logits, model, eager),
+                replay=partial(_with_last_logits, model, replay),
+                dtype=opts.dtype,
+                timed_eager=lambda f=eager: model.compute_logits(f()[-1:]),
+                timed_replay=lambda f=replay: model.compute_logits(f()[-1:]),
+            ))
+            if check is None:
+                continue
+            flops = 2 * bench.cfg.param_count() * n
+            bytes_ms = bench.weights_bytes / bandwidth * 1e3
+            peak = _peak_flops()
+            roofline_ms = max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
+            _record(state, "piecewise", n, cost, check, roofline_ms)
+            calls.append((n, replay, eager))
+    _count_kernels(state, "piecewise", calls, opts, on_progress)
+
+
+def _with_last_logits(model: Any, forward: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+    hidden = forward()  # [num_tokens, hidden]
+    return [hidden, model.compute_logits(hidden[-1:])]
+
+
+@contextmanager
+def _sglang_mem_usage(state: SessionState, kind: str) -> Iterator[None]:
+    """SGLang's `mem usage` of a kind's capture: free memory before minus after, each read
+    after emptying the allocator's cache, as its `Capture cuda graph end` line reports it."""
+    torch.cuda.empty_cache()
+    free_before = torch.cuda.mem_get_info()[0]
+    try:
+        yield
+    finally:
+        torch.cuda.empty_cache()
+        state.sglang_mem_usage_bytes[kind] = free_before - torch.cuda.mem_get_info()[0]
+
+
+def _count_kernels(
+    state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    opts: CaptureOptions, on_progress: ProgressCallback,
+) -> None:
+    """Kernels per forward of every size from one profiler pass over the replays; with
+    --profile, their tables, and a Chrome trace of each --profile-sizes size."""
+    if not calls:
+        return
+    _progress(on_progress, kind, "profile", None, 0, 1)
+    with state.phase("profile"):
+        kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
+        for row in state.sizes:
+            if row.kind == kind and row.size in kernels and row.rank == current_tp().rank:
+                row.kernels_per_forward = kernels_per_call(kernels[row.size])
+        if not opts.profile:
+            return
+        for size, stats in kernels.items():
+            state.kernel_tables[f"{kind}:{size}"] = [
+                KernelRow(k.name, k.cuda_ms, k.launches) for k in stats[:15]
+            ]
+        for size, replay, _ in calls:
+            if size in opts.profile_sizes.get(kind, ()):
+                name = f"trace_{kind}_{size}.json"
+                opts.out_dir.mkdir(parents=True, exist_ok=True)
+                profile_kernels_by_size([(size, replay)], str(opts.out_dir / name))
+                state.chrome_traces[f"{kind}:{size}"] = name
 
 
 def _capture_sizes(
     kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any,
-    state: SessionState, enable_gc: bool, forward_static: Callable[[int], object] | None = None,
+    state: SessionState, opts: CaptureOptions, forward_static: Callable[[int], object],
 ) -> dict[int, CaptureCost]:
     """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory.
 
@@ -106,29 +177,47 @@ def _capture_sizes(
     tens of milliseconds with a model loaded)."""
     costs: dict[int, CaptureCost] = {}
     ordered = sorted(sizes, reverse=True)
-    with freeze_gc(enable_gc):
-        _capture_each(kind, capture_one, ordered, pool, on_progress, state, costs, forward_static)
+    with freeze_gc(opts.enable_cudagraph_gc):
+        for i, size in enumerate(ordered):
+            _progress(on_progress, kind, "capture", size, i, len(ordered))
+            barrier()  # with TP, every rank records the same size together (NCCL needs it)
+            with _memory_history(state, opts, kind, first=i == 0):
+                _capture_size(kind, capture_one, size, pool, state, costs, forward_static)
     return costs
 
 
-def _capture_each(
-    kind: str, capture_one: Any, ordered: list[int], pool: Any, on_progress: Any,
-    state: SessionState, costs: dict[int, CaptureCost],
-    forward_static: Callable[[int], object] | None = None,
+def _capture_size(
+    kind: str, capture_one: Any, size: int, pool: Any, state: SessionState,
+    costs: dict[int, CaptureCost], forward_static: Callable[[int], object],
 ) -> None:
     """A size that runs out of memory is marked failed and the smaller ones are still tried:
     the report then names the largest size that fits, which is what the remedy needs."""
-    for i, size in enumerate(ordered):
-        _progress(on_progress, kind, "capture", size, i, len(ordered))
-        barrier()  # with TP, every rank records the same size together (NCCL needs it)
-        try:
-            costs[size] = measure_capture(lambda: capture_one(size), pool)
-        except torch.OutOfMemoryError as oom:
-            _note_out_of_memory(state, kind, size, str(oom))
-        except RuntimeError as error:
-            if forward_static is None or not is_capture_error(error):
-                raise
-            raise diagnose_capture_error(kind, size, lambda: forward_static(size)) from error
+    try:
+        costs[size] = measure_capture(lambda: capture_one(size), pool)
+    except torch.OutOfMemoryError as oom:
+        _note_out_of_memory(state, kind, size, str(oom))
+    except RuntimeError as error:
+        if not is_capture_error(error):
+            raise
+        raise diagnose_capture_error(kind, size, lambda: forward_static(size)) from error
+
+
+@contextmanager
+def _memory_history(state: SessionState, opts: CaptureOptions, kind: str, first: bool) -> Iterator[None]:
+    """With --profile, the allocator's history around the first (largest) capture of a kind:
+    recorded through a whole session it made captures ten times slower (issue 14)."""
+    if not (opts.profile and first):
+        yield
+        return
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        yield
+    finally:
+        opts.out_dir.mkdir(parents=True, exist_ok=True)
+        name = f"memory_{kind}.pickle"
+        torch.cuda.memory._dump_snapshot(str(opts.out_dir / name))
+        torch.cuda.memory._record_memory_history(enabled=None)
+        state.memory_snapshots[kind] = name
 
 
 def _measured(
@@ -176,13 +265,8 @@ def _tried_bytes(message: str) -> int:
 
 
 def _record(
-    state: SessionState,
-    kind: str,
-    size: int,
-    cost: CaptureCost,
-    check: ReplayCheck,
+    state: SessionState, kind: str, size: int, cost: CaptureCost, check: ReplayCheck,
     roofline_ms: float,
-    keep_kernels: bool,
 ) -> None:
     state.sizes.append(
         SizeResult(
@@ -195,16 +279,15 @@ def _record(
             eager_ms=check.eager_ms,
             replay_ms=check.replay_ms,
             speedup=check.eager_ms / check.replay_ms,
-            kernels_per_forward=kernel_count(check),
+            kernels_per_forward=0,  # counted for all sizes at once afterwards
             max_abs_diff=check.max_abs_diff,
             status="ok" if check.safe else "unsafe",
             roofline_ms=roofline_ms,
+            eager_ci95_ms=check.eager.ci95_ms,
+            replay_ci95_ms=check.replay.ci95_ms,
+            max_diff_at=check.worst_token,
         )
     )
-    if keep_kernels:
-        state.kernel_tables[f"{kind}:{size}"] = [
-            KernelRow(k.name, k.cuda_ms, k.launches) for k in check.kernels[:15]
-        ]
 
 
 def _failed_row(kind: str, size: int) -> SizeResult:
@@ -213,14 +296,6 @@ def _failed_row(kind: str, size: int) -> SizeResult:
         non_torch_bytes=0, eager_ms=None, replay_ms=None, speedup=None,
         kernels_per_forward=0, max_abs_diff=None, status="failed",
     )
-
-
-def _trace_path(opts: CaptureOptions, state: SessionState, kind: str, size: int) -> str | None:
-    if not opts.profile or state.chrome_trace is not None:
-        return None
-    opts.out_dir.mkdir(parents=True, exist_ok=True)
-    state.chrome_trace = f"trace_{kind}_{size}.json"
-    return str(opts.out_dir / state.chrome_trace)
 
 
 def _peak_flops() -> float | None:

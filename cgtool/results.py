@@ -87,6 +87,9 @@ class SizeResult:
     status: SizeStatus = "ok"
     roofline_ms: float | None = None
     rank: int = 0
+    eager_ci95_ms: float | None = None  # half-width of the 95% confidence interval of eager_ms
+    replay_ci95_ms: float | None = None
+    max_diff_at: int | None = None  # token (piecewise) or request (decode) of max_abs_diff
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -105,6 +108,11 @@ class CaptureTotals:
     capture_s: float
     non_torch_bytes: int
     copy_bandwidth_bytes_s: float | None = None
+    # Seconds in each phase: load, compile, capture, measure, profile (render: the command's).
+    phase_s: dict[str, float] = field(default_factory=dict)
+    # SGLang's `mem usage` per kind: free memory before its capture minus after.
+    sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)
+    eager_host_us_per_kernel: float | None = None  # smallest eager decode step
 
 
 @dataclass(slots=True)
@@ -118,9 +126,11 @@ class KernelRow:
 class Artifacts:
     """Paths relative to the report's folder; kernel tables keyed "kind:size"."""
 
-    memory_snapshot: str | None = None
-    chrome_trace: str | None = None
+    memory_snapshot: str | None = None  # the first of memory_snapshots
+    chrome_trace: str | None = None  # the first of chrome_traces
     kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
+    memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
+    chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
 
 
 @dataclass(slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -74,7 +75,8 @@ def capture(
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
-    profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot and a Chrome trace.")] = False,
+    profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot of each kind's first capture and Chrome traces.")] = False,
+    profile_sizes: Annotated[Optional[str], typer.Option(help="With --profile, sizes that get a Chrome trace, e.g. decode:1,piecewise:512 (default: each kind's smallest and largest).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
 ) -> None:
@@ -96,6 +98,7 @@ def capture(
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
+        profile_sizes=parse_profile_sizes(profile_sizes, capture_bs, capture_tokens),
     )
     from cgtool.reports.capture_view import CaptureProgressBar
 
@@ -118,6 +121,25 @@ def capture(
     raise typer.Exit(capture_exit_code(report))
 
 
+def parse_profile_sizes(
+    text: str | None, capture_bs: list[int], capture_tokens: list[int]
+) -> dict[str, tuple[int, ...]]:
+    """`decode:1,piecewise:512` into sizes by kind; each named size must be captured."""
+    captured = {"decode": capture_bs, "piecewise": capture_tokens}
+    if text is None:
+        return {k: tuple(sorted({min(v), max(v)})) for k, v in captured.items() if v}
+    chosen: dict[str, list[int]] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, size = item.partition(":")
+        if kind not in captured or not size.isdigit() or int(size) not in captured[kind]:
+            raise CgtoolError(
+                f"--profile-sizes: {item!r} is not a captured size",
+                "Name sizes as decode:BS or piecewise:TOKENS from --bs / --tokens.",
+            )
+        chosen.setdefault(kind, []).append(int(size))
+    return {k: tuple(v) for k, v in chosen.items()}
+
+
 def capture_exit_code(report: CaptureReport) -> int:
     """1 when any size is missing (incomplete) or replays something else than eager (unsafe)."""
     return int(report.status == "incomplete" or any(s.status == "unsafe" for s in report.sizes))
@@ -129,6 +151,9 @@ def _save(report: CaptureReport, out: Path, state: SessionState) -> None:
     from cgtool.results import REPORT_FILENAME, write_report
 
     out.mkdir(parents=True, exist_ok=True)
-    write_report(report, out / REPORT_FILENAME)
+    write_report(report, out / REPORT_FILENAME)  # first, so a signal while rendering loses nothing
+    start = time.perf_counter()
     written = [out / REPORT_FILENAME, *render_report(report, out)]
+    report.totals.phase_s["render"] = time.perf_counter() - start
+    write_report(report, out / REPORT_FILENAME)
     print_capture_summary(console, report, state.failed, written)

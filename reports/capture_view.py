@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -11,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cgtool.capture import CaptureFailure, CaptureProgress
 from cgtool.reports.rank_tables import rank_tables
-from cgtool.reports.tables import size_rows, to_rich, totals_rows
+from cgtool.reports.tables import phase_rows, size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
 
 _GIB = 1 << 30
@@ -26,6 +27,12 @@ class CaptureProgressBar:
             console=console, transient=False,
         )
         self.tasks: dict[tuple[str, str], int] = {}
+        self.start = time.perf_counter()
+
+    def _line(self, text: str) -> None:
+        """A phase line, stamped with the seconds since the session began."""
+        elapsed = time.perf_counter() - self.start
+        self.progress.console.print(f"[{elapsed:6.1f} s] {text}", highlight=False)
 
     def __enter__(self) -> CaptureProgressBar:
         self.progress.__enter__()
@@ -36,9 +43,10 @@ class CaptureProgressBar:
 
     def update(self, event: CaptureProgress) -> None:
         free = f"avail mem {event.free_bytes / _GIB:.2f} GiB"
-        if event.phase in ("load", "compile"):
-            what = "loading model and KV pool" if event.phase == "load" else f"compiling {event.kind} pieces"
-            self.progress.console.print(f"{what} ({free})", highlight=False)
+        if event.phase in ("load", "compile", "profile"):
+            what = {"load": "loading model and KV pool", "compile": f"compiling {event.kind} pieces",
+                    "profile": f"counting {event.kind} kernels"}[event.phase]
+            self._line(f"{what} ({free})")
             return
         key = (event.kind, event.phase)
         label = "bs" if event.kind == "decode" else "tokens"
@@ -46,9 +54,7 @@ class CaptureProgressBar:
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(description, total=event.total)
             if not self.progress.console.is_terminal:  # a log file gets one line per phase
-                self.progress.console.print(
-                    f"{event.phase} {event.kind}: {event.total} sizes ({free})", highlight=False
-                )
+                self._line(f"{event.phase} {event.kind}: {event.total} sizes ({free})")
         self.progress.update(self.tasks[key], description=description, completed=event.done + 1)
 
 
@@ -86,6 +92,8 @@ def print_capture_summary(
     for kind in report.kinds():
         console.print(to_rich(size_rows(report, kind)))
     console.print(to_rich(totals_rows(report)))
+    if report.totals.phase_s:
+        console.print(to_rich(phase_rows(report)))
     for table in rank_tables(report):  # --tp only
         console.print(to_rich(table))
     unsafe = [s for s in report.sizes if s.status == "unsafe"]

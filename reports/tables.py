@@ -116,10 +116,27 @@ def totals_rows(report: CaptureReport) -> TableData:
         ["peak", mib(t.peak_bytes)],
         ["free before capture", mib(t.free_before_capture_bytes)],
         ["free after capture", mib(t.free_after_capture_bytes)],
-        ["capture time", _num(t.capture_s, 2, " s")],
+        ["capture time (capturing alone)", _num(t.capture_s, 2, " s")],
         ["copy bandwidth", "-" if bandwidth is None else f"{bandwidth / 1e9:,.0f} GB/s"],
     ]
+    for kind, used in t.sglang_mem_usage_bytes.items():
+        rows.append([f"SGLang 'mem usage', {kind}", mib(used)])
+    if t.eager_host_us_per_kernel is not None:
+        rows.append(["eager host time per kernel", _num(t.eager_host_us_per_kernel, 1, " µs")])
     return TableData("Totals", ["", "value"], rows)
+
+
+PHASES = ("load", "compile", "capture", "measure", "profile", "render")
+
+
+def phase_rows(report: CaptureReport) -> TableData:
+    """Seconds in each phase of the session, in the order they run, and their share."""
+    phases = report.totals.phase_s
+    total = sum(phases.values())
+    names = [p for p in PHASES if p in phases] + [p for p in phases if p not in PHASES]
+    rows = [[name, _num(phases[name], 2, " s"), _num(100 * phases[name] / total if total else None, 0, "%")]
+            for name in names]
+    return TableData("Phases", ["phase", "time", "share"], rows)
 
 
 def environment_rows(report: CaptureReport) -> TableData:

@@ -15,6 +15,24 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
 
+if want speed; then  # issue 14: eager step, whole-session wall time and phases, profile size
+  ts() { date +%H:%M:%S; }
+  echo "[$(ts)] eager bench"
+  python3 scripts/bench_eager.py --model llama-3.1-8b --out "$OUT/runs/eager-llama-3.1-8b.json" \
+    >"$OUT/runs/eager.log" 2>&1; tail -30 "$OUT/runs/eager.log"
+  walls=()
+  for run in "qwen2.5-0.5b both" "llama-3.1-8b both" "llama-3.1-8b both --profile" "llama-3.1-8b both again"; do
+    set -- $run; m=$1; name="speed-$m${3:+-${3#--}}"; extra=(); [[ "${3:-}" == --profile ]] && extra=(--profile)
+    echo "[$(ts)] $name"
+    start=$(date +%s.%N)
+    cgtool capture --model "$m" --kind both "${extra[@]}" --out "$OUT/runs/$name" >"$OUT/runs/$name.log" 2>&1
+    rc=$?; wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+    echo "[$(ts)] $name exit $rc wall ${wall}s"; grep -E "^\[ *[0-9.]+ s\]" "$OUT/runs/$name.log" | tail -12
+    walls+=("$OUT/runs/$name=$wall")
+  done
+  ls -la "$OUT"/runs/speed-llama-3.1-8b-profile/*.pickle "$OUT"/runs/speed-llama-3.1-8b-profile/*.json 2>/dev/null
+  python3 scripts/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
+fi
 if want tests; then
   python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
 fi

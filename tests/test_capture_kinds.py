@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from cgtool import capture_kinds
-from cgtool.capture import SessionState
+from cgtool.capture import CaptureOptions, SessionState
 from cgtool.measure import CaptureCost
 
 GIB = 1 << 30
@@ -28,7 +28,10 @@ def _run_loop(monkeypatch, fits_up_to: int, sizes: list[int]) -> tuple[SessionSt
     monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
     state = SessionState()
-    costs = capture_kinds._capture_sizes("decode", capture_one, sizes, None, None, state, False)
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=sizes, capture_num_tokens=[])
+    costs = capture_kinds._capture_sizes(
+        "decode", capture_one, sizes, None, None, state, opts, forward_static=lambda size: None
+    )
     return state, costs, attempted
 
 
@@ -53,3 +56,19 @@ def test_the_failed_allocation_size_is_read_from_pytorch_message():
     assert capture_kinds._tried_bytes(OOM_TEXT) == int(1.5 * GIB)
     assert capture_kinds._tried_bytes("Tried to allocate 20.00 MiB") == 20 << 20
     assert capture_kinds._tried_bytes("some other allocator error") == 0
+
+
+def test_phase_times_add_up_and_an_interruption_names_the_innermost_phase():
+    state = SessionState()
+    with state.phase("capture"):
+        pass
+    with state.phase("capture"):
+        pass
+    try:
+        with state.phase("measure"), state.phase("profile"):
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert set(state.phase_s) == {"capture", "measure", "profile"}
+    assert all(seconds >= 0 for seconds in state.phase_s.values())
+    assert state.stopped_in == "profile"

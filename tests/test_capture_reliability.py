@@ -75,7 +75,37 @@ def test_a_signal_during_capture_writes_the_partial_report(tmp_path, signum, cod
     assert rc == code, output
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["status"] == "incomplete"
-    assert report["incomplete_reason"] == f"interrupted by {name}"
+    assert report["incomplete_reason"].startswith(f"interrupted by {name} during ")
     kept = {(s["kind"], s["size"]) for s in report["sizes"]}
     assert {("piecewise", 16), ("piecewise", 32)} <= kept  # measured before the signal
     assert "Traceback" not in output
+
+
+# Each phase line a profiled run prints (stderr is a pipe: one line per phase).
+PHASE_LINES = [
+    "compiling piecewise pieces", "capture piecewise:", "measure piecewise:",
+    "counting piecewise kernels", "capture decode:", "measure decode:", "counting decode kernels",
+]
+
+
+@pytest.mark.parametrize("line", PHASE_LINES)
+def test_sigterm_in_any_phase_of_a_profiled_run_keeps_a_report(tmp_path, line):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
+           "--bs", "1,2,4,8", "--tokens", "16,32,64,128", "--context-len", "128", "--profile",
+           "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    seen = ""
+    while line not in seen:
+        got = proc.stderr.readline()
+        assert got, f"capture ended before {line!r}:\n{seen}"
+        seen += got
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143, seen + stdout + stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "incomplete"
+    assert report["incomplete_reason"].startswith("interrupted by SIGTERM during "), report
+    assert report["totals"]["phase_s"], "the phases run before the signal are kept"
+    assert "Traceback" not in stdout + stderr

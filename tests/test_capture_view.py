@@ -42,3 +42,17 @@ def test_summary_prints_the_reason_and_remedies(tmp_path):
     assert "incomplete: out of memory capturing decode bs 256" in text
     assert "- lower --cuda-graph-max-bs to 248" in text
     assert f"wrote {tmp_path / 'report.json'}" in text
+
+
+def test_phase_table_lists_phases_in_session_order_with_their_share():
+    import dataclasses
+
+    from cgtool.reports.tables import phase_rows
+    from cgtool.results import load_report
+
+    report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
+    report = dataclasses.replace(report, totals=dataclasses.replace(
+        report.totals, phase_s={"measure": 3.0, "load": 1.0, "capture": 4.0, "render": 2.0}))
+    table = phase_rows(report)
+    assert [r[0] for r in table.rows] == ["load", "capture", "measure", "render"]
+    assert [r[2] for r in table.rows] == ["10%", "40%", "30%", "20%"]

@@ -11,7 +11,8 @@ from rich.console import Console
 from cgtool.capture import SessionState
 from cgtool.capture_kinds import _record
 from cgtool.commands.capture import capture_exit_code
-from cgtool.measure import CaptureCost, ReplayCheck, replay_tolerance
+from cgtool.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
+from cgtool.profiler.timing import Timing
 from cgtool.reports.capture_view import print_capture_summary
 from cgtool.results import load_report
 
@@ -21,7 +22,10 @@ COST = CaptureCost(capture_s=0.1, retained_bytes=1 << 20, peak_bytes=2 << 20, no
 
 def _check(diff: float, logits_scale: float = 20.0) -> ReplayCheck:
     tolerance = replay_tolerance(torch.full((4,), logits_scale), torch.bfloat16)
-    return ReplayCheck(eager_ms=20.0, replay_ms=6.0, max_abs_diff=diff, tolerance=tolerance, kernels=[])
+    return ReplayCheck(
+        eager=Timing(20.0, 0.2, 3, 1), replay=Timing(6.0, 0.05, 3, 1), max_abs_diff=diff,
+        tolerance=tolerance, worst_output=0, worst_token=2,
+    )
 
 
 def test_tolerance_is_a_few_ulps_of_the_dtype_at_the_logits_scale():
@@ -30,11 +34,21 @@ def test_tolerance_is_a_few_ulps_of_the_dtype_at_the_logits_scale():
     assert not _check(0.7).safe
 
 
+def test_every_row_is_compared_and_the_worst_row_named():
+    eager = [torch.zeros(5, 3), torch.full((1, 8), 20.0)]  # hidden states of 5 tokens, logits
+    replay = [eager[0].clone(), eager[1].clone()]
+    replay[0][3, 1] = 0.5  # token 3, far beyond 4 ulps at scale 1
+    replay[1][0, 2] = 20.5  # within 4 ulps at scale 20
+    diff, tolerance, output, row = compare_outputs(eager, replay, torch.bfloat16)
+    assert (diff, output, row) == (0.5, 0, 3) and tolerance == 4 * 2**-7
+
+
 def test_a_size_beyond_tolerance_is_recorded_unsafe_with_its_difference():
     state = SessionState()
-    _record(state, "decode", 8, COST, _check(0.0), 5.0, keep_kernels=False)
-    _record(state, "decode", 16, COST, _check(1.25), 5.0, keep_kernels=False)
+    _record(state, "decode", 8, COST, _check(0.0), 5.0)
+    _record(state, "decode", 16, COST, _check(1.25), 5.0)
     assert [(r.size, r.status, r.max_abs_diff) for r in state.sizes] == [(8, "ok", 0.0), (16, "unsafe", 1.25)]
+    assert state.sizes[1].max_diff_at == 2 and state.sizes[1].eager_ci95_ms == 0.2
 
 
 def test_the_summary_names_unsafe_sizes_and_the_command_exits_1():

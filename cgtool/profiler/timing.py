@@ -2,11 +2,83 @@
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+# Two-sided 95% Student t quantiles by degrees of freedom; past 30 the normal's 1.96 is close.
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14,
+        2.13, 2.12, 2.11, 2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05,
+        2.05, 2.04)
+
+
+def t95(dof: int) -> float:
+    return _T95[dof - 1] if dof <= len(_T95) else 1.96
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Mean time of one call, with the half-width of its 95% confidence interval."""
+
+    mean_ms: float
+    ci95_ms: float
+    batches: int  # timed batches, each `calls_per_batch` calls between two CUDA events
+    calls_per_batch: int
+
+
+def time_cuda(
+    fn: Callable[[], object],
+    rel_ci: float = 0.02,
+    min_batches: int = 3,
+    max_batches: int = 15,
+    batch_ms: float = 5.0,
+    budget_s: float = 0.3,
+) -> Timing:
+    """Time `fn` in batches until the 95% interval of the mean is within `rel_ci` of it,
+    `max_batches` were timed, or `budget_s` of wall time has passed (at least `min_batches`).
+
+    One pair of events per batch rather than per call: the events' own cost and the
+    synchronisation after each call would otherwise be part of short calls' times.
+    """
+    fn()
+    first = _one_batch_ms(fn, 1)
+    calls = max(1, min(64, int(batch_ms / max(first, 1e-3))))
+    start = time.perf_counter()
+    samples: list[float] = []
+    while True:
+        samples.append(_one_batch_ms(fn, calls) / calls)
+        n = len(samples)
+        if n < min_batches:
+            continue
+        mean = statistics.fmean(samples)
+        ci = t95(n - 1) * statistics.stdev(samples) / math.sqrt(n)
+        if ci <= rel_ci * mean or n >= max_batches or time.perf_counter() - start > budget_s:
+            return Timing(mean, ci, n, calls)
+
+
+def _one_batch_ms(fn: Callable[[], object], calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def host_launch_ms(fn: Callable[[], object]) -> float:
+    """Host time to issue one call, the GPU idle before it: the launch overhead of eager code
+    (the call returns once its kernels are queued, which for one forward fits the queue)."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3
 
 
 def median_cuda_ms(fn: Callable[[], object], warmup: int = 3, iters: int = 20) -> float:
@@ -70,3 +142,47 @@ def _is_memory_op(name: str) -> bool:
 
 def kernels_per_call(stats: list[KernelStat]) -> int:
     return sum(s.launches for s in stats)
+
+
+def profile_kernels_by_size(
+    calls: Sequence[tuple[int, Callable[[], object]]], trace_path: str | None = None
+) -> dict[int, list[KernelStat]]:
+    """Every kernel each (size, call) launches, from one profiler session for all sizes.
+
+    Starting the profiler costs far more than a forward, so all sizes share one session;
+    each call runs alone on an idle GPU inside its own range, and a kernel belongs to the
+    range its GPU start time falls in."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    for _, fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for size, fn in calls:
+            with record_function(f"cgtool_size_{size}"):
+                fn()
+                torch.cuda.synchronize()
+    if trace_path:
+        prof.export_chrome_trace(trace_path)
+    return _kernels_in_ranges(prof.events(), [size for size, _ in calls])
+
+
+def _kernels_in_ranges(events: object, sizes: list[int]) -> dict[int, list[KernelStat]]:
+    ranges = {}
+    kernels = []
+    for event in events:  # type: ignore[attr-defined]
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            if not _is_memory_op(event.name):
+                kernels.append(event)
+        elif event.name.startswith("cgtool_size_"):
+            ranges[int(event.name.removeprefix("cgtool_size_"))] = event.time_range
+    result: dict[int, list[KernelStat]] = {}
+    for size in sizes:
+        span = ranges.get(size)
+        stats: dict[str, list[float]] = {}
+        for k in kernels:
+            if span is not None and span.start <= k.time_range.start <= span.end:
+                stats.setdefault(k.name, []).append((k.time_range.end - k.time_range.start) / 1e3)
+        rows = [KernelStat(name, sum(ts), len(ts)) for name, ts in stats.items()]
+        result[size] = sorted(rows, key=lambda r: -r.cuda_ms)
+    return result

@@ -1,0 +1,30 @@
+"""The phase table of capture reports, beside each run's wall time from process start.
+
+Usage: python scripts/bench_phases.py RUN_DIR=WALL_S [RUN_DIR=WALL_S ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from cgtool.results import load_report
+
+PHASES = ("load", "compile", "capture", "measure", "profile", "render")
+
+
+def main() -> None:
+    print(f"{'run':34} {'wall':>7} " + " ".join(f"{p:>8}" for p in PHASES) + f" {'measure%':>9} {'sizes':>6}")
+    for arg in sys.argv[1:]:
+        folder, _, wall = arg.partition("=")
+        report = load_report(Path(folder) / "report.json")
+        phases = report.totals.phase_s
+        wall_s = float(wall) if wall else float("nan")
+        measured = phases.get("measure", 0.0) + phases.get("profile", 0.0)
+        cells = " ".join(f"{phases.get(p, 0.0):8.1f}" for p in PHASES)
+        print(f"{Path(folder).name:34} {wall_s:7.1f} {cells} {100 * measured / wall_s:8.0f}% "
+              f"{len(report.sizes):6d}")
+
+
+if __name__ == "__main__":
+    main()
