@@ -57,7 +57,7 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
     from cgtool.results import load_plan
 
     value = float(load_plan(plan)["memory"]["mem_fraction_static"])
-    err_console.print(f"--mem-fraction-static {value:g} from the plan {plan}", highlight=False)
+    err_console.print(f"--mem-fraction-static {value:g} from the plan {plan}", highlight=False, soft_wrap=True)
     return value
 
 

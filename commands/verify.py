@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,12 +15,12 @@ from cgtool.errors import EnvironmentProblem, InputError
 @cli_errors
 def verify(
     plan: Annotated[Path, typer.Option(help="plan.json written by `cgtool plan --out DIR`.")],
-    trace: Annotated[Optional[Path], typer.Option(help="The trace the plan was made from: steps then carry their simulated contexts.")] = None,
+    trace: Annotated[Path | None, typer.Option(help="The trace the plan was made from: steps then carry their simulated contexts.")] = None,
     trace_format: Annotated[str, typer.Option("--format", help="Format of --trace, as for `cgtool plan`.")] = "cgtool",
     steps: Annotated[int, typer.Option(help="Simulated steps to sample and replay through each graph set.")] = 2000,
     repeats: Annotated[int, typer.Option(help="Timed passes over the sample; the ratio's interval comes from them.")] = 3,
     seed: Annotated[int, typer.Option(help="Seed of the step sample.")] = 0,
-    mem_fraction_static: Annotated[Optional[float], typer.Option(help="Override the plan's --mem-fraction-static.")] = None,
+    mem_fraction_static: Annotated[float | None, typer.Option(help="Override the plan's --mem-fraction-static.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for verify.json, figures and verify.html.")] = Path("cgtool-verify"),
 ) -> None:
     """Capture the plan's and the default's graphs, replay sampled steps through both, compare

@@ -102,8 +102,8 @@ def _differs(plan: dict[str, Any], again: Plan) -> list[str]:
 
     if same("decode", again.decode.histogram) and same("piecewise", again.piecewise.histogram):
         return []
-    return ["the trace simulates to other steps than the plan's histograms: is it the trace "
-            "the plan was made from?"]
+    return [("the trace simulates to other steps than the plan's histograms: is it the trace "
+            "the plan was made from?")]
 
 
 def plan_cost(plan: dict[str, Any], max_bs: int, max_tokens: int) -> CostModel:

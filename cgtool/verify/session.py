@@ -4,6 +4,7 @@ pool of their own, then the sampled steps replayed through both sets, repeat by 
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable
@@ -133,7 +134,11 @@ def _capture_set(
     from cgtool.profiler.memory import read_memory
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
-    from cgtool.runners.pool import freeze_gc, get_global_graph_memory_pool, reset_global_graph_memory_pool
+    from cgtool.runners.pool import (
+        freeze_gc,
+        get_global_graph_memory_pool,
+        reset_global_graph_memory_pool,
+    )
 
     reset_global_graph_memory_pool()
     pool = get_global_graph_memory_pool()
@@ -274,7 +279,7 @@ def _timed_steps(fns: list[Callable[[], object]]) -> list[float]:
         fn()
         end.record()
     torch.cuda.synchronize()
-    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+    return [a.elapsed_time(b) for a, b in itertools.pairwise(events)]
 
 
 def _free_gib() -> float:
