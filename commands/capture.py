@@ -48,6 +48,20 @@ def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
     return list(plan["decode"]["capture_bs"]), list(plan["piecewise"]["capture_num_tokens"])
 
 
+def choose_fraction(flag: float | None, plan: Path | None) -> float:
+    """--mem-fraction-static when given, else the plan's, else 0.85; says which on stderr."""
+    if flag is not None or plan is None:
+        value = 0.85 if flag is None else flag
+        if plan is not None:
+            err_console.print(f"--mem-fraction-static {value:g} from the flag (overrides the plan's)", highlight=False)
+        return value
+    from cgtool.results import load_plan
+
+    value = float(load_plan(plan)["memory"]["mem_fraction_static"])
+    err_console.print(f"--mem-fraction-static {value:g} from the plan {plan}", highlight=False, soft_wrap=True)
+    return value
+
+
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
@@ -69,7 +83,7 @@ def capture(
     tokens: Annotated[Optional[str], typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Largest token count for SGLang's default piecewise list.")] = 4096,
     plan: Annotated[Optional[Path], typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
-    mem_fraction_static: Annotated[float, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag.")] = 0.85,
+    mem_fraction_static: Annotated[Optional[float], typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag (default: the plan's with --plan, else 0.85).")] = None,
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
     max_total_tokens: Annotated[Optional[int], typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
@@ -81,6 +95,7 @@ def capture(
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
+    mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
     import torch

@@ -14,6 +14,7 @@ from cgtool.commands.plan import plan
 from cgtool.commands.report import report
 from cgtool.commands.schedule import schedule
 from cgtool.commands.trace import trace_app
+from cgtool.commands.verify import verify
 
 app = typer.Typer(
     name="cgtool",
@@ -42,6 +43,7 @@ def root(
 
 app.command("plan")(plan)
 app.command("capture")(capture)
+app.command("verify")(verify)
 app.command("check")(check)
 app.command("schedule")(schedule)
 app.add_typer(trace_app, name="trace")

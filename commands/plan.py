@@ -19,7 +19,8 @@ from cgtool.planner.convert import FORMATS, load_trace
 from cgtool.planner.plan import Plan, PlanRequest, plan_batches, plan_requests
 from cgtool.planner.trace import RequestTrace
 from cgtool.reports.plan_view import plan_view
-from cgtool.results import PLAN_FILENAME, load_report, write_json_atomic
+from cgtool.results import PLAN_FILENAME, write_json_atomic
+from cgtool.verify.profile import load_profile
 
 FALLBACK_GPU = "H100-80GB"
 _UNITS = {
@@ -120,7 +121,7 @@ def plan(
         str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
     ] = "auto",
     profile: Annotated[
-        Path | None, typer.Option(help="Capture report.json: measured step times and graph memory.")
+        Path | None, typer.Option(help="Capture report.json or verify.json: measured step times and graph memory.")
     ] = None,
     tp: Annotated[
         int,
@@ -162,7 +163,7 @@ def plan(
             "Use sglang or vllm (see `cgtool schedule` for trtllm).",
         )
     gpu_choice, gpu_note = _resolve_gpu(gpu)
-    report = load_report(profile).to_dict() if profile is not None else None
+    report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
         cfg=load_model_config(model),
         gpu=gpu_choice,

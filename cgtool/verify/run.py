@@ -1,0 +1,152 @@
+"""`cgtool verify` end to end: inputs checked and steps sampled on the CPU, then the GPU
+session, then verify.json's figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cgtool.errors import InputError
+from cgtool.planner.cost import CostModel
+from cgtool.results import load_plan
+from cgtool.verify.population import (
+    plan_cost,
+    population_from_histograms,
+    population_from_trace,
+)
+from cgtool.verify.result import Rehearsal, VerifyResult, VerifySettings
+from cgtool.verify.session import GraphSet, Phase, SessionOptions
+from cgtool.verify.steps import Step, StepPopulation, sample_steps
+from cgtool.verify.summary import ratio_interval, summarise_set
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    plan: dict[str, Any]
+    plan_path: Path
+    trace: Path | None
+    population: StepPopulation
+    steps: list[Step]
+    cost: CostModel
+    mem_fraction_static: float
+    fraction_source: str  # "plan" or "flag"
+    repeats: int
+    seed: int
+    warnings: list[str]
+
+
+def prepare(
+    plan_path: Path,
+    *,
+    trace: Path | None = None,
+    trace_format: str = "cgtool",
+    num_steps: int = 2000,
+    repeats: int = 3,
+    seed: int = 0,
+    mem_fraction_static: float | None = None,
+) -> VerifyInputs:
+    """Everything that needs no GPU: every bad input is found here, before the GPU is asked for."""
+    if num_steps < 1:
+        raise InputError(f"--steps {num_steps} must be at least 1", "Try --steps 2000.")
+    if repeats < 2:
+        raise InputError(f"--repeats {repeats} gives no interval", "Use --repeats 2 or more (default 3).")
+    if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
+        raise InputError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1",
+                         "Leave it out to use the plan's.")
+    plan = load_plan(plan_path)
+    warnings: list[str] = []
+    if trace is not None:
+        if not Path(trace).is_file():
+            raise InputError(f"--trace {trace}: no such file", "Pass the trace the plan was made from.")
+        population, notes = population_from_trace(plan, trace, trace_format)
+        warnings += notes
+    else:
+        population = population_from_histograms(plan)
+        warnings.append("no --trace: steps come from plan.json's histograms, decode context "
+                        f"{population.decode.context[:1].tolist() or [0]} tokens assumed, extend "
+                        "prefixes 0; pass --trace for the simulated contexts")
+    steps = sample_steps(population, num_steps, seed)
+    if not steps:
+        raise InputError(f"{plan_path}: the plan's histograms hold no step", "Re-plan from a trace with requests.")
+    sizes = [s.size for s in steps]
+    max_bs = max([plan["inputs"].get("max_running_requests", 1)] + sizes + plan["decode"]["capture_bs"]
+                 + plan["decode"]["default_capture_bs"])
+    max_tokens = max([plan["inputs"].get("chunked_prefill_size", 1)] + sizes
+                     + plan["piecewise"]["capture_num_tokens"] + plan["piecewise"]["default_capture_num_tokens"])
+    fraction = mem_fraction_static or float(plan["memory"]["mem_fraction_static"])
+    return VerifyInputs(
+        plan=plan, plan_path=Path(plan_path), trace=trace, population=population, steps=steps,
+        cost=plan_cost(plan, max_bs, max_tokens), mem_fraction_static=fraction,
+        fraction_source="flag" if mem_fraction_static else "plan", repeats=repeats, seed=seed,
+        warnings=warnings,
+    )
+
+
+def session_options(inputs: VerifyInputs) -> SessionOptions:
+    plan = inputs.plan
+    sets = (
+        GraphSet("plan", plan["decode"]["capture_bs"], plan["piecewise"]["capture_num_tokens"]),
+        GraphSet("default", plan["decode"]["default_capture_bs"],
+                 plan["piecewise"]["default_capture_num_tokens"]),
+    )
+    extend_sizes = [s.size for s in inputs.steps if s.kind == "extend"]
+    return SessionOptions(
+        model=plan["inputs"]["model"],
+        mem_fraction_static=inputs.mem_fraction_static,
+        steps=inputs.steps,
+        sets=sets,
+        chunked_prefill_size=int(plan["inputs"].get("chunked_prefill_size", max(extend_sizes, default=1))),
+        max_running_requests=int(plan["inputs"].get("max_running_requests", plan["decode"]["max_bs"])),
+        context_len=int(plan["inputs"].get("context_len", 0)),
+        repeats=inputs.repeats,
+        seed=inputs.seed,
+    )
+
+
+def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
+    """The GPU session and its summary. Needs CUDA (checked by the caller)."""
+    import torch
+
+    from cgtool.capture import environment, model_info
+    from cgtool.verify.session import run_session
+
+    opts = session_options(inputs)
+    session = run_session(opts, phase)
+    assert session.cfg is not None
+    rehearsal = session.rehearsal or Rehearsal("skipped", 0, 0, 0, 0, 0, 0)
+    result = VerifyResult(
+        environment=environment(),
+        model=model_info(session.cfg, torch.bfloat16),
+        settings=_settings(inputs, opts, session.kv_tokens),
+        rehearsal=rehearsal,
+        warnings=list(inputs.warnings),
+    )
+    if rehearsal.status == "oom":
+        result.status = "oom"
+        result.reason = f"{rehearsal.failed_step} ran out of memory at --mem-fraction-static {inputs.mem_fraction_static:g}"
+        return result
+    result.sets = [summarise_set(m, inputs.steps, inputs.cost, inputs.plan) for m in session.sets]
+    result.ratio = ratio_interval(result.sets[0].repeat_step_ms, result.sets[1].repeat_step_ms)
+    for measured in session.sets:
+        if measured.failed_sizes:
+            result.warnings.append(f"{measured.name}: out of memory capturing "
+                                   f"{', '.join(measured.failed_sizes)}; those steps ran eagerly")
+    return result
+
+
+def _settings(inputs: VerifyInputs, opts: SessionOptions, kv_tokens: int) -> VerifySettings:
+    return VerifySettings(
+        plan=str(inputs.plan_path),
+        trace=None if inputs.trace is None else str(inputs.trace),
+        step_source=inputs.population.source,  # type: ignore[arg-type]
+        mem_fraction_static=inputs.mem_fraction_static,
+        fraction_source=inputs.fraction_source,  # type: ignore[arg-type]
+        steps=len(inputs.steps),
+        repeats=inputs.repeats,
+        seed=inputs.seed,
+        kv_tokens=kv_tokens,
+        chunked_prefill_size=opts.chunked_prefill_size,
+        max_running_requests=opts.max_running_requests,
+        simulated_steps=inputs.population.total,
+    )
