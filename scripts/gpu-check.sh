@@ -36,7 +36,8 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
   python3 scripts/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
 fi
 if want tests; then
-  python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu-tests.log" | tail -25
+  timeout -k 10 "${TESTS_TIMEOUT:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider tests 2>&1 \
+    | tee "$OUT/gpu-tests.log" | grep -vE " PASSED| SKIPPED" | tail -40
 fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \

@@ -81,7 +81,7 @@ def test_attention_pieces_call_the_implementation_not_the_custom_op(cpu_runner):
         for node in piece.graph.graph.nodes
         if node.op == "call_function"
     ]
-    assert targets.count(attention_impl) == cpu_runner.runner.model.cfg.num_layers
+    assert targets.count(attention_impl) == cpu_runner.model_runner.model.cfg.num_layers
     assert not any("cgtool.attention" in str(t) for t in targets)
 
 
