@@ -16,6 +16,8 @@ def sizes_frame(report: CaptureReport) -> pd.DataFrame:
     rows = [asdict(row) for rank in range(report.settings.tp_size) for kind in report.kinds()
             for row in report.sizes_of(kind, rank)]
     frame = pd.DataFrame(rows, columns=[f for f in _COLUMNS])
+    if frame.empty:  # a run stopped before its first size: typed empty columns
+        frame = frame.astype({"retained_bytes": "int64", "replay_ms": "float64", "roofline_ms": "float64"})
     frame["cumulative_retained_bytes"] = frame.groupby(["rank", "kind"])["retained_bytes"].cumsum()
     replay = frame["replay_ms"].astype("float64")
     frame["roofline_pct"] = 100 * frame["roofline_ms"].astype("float64") / replay

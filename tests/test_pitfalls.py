@@ -70,7 +70,7 @@ def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
 
 _SYNC_SCRIPT = """
 import torch
-from cgtool.capture import SessionState
+from cgtool.capture import CaptureOptions, SessionState
 from cgtool.capture_kinds import _capture_sizes
 from cgtool.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
@@ -92,8 +92,9 @@ def syncing_forward(positions, hidden, residual):
 
 layer.forward = syncing_forward
 try:
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
     _capture_sizes("decode", runner.capture_one, [1, 2], None, lambda *a: None, SessionState(),
-                   False, runner.forward_static)
+                   opts, runner.forward_static)
 except CapturePitfall as pitfall:
     print("PITFALL", pitfall)
 """

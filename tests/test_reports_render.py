@@ -155,3 +155,12 @@ def test_markdown_escapes_pipes_and_lists_the_regression():
     text = comparison_markdown(compare_reports(baseline, current), "a|b", "cur")
     assert "`a\\|b`" in text
     assert "| decode bs 216 | retained_mem | 30.0 MiB | 60.0 MiB | +100.0% | REGRESSED |" in text
+
+
+def test_a_report_stopped_before_its_first_size_still_renders(tmp_path):
+    report = load_report(REPORT_DIR / "report.json")
+    report.sizes = []
+    report.status, report.incomplete_reason = "incomplete", "interrupted by SIGTERM during compile"
+    written = render_report(report, tmp_path)
+    assert (tmp_path / "sizes.csv").read_text().splitlines()[1:] == []
+    assert any(path.name == "report.html" for path in written)

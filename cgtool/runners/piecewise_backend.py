@@ -205,10 +205,12 @@ class PiecewiseBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.num_compiles += 1
         split = split_graph(gm, self.split_ops or registered_split_ops())
+        # Example inputs come from running the split graph on fake tensors: the split ops must
+        # still be the custom ops then, whose fake implementations touch no real buffer.
+        inputs = piece_example_inputs(split, example_inputs) if self.compiler == "inductor" else {}
         for piece in split.pieces:
             if piece.is_split_op:
                 call_split_ops_directly(piece.graph)
-        inputs = piece_example_inputs(split, example_inputs) if self.compiler == "inductor" else {}
         for index, piece in enumerate(split.capturable_pieces):
             runnable = compile_piece(piece.graph, inputs.get(piece.name), self.compiler)
             wrapper = CapturablePiece(runnable, index)
