@@ -92,7 +92,7 @@ class SizeResult:
     capture_s: float
     retained_bytes: int  # growth of the shared graph pool while capturing this size
     peak_bytes: int
-    non_torch_bytes: int  # NVML used minus torch reserved: graph objects, workspaces
+    non_torch_bytes: int  # device used (mem_get_info) minus torch reserved: graph objects
     eager_ms: float | None  # None only when the size failed
     replay_ms: float | None
     speedup: float | None  # eager_ms / replay_ms

@@ -147,3 +147,10 @@ def test_require_names_the_file_the_first_broken_rule_and_how_many_more():
 
 def test_require_passes_a_consistent_report():
     require_memory_invariants(_report(), "report.json")
+
+
+def test_formats_doc_states_the_tolerances_in_force():
+    text = " ".join((ROOT / "docs" / "formats.md").read_text().split())
+    assert f"within {POOL_TOLERANCE_BYTES // MIB} MiB." in text
+    assert (f"within {FREE_TOLERANCE_BYTES // MIB} MiB or {FREE_TOLERANCE_FRACTION:.0%} of that sum"
+            in text)
