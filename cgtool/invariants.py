@@ -1,7 +1,7 @@
 """Memory invariants every capture report must satisfy, decided here and nowhere else.
 
 1. Per size: `peak_bytes >= retained_bytes >= 0`. Both are measured over the same capture
-   window from the same start; what a graph keeps was reserved, so it cannot exceed the peak.
+   window, and every byte the pool gained was newly reserved during it.
 2. Per rank of a complete report: the sizes' `retained_bytes` add up to that rank's
    `graph_pool_bytes`, within POOL_TOLERANCE_BYTES. Graphs allocate only while capturing, so
    a larger gap is pool memory gained outside every size's measured window.
