@@ -14,6 +14,7 @@ import torch
 from cgtool import __version__
 from cgtool.config import ModelConfig, load_model_config
 from cgtool.errors import ConfigError, EnvironmentProblem
+from cgtool.provenance import collect_provenance
 from cgtool.results import (
     Artifacts,
     CaptureReport,
@@ -266,6 +267,7 @@ def build_report(
         status="incomplete" if state.incomplete_reason else "complete",
         incomplete_reason=state.incomplete_reason,
         rank_totals=state.rank_totals,
+        provenance=collect_provenance(),
     )
 
 

@@ -47,6 +47,20 @@ class Environment:
 
 
 @dataclass(slots=True)
+class Provenance:
+    """What produced a report or plan (cgtool.provenance collects it); its date is `created`."""
+
+    commit: str  # git commit of the cgtool source, or "unknown" outside a git checkout
+    dirty: bool | None  # tracked files changed since that commit; None when unknown
+    command: list[str]  # the exact command line (sys.argv)
+    cpu_model: str
+    cpu_count: int  # logical CPUs of the host
+    cgtool: str
+    torch: str
+    python: str
+
+
+@dataclass(slots=True)
 class ModelInfo:
     name: str
     architecture: str
@@ -78,7 +92,7 @@ class SizeResult:
     capture_s: float
     retained_bytes: int  # growth of the shared graph pool while capturing this size
     peak_bytes: int
-    non_torch_bytes: int  # NVML used minus torch reserved: graph objects, workspaces
+    non_torch_bytes: int  # device used (mem_get_info) minus torch reserved: graph objects
     eager_ms: float | None  # None only when the size failed
     replay_ms: float | None
     speedup: float | None  # eager_ms / replay_ms
@@ -146,14 +160,18 @@ class CaptureReport:
     created: str = field(default_factory=utc_now_iso)
     # Tensor parallelism: every rank's totals in rank order (`totals` is rank 0's); empty at TP=1.
     rank_totals: list[CaptureTotals] = field(default_factory=list)
+    provenance: Provenance | None = None  # None only in reports written before it existed
 
     def to_dict(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
         if not body["rank_totals"]:
             del body["rank_totals"]  # TP=1 reports stay as they were
+        if body["provenance"] is None:
+            del body["provenance"]
         head = {"schema": REPORT_SCHEMA, "version": FORMAT_VERSION}
-        order = ("status", "incomplete_reason", "created", "environment", "model", "settings")
-        return head | {k: body.pop(k) for k in order} | body
+        order = ("status", "incomplete_reason", "created", "provenance", "environment", "model",
+                 "settings")
+        return head | {k: body.pop(k) for k in order if k in body} | body
 
     @classmethod
     def from_dict(cls, data: Any, source: str = REPORT_FILENAME) -> CaptureReport:
@@ -199,6 +217,8 @@ def validate_plan(data: Any, source: str = PLAN_FILENAME) -> dict[str, Any]:
     """Check a plan dict's header and the fields cgtool uses; return it unchanged."""
     _check_header(data, PLAN_SCHEMA, source)
     _convert(PLAN_FIELDS, data, source, "")
+    if "provenance" in data:  # optional: plans written before it existed have none
+        _convert(Provenance, data["provenance"], source, "provenance")
     return data
 
 

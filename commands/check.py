@@ -17,9 +17,10 @@ from cgtool.compare import (
     compare_reports,
 )
 from cgtool.errors import InputError
+from cgtool.invariants import require_memory_invariants
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.tables import comparison_rows, format_change, to_rich
-from cgtool.results import CaptureReport, load_document
+from cgtool.results import CaptureReport, load_document, resolve_document
 
 
 @cli_errors
@@ -42,6 +43,7 @@ def check(
 ) -> None:
     """Compare two capture reports (or two plans) size by size; exit 1 on a regression."""
     before, after = load_document(baseline), load_document(current)
+    _require_consistent_memory((baseline, before), (current, after))
     max_pct = parse_percent(max_regress, "--max-regress")
     latency_pct = parse_percent(latency_regress, "--latency-regress")
     comparison = _compare(before, after, metric, max_pct, latency_pct, force)
@@ -64,6 +66,13 @@ def parse_percent(text: str, option: str) -> float:
     if not 0 <= value < 1e6:
         raise InputError(f"{option} {text} is out of range", "Use a percentage of 0 or more.")
     return value
+
+
+def _require_consistent_memory(*documents: tuple[Path, CaptureReport | dict]) -> None:
+    # A report whose memory figures contradict each other gates nothing: refuse it (exit 2).
+    for path, document in documents:
+        if isinstance(document, CaptureReport):
+            require_memory_invariants(document, str(resolve_document(path)))
 
 
 def _compare(before: CaptureReport | dict, after: CaptureReport | dict, metric: str | None,

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -7,8 +8,10 @@ from typer.testing import CliRunner
 from cgtool.commands.capture import parse_sizes
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
+from cgtool.results import load_report
 
 runner = CliRunner()
+FIXTURES = Path(__file__).parent / "data" / "reports"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
@@ -49,3 +52,21 @@ def test_capture_cli_end_to_end_writes_a_verified_report(tmp_path):
     assert all(row["status"] == "ok" for row in report["sizes"])
     retained = sum(row["retained_bytes"] for row in report["sizes"])
     assert retained == report["totals"]["graph_pool_bytes"]
+
+
+@pytest.mark.parametrize(("fixture", "code"), [("h100-llama-3.1-8b", 0), ("h100-llama-3.1-8b-oom", 1)])
+def test_capture_saves_its_sizes_and_exits_1_when_incomplete_0_when_complete(tmp_path, monkeypatch, fixture, code):
+    # The session is replaced by the report it would return (the OOM fixture: decode bs 256 ran
+    # out of memory, the smaller sizes fitted); saving and the exit code run as on a GPU.
+    import cgtool.capture as session
+
+    returned = load_report(FIXTURES / fixture)
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(session, "run_capture", lambda opts, on_progress, state: returned)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["capture", "--model", "llama-3.1-8b", "--out", str(out)])
+    assert result.exit_code == code, result.output
+    saved = load_report(out)
+    assert saved.status == returned.status and saved.sizes == returned.sizes
+    if code:
+        assert "incomplete: out of memory capturing decode bs 256" in result.output

@@ -21,10 +21,21 @@ runner = CliRunner()
 def _variant(tmp_path: Path, edit, source: Path = BASELINE / "report.json") -> Path:
     data = json.loads(source.read_text())
     edit(data)
+    if data["schema"] == "cgtool.report":
+        _totals_follow_sizes(data)
     folder = tmp_path / "current"
     folder.mkdir()
     (folder / source.name).write_text(json.dumps(data))
     return folder
+
+
+def _totals_follow_sizes(data: dict) -> None:
+    # As in a real run, the pool and free memory move with the sizes: the variant keeps the
+    # memory invariants `check` demands (cgtool/invariants.py) and differs only where edited.
+    totals = data["totals"]
+    totals["graph_pool_bytes"] = sum(s["retained_bytes"] for s in data["sizes"])
+    totals["free_after_capture_bytes"] = (totals["free_before_capture_bytes"]
+                                          - totals["graph_pool_bytes"] - totals["non_torch_bytes"])
 
 
 def _size(data: dict, kind: str, size: int) -> dict:
@@ -158,3 +169,29 @@ def test_fuzz_corrupt_current_report_exits_2_with_one_line_or_compares(
     if result.exit_code == 2:
         lines = result.output.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), result.output
+
+
+def test_report_whose_peak_is_below_what_it_retained_is_refused_with_exit_2(tmp_path):
+    def contradict(data: dict) -> None:
+        row = _size(data, "piecewise", 4096)
+        row["peak_bytes"] = row["retained_bytes"] // 2
+
+    current = _variant(tmp_path, contradict)
+    result = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: {current / 'report.json'}: memory figures contradict each other: "
+        "piecewise 4096 tokens: peak >= retained >= 0 fails")
+
+
+def test_baseline_whose_free_memory_rose_during_capture_is_refused_naming_it(tmp_path):
+    data = json.loads((BASELINE / "report.json").read_text())
+    totals = data["totals"]
+    totals["free_after_capture_bytes"] = totals["free_before_capture_bytes"] + (670 << 20)
+    baseline = tmp_path / "report.json"
+    baseline.write_text(json.dumps(data))
+    result = runner.invoke(app, ["check", str(baseline), str(BASELINE)])
+    assert result.exit_code == 2
+    assert result.output.startswith(f"error: {baseline}: memory figures contradict each other: "
+                                    "total: free drop = pool + non-torch fails (free fell -670 MiB")

@@ -11,6 +11,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -249,10 +250,8 @@ def test_sglang_batch_lines_are_found_among_any_noise(log):
     lines, expected = log
     path = fuzz_file("\n".join(lines) + "\n", "server.log")
     if not expected:
-        try:
+        with pytest.raises(InputError, match="holds no 'Prefill batch'"):
             convert_sglang_log(path)
-        except InputError as error:
-            assert "holds no 'Prefill batch'" in str(error)
         return
     trace = convert_sglang_log(path).trace
     assert trace.extend_num_tokens.tolist() == [size for kind, size in expected if kind == "extend"]

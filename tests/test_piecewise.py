@@ -145,17 +145,10 @@ def test_capture_one_rejects_sizes_it_was_not_built_for(cpu_runner):
 GPU_SIZES = [4, 16, 48, 128, 256, 512]
 
 
-def _attention_backend_name():
-    try:
-        import cgtool.attention.triton_backend  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "triton"
-
-
 @pytest.fixture(scope="module")
 def gpu_runner():
-    model_runner = _model_runner("cuda", torch.bfloat16, _attention_backend_name(), num_slots=65536)
+    # Triton on the GPU, as capture runs it: a missing Triton is a failure here, not a fallback.
+    model_runner = _model_runner("cuda", torch.bfloat16, "triton", num_slots=65536)
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=GPU_SIZES)
     runner.warmup()
     from cgtool.profiler.memory import graph_pool_bytes
@@ -180,6 +173,7 @@ def gpu_runner():
 def test_every_capturable_piece_has_one_graph_per_size(gpu_runner):
     cfg = gpu_runner.model_runner.model.cfg
     pieces = gpu_runner.backend.pieces
+    assert gpu_runner.model_runner.backend.name == "triton"
     assert gpu_runner.backend.num_compiles == 1
     assert len(pieces) == cfg.num_layers + 1
     assert sum(len(p.graphs) for p in pieces) == len(GPU_SIZES) * (cfg.num_layers + 1)
@@ -269,7 +263,7 @@ def test_silly_model_captures_sizes_times_pieces_graphs():
 @pytest.mark.gpu
 def test_inductor_pieces_replay_like_eager():
     torch._dynamo.reset()  # other tests' compiled bodies would count as recompiles here
-    model_runner = _model_runner("cuda", torch.bfloat16, _attention_backend_name())
+    model_runner = _model_runner("cuda", torch.bfloat16, "triton")
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=[32, 64], compiler="inductor")
     for n in (64, 32):
         runner.capture_one(n)

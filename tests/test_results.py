@@ -310,6 +310,7 @@ def test_fuzz_mutated_report_field_loads_or_is_named(tmp_path, field_path, value
 _REQUIRED_REPORT_PATHS = [p for p in _REPORT_PATHS if p[-1] not in (
     "rank", "roofline_ms", "status", "incomplete_reason", "created", "artifacts", "tp_size",
     "copy_bandwidth_bytes_s", "memory_snapshot", "chrome_trace", "kernel_tables", "_fixture",
+    "provenance",
 ) and not (len(p) > 1 and p[-2] == "kernel_tables") and not isinstance(p[-1], int)]
 
 
@@ -333,3 +334,36 @@ def test_report_dataclass_builds_without_created_and_stamps_now():
     base = load_report(REPORT)
     fresh = CaptureReport(base.environment, base.model, base.settings, base.sizes, base.totals)
     assert fresh.created[:2] == "20" and fresh.status == "complete"
+
+
+def test_provenance_round_trips_and_follows_created(tmp_path):
+    report = load_report(REPORT)
+    assert report.provenance is not None and report.provenance.commit == "unknown"
+    write_report(report, tmp_path / "report.json")
+    assert load_report(tmp_path).provenance == report.provenance
+    keys = list(_raw(tmp_path / "report.json"))
+    assert keys[keys.index("created") + 1] == "provenance"
+
+
+def test_report_written_before_provenance_loads_and_stays_without_it(tmp_path):
+    data = _raw(REPORT)
+    del data["provenance"]
+    report = load_report(_write(tmp_path, data))
+    assert report.provenance is None
+    assert "provenance" not in report.to_dict()
+
+
+def test_provenance_with_a_wrong_type_is_named(tmp_path):
+    data = _raw(REPORT)
+    data["provenance"]["cpu_count"] = "two"
+    with pytest.raises(InputError, match=r"field 'provenance\.cpu_count' must be an integer"):
+        load_report(_write(tmp_path, data))
+
+
+def test_plan_provenance_is_optional_but_checked_when_present(tmp_path):
+    data = _raw(PLAN)
+    data["provenance"]["command"] = "cgtool plan"
+    with pytest.raises(InputError, match=r"field 'provenance\.command' must be a list"):
+        load_plan(_write(tmp_path, data, "plan.json"))
+    del data["provenance"]
+    assert "provenance" not in load_plan(_write(tmp_path, data, "plan.json"))

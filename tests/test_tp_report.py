@@ -106,7 +106,12 @@ def test_a_size_failing_on_one_rank_only_is_a_regression_of_that_rank():
 
 def test_cli_check_exits_1_naming_the_rank(tmp_path):
     current = tp2_report()
-    _row(current, "decode", 64, 1).retained_bytes += 200 * MIB
+    grown = _row(current, "decode", 64, 1)
+    grown.retained_bytes += 200 * MIB
+    # As in a real run, the capture's peak, rank 1's pool and its free memory move with it.
+    grown.peak_bytes += 200 * MIB
+    current.rank_totals[1].graph_pool_bytes += 200 * MIB
+    current.rank_totals[1].free_after_capture_bytes -= 200 * MIB
     write_report(tp2_report(), tmp_path / "base.json")
     write_report(current, tmp_path / "cur.json")
     result = CliRunner().invoke(app, ["check", str(tmp_path / "base.json"), str(tmp_path / "cur.json")])

@@ -41,7 +41,8 @@ from cgtool.planner.optimiser import Limits, choose_separate, choose_shared
 from cgtool.planner.parallel import check_tp_size, rank_shapes
 from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
 from cgtool.planner.simulator import SimulationResult, StepCost, simulate
-from cgtool.results import utc_now_iso
+from cgtool.provenance import collect_provenance
+from cgtool.results import Provenance, utc_now_iso
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
@@ -89,6 +90,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     status: str = "complete"
     created: str = field(default_factory=utc_now_iso)
+    provenance: Provenance = field(default_factory=collect_provenance)
 
     def to_dict(self) -> dict[str, Any]:
         def kind(k: KindPlan, sizes_key: str, max_key: str, default_key: str) -> dict[str, Any]:
@@ -104,6 +106,7 @@ class Plan:
             "version": "1.0",
             "status": self.status,
             "created": self.created,
+            "provenance": asdict(self.provenance),
             "inputs": self.inputs,
             "decode": kind(self.decode, "capture_bs", "max_bs", "default_capture_bs"),
             "piecewise": kind(

@@ -8,6 +8,7 @@ and `check` have realistic input before real reports land. Run from the repo roo
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from cgtool.config import load_preset
@@ -20,6 +21,7 @@ from cgtool.results import (
     Environment,
     KernelRow,
     ModelInfo,
+    Provenance,
     SizeResult,
     write_json_atomic,
 )
@@ -32,6 +34,11 @@ PIECEWISE_TOKENS = [128, 256, 512, 1024, 2048, 4096]
 SPEC = GPU_SPECS["H100-80GB"]
 CONFIG = load_preset("llama-3.1-8b")
 KERNELS_PER_LAYER = 14
+# Made up like the figures: no commit measured anything here.
+PROVENANCE = Provenance(commit="unknown", dirty=None,
+                        command=["python", "tests/data/reports/make_fixtures.py"],
+                        cpu_model="fixture-synthetic", cpu_count=2, cgtool="0.1.0",
+                        torch="2.13.0", python="3.11")
 
 
 def _roofline_ms(num_tokens: int) -> float:
@@ -117,6 +124,7 @@ def build_report() -> CaptureReport:
                            "piecewise:4096": _kernel_table(4096)},
         ),
         created="2026-05-01T12:00:00+00:00",
+        provenance=PROVENANCE,
     )
 
 
@@ -152,6 +160,7 @@ def build_plan() -> dict:
         "_fixture": FIXTURE_NOTE,
         "schema": "cgtool.plan", "version": "1.0", "status": "complete",
         "created": "2026-05-01T12:00:00+00:00",
+        "provenance": dataclasses.asdict(PROVENANCE),
         "inputs": {"trace": "fixture-trace.jsonl", "trace_kind": "requests",
                    "model": "llama-3.1-8b", "gpu": "H100-80GB", "engine": "sglang",
                    "engine_version": "0.4", "profile": None, "tp_size": 1,
