@@ -202,17 +202,21 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         capture_decode(bench, opts, pool, bandwidth, on_progress, state)
     torch.cuda.empty_cache()
     after = read_memory(pool)
+    pool_growth = after.pool_bytes - before.pool_bytes
+    static = sum(r.static_buffer_bytes for r in state.runners)  # type: ignore[attr-defined]
     totals = CaptureTotals(
         weights_bytes=bench.weights_bytes,
         kv_pool_bytes=bench.runner.kv_pool.nbytes,
         kv_tokens=bench.kv_tokens,
-        graph_pool_bytes=after.pool_bytes - before.pool_bytes,
+        graph_pool_bytes=pool_growth,
         peak_bytes=torch.cuda.max_memory_reserved(),
         free_before_capture_bytes=before.free_bytes,
         free_after_capture_bytes=after.free_bytes,
         capture_s=state.phase_s.get("capture", 0.0),
         non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
         copy_bandwidth_bytes_s=bandwidth,
+        static_buffer_bytes=static,
+        other_torch_bytes=after.reserved_bytes - before.reserved_bytes - pool_growth - static,
     )
     if tp.size > 1:
         from cgtool.capture_tp import gather_ranks

@@ -6,7 +6,9 @@
    `graph_pool_bytes`, within POOL_TOLERANCE_BYTES. Graphs allocate only while capturing, so
    a larger gap is pool memory gained outside every size's measured window.
 3. Per rank of a complete report: `free_before_capture_bytes - free_after_capture_bytes`
-   equals `graph_pool_bytes + non_torch_bytes`, within the larger of FREE_TOLERANCE_BYTES and
+   equals `graph_pool_bytes + non_torch_bytes + static_buffer_bytes + other_torch_bytes`
+   (the runners' static inputs and outputs, and what else torch kept outside the pool, such
+   as the capture stream's cuBLAS workspace), within the larger of FREE_TOLERANCE_BYTES and
    FREE_TOLERANCE_FRACTION of that sum. The drop in free memory is what torch reserved plus
    what it does not see; the gap is the allocator's cache outside the pool changing between
    the two readings, which a measurement taken in the same cache state keeps small.
@@ -82,12 +84,13 @@ def _pool_violations(where: str, retained: int, totals: CaptureTotals) -> list[V
 
 def _free_violations(where: str, totals: CaptureTotals) -> list[Violation]:
     drop = totals.free_before_capture_bytes - totals.free_after_capture_bytes
-    expected = totals.graph_pool_bytes + totals.non_torch_bytes
+    expected = (totals.graph_pool_bytes + totals.non_torch_bytes + totals.static_buffer_bytes
+                + totals.other_torch_bytes)
     tolerance = free_tolerance_bytes(expected)
     if abs(drop - expected) <= tolerance:
         return []
-    return [Violation("free drop = pool + non-torch", where,
-                      f"free fell {_mib(drop)}, pool + non-torch {_mib(expected)}, "
+    return [Violation("free drop = pool + non-torch + static buffers + other torch", where,
+                      f"free fell {_mib(drop)}, its parts add up to {_mib(expected)}, "
                       f"tolerance {_mib(tolerance)}")]
 
 

@@ -36,7 +36,8 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
   python3 scripts/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
 fi
 if want tests; then
-  timeout -k 10 "${TESTS_TIMEOUT:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider tests 2>&1 \
+  # GPU_TESTS narrows the run to some files or tests (default: every gpu-marked test).
+  timeout -k 10 "${TESTS_TIMEOUT:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 \
     | tee "$OUT/gpu-tests.log" | grep -vE " PASSED| SKIPPED" | tail -40
 fi
 if want decode; then
@@ -86,13 +87,13 @@ if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
   V="$OUT/verify"; mkdir -p "$V"
   stamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$V/phases.log"; }
   stamp "verify GPU tests"
-  python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_verify_gpu.py >"$V/gpu-tests.log" 2>&1
+  timeout -k 10 "${VERIFY_TESTS_TIMEOUT:-600}" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_verify_gpu.py >"$V/gpu-tests.log" 2>&1
   stamp "verify GPU tests exit $?"; tail -5 "$V/gpu-tests.log"
   bench() {  # name trace format
     cgtool plan --trace "$2" --format "$3" --model llama-3.1-8b --out "$V/$1/plan" >"$V/$1-plan.log" 2>&1
     stamp "$1 plan exit $?"
     start=$(date +%s)
-    cgtool verify --plan "$V/$1/plan/plan.json" --trace "$2" --format "$3" --steps 2000 \
+    timeout -k 10 "${VERIFY_TIMEOUT:-600}" cgtool verify --plan "$V/$1/plan/plan.json" --trace "$2" --format "$3" --steps 2000 \
       --out "$V/$1/verify" >"$V/$1-verify.log" 2>&1
     rc=$?; stamp "$1 verify exit $rc in $(( $(date +%s) - start )) s"; tail -4 "$V/$1-verify.log"
   }
@@ -101,5 +102,5 @@ if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
   else stamp "mooncake: skipped (set VERIFY_TRACE to a trace in the repo copy)"; fi
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
-tar czf "$OUT/results.tgz" -C "$OUT" runs
-rm -rf "$OUT/runs"
+tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)
+rm -rf "$OUT/runs" "$OUT/verify"

@@ -194,4 +194,4 @@ def test_baseline_whose_free_memory_rose_during_capture_is_refused_naming_it(tmp
     result = runner.invoke(app, ["check", str(baseline), str(BASELINE)])
     assert result.exit_code == 2
     assert result.output.startswith(f"error: {baseline}: memory figures contradict each other: "
-                                    "total: free drop = pool + non-torch fails (free fell -670 MiB")
+                                    "total: free drop = pool + non-torch + static buffers + other torch fails (free fell -670 MiB")

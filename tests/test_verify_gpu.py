@@ -39,7 +39,7 @@ def test_verify_on_a_small_preset_measures_both_sets(small_plan, tmp_path):
 
 def test_an_out_of_memory_rehearsal_exits_1_and_names_the_remedy(small_plan, tmp_path):
     result = runner.invoke(app, ["verify", "--plan", str(small_plan), "--steps", "50",
-                                 "--mem-fraction-static", "0.995", "--out", str(tmp_path)])
+                                 "--mem-fraction-static", "0.999", "--out", str(tmp_path)])
     assert result.exit_code == 1, result.output
     assert "Lower --mem-fraction-static to" in result.output
     data = json.loads((tmp_path / "verify.json").read_text())

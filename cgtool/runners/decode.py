@@ -44,6 +44,11 @@ class DecodeGraphRunner:
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
 
+    @property
+    def static_buffer_bytes(self) -> int:
+        """Inputs and outputs the graphs read and write in place, allocated outside the pool."""
+        return sum(t.numel() * t.element_size() for t in self._buffers().values())
+
     def _buffers(self) -> dict[str, torch.Tensor]:
         return {
             "input_ids": self.input_ids, "positions": self.positions,

@@ -44,6 +44,11 @@ class PiecewiseGraphRunner:
         self.replay_count = 0
         self.warmed_up = False
 
+    @property
+    def static_buffer_bytes(self) -> int:
+        """Inputs and outputs the graphs read and write in place, allocated outside the pool."""
+        return sum(t.numel() * t.element_size() for t in self._buffers().values())
+
     def _buffers(self) -> dict[str, torch.Tensor]:
         return {"input_ids": self.input_ids, "positions": self.positions, "out_cache_loc": self.out_cache_loc}
 
