@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.usage import CgtoolCommand, CgtoolGroup
 from cgtool.config import load_model_config
 from cgtool.errors import InputError
 from cgtool.planner.convert import FORMATS, first_requests, load_trace
@@ -24,6 +25,7 @@ from cgtool.reports.trace_tables import (
 trace_app = typer.Typer(
     help="Convert public and production traces to cgtool's format; summarise one.",
     no_args_is_help=True,
+    cls=CgtoolGroup,
 )
 
 FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see docs/traces.md)."
@@ -57,7 +59,7 @@ def _context_len(model: str | None, context_len: int | None) -> tuple[int | None
     return config.max_context_len, f"{config.name}'s context"
 
 
-@trace_app.command("convert")
+@trace_app.command("convert", cls=CgtoolCommand)
 @cli_errors
 def convert(
     source: Annotated[Path, typer.Argument(help="The trace file to convert.")],
@@ -111,7 +113,7 @@ def convert(
     )
 
 
-@trace_app.command("stats")
+@trace_app.command("stats", cls=CgtoolCommand)
 @cli_errors
 def stats(
     trace_file: Annotated[Path, typer.Argument(help="The trace to summarise.")],
