@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -62,6 +63,12 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
     return value
 
 
+def quiet_library_warnings() -> None:
+    # torch.profiler warns at each new cycle that it clears the last one's events; cgtool reads
+    # every cycle's events before the next starts, so the warning tells the user nothing.
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+
+
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
@@ -98,6 +105,14 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
+    from cgtool.capture_tp import run_capture_tp, validate_tp
+    from cgtool.config import load_model_config
+
+    # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
+    load_model_config(model)
+    validate_tp(model, tp, None)
+    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
     import torch
 
     from cgtool.capture import (
@@ -109,17 +124,15 @@ def capture(
     )
 
     require_cuda()
-    from cgtool.capture_tp import run_capture_tp, validate_tp
-
     validate_tp(model, tp, torch.cuda.device_count())
-    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    quiet_library_warnings()
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
         model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
-        profile_sizes=parse_profile_sizes(profile_sizes, capture_bs, capture_tokens),
+        profile_sizes=profiled,
     )
     from cgtool.reports.capture_view import CaptureProgressBar
 
