@@ -1,10 +1,11 @@
 import json
+import warnings
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from cgtool.commands.capture import parse_sizes
+from cgtool.commands.capture import parse_sizes, quiet_library_warnings
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
 
@@ -49,3 +50,26 @@ def test_capture_cli_end_to_end_writes_a_verified_report(tmp_path):
     assert all(row["status"] == "ok" for row in report["sizes"])
     retained = sum(row["retained_bytes"] for row in report["sizes"])
     assert retained == report["totals"]["graph_pool_bytes"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order against the GPU check")
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--plan", "nonexistent.json"], "nonexistent.json"),
+    (["--model", "nope"], "unknown model preset 'nope'"),
+    (["--bs", "abc"], "--bs 'abc' is not a list of integers"),
+    (["--tokens", "0"], "--tokens '0' must list positive integers"),
+    (["--tp", "3", "--model", "llama-3.1-8b"], "--tp 3 does not divide"),
+])
+def test_arguments_are_checked_before_the_gpu(args, expected):
+    result = runner.invoke(app, ["capture", *args])
+    assert result.exit_code == 2
+    assert expected in result.stderr and "CUDA GPU" not in result.stderr
+
+
+def test_profiler_cycle_warning_is_silenced():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
+        warnings.warn("another warning", UserWarning)
+    assert [str(w.message) for w in caught] == ["another warning"]
