@@ -147,9 +147,9 @@ def phase_rows(report: CaptureReport) -> TableData:
     phases = report.totals.phase_s
     total = sum(phases.values())
     names = [p for p in PHASES if p in phases] + [p for p in phases if p not in PHASES]
-    rows = [[name, _num(phases[name], 2, " s"), _num(100 * phases[name] / total if total else None, 0, "%")]
+    rows = [[name, _num(phases[name], 2), _num(100 * phases[name] / total if total else None, 0)]
             for name in names]
-    return TableData("Phases", ["phase", "time", "share"], rows)
+    return TableData("Phases", ["phase", "time s", "share %"], rows)
 
 
 def environment_rows(report: CaptureReport) -> TableData:
