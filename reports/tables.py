@@ -86,7 +86,9 @@ def _stacked(header: str) -> str:
 
 
 def to_rich(data: TableData) -> Table:
-    table = Table(title=data.title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    # As wide as its title at least, so that a long title (check's limits) stays on one line.
+    table = Table(title=data.title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                  min_width=len(data.title))
     for i, column in enumerate(data.columns):
         table.add_column(_stacked(column), justify="left" if i == 0 else "right", no_wrap=True)
     for i, row in enumerate(data.rows):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,27 @@ def test_unknown_major_version_exits_2_naming_the_file(tmp_path):
     assert result.exit_code == 2
     assert f"{tmp_path / 'report.json'}: version 3.1 has unknown major version 3" in result.output
     assert "Traceback" not in result.output
+
+
+def _piped(*args: str) -> str:
+    # stdout a pipe, as in a CI log: Rich would fall back to 80 columns and cut cells.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *args], check=False,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_capture_tables_piped_keep_every_cell_whole(tmp_path):
+    out = _piped("report", str(FIXTURES / "h100-llama-3.1-8b"), "--out", str(tmp_path))
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["batch", "capture"])
+    assert "cumulative" in header and "non-torch" in header and "roofline" in header
+    assert " 56,455.4 MiB (451,643 tokens)" in out  # the KV pool's totals row, whole
+
+
+def test_plan_tables_piped_keep_every_cell_whole(tmp_path):
+    out = _piped("plan", "--trace", str(EXAMPLE), "--gpu", "H100-80GB")
+    tables = out[out.index("Plan vs"):out.index("The same sizes for")]
+    assert "…" not in tables
+    assert "TRT-LLM free_gpu_memory_fraction" in tables
