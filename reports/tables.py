@@ -203,7 +203,11 @@ def _verdict(comparison: Comparison, change: MetricChange) -> str:
     if change.regressed:
         return "REGRESSED"
     metric, pct = _metric(comparison, change.metric), change.change_pct
-    if metric and metric.floor and pct is not None and abs(pct) > change.threshold_pct:
+    if metric is None or not metric.floor or pct is None:
+        return "ok"
+    worse_pct = pct if metric.higher_is_worse else -pct
+    # Worse by more than the limit, yet ok: the change is under the metric's floor.
+    if worse_pct > change.threshold_pct:
         return f"ok (under {format_value(metric.floor, metric.unit)})"
     return "ok"
 

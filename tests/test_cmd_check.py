@@ -201,3 +201,10 @@ def test_plans_from_different_traces_are_compared_with_a_warning(tmp_path):
     assert result.exit_code == 0, result.output
     assert "warning: the plans come from different traces" in result.stdout
     assert "other-trace.jsonl" in result.stdout
+
+
+def test_a_large_decrease_is_plain_ok(tmp_path):
+    current = _variant(tmp_path, _grow_retained("decode", 1, 0.5))
+    result = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert result.exit_code == 0, result.output
+    assert "-50.0%" in result.stdout and "under 1.0 MiB" not in result.stdout
