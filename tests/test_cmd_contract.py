@@ -22,6 +22,7 @@ NOWHERE = "/proc/cgtool-nowhere/x"  # neither readable nor creatable, even for r
 VALID = {
     ("plan",): ["--trace", EXAMPLE, "--gpu", "H100-80GB"],
     ("capture",): [],
+    ("verify",): ["--plan", ROOT / "tests" / "data" / "reports" / "plan-llama-3.1-8b"],
     ("check",): [REPORT, REPORT],
     ("schedule",): [],
     ("report",): [REPORT],
@@ -81,7 +82,7 @@ CASES = [(path, param) for path, param in _valued_options()]
 
 
 def test_every_command_has_options_under_contract():
-    assert {path for path, _ in CASES} >= {("plan",), ("capture",), ("check",), ("schedule",),
+    assert {path for path, _ in CASES} >= {("plan",), ("capture",), ("verify",), ("check",), ("schedule",),
                                           ("report",), ("trace", "convert"), ("trace", "stats")}
 
 

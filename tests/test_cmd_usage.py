@@ -71,7 +71,7 @@ def test_unknown_command_lists_the_commands():
     assert "unknown command 'nosuch'" in line and "plan" in line and "capture" in line
 
 
-@pytest.mark.parametrize("command", [["plan"], ["capture"], ["check"], ["schedule"], ["report"],
+@pytest.mark.parametrize("command", [["plan"], ["capture"], ["verify"], ["check"], ["schedule"], ["report"],
                                      ["models"], ["trace", "convert"], ["trace", "stats"], []])
 def test_help_has_no_bool_metavar_or_braced_arguments(command):
     result = runner.invoke(app, [*command, "--help"])
