@@ -219,7 +219,11 @@ def _plan_mismatches(baseline: dict[str, Any], current: dict[str, Any], force: b
     tp = [int(plan["inputs"].get("tp_size") or 1) for plan in (baseline, current)]
     if tp[0] != tp[1]:
         hard.append(f"tp_size differs: baseline {tp[0]}, current {tp[1]}")
-    return _refuse_unless_forced(hard, force)
+    traces = [plan["inputs"]["trace"] for plan in (baseline, current)]
+    # Allowed (a plan for new traffic), but then the figures answer different questions.
+    soft = [f"the plans come from different traces: baseline {traces[0]}, current {traces[1]}"
+            ] if traces[0] != traces[1] else []
+    return _refuse_unless_forced(hard, force) + soft
 
 
 def _refuse_unless_forced(mismatches: list[str], force: bool) -> list[str]:

@@ -16,7 +16,8 @@ from cgtool import __version__
 from cgtool.results import Provenance
 
 UNKNOWN = "unknown"
-# Set by a launcher that copies the source without its .git folder (a GPU machine, CI).
+# Set by a launcher that copies the source (a GPU machine, CI): it wins over the copy's own
+# .git, which may be stale (a GPU run of 2026-11-23 recorded the session's first commit).
 COMMIT_ENV = "CGTOOL_GIT_COMMIT"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -42,6 +43,8 @@ def git_state(package_dir: Path) -> tuple[str, bool | None]:
     Only a checkout whose top level holds this very package counts: an installed copy inside
     some unrelated repository (a virtualenv in a project folder) must not borrow its commit.
     """
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV], None
     top = _git(package_dir, "rev-parse", "--show-toplevel")
     commit = _git(package_dir, "rev-parse", "HEAD")
     if top is None or commit is None or Path(top).resolve() / package_dir.name != package_dir:

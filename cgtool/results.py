@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import types
 import typing
 from dataclasses import dataclass, field
@@ -228,7 +227,9 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write JSON so that a reader sees the old file or the whole new one, never half."""
     path = Path(path)
     text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    # Opened by name with mode 0666, so the file gets the user's umask (mkstemp would give 0600).
+    tmp_name = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
+    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:
             tmp.write(text)
@@ -355,6 +356,9 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
         if row.key in seen:
             _fail(source, where, f"repeats {row.kind} size {row.size} rank {row.rank}")
         seen.add(row.key)
+        for name in ("retained_bytes", "peak_bytes"):  # a pool's growth and a peak are >= 0
+            if getattr(row, name) < 0:
+                _fail(source, f"{where}.{name}", f"is {getattr(row, name)}, below 0 bytes")
         if row.status != "failed":
             for name in ("eager_ms", "replay_ms", "speedup"):
                 if getattr(row, name) is None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+import warnings
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -62,6 +63,12 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
     return value
 
 
+def quiet_library_warnings() -> None:
+    # torch.profiler warns at each new cycle that it clears the last one's events; cgtool reads
+    # every cycle's events before the next starts, so the warning tells the user nothing.
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
+
+
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
@@ -78,19 +85,19 @@ def choose_sizes(
 def capture(
     model: Annotated[str, typer.Option(help="Preset name (see `cgtool models`) or a HF model folder.")] = "llama-3.1-8b",
     kind: Annotated[Kind, typer.Option(help="Which graphs to capture.")] = Kind.both,
-    bs: Annotated[Optional[str], typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
+    bs: Annotated[str | None, typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
     max_bs: Annotated[int, typer.Option(help="Largest decode batch size for SGLang's default list.")] = 256,
-    tokens: Annotated[Optional[str], typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
+    tokens: Annotated[str | None, typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Largest token count for SGLang's default piecewise list.")] = 4096,
-    plan: Annotated[Optional[Path], typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
-    mem_fraction_static: Annotated[Optional[float], typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag (default: the plan's with --plan, else 0.85).")] = None,
+    plan: Annotated[Path | None, typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
+    mem_fraction_static: Annotated[float | None, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag (default: the plan's with --plan, else 0.85).")] = None,
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
-    max_total_tokens: Annotated[Optional[int], typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
+    max_total_tokens: Annotated[int | None, typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot of each kind's first capture and Chrome traces.")] = False,
-    profile_sizes: Annotated[Optional[str], typer.Option(help="With --profile, sizes that get a Chrome trace, e.g. decode:1,piecewise:512 (default: each kind's smallest and largest).")] = None,
+    profile_sizes: Annotated[str | None, typer.Option(help="With --profile, sizes that get a Chrome trace, e.g. decode:1,piecewise:512 (default: each kind's smallest and largest).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
 ) -> None:
@@ -98,22 +105,34 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
+    from cgtool.capture_tp import run_capture_tp, validate_tp
+    from cgtool.config import load_model_config
+
+    # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
+    load_model_config(model)
+    validate_tp(model, tp, None)
+    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
     import torch
 
-    from cgtool.capture import CaptureOptions, SessionState, partial_report, require_cuda, run_capture
+    from cgtool.capture import (
+        CaptureOptions,
+        SessionState,
+        partial_report,
+        require_cuda,
+        run_capture,
+    )
 
     require_cuda()
-    from cgtool.capture_tp import run_capture_tp, validate_tp
-
     validate_tp(model, tp, torch.cuda.device_count())
-    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    quiet_library_warnings()
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
         model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
-        profile_sizes=parse_profile_sizes(profile_sizes, capture_bs, capture_tokens),
+        profile_sizes=profiled,
     )
     from cgtool.reports.capture_view import CaptureProgressBar
 

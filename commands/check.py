@@ -47,13 +47,13 @@ def check(
     max_pct = parse_percent(max_regress, "--max-regress")
     latency_pct = parse_percent(latency_regress, "--latency-regress")
     comparison = _compare(before, after, metric, max_pct, latency_pct, force)
+    summary = comparison_markdown(comparison, str(baseline), str(current)) if markdown else ""
     if markdown == "-":
-        console.print(comparison_markdown(comparison, str(baseline), str(current)),
-                      markup=False, highlight=False, soft_wrap=True)
+        console.print(summary, markup=False, highlight=False, soft_wrap=True)
     else:
+        if markdown:  # before the verdict is printed: an unwritable path is bad input (exit 2)
+            Path(markdown).write_text(summary)
         _print_comparison(comparison)
-        if markdown:
-            Path(markdown).write_text(comparison_markdown(comparison, str(baseline), str(current)))
     if not comparison.passed:
         raise typer.Exit(EXIT_CHECK_FAILED)
 

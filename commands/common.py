@@ -9,11 +9,25 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cgtool.errors import CgtoolError
 
-console = Console()  # results
-err_console = Console(stderr=True)  # progress and errors
+# Wide enough for any cgtool table: a log has no width, and at Rich's fallback of 80 columns
+# every cell of a wide table is cut to "…".
+LOG_WIDTH = 1000
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A terminal keeps its own width; a pipe or a CI log gets LOG_WIDTH, so no cell is cut."""
+    made = Console(stderr=stderr)
+    if not made.is_terminal:
+        made.width = LOG_WIDTH
+    return made
+
+
+console = make_console()  # results
+err_console = make_console(stderr=True)  # progress and errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -21,25 +35,30 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 
 
+def print_error(message: str) -> None:
+    """The one error line: `error: what went wrong. What to do.` on stderr, never wrapped."""
+    one_line = " ".join(message.split())
+    err_console.print(f"[bold red]error:[/] {escape(one_line)}", highlight=False, soft_wrap=True)
+
+
+def os_error_text(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}. Check the path and its permissions."
+
+
 def cli_errors(func: F) -> F:
-    """Turn a CgtoolError into one line on stderr and exit code 2 (CGTOOL_DEBUG=1 re-raises)."""
+    """Turn a CgtoolError, or an OSError from reading or writing a file, into one line on
+    stderr and exit code 2 (CGTOOL_DEBUG=1 re-raises)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
-        except CgtoolError as exc:
+        except (CgtoolError, OSError) as exc:
             if os.environ.get("CGTOOL_DEBUG"):
                 raise
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            print_error(os_error_text(exc) if isinstance(exc, OSError) else str(exc))
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper  # type: ignore[return-value]
 
-
-def not_available(command: str) -> None:
-    err_console.print(
-        f"[bold red]error:[/] `cgtool {command}` is not available yet in this version.",
-        highlight=False,
-    )
-    raise typer.Exit(EXIT_BAD_INPUT)

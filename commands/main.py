@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -14,6 +14,7 @@ from cgtool.commands.plan import plan
 from cgtool.commands.report import report
 from cgtool.commands.schedule import schedule
 from cgtool.commands.trace import trace_app
+from cgtool.commands.usage import CgtoolCommand, CgtoolGroup
 from cgtool.commands.verify import verify
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    cls=CgtoolGroup,
 )
 
 
@@ -34,21 +36,21 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     version: Annotated[
-        Optional[bool],
+        bool | None,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
 ) -> None:
     """Plan and profile CUDA graph capture for LLM serving (SGLang, vLLM)."""
 
 
-app.command("plan")(plan)
-app.command("capture")(capture)
-app.command("verify")(verify)
-app.command("check")(check)
-app.command("schedule")(schedule)
+app.command("plan", cls=CgtoolCommand)(plan)
+app.command("capture", cls=CgtoolCommand)(capture)
+app.command("verify", cls=CgtoolCommand)(verify)
+app.command("check", cls=CgtoolCommand)(check)
+app.command("schedule", cls=CgtoolCommand)(schedule)
 app.add_typer(trace_app, name="trace")
-app.command("report")(report)
-app.command("models")(models)
+app.command("report", cls=CgtoolCommand)(report)
+app.command("models", cls=CgtoolCommand)(models)
 
 
 def main() -> None:

@@ -12,11 +12,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cgtool.commands.common import cli_errors, console, err_console
 from cgtool.commands.signals import StopRequest, exit_code, signal_name
+from cgtool.commands.trace import load_trace_hinted
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.gpus import GpuSpec, gpu_spec
-from cgtool.planner.convert import FORMATS, load_trace
+from cgtool.planner.convert import FORMATS
 from cgtool.planner.plan import Plan, PlanRequest, plan_batches, plan_requests
+from cgtool.planner.schedules import resolve_version
 from cgtool.planner.trace import RequestTrace
 from cgtool.reports.plan_view import plan_view
 from cgtool.results import PLAN_FILENAME, write_json_atomic
@@ -68,7 +70,7 @@ def _resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
 
 def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
     err_console.print(f"reading {trace}", highlight=False)
-    loaded = load_trace(trace, trace_format).trace
+    loaded = load_trace_hinted(trace, trace_format).trace
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -162,6 +164,7 @@ def plan(
             f"--engine {engine} cannot be planned for",
             "Use sglang or vllm (see `cgtool schedule` for trtllm).",
         )
+    resolve_version(engine, engine_version)  # before the trace is read: that takes seconds
     gpu_choice, gpu_note = _resolve_gpu(gpu)
     report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
@@ -194,22 +197,21 @@ def plan(
         if json_out:
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
     data = result.to_dict()
-    if out is not None:
-        _write_outputs(out, data)
+    written = _write_outputs(out, data) if out is not None else []
     if json_out:
         console.print_json(json.dumps(data))
     else:
         console.print(plan_view(data), soft_wrap=True)
-        if out is not None:
-            console.print(f"wrote {out / PLAN_FILENAME} and figures")
+        for path in written:
+            console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     if stop.requested():
         state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
         err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
         raise typer.Exit(stop.exit_code())
 
 
-def _write_outputs(out: Path, data: dict) -> None:
-    from cgtool.reports.plan_figures import write_plan_figures  # matplotlib only when asked
+def _write_outputs(out: Path, data: dict) -> list[Path]:
+    from cgtool.reports.render import render_plan  # matplotlib only when asked
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -218,4 +220,4 @@ def _write_outputs(out: Path, data: dict) -> None:
             f"--out {out}: cannot create the folder ({exc.strerror})", "Pick a writable folder."
         ) from None
     write_json_atomic(out / PLAN_FILENAME, data)
-    write_plan_figures(data, out)
+    return [out / PLAN_FILENAME, *render_plan(data, out)]

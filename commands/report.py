@@ -8,14 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
-from cgtool.reports.tables import (
-    plan_comparison_rows,
-    plan_memory_rows,
-    plan_sizes_rows,
-    size_rows,
-    to_rich,
-    totals_rows,
-)
+from cgtool.reports.plan_view import plan_view
+from cgtool.reports.tables import size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
 
 if TYPE_CHECKING:
@@ -36,8 +30,6 @@ def report(
     _print_tables(rendered)
     for written in rendered.files:
         console.print(f"wrote {written}", highlight=False, soft_wrap=True)
-    if rendered.note:
-        err_console.print(f"note: {rendered.note}", highlight=False)
 
 
 def _print_tables(rendered: Rendered) -> None:
@@ -47,8 +39,7 @@ def _print_tables(rendered: Rendered) -> None:
             err_console.print(f"[yellow]incomplete run:[/] {document.incomplete_reason}",
                               highlight=False, soft_wrap=True)
         tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
-    else:
-        tables = [plan_sizes_rows(document), plan_comparison_rows(document),
-                  plan_memory_rows(document)]
-    for table in tables:
-        console.print(to_rich(table))
+        for table in tables:
+            console.print(to_rich(table))
+    else:  # the same view as `cgtool plan`, flags first
+        console.print(plan_view(document), soft_wrap=True)

@@ -9,10 +9,12 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.usage import CgtoolCommand, CgtoolGroup
 from cgtool.config import load_model_config
 from cgtool.errors import InputError
 from cgtool.planner.convert import FORMATS, first_requests, load_trace
-from cgtool.planner.trace import RequestTrace, write_trace
+from cgtool.planner.sniff import guess_format
+from cgtool.planner.trace import ConvertResult, RequestTrace, write_trace
 from cgtool.planner.trace_stats import ContextFilter, batch_stats, drop_over_context, request_stats
 from cgtool.reports.trace_tables import (
     batch_stats_table,
@@ -24,6 +26,7 @@ from cgtool.reports.trace_tables import (
 trace_app = typer.Typer(
     help="Convert public and production traces to cgtool's format; summarise one.",
     no_args_is_help=True,
+    cls=CgtoolGroup,
 )
 
 FORMAT_HELP = "Source format: " + ", ".join(FORMATS) + " (see docs/traces.md)."
@@ -48,6 +51,22 @@ IntervalOption = Annotated[
 ]
 
 
+def load_trace_hinted(
+    path: Path, trace_format: str, block_tokens: int = 512, decode_log_interval: int = 40
+) -> ConvertResult:
+    """load_trace, and when a file read as cgtool's is refused but looks like a public format,
+    the remedy names `--format` for it."""
+    try:
+        return load_trace(path, trace_format, block_tokens, decode_log_interval)
+    except InputError as error:
+        guess = guess_format(path) if trace_format == "cgtool" else None
+        if guess is None:
+            raise
+        raise InputError(
+            error.message, f"The file looks like the {guess} format: pass --format {guess}."
+        ) from None
+
+
 def _context_len(model: str | None, context_len: int | None) -> tuple[int | None, str]:
     if context_len is not None:
         return context_len, f"--context-len {context_len:,}"
@@ -57,7 +76,7 @@ def _context_len(model: str | None, context_len: int | None) -> tuple[int | None
     return config.max_context_len, f"{config.name}'s context"
 
 
-@trace_app.command("convert")
+@trace_app.command("convert", cls=CgtoolCommand)
 @cli_errors
 def convert(
     source: Annotated[Path, typer.Argument(help="The trace file to convert.")],
@@ -74,7 +93,7 @@ def convert(
     """Convert a trace (Azure, BurstGPT, Mooncake, SGLang logs, vLLM metrics) to cgtool JSONL."""
     if out.resolve() == source.resolve():
         raise InputError(f"--out {out} is the source file itself", "Write to another path.")
-    result = load_trace(source, trace_format, block_tokens, decode_log_interval)
+    result = load_trace_hinted(source, trace_format, block_tokens, decode_log_interval)
     trace = result.trace
     notes = [f"left out {skipped_text(result.skipped)}"] if result.skipped else []
     limit_len, context_name = _context_len(model, context_len)
@@ -111,7 +130,7 @@ def convert(
     )
 
 
-@trace_app.command("stats")
+@trace_app.command("stats", cls=CgtoolCommand)
 @cli_errors
 def stats(
     trace_file: Annotated[Path, typer.Argument(help="The trace to summarise.")],
@@ -123,7 +142,7 @@ def stats(
     decode_log_interval: IntervalOption = 40,
 ) -> None:
     """Summarise a trace: count, duration, rate, length percentiles."""
-    trace = load_trace(trace_file, trace_format, block_tokens, decode_log_interval).trace
+    trace = load_trace_hinted(trace_file, trace_format, block_tokens, decode_log_interval).trace
     limit_len, _ = _context_len(model, context_len)
     context: ContextFilter | None = None
     if isinstance(trace, RequestTrace):

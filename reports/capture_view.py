@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,11 +34,11 @@ class CaptureProgressBar:
         elapsed = time.perf_counter() - self.start
         self.progress.console.print(f"[{elapsed:6.1f} s] {text}", highlight=False)
 
-    def __enter__(self) -> CaptureProgressBar:
+    def __enter__(self) -> Self:
         self.progress.__enter__()
         return self
 
-    def __exit__(self, *exc: tuple[type[BaseException] | None, BaseException | None, TracebackType | None]) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.progress.__exit__(None, None, None)
 
     def update(self, event: CaptureProgress) -> None:

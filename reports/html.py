@@ -72,8 +72,8 @@ def report_html(report: CaptureReport, figures: list[Path], artifact_prefix: str
     return _page(f"cgtool report: {title}", "\n".join(body))
 
 
-def plan_html(plan: dict[str, Any], figures: list[Path], note: str = "") -> str:
-    """The page for a plan; `note` says why figures are missing, if they are."""
+def plan_html(plan: dict[str, Any], figures: list[Path]) -> str:
+    """The page for a plan, its figures inlined."""
     inputs = plan["inputs"]
     title = f"{inputs['model']} on {inputs['gpu']} ({inputs['engine']})"
     body = [f"<h1>cgtool capture plan: {_e(title)}</h1>",
@@ -86,7 +86,7 @@ def plan_html(plan: dict[str, Any], figures: list[Path], note: str = "") -> str:
         if isinstance(flags, list) and flags:
             body.append(f"<b>{_e(engine)}</b><pre>{_e(' '.join(map(str, flags)))}</pre>")
     body.append("<h2>Figures</h2>")
-    body.append(_figures(figures) if figures else f"<p>{_e(note or 'No figures.')}</p>")
+    body.append(_figures(figures) if figures else "<p>No figures.</p>")
     body.append("<h2>Schedule and memory</h2>")
     body += [table_html(t) for t in (plan_sizes_rows(plan), plan_comparison_rows(plan),
                                      plan_memory_rows(plan))]

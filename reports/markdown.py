@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cgtool.compare import Comparison
-from cgtool.reports.tables import TableData, comparison_rows
+from cgtool.reports.tables import TableData, comparison_rows, limits_text
 
 
 def table_markdown(data: TableData) -> str:
@@ -23,13 +23,10 @@ def comparison_markdown(comparison: Comparison, baseline_name: str, current_name
     """A verdict line, the regressions, added/removed sizes, then every row folded away."""
     verdict = ("**PASS**: no regression" if comparison.passed
                else f"**FAIL**: {len(comparison.regressions)} regression(s)")
-    limits = f"memory +{comparison.max_regress_pct:g}%"
-    if comparison.subject == "report":
-        limits += f", timings +{comparison.latency_regress_pct:g}%"
     parts = [
         f"## cgtool check: {verdict}",
         (f"Baseline `{_escape(baseline_name)}`, current `{_escape(current_name)}`; "
-         f"metrics {', '.join(comparison.metrics)}; limits {limits}."),
+         f"limits {limits_text(comparison)}."),
     ]
     if comparison.regressions:
         full = comparison_rows(comparison)

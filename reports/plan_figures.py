@@ -9,17 +9,18 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from cgtool.reports.plan_view import gpus_label, tp_size
 
 _GIB = 1 << 30
 
 
-def _histogram_figure(
-    kind: dict[str, Any], sizes_key: str, default_key: str, title: str, unit: str, path: Path
-) -> Path:
+def histogram_figure(
+    kind: dict[str, Any], sizes_key: str, default_key: str, title: str, unit: str
+) -> Figure:
     hist = kind["histogram"]
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(10, 4))
     wide = max(hist["sizes"], default=1) > 256
     if wide:
         ax.set_xscale("log", base=2)  # token counts span 1..chunk: equal room per doubling
@@ -39,9 +40,14 @@ def _histogram_figure(
     ax.set_title(title)
     if hist["counts"]:
         ax.set_yscale("log")
-    ax.legend(loc="upper right")
+    # Outside the axes: inside, it sat on the largest bar (Mooncake's 8192-token steps).
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -83,22 +89,13 @@ def _memory_figure(plan: dict[str, Any], path: Path) -> Path:
 def write_plan_figures(plan: dict[str, Any], out_dir: Path) -> list[Path]:
     """Decode and extend size histograms with the chosen sizes drawn in, and a memory bar."""
     out_dir = Path(out_dir)
+    decode = histogram_figure(plan["decode"], "capture_bs", "default_capture_bs",
+                              "Decode batch sizes", "requests in a decode step")
+    extend = histogram_figure(plan["piecewise"], "capture_num_tokens",
+                              "default_capture_num_tokens", "Extend token counts",
+                              "tokens in an extend step")
     return [
-        _histogram_figure(
-            plan["decode"],
-            "capture_bs",
-            "default_capture_bs",
-            "Decode batch sizes",
-            "requests in a decode step",
-            out_dir / "plan_decode.png",
-        ),
-        _histogram_figure(
-            plan["piecewise"],
-            "capture_num_tokens",
-            "default_capture_num_tokens",
-            "Extend token counts",
-            "tokens in an extend step",
-            out_dir / "plan_extend.png",
-        ),
+        _save(decode, out_dir / "plan_decode.png"),
+        _save(extend, out_dir / "plan_extend.png"),
         _memory_figure(plan, out_dir / "plan_memory.png"),
     ]

@@ -8,6 +8,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from cgtool.planner.memory import TRTLLM_DEFAULT_FREE_FRACTION, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from cgtool.reports.tables import gib
 
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
@@ -66,6 +67,19 @@ def comparison_table(plan: dict[str, Any]) -> Table:
     return table
 
 
+def _default_memory(plan: dict[str, Any]) -> dict[str, float]:
+    """The engine default's graph memory (from the comparison), its KV cache (the plan's bytes
+    per KV token times the default's KV tokens) and what that leaves free. Weights and
+    activations are the same under both."""
+    memory = plan["memory"]
+    default_row = next(r for r in plan["comparison"] if r["schedule"] == "default")
+    per_token = memory["kv_bytes"] / memory["kv_tokens"] if memory["kv_tokens"] else 0.0
+    kv_bytes = per_token * memory["default_kv_tokens"]
+    used = memory["weights_bytes"] + memory["activation_bytes"] + default_row["graph_bytes"]
+    return {"graph_bytes": default_row["graph_bytes"], "kv_bytes": kv_bytes,
+            "margin_bytes": max(memory["gpu_memory_bytes"] - used - kv_bytes, 0.0)}
+
+
 def memory_table(plan: dict[str, Any]) -> Table:
     memory, tp = plan["memory"], tp_size(plan)
     size = gib(memory["gpu_memory_bytes"])
@@ -77,26 +91,30 @@ def memory_table(plan: dict[str, Any]) -> Table:
     for column in ("", "plan", "engine default"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
     # Under tensor parallelism every figure is one GPU's: its shard of weights and KV heads.
+    default = _default_memory(plan)
     shards = [("KV heads per GPU", str(memory.get("kv_heads_per_rank", "")), "")] if tp > 1 else []
     rows = shards + [
-        ("weights", gib(memory["weights_bytes"]), ""),
-        ("graphs", gib(memory["graph_bytes"]), ""),
-        ("activations (eager peak)", gib(memory["activation_bytes"]), ""),
-        ("margin kept free" + (" (+ NCCL)" if tp > 1 else ""), gib(memory["margin_bytes"]), ""),
-        ("KV cache", gib(memory["kv_bytes"]), ""),
+        ("weights", gib(memory["weights_bytes"]), gib(memory["weights_bytes"])),
+        ("graphs", gib(memory["graph_bytes"]), gib(default["graph_bytes"])),
+        ("activations (eager peak)", gib(memory["activation_bytes"]), gib(memory["activation_bytes"])),
+        ("margin kept free" + (" (+ NCCL)" if tp > 1 else ""), gib(memory["margin_bytes"]),
+         gib(default["margin_bytes"])),
+        ("KV cache", gib(memory["kv_bytes"]), gib(default["kv_bytes"])),
         ("KV tokens", f"{memory['kv_tokens']:,}", f"{memory['default_kv_tokens']:,}"),
         (
             "SGLang --mem-fraction-static",
             f"{memory['mem_fraction_static']:.3f}",
             f"{memory['default_mem_fraction_static']:.3f}",
         ),
-        ("vLLM --gpu-memory-utilization", f"{memory['gpu_memory_utilization']:.3f}", ""),
+        ("vLLM --gpu-memory-utilization", f"{memory['gpu_memory_utilization']:.3f}",
+         f"{VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:.3f}"),
         (
             "TRT-LLM free_gpu_memory_fraction",
             f"{memory['trtllm_free_gpu_memory_fraction']:.3f}",
-            "",
+            f"{TRTLLM_DEFAULT_FREE_FRACTION:.3f}",
         ),
-        ("peak KV demand in the trace", f"{memory['peak_kv_demand_tokens']:,}", ""),
+        ("peak KV demand in the trace", f"{memory['peak_kv_demand_tokens']:,}",
+         f"{memory['peak_kv_demand_tokens']:,}"),
     ]
     if memory.get("graph_bytes_measured") is not None:
         predicted, measured = memory["graph_bytes_predicted"], memory["graph_bytes_measured"]

@@ -1,9 +1,10 @@
-"""Render everything for a saved report or plan: sizes.csv, figures/*.png and one HTML page."""
+"""Render everything for a saved report (sizes.csv, figures/*.png, report.html) or plan
+(plan_*.png beside plan.json, plan.html, engine option files)."""
 
 from __future__ import annotations
 
-import importlib
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,6 @@ class Rendered:
     document: CaptureReport | dict[str, Any]
     source: Path  # the report.json or plan.json read
     files: list[Path] = field(default_factory=list)
-    note: str = ""  # what could not be rendered, and why
 
 
 def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
@@ -32,8 +32,7 @@ def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
     out_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(document, CaptureReport):
         return Rendered(document, source, render_report(document, out_dir, source.parent))
-    files, note = render_plan(document, out_dir)
-    return Rendered(document, source, files, note)
+    return Rendered(document, source, render_plan(document, out_dir))
 
 
 def render_report(report: CaptureReport, out_dir: Path, report_dir: Path | None = None) -> list[Path]:
@@ -47,18 +46,34 @@ def render_report(report: CaptureReport, out_dir: Path, report_dir: Path | None 
     return [csv_path, *figures, html_path]
 
 
-def render_plan(plan: dict[str, Any], out_dir: Path) -> tuple[list[Path], str]:
-    figures, note = _plan_figures(plan, out_dir / FIGURE_DIR)
+def render_plan(plan: dict[str, Any], out_dir: Path) -> list[Path]:
+    """The plan's figures beside plan.json (as `plan --out` lays them out), plan.html, and the
+    TensorRT-LLM options file its flags name."""
+    from cgtool.reports.plan_figures import write_plan_figures  # matplotlib only when rendering
+
+    figures = list(write_plan_figures(plan, out_dir))
     html_path = out_dir / PLAN_HTML
-    html_path.write_text(plan_html(plan, figures, note), encoding="utf-8")
-    return [*figures, html_path], note
+    html_path.write_text(plan_html(plan, figures), encoding="utf-8")
+    return [*figures, html_path, *write_engine_files(plan, out_dir)]
 
 
-def _plan_figures(plan: dict[str, Any], fig_dir: Path) -> tuple[list[Path], str]:
-    # The planner owns its figures (histograms with the chosen sizes, memory breakdown).
-    try:
-        module = importlib.import_module("cgtool.reports.plan_figures")
-    except ImportError:
-        return [], "Plan figures are not available in this cgtool version; tables only."
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    return list(module.write_plan_figures(plan, fig_dir)), ""
+_OPTIONS_FILE_LINE = re.compile(r"#\s*(?P<name>[\w.-]+\.ya?ml):\s*(?P<body>.+)")
+
+
+def engine_files(plan: dict[str, Any]) -> dict[str, str]:
+    """Files the flags ask for by name: TensorRT-LLM takes its graph sizes only from an
+    options file, which the flags spell out as a `# NAME.yaml: CONTENT` line."""
+    files = {}
+    for line in plan["flags"].get("trtllm", []):
+        match = _OPTIONS_FILE_LINE.fullmatch(line.strip())
+        if match:
+            files[match["name"]] = match["body"] + "\n"
+    return files
+
+
+def write_engine_files(plan: dict[str, Any], out_dir: Path) -> list[Path]:
+    written = []
+    for name, text in engine_files(plan).items():
+        (out_dir / name).write_text(text, encoding="utf-8")
+        written.append(out_dir / name)
+    return written

@@ -9,7 +9,7 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from cgtool.compare import Comparison
+from cgtool.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
 from cgtool.config import ModelConfig
 from cgtool.results import CaptureReport
 
@@ -49,8 +49,13 @@ class TableData:
     marked: set[int] = field(default_factory=set)  # row indices to highlight (regressions)
 
 
+def mib_number(num_bytes: float | None) -> str:
+    """MiB without the unit, for a column whose header names it."""
+    return "-" if num_bytes is None else f"{num_bytes / _MIB:,.1f}"
+
+
 def mib(num_bytes: float | None) -> str:
-    return "-" if num_bytes is None else f"{num_bytes / _MIB:,.1f} MiB"
+    return "-" if num_bytes is None else f"{mib_number(num_bytes)} MiB"
 
 
 def _num(value: float | None, digits: int = 3, suffix: str = "") -> str:
@@ -73,19 +78,29 @@ def format_change(pct: float | None) -> str:
     return f"{pct:+.1f}%"
 
 
+def _stacked(header: str) -> str:
+    # "retained MiB" -> "retained" over "MiB": a column is then as wide as its widest word or
+    # cell, which keeps the capture table within 120 columns without cutting or wrapping.
+    name, _, last = header.rpartition(" ")
+    return f"{name}\n{last}" if name else header
+
+
 def to_rich(data: TableData) -> Table:
-    table = Table(title=data.title, box=box.SIMPLE_HEAD)
+    # As wide as its title at least, so that a long title (check's limits) stays on one line.
+    table = Table(title=data.title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
+                  min_width=len(data.title))
     for i, column in enumerate(data.columns):
-        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=i < 2)
+        table.add_column(_stacked(column), justify="left" if i == 0 else "right", no_wrap=True)
     for i, row in enumerate(data.rows):
         table.add_row(*row, style="bold red" if i in data.marked else None)
     return table
 
 
 def size_rows(report: CaptureReport, kind: str) -> TableData:
-    columns = ["batch size" if kind == "decode" else "tokens", "status", "capture", "retained",
-               "cumulative", "peak", "non-torch", "eager", "replay", "speedup", "% roofline",
-               "kernels", "max |diff|"]
+    # Units live in the headers so that cells stay short numbers that never wrap.
+    columns = ["batch size" if kind == "decode" else "tokens", "status", "capture s",
+               "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
+               "replay ms", "speedup", "roofline %", "kernels", "max |diff|"]
     rows: list[list[str]] = []
     marked: set[int] = set()
     cumulative = 0
@@ -96,10 +111,10 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
         if row.status != "ok":
             marked.add(len(rows))
         rows.append([
-            str(row.size), row.status, _num(row.capture_s, 2, " s"), mib(row.retained_bytes),
-            mib(cumulative), mib(row.peak_bytes), mib(row.non_torch_bytes),
-            _num(row.eager_ms, 3, " ms"), _num(row.replay_ms, 3, " ms"),
-            _num(row.speedup, 2, "x"), _num(roofline, 0, "%"), str(row.kernels_per_forward),
+            str(row.size), row.status, _num(row.capture_s, 2), mib_number(row.retained_bytes),
+            mib_number(cumulative), mib_number(row.peak_bytes), mib_number(row.non_torch_bytes),
+            _num(row.eager_ms, 3), _num(row.replay_ms, 3), _num(row.speedup, 2, "x"),
+            _num(roofline, 0), str(row.kernels_per_forward),
             "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}",
         ])
     return TableData(f"{kind} graphs", columns, rows, marked)
@@ -134,9 +149,9 @@ def phase_rows(report: CaptureReport) -> TableData:
     phases = report.totals.phase_s
     total = sum(phases.values())
     names = [p for p in PHASES if p in phases] + [p for p in phases if p not in PHASES]
-    rows = [[name, _num(phases[name], 2, " s"), _num(100 * phases[name] / total if total else None, 0, "%")]
+    rows = [[name, _num(phases[name], 2), _num(100 * phases[name] / total if total else None, 0)]
             for name in names]
-    return TableData("Phases", ["phase", "time", "share"], rows)
+    return TableData("Phases", ["phase", "time s", "share %"], rows)
 
 
 def environment_rows(report: CaptureReport) -> TableData:
@@ -166,10 +181,38 @@ def kernel_rows(report: CaptureReport, key: str, top: int = 10) -> TableData:
                      rows)
 
 
+def _metric(comparison: Comparison, name: str) -> Metric | None:
+    return (REPORT_METRICS if comparison.subject == "report" else PLAN_METRICS).get(name)
+
+
+def limits_text(comparison: Comparison) -> str:
+    """Each metric's limit and its floor: changes under the floor never fail, whatever their
+    percentage (a few KiB over a near-empty pool say nothing)."""
+    parts = []
+    for name in comparison.metrics:
+        metric = _metric(comparison, name)
+        if metric is None:
+            continue
+        pct = comparison.latency_regress_pct if metric.timing else comparison.max_regress_pct
+        floor = f" and over {format_value(metric.floor, metric.unit)}" if metric.floor else ""
+        parts.append(f"{name} +{pct:g}%{floor}")
+    return ", ".join(parts)
+
+
+def _verdict(comparison: Comparison, change: MetricChange) -> str:
+    if change.regressed:
+        return "REGRESSED"
+    metric, pct = _metric(comparison, change.metric), change.change_pct
+    if metric is None or not metric.floor or pct is None:
+        return "ok"
+    worse_pct = pct if metric.higher_is_worse else -pct
+    # Worse by more than the limit, yet ok: the change is under the metric's floor.
+    if worse_pct > change.threshold_pct:
+        return f"ok (under {format_value(metric.floor, metric.unit)})"
+    return "ok"
+
+
 def comparison_rows(comparison: Comparison) -> TableData:
-    limits = f"memory +{comparison.max_regress_pct:g}%"
-    if comparison.subject == "report":
-        limits += f", timings +{comparison.latency_regress_pct:g}%"
     columns = ["size", "metric", "baseline", "current", "change", "verdict"]
     rows: list[list[str]] = []
     marked: set[int] = set()
@@ -179,10 +222,10 @@ def comparison_rows(comparison: Comparison) -> TableData:
         rows.append([
             change.label, change.metric, format_value(change.baseline, change.unit),
             format_value(change.current, change.unit),
-            change.note or format_change(change.change_pct),
-            "REGRESSED" if change.regressed else "ok",
+            change.note or format_change(change.change_pct), _verdict(comparison, change),
         ])
-    return TableData(f"cgtool check ({comparison.subject}; limits {limits})", columns, rows, marked)
+    title = f"cgtool check ({comparison.subject}; limits {limits_text(comparison)})"
+    return TableData(title, columns, rows, marked)
 
 
 def plan_sizes_rows(plan: dict[str, Any]) -> TableData:
@@ -196,12 +239,12 @@ def plan_sizes_rows(plan: dict[str, Any]) -> TableData:
 
 
 def plan_comparison_rows(plan: dict[str, Any]) -> TableData:
-    columns = ["schedule", "step", "decode coverage", "extend coverage", "padding waste",
-               "graphs", "graph memory", "capture", "KV tokens"]
-    rows = [[r["schedule"], _num(r["expected_step_ms"], 3, " ms"),
-             _num(100 * r["decode_coverage"], 1, "%"), _num(100 * r["extend_coverage"], 1, "%"),
-             _num(100 * r["padding_waste"], 1, "%"), str(r["num_graphs"]), mib(r["graph_bytes"]),
-             _num(r["capture_s"], 1, " s"), f"{r['kv_tokens']:,}"] for r in plan["comparison"]]
+    columns = ["schedule", "step ms", "decode coverage %", "extend coverage %",
+               "padding waste %", "graphs", "graph memory MiB", "capture s", "KV tokens"]
+    rows = [[r["schedule"], _num(r["expected_step_ms"], 3),
+             _num(100 * r["decode_coverage"], 1), _num(100 * r["extend_coverage"], 1),
+             _num(100 * r["padding_waste"], 1), str(r["num_graphs"]), mib_number(r["graph_bytes"]),
+             _num(r["capture_s"], 1), f"{r['kv_tokens']:,}"] for r in plan["comparison"]]
     return TableData("Plan against the engine's default", columns, rows)
 
 

@@ -1,11 +1,12 @@
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from cgtool.commands.capture import parse_sizes
+from cgtool.commands.capture import parse_sizes, quiet_library_warnings
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
 from cgtool.results import load_report
@@ -70,3 +71,26 @@ def test_capture_saves_its_sizes_and_exits_1_when_incomplete_0_when_complete(tmp
     assert saved.status == returned.status and saved.sizes == returned.sizes
     if code:
         assert "incomplete: out of memory capturing decode bs 256" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order against the GPU check")
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--plan", "nonexistent.json"], "nonexistent.json"),
+    (["--model", "nope"], "unknown model preset 'nope'"),
+    (["--bs", "abc"], "--bs 'abc' is not a list of integers"),
+    (["--tokens", "0"], "--tokens '0' must list positive integers"),
+    (["--tp", "3", "--model", "llama-3.1-8b"], "--tp 3 does not divide"),
+])
+def test_arguments_are_checked_before_the_gpu(args, expected):
+    result = runner.invoke(app, ["capture", *args])
+    assert result.exit_code == 2
+    assert expected in result.stderr and "CUDA GPU" not in result.stderr
+
+
+def test_profiler_cycle_warning_is_silenced():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_library_warnings()
+        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
+        warnings.warn("another warning", UserWarning)
+    assert [str(w.message) for w in caught] == ["another warning"]

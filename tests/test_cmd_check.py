@@ -195,3 +195,53 @@ def test_baseline_whose_free_memory_rose_during_capture_is_refused_naming_it(tmp
     assert result.exit_code == 2
     assert result.output.startswith(f"error: {baseline}: memory figures contradict each other: "
                                     "total: free drop = pool + non-torch + static buffers + other torch fails (free fell -670 MiB")
+
+
+def test_markdown_to_an_unwritable_path_is_one_line_and_exit_2():
+    result = runner.invoke(app, ["check", str(BASELINE), str(BASELINE), "--markdown",
+                                 "/proc/cgtool-nowhere/x.md"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: /proc/cgtool-nowhere/x.md: ")
+    assert "Traceback" not in result.output and "PASS" not in result.output
+
+
+def test_negative_retained_bytes_are_refused_naming_the_field(tmp_path):
+    def negative(data: dict) -> None:
+        _size(data, "decode", 1)["retained_bytes"] = -5
+
+    current = _variant(tmp_path, negative)
+    result = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert result.exit_code == 2
+    assert "retained_bytes' is -5, below 0 bytes" in result.stderr
+
+
+def test_a_change_under_the_floor_says_so_beside_ok(tmp_path):
+    # decode bs 1 retains 6 MiB: +10% is 0.6 MiB, over the 5% limit but under the 1 MiB floor.
+    def grow_a_little(data: dict) -> None:
+        row = _size(data, "decode", 1)
+        row["retained_bytes"] = int(row["retained_bytes"] * 1.1)
+
+    current = _variant(tmp_path, grow_a_little)
+    result = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert result.exit_code == 0, result.output
+    assert "retained_mem +5% and over 1.0 MiB" in result.stdout
+    assert "ok (under 1.0 MiB)" in result.stdout
+
+
+def test_plans_from_different_traces_are_compared_with_a_warning(tmp_path):
+    def other_trace(data: dict) -> None:
+        data["inputs"]["trace"] = "other-trace.jsonl"
+
+    current = _variant(tmp_path, other_trace, PLAN)
+    result = runner.invoke(app, ["check", str(PLAN), str(current)])
+    assert result.exit_code == 0, result.output
+    assert "warning: the plans come from different traces" in result.stdout
+    assert "other-trace.jsonl" in result.stdout
+
+
+def test_a_large_decrease_is_plain_ok(tmp_path):
+    current = _variant(tmp_path, _grow_retained("decode", 1, 0.5))
+    result = runner.invoke(app, ["check", str(BASELINE), str(current)])
+    assert result.exit_code == 0, result.output
+    assert "-50.0%" in result.stdout and "under 1.0 MiB" not in result.stdout

@@ -1,7 +1,12 @@
+import os
+import subprocess
+import sys
+
 from typer.testing import CliRunner
 
 from cgtool import __version__
 from cgtool.commands.main import app
+from cgtool.config import preset_names
 
 runner = CliRunner()
 
@@ -24,3 +29,20 @@ def test_models_lists_presets_with_params_and_bytes():
     assert "llama-3.1-8b" in result.output and "8.03 B" in result.output
     assert "14.96 GiB" in result.output  # 8.03e9 params x 2 bytes
     assert "Qwen3ForCausalLM" in result.output
+
+
+def _piped(*args: str) -> str:
+    # stdout a pipe, as in a CI log or `| cat`: Rich would fall back to 80 columns.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *args],
+                          check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_models_piped_keeps_every_cell_whole():
+    out = _piped("models")
+    assert "…" not in out
+    for preset in preset_names():
+        assert f" {preset} " in out
+    assert "Qwen3ForCausalLM" in out.splitlines()[-1]  # the architectures line is not wrapped

@@ -1,4 +1,6 @@
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -7,6 +9,7 @@ from typer.testing import CliRunner
 from cgtool.commands.main import app
 from cgtool.commands.plan import parse_bytes
 from cgtool.errors import InputError
+from cgtool.reports.plan_view import memory_table
 
 runner = CliRunner()
 ROOT = Path(__file__).parent.parent
@@ -249,3 +252,62 @@ def test_a_plan_written_before_tp_renders_as_one_gpu():
     console.print(plan_view(old))
     text = console.export_text()
     assert "Memory on H100-80GB" in text and "all-reduces" not in text
+
+
+def _plan_out(folder, *extra):
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--out", folder, *extra)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_out_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        _plan_out(tmp_path / "p")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "p").iterdir()}
+    assert modes["plan.json"] == 0o644 and set(modes.values()) == {0o644}, modes
+
+
+def test_out_writes_the_trtllm_options_file_its_flags_name(tmp_path):
+    result = _plan_out(tmp_path / "p", "--json")
+    flags = json.loads(result.stdout)["flags"]["trtllm"]
+    named = next(f.split()[1] for f in flags if f.startswith("--extra_llm_api_options"))
+    written = (tmp_path / "p" / named).read_text()
+    assert written.startswith("cuda_graph_config:") and f"# {named}: {written.strip()}" in flags
+
+
+def test_out_lists_every_file_it_wrote(tmp_path):
+    result = _plan_out(tmp_path / "p")
+    for path in (tmp_path / "p").iterdir():
+        assert f"wrote {path}" in result.stdout
+
+
+def test_unknown_engine_version_is_refused_before_the_trace_is_read(monkeypatch):
+    def must_not_read(*args, **kwargs):
+        raise AssertionError("the trace was read before --engine-version was checked")
+
+    import cgtool.commands.plan as plan_cmd
+
+    monkeypatch.setattr(plan_cmd, "load_trace_hinted", must_not_read)
+    result = cgtool("plan", "--trace", EXAMPLE, "--engine-version", "9.9")
+    assert result.exit_code == 2
+    assert "no sglang release '9.9'" in result.stderr and "reading" not in result.stderr
+
+
+def test_azure_csv_without_format_hints_the_format(tmp_path):
+    csv = tmp_path / "azure.csv"
+    csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                   "2023-11-16 18:15:46.6805900,374,44\n")
+    result = cgtool("plan", "--trace", csv)
+    assert result.exit_code == 2
+    assert "pass --format azure" in result.stderr
+
+
+def test_memory_table_fills_the_engine_default_column():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
+    table = memory_table(json.loads(result.stdout))
+    default = table.columns[2]
+    assert default.header == "engine default"
+    assert all(str(cell).strip() for cell in default._cells), list(default._cells)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
+EXAMPLE = Path(__file__).parent.parent / "examples" / "azure-conv-first-1000.jsonl"
 runner = CliRunner()
 
 
@@ -33,12 +38,32 @@ def test_out_option_leaves_the_input_folder_untouched(tmp_path):
     assert sorted(p.name for p in (FIXTURES / "h100-llama-3.1-8b").iterdir()) == ["report.json"]
 
 
-def test_plan_renders_its_tables_and_page(tmp_path):
-    result = runner.invoke(app, ["report", str(FIXTURES / "plan-llama-3.1-8b"),
-                                 "--out", str(tmp_path)])
+@pytest.fixture(scope="module")
+def plan_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plan")
+    result = runner.invoke(app, ["plan", "--trace", str(EXAMPLE), "--gpu", "H100-80GB",
+                                 "--out", str(folder)])
     assert result.exit_code == 0, result.output
-    assert "Capture sizes" in result.output and "Memory" in result.output
+    return folder
+
+
+def test_plan_folder_reprints_the_flags_and_tables(plan_folder, tmp_path):
+    result = runner.invoke(app, ["report", str(plan_folder), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Recommended flags for SGLang" in result.stdout
+    assert "--mem-fraction-static" in result.stdout and "Memory on" in result.stdout
     assert (tmp_path / "plan.html").is_file()
+
+
+def test_plan_folder_renders_the_layout_plan_out_wrote(plan_folder, tmp_path):
+    written = sorted(p.name for p in plan_folder.iterdir())
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(plan_folder / "plan.json", copy / "plan.json")
+    result = runner.invoke(app, ["report", str(copy)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in copy.iterdir()) == written
+    assert not (copy / "figures").exists()
 
 
 def test_missing_path_exits_2_with_one_line(tmp_path):
@@ -59,3 +84,27 @@ def test_unknown_major_version_exits_2_naming_the_file(tmp_path):
     assert result.exit_code == 2
     assert f"{tmp_path / 'report.json'}: version 3.1 has unknown major version 3" in result.output
     assert "Traceback" not in result.output
+
+
+def _piped(*args: str) -> str:
+    # stdout a pipe, as in a CI log: Rich would fall back to 80 columns and cut cells.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *args], check=False,
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_capture_tables_piped_keep_every_cell_whole(tmp_path):
+    out = _piped("report", str(FIXTURES / "h100-llama-3.1-8b"), "--out", str(tmp_path))
+    assert "…" not in out
+    header = next(line for line in out.splitlines() if line.split()[:2] == ["batch", "capture"])
+    assert "cumulative" in header and "non-torch" in header and "roofline" in header
+    assert " 56,455.4 MiB (451,643 tokens)" in out  # the KV pool's totals row, whole
+
+
+def test_plan_tables_piped_keep_every_cell_whole(tmp_path):
+    out = _piped("plan", "--trace", str(EXAMPLE), "--gpu", "H100-80GB")
+    tables = out[out.index("Plan vs"):out.index("The same sizes for")]
+    assert "…" not in tables
+    assert "TRT-LLM free_gpu_memory_fraction" in tables

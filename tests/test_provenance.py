@@ -121,3 +121,9 @@ def test_plan_json_records_the_command_line_that_made_it(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, argv[1:])
     assert result.exit_code == 0, result.output
     assert load_plan(tmp_path)["provenance"] == dataclasses.asdict(collect_provenance(argv))
+
+
+@needs_git
+def test_the_launcher_supplied_commit_wins_over_a_copied_git_folder(monkeypatch):
+    monkeypatch.setenv(COMMIT_ENV, "783de3d")
+    assert git_state(Path(cgtool.__file__).resolve().parent) == ("783de3d", None)

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import copy
+import io
 import re
 import sys
 import types
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.image import imread
+from rich.console import Console
 
 from cgtool.compare import compare_reports
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import MEMORY_VIZ_URL, report_html
 from cgtool.reports.markdown import comparison_markdown
-from cgtool.reports.render import render_path, render_report
+from cgtool.reports.plan_figures import histogram_figure
+from cgtool.reports.render import engine_files, render_path, render_report
 from cgtool.reports.tables import size_rows, to_rich
 from cgtool.results import load_report
 
@@ -95,14 +99,33 @@ def test_render_beside_the_report_by_default(tmp_path):
     assert result.source == folder / "report.json"
 
 
-def test_plan_renders_tables_and_says_when_figures_are_missing(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "cgtool.reports.plan_figures", None)  # import fails
+def test_plan_figures_and_options_file_go_beside_the_plan(tmp_path):
     result = render_path(PLAN_DIR, tmp_path)
+    names = [p.name for p in result.files]
+    assert names == ["plan_decode.png", "plan_extend.png", "plan_memory.png", "plan.html"]
+    assert all(p.parent == tmp_path for p in result.files)
     page = (tmp_path / "plan.html").read_text()
-    assert [p.name for p in result.files] == ["plan.html"]
-    assert "Plan figures are not available" in result.note and result.note in page
     assert "--mem-fraction-static 0.9423" in page
     assert "Plan against the engine&#x27;s default" in page
+
+
+def test_engine_files_come_from_the_flag_line_that_names_them():
+    plan = {"flags": {"trtllm": ["--extra_llm_api_options opts.yaml",
+                                 "# opts.yaml: cuda_graph_config: {batch_sizes: [1, 2]}"]}}
+    assert engine_files(plan) == {"opts.yaml": "cuda_graph_config: {batch_sizes: [1, 2]}\n"}
+    assert engine_files({"flags": {"trtllm": []}}) == {}
+
+
+def test_extend_legend_sits_outside_the_axes():
+    # Mooncake's largest bar is at the right edge, where the legend used to sit.
+    kind = {"histogram": {"sizes": [512, 2048, 8192], "counts": [10, 100, 8895]},
+            "capture_num_tokens": [512, 8192], "default_capture_num_tokens": [512, 8192]}
+    fig = histogram_figure(kind, "capture_num_tokens", "default_capture_num_tokens", "t", "x")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1
+    plt.close(fig)
 
 
 def test_plan_html_embeds_the_planner_figures(tmp_path, monkeypatch, rendered):
@@ -116,9 +139,9 @@ def test_plan_html_embeds_the_planner_figures(tmp_path, monkeypatch, rendered):
     fake = types.ModuleType("cgtool.reports.plan_figures")
     fake.write_plan_figures = write_plan_figures
     monkeypatch.setitem(sys.modules, "cgtool.reports.plan_figures", fake)
-    result = render_path(PLAN_DIR, tmp_path)
+    render_path(PLAN_DIR, tmp_path)
     page = (tmp_path / "plan.html").read_text()
-    assert result.note == "" and page.count("data:image/png;base64,") == 1
+    assert page.count("data:image/png;base64,") == 1
     assert "alt='decode_histogram'" in page
 
 
@@ -131,7 +154,7 @@ def test_text_from_the_report_is_escaped_in_html(tmp_path):
 
 def test_extreme_but_valid_values_render(tmp_path):
     report = copy.deepcopy(load_report(OOM_DIR))
-    report.sizes[1].retained_bytes = -(1 << 20)  # the pool can shrink between sizes
+    report.sizes[1].retained_bytes = 0  # a size that fits wholly in the pool's free blocks
     report.sizes[2].replay_ms = 1e12
     report.sizes[3].capture_s = 0.0
     report.sizes = report.sizes[:4]
@@ -142,10 +165,23 @@ def test_extreme_but_valid_values_render(tmp_path):
 def test_size_table_rows_carry_cumulative_memory_and_roofline_share():
     report = load_report(REPORT_DIR)
     table = size_rows(report, "decode")
-    assert table.rows[0][:5] == ["256", "ok", "0.35 s", "256.0 MiB", "256.0 MiB"]
-    assert table.rows[1][4] == "289.0 MiB"  # 256 + 33
-    assert table.rows[-1][10] == "80%"  # bs 1: roofline 4.79 ms of 6.00 ms replay
+    assert table.columns[2:5] == ["capture s", "retained MiB", "cumulative MiB"]
+    assert table.rows[0][:5] == ["256", "ok", "0.35", "256.0", "256.0"]
+    assert table.rows[1][4] == "289.0"  # 256 + 33
+    assert table.rows[-1][10] == "80"  # bs 1: roofline 4.79 ms of 6.00 ms replay
     assert to_rich(table).row_count == 36
+
+
+@pytest.mark.parametrize("kind", ["decode", "piecewise"])
+def test_size_table_fits_120_columns_without_cuts_or_wrapped_cells(kind):
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(to_rich(size_rows(load_report(REPORT_DIR), kind)))
+    lines = console.export_text().splitlines()
+    assert "…" not in "\n".join(lines)
+    assert max(len(line.rstrip()) for line in lines) <= 120
+    body = [line.split() for line in lines if line.strip()[:1].isdigit()]
+    assert len(body) == len(load_report(REPORT_DIR).sizes_of(kind))  # one line per size
+    assert all(len(cells) == 13 for cells in body)
 
 
 def test_markdown_escapes_pipes_and_lists_the_regression():

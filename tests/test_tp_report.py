@@ -126,7 +126,7 @@ def test_summary_html_and_csv_show_every_rank_and_the_spread(tmp_path):
     print_capture_summary(console, report, None, [])
     text = console.export_text()
     assert "decode graphs per rank" in text and "Totals per rank" in text
-    assert "Spread between ranks" in text and "3.0 MiB (r1)" in text
+    assert "Spread between ranks" in text and "3.0 (r1)" in text
     assert "Tensor parallelism: 2 ranks" in report_html(report, [])
     frame = sizes_frame(report)
     assert len(frame) == 84 and set(frame["rank"]) == {0, 1}
