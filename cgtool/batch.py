@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 class ForwardMode(enum.IntEnum):
     EXTEND = 1
     DECODE = 2
-    IDLE = 3
 
     def is_extend(self) -> bool:
         return self == ForwardMode.EXTEND

@@ -47,13 +47,6 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
     return _tp
 
 
-def destroy_tensor_parallel() -> None:
-    global _tp, _group
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _tp, _group = SINGLE, None
-
-
 @torch.library.custom_op("cgtool::all_reduce", mutates_args=("x",))
 def all_reduce(x: torch.Tensor) -> None:
     """Sum `x` over the tensor-parallel ranks, in place."""

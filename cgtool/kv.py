@@ -77,7 +77,3 @@ class KVPool:
         self._next_req += 1
         self._next_slot += seq_len
         return req, slots
-
-    def reset(self) -> None:
-        self._next_slot = DUMMY_SLOT + 1
-        self._next_req = DUMMY_REQ + 1

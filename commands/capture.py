@@ -15,7 +15,7 @@ from cgtool.commands.signals import exit_code, signal_name, terminate_as_interru
 from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
-    from cgtool.capture import SessionState
+    from cgtool.capture.options import SessionState
     from cgtool.results import CaptureReport
 
 
@@ -105,7 +105,7 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
-    from cgtool.capture_tp import run_capture_tp, validate_tp
+    from cgtool.capture.tp import run_capture_tp, validate_tp
     from cgtool.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
@@ -115,13 +115,8 @@ def capture(
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
     import torch
 
-    from cgtool.capture import (
-        CaptureOptions,
-        SessionState,
-        partial_report,
-        require_cuda,
-        run_capture,
-    )
+    from cgtool.capture.options import CaptureOptions, SessionState
+    from cgtool.capture.session import partial_report, require_cuda, run_capture
 
     require_cuda()
     validate_tp(model, tp, torch.cuda.device_count())

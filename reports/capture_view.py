@@ -10,7 +10,7 @@ from typing import Self
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cgtool.capture import CaptureFailure, CaptureProgress
+from cgtool.capture.options import CaptureFailure, CaptureProgress
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import phase_rows, size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport

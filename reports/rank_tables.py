@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cgtool.ranks import rank_spread
+from cgtool.capture.ranks import rank_spread
 from cgtool.reports.tables import TableData, mib_number
 from cgtool.results import CaptureReport
 

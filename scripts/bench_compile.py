@@ -15,9 +15,9 @@ import torch
 from cgtool.batch import forward_context
 from cgtool.config import load_model_config
 from cgtool.planner.schedules import default_schedule
-from cgtool.profiler.timing import median_cuda_ms
+from cgtool.capture.timing import median_cuda_ms
 from cgtool.runners.decode import DecodeGraphRunner
-from cgtool.workbench import build_workbench
+from cgtool.capture.workbench import build_workbench
 
 
 def main() -> None:

@@ -18,9 +18,9 @@ from unittest.mock import patch
 import torch
 
 from cgtool.config import load_model_config
-from cgtool.profiler.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size, time_cuda
+from cgtool.capture.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size, time_cuda
 from cgtool.triton_launch import CachedKernel
-from cgtool.workbench import build_workbench
+from cgtool.capture.workbench import build_workbench
 
 
 def _old_path() -> ExitStack:

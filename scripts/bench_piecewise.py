@@ -12,10 +12,10 @@ import json
 import torch
 
 from cgtool.config import load_model_config
-from cgtool.profiler.timing import median_cuda_ms
+from cgtool.capture.timing import median_cuda_ms
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.pool import get_global_graph_memory_pool
-from cgtool.workbench import build_workbench
+from cgtool.capture.workbench import build_workbench
 
 
 def whole_graph_ms(bench, batch) -> float:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cgtool import capture_kinds
-from cgtool.capture import CaptureOptions, SessionState
-from cgtool.measure import CaptureCost
+from cgtool.capture import kinds as capture_kinds
+from cgtool.capture.measure import CaptureCost
+from cgtool.capture.options import CaptureOptions, SessionState
 
 GIB = 1 << 30
 OOM_TEXT = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cgtool.capture import CaptureOptions, CaptureProgress, SessionState, run_capture
+from cgtool.capture.options import CaptureOptions, CaptureProgress, SessionState
+from cgtool.capture.session import run_capture
 
 pytestmark = pytest.mark.gpu
 HEADROOM = 48 << 20  # room left above what is reserved when the decode captures begin

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cgtool.capture import CaptureFailure
+from cgtool.capture.options import CaptureFailure
 from cgtool.reports.capture_view import print_capture_summary, remedies
 from cgtool.results import load_report
 

@@ -37,7 +37,7 @@ def test_can_run_only_decode_batches_within_captured_sizes():
 
 @pytest.fixture(scope="module")
 def gpu_bench():
-    from cgtool.workbench import build_workbench
+    from cgtool.capture.workbench import build_workbench
 
     cfg = load_model_config("qwen2.5-0.5b")
     return build_workbench(

@@ -151,7 +151,7 @@ def gpu_runner():
     model_runner = _model_runner("cuda", torch.bfloat16, "triton", num_slots=65536)
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=GPU_SIZES)
     runner.warmup()
-    from cgtool.profiler.memory import graph_pool_bytes
+    from cgtool.capture.memory import graph_pool_bytes
     from cgtool.runners.pool import get_global_graph_memory_pool, reset_global_graph_memory_pool
 
     # A pool of its own: earlier tests in this process leave free blocks in the shared one,

@@ -46,7 +46,7 @@ def test_the_innermost_frame_outside_torch_is_named():
 @pytest.fixture(scope="module")
 def tiny_bench():
     from cgtool.config import load_model_config
-    from cgtool.workbench import build_workbench
+    from cgtool.capture.workbench import build_workbench
 
     return build_workbench(
         load_model_config("tiny"), weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
@@ -70,12 +70,12 @@ def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
 
 _SYNC_SCRIPT = """
 import torch
-from cgtool.capture import CaptureOptions, SessionState
-from cgtool.capture_kinds import _capture_sizes
+from cgtool.capture.options import CaptureOptions, SessionState
+from cgtool.capture.kinds import _capture_sizes
 from cgtool.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runners.pitfalls import CapturePitfall
-from cgtool.workbench import build_workbench
+from cgtool.capture.workbench import build_workbench
 
 bench = build_workbench(
     load_model_config("tiny"), weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,

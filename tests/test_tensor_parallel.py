@@ -12,7 +12,7 @@ from hf_oracle import make_hf_model
 from cgtool.config import load_model_config
 from cgtool.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
 from cgtool.errors import CgtoolError, ConfigError, EnvironmentProblem
-from cgtool.launch import run_ranks
+from cgtool.capture.launch import run_ranks
 from cgtool.model.loader import build_model
 from cgtool.model.parallel import check_tp_shapes, kv_head_range, local_config, vocab_range
 from cgtool.runners.piecewise_backend import registered_split_ops

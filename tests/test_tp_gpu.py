@@ -13,7 +13,7 @@ import tp_worker
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.launch import run_ranks
+from cgtool.capture.launch import run_ranks
 
 pytestmark = [
     pytest.mark.gpu,

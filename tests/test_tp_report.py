@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from cgtool.commands.main import app
 from cgtool.compare import compare_reports
 from cgtool.errors import InputError
-from cgtool.ranks import rank_spread
+from cgtool.capture.ranks import rank_spread
 from cgtool.reports.capture_view import print_capture_summary
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import report_html

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from cgtool.capture import SessionState
-from cgtool.capture_kinds import _record
+from cgtool.capture.options import SessionState
+from cgtool.capture.kinds import _record
 from cgtool.commands.capture import capture_exit_code
-from cgtool.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
-from cgtool.profiler.timing import Timing
+from cgtool.capture.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
+from cgtool.capture.timing import Timing
 from cgtool.reports.capture_view import print_capture_summary
 from cgtool.results import load_report
 

@@ -1,4 +1,4 @@
-"""Rank functions for the tensor-parallel tests: run by cgtool.launch.run_ranks in spawned processes.
+"""Rank functions for the tensor-parallel tests: run by cgtool.capture.launch.run_ranks in spawned processes.
 
 Each builds the rank's share of a model on the CPU (gloo) and returns what the test compares
 against one process at TP=1.
@@ -131,7 +131,7 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
 
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
-    from cgtool.workbench import build_workbench
+    from cgtool.capture.workbench import build_workbench
 
     # A collective that never matches hangs: leave every thread's stack in the log first.
     faulthandler.dump_traceback_later(float(os.environ.get("CGTOOL_TP_TEST_STACKS_S", "600")))

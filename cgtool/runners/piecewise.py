@@ -15,8 +15,8 @@ import torch
 from cgtool.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
-from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
+from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import freeze_gc, model_capture_mode
 
 

@@ -30,21 +30,15 @@ COMPILERS = ("eager", "inductor")
 
 # The tensor-parallel all-reduce splits too, as in SGLang: NCCL then runs eagerly between
 # pieces, and the pieces' graphs hold no collective (TP=1 models never call it).
-_split_ops: list[torch._ops.OpOverload] = [ATTENTION_OP, ALL_REDUCE_OP]
+_split_ops: tuple[torch._ops.OpOverload, ...] = (ATTENTION_OP, ALL_REDUCE_OP)
 _graph_num_tokens: int | None = None
 # Split ops run eagerly between pieces; these are called as plain functions there, since
 # a custom op's dispatch costs ~170 µs of host time a call (notes/eager-host-profile.md).
 _EAGER_IMPLS: dict[torch._ops.OpOverload, Callable[..., Any]] = {ATTENTION_OP: attention_impl}
 
 
-def register_split_op(op: torch._ops.OpOverload) -> None:
-    """Make `op` a split point: it runs eagerly between captured pieces."""
-    if op not in _split_ops:
-        _split_ops.append(op)
-
-
 def registered_split_ops() -> tuple[torch._ops.OpOverload, ...]:
-    return tuple(_split_ops)
+    return _split_ops
 
 
 @contextmanager

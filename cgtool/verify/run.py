@@ -108,7 +108,7 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
     """The GPU session and its summary. Needs CUDA (checked by the caller)."""
     import torch
 
-    from cgtool.capture import environment, model_info
+    from cgtool.capture.session import environment, model_info
     from cgtool.verify.session import run_session
 
     opts = session_options(inputs)

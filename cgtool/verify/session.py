@@ -54,7 +54,7 @@ class SessionResult:
 
 
 def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
-    from cgtool.capture import resolve_model
+    from cgtool.capture.session import resolve_model
 
     cfg, weights_dir = resolve_model(opts.model, random_weights=False)
     out = SessionResult(cfg=cfg)
@@ -131,7 +131,7 @@ def _capture_set(
     """Into a pool of its own, so its graph memory is its own; piecewise first, as capture
     does. `strict` (the plan's set) stops at the first size that runs out of memory and
     returns that as a failed rehearsal: the plan's fraction must hold the plan's graphs."""
-    from cgtool.profiler.memory import read_memory
+    from cgtool.capture.memory import read_memory
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
     from cgtool.runners.pool import (
@@ -188,7 +188,7 @@ def _each(capture_one: Callable[[int], None], sizes: list[int], kind: str,
 def _rehearse(runner: ModelRunner, opts: SessionOptions) -> Rehearsal:
     """The largest eager extend (--chunked-prefill-size tokens) and the largest eager decode
     (--max-running-requests requests), with the plan's graphs held."""
-    from cgtool.profiler.memory import read_memory
+    from cgtool.capture.memory import read_memory
 
     decode_context = max([s.context for s in opts.steps if s.kind == "decode"] or [1])
     torch.cuda.reset_peak_memory_stats()

@@ -1,4 +1,4 @@
-"""Tensor-parallel reports: how far apart the ranks are, size by size.
+"""Tensor-parallel ranks: every rank's rows gathered on rank 0, and how far apart they are.
 
 Ranks capture the same graphs over different shards; memory should match to the byte and
 times to noise. A spread beyond that names the rank to look at (a GPU with less free
@@ -7,9 +7,11 @@ memory, a slower link, another process on it).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from cgtool.results import CaptureReport
+from cgtool.capture.options import SessionState
+from cgtool.results import CaptureReport, CaptureTotals
 
 SPREAD_FIELDS = ("retained_bytes", "peak_bytes", "non_torch_bytes", "capture_s", "replay_ms")
 
@@ -41,3 +43,16 @@ def rank_spread(report: CaptureReport) -> list[RankSpread]:
                 highest[name] = max(values)[1]
             rows.append(RankSpread(kind, head.size, spread, highest, len(same)))
     return rows
+
+
+def gather_ranks(state: SessionState, totals: CaptureTotals) -> None:
+    """Every rank's size rows (marked with their rank) and totals, on rank 0's `state`."""
+    from cgtool.distributed import current_tp, gather_to_rank0
+
+    rank = current_tp().rank
+    rows = [dataclasses.replace(row, rank=rank) for row in state.sizes]
+    gathered = gather_to_rank0((rows, totals))
+    if gathered is None:
+        return
+    state.sizes = [row for rank_rows, _ in gathered for row in rank_rows]
+    state.rank_totals = [rank_totals for _, rank_totals in gathered]

@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -99,9 +100,9 @@ def median_cuda_ms(fn: Callable[[], object], warmup: int = 3, iters: int = 20) -
 def copy_bandwidth_bytes_s(num_bytes: int = 1 << 30) -> float:
     """Device-to-device copy rate: the practical ceiling for reading weights and KV."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = median_cuda_ms(lambda: dst.copy_(src), warmup=2, iters=10)
-    del src, dst
+    copy = partial(torch.empty_like(src).copy_, src)
+    copy()
+    ms = time_cuda(copy, rel_ci=0.01, budget_s=0.2).mean_ms
     return 2 * num_bytes / (ms / 1e3)  # one read plus one write per byte
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from cgtool.capture import CaptureOptions, ProgressCallback, SessionState, resolve_model
+from cgtool.capture.options import CaptureOptions, ProgressCallback, SessionState
+from cgtool.capture.session import resolve_model, run_capture
 from cgtool.errors import EnvironmentProblem
-from cgtool.results import CaptureReport, CaptureTotals
+from cgtool.results import CaptureReport
 
 
 def validate_tp(model: str, tp_size: int, visible_gpus: int | None) -> None:
@@ -38,7 +39,7 @@ def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> Captu
 
     Any rank's failure stops every rank and is raised here as that rank's CgtoolError.
     """
-    from cgtool.launch import run_ranks
+    from cgtool.capture.launch import run_ranks
 
     resolve_model(opts.model, opts.random_weights)  # a bad --model fails here, not N times
     data = run_ranks(_capture_rank, opts.tp_size, (opts,), on_progress, log_dir=opts.out_dir)
@@ -48,7 +49,6 @@ def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> Captu
 def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: CaptureOptions) -> None:
     import torch
 
-    from cgtool.capture import run_capture
     from cgtool.distributed import init_tensor_parallel
 
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
@@ -57,16 +57,3 @@ def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: Ca
     report = run_capture(mine, channel.progress, SessionState())
     if rank == 0:
         channel.result(report.to_dict())
-
-
-def gather_ranks(state: SessionState, totals: CaptureTotals) -> None:
-    """Every rank's size rows (marked with their rank) and totals, on rank 0's `state`."""
-    from cgtool.distributed import current_tp, gather_to_rank0
-
-    rank = current_tp().rank
-    rows = [dataclasses.replace(row, rank=rank) for row in state.sizes]
-    gathered = gather_to_rank0((rows, totals))
-    if gathered is None:
-        return
-    state.sizes = [row for rank_rows, _ in gathered for row in rank_rows]
-    state.rank_totals = [rank_totals for _, rank_totals in gathered]

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from cgtool import __version__
+from cgtool.capture.kinds import capture_decode, capture_piecewise
+from cgtool.capture.memory import device_info, read_memory
+from cgtool.capture.options import (
+    CaptureOptions,
+    CaptureProgress,
+    ProgressCallback,
+    SessionState,
+)
+from cgtool.capture.ranks import gather_ranks
+from cgtool.capture.timing import copy_bandwidth_bytes_s
+from cgtool.capture.workbench import Workbench, build_workbench
 from cgtool.config import ModelConfig, load_model_config
+from cgtool.distributed import TensorParallel, current_tp
 from cgtool.errors import ConfigError, EnvironmentProblem
 from cgtool.provenance import collect_provenance
 from cgtool.results import (
@@ -21,87 +29,8 @@ from cgtool.results import (
     CaptureSettings,
     CaptureTotals,
     Environment,
-    KernelRow,
     ModelInfo,
-    SizeResult,
 )
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    model: str
-    kinds: tuple[str, ...]
-    capture_bs: list[int]
-    capture_num_tokens: list[int]
-    mem_fraction_static: float = 0.85
-    context_len: int = 1024  # tokens already in the KV cache of each decode request
-    compiler: str = "eager"
-    enable_cudagraph_gc: bool = False
-    random_weights: bool = False
-    profile: bool = False
-    out_dir: Path = Path("cgtool-capture")
-    dtype: torch.dtype = torch.bfloat16
-    seed: int = 0
-    max_total_tokens: int | None = None  # fixes the KV pool's size, as SGLang's flag does
-    tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture_tp)
-    # With --profile, the sizes of each kind that get a Chrome trace of their replay.
-    profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CaptureProgress:
-    kind: str
-    phase: str  # "load", "compile", "capture", "measure", "profile"
-    size: int | None
-    done: int
-    total: int
-    free_bytes: int
-
-
-ProgressCallback = Callable[[CaptureProgress], None]
-
-
-@dataclass(frozen=True)
-class CaptureFailure:
-    """The first size that ran out of memory, with what the remedies need to say how much."""
-
-    kind: str
-    size: int
-    free_bytes: int  # free on the device at that moment
-    shortfall_bytes: int  # the allocation that failed: at least this much more was needed
-    total_bytes: int  # the device's memory, to turn the shortfall into a memory fraction
-
-
-@dataclass
-class SessionState:
-    """What the session has gathered so far: kept whole when a size fails or a signal arrives."""
-
-    sizes: list[SizeResult] = field(default_factory=list)
-    kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
-    incomplete_reason: str | None = None
-    failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
-    runners: list[object] = field(default_factory=list)
-    cfg: ModelConfig | None = None
-    rank_totals: list[CaptureTotals] = field(default_factory=list)  # every rank's, on rank 0
-    totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
-    phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in each phase
-    stopped_in: str | None = None  # the innermost phase an exception or signal left
-    sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)  # by kind
-    eager_host_ms: float | None = None  # host time to launch the smallest eager decode step
-    memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
-    chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
-        start = time.perf_counter()
-        try:
-            yield
-        except BaseException:
-            self.stopped_in = self.stopped_in or name
-            raise
-        finally:
-            self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - start
 
 
 def zero_totals() -> CaptureTotals:
@@ -133,8 +62,6 @@ def resolve_model(model: str, random_weights: bool) -> tuple[ModelConfig, Path |
 
 
 def environment() -> Environment:
-    from cgtool.profiler.memory import device_info
-
     info = device_info()
     return Environment(
         gpu_name=info["gpu_name"],
@@ -174,9 +101,6 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
 
 def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: SessionState) -> CaptureReport:
     """Capture and measure every size; `state` keeps what was gathered if this stops early."""
-    from cgtool.capture_kinds import capture_decode, capture_piecewise
-    from cgtool.distributed import current_tp
-    from cgtool.profiler.memory import read_memory
     from cgtool.runners.pool import get_global_graph_memory_pool
 
     require_cuda()
@@ -219,15 +143,13 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         other_torch_bytes=after.reserved_bytes - before.reserved_bytes - pool_growth - static,
     )
     if tp.size > 1:
-        from cgtool.capture_tp import gather_ranks
-
         gather_ranks(state, totals)
     return build_report(opts, cfg, state, totals)
 
 
-def _load(cfg: ModelConfig, weights_dir: Path | None, opts: CaptureOptions, tp: object) -> tuple[object, float]:
-    from cgtool.profiler.timing import copy_bandwidth_bytes_s
-    from cgtool.workbench import build_workbench
+def _load(
+    cfg: ModelConfig, weights_dir: Path | None, opts: CaptureOptions, tp: TensorParallel
+) -> tuple[Workbench, float]:
 
     bench = build_workbench(
         cfg,
@@ -239,7 +161,7 @@ def _load(cfg: ModelConfig, weights_dir: Path | None, opts: CaptureOptions, tp: 
         context_len=opts.context_len,
         seed=opts.seed,
         kv_tokens=opts.max_total_tokens,
-        tp=tp,  # type: ignore[arg-type]
+        tp=tp,
     )
     return bench, copy_bandwidth_bytes_s()
 

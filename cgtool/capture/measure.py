@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from cgtool.profiler.memory import read_memory
-from cgtool.profiler.timing import Timing, time_cuda
+from cgtool.capture.memory import read_memory
+from cgtool.capture.timing import Timing, time_cuda
 
 Outputs = Sequence[torch.Tensor]  # what a forward is compared on: logits, or hidden states + logits
 

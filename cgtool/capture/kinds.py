@@ -7,21 +7,25 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from cgtool.capture.measure import CaptureCost, ReplayCheck, check_replay, measure_capture
+from cgtool.capture.options import (
+    CaptureFailure,
+    CaptureOptions,
+    CaptureProgress,
+    ProgressCallback,
+    SessionState,
+)
+from cgtool.capture.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size
+from cgtool.capture.workbench import Workbench
 from cgtool.distributed import barrier, current_tp
 from cgtool.errors import EnvironmentProblem
-from cgtool.measure import CaptureCost, ReplayCheck, check_replay, measure_capture
-from cgtool.profiler.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 from cgtool.runners.pool import freeze_gc
-
-if TYPE_CHECKING:
-    from cgtool.capture import CaptureOptions, ProgressCallback, SessionState
-    from cgtool.workbench import Workbench
 
 
 def capture_decode(
@@ -235,8 +239,6 @@ def _measured(
 def _note_out_of_memory(
     state: SessionState, kind: str, size: int, message: str, doing: str = "capturing"
 ) -> None:
-    from cgtool.capture import CaptureFailure
-
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
     if current_tp().size > 1:
@@ -306,6 +308,4 @@ def _peak_flops() -> float | None:
 
 
 def _progress(cb: Any, kind: str, phase: str, size: int | None, done: int, total: int) -> None:
-    from cgtool.capture import CaptureProgress
-
     cb(CaptureProgress(kind, phase, size, done, total, torch.cuda.mem_get_info()[0]))

@@ -1,0 +1,92 @@
+"""What a capture session is asked to do, what it reports while it runs, and what it has
+gathered so far (kept whole when a size fails or a signal arrives)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from cgtool.config import ModelConfig
+from cgtool.results import CaptureTotals, KernelRow, SizeResult
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    model: str
+    kinds: tuple[str, ...]
+    capture_bs: list[int]
+    capture_num_tokens: list[int]
+    mem_fraction_static: float = 0.85
+    context_len: int = 1024  # tokens already in the KV cache of each decode request
+    compiler: str = "eager"
+    enable_cudagraph_gc: bool = False
+    random_weights: bool = False
+    profile: bool = False
+    out_dir: Path = Path("cgtool-capture")
+    dtype: torch.dtype = torch.bfloat16
+    seed: int = 0
+    max_total_tokens: int | None = None  # fixes the KV pool's size, as SGLang's flag does
+    tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture.tp)
+    # With --profile, the sizes of each kind that get a Chrome trace of their replay.
+    profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CaptureProgress:
+    kind: str
+    phase: str  # "load", "compile", "capture", "measure", "profile"
+    size: int | None
+    done: int
+    total: int
+    free_bytes: int
+
+
+ProgressCallback = Callable[[CaptureProgress], None]
+
+
+@dataclass(frozen=True)
+class CaptureFailure:
+    """The first size that ran out of memory, with what the remedies need to say how much."""
+
+    kind: str
+    size: int
+    free_bytes: int  # free on the device at that moment
+    shortfall_bytes: int  # the allocation that failed: at least this much more was needed
+    total_bytes: int  # the device's memory, to turn the shortfall into a memory fraction
+
+
+@dataclass
+class SessionState:
+    """What the session has gathered so far: kept whole when a size fails or a signal arrives."""
+
+    sizes: list[SizeResult] = field(default_factory=list)
+    kernel_tables: dict[str, list[KernelRow]] = field(default_factory=dict)
+    incomplete_reason: str | None = None
+    failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
+    runners: list[object] = field(default_factory=list)
+    cfg: ModelConfig | None = None
+    rank_totals: list[CaptureTotals] = field(default_factory=list)  # every rank's, on rank 0
+    totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
+    phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in each phase
+    stopped_in: str | None = None  # the innermost phase an exception or signal left
+    sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)  # by kind
+    eager_host_ms: float | None = None  # host time to launch the smallest eager decode step
+    memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
+    chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
+        start = time.perf_counter()
+        try:
+            yield
+        except BaseException:
+            self.stopped_in = self.stopped_in or name
+            raise
+        finally:
+            self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - start

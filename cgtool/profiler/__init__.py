@@ -1,1 +1,0 @@
-"""Measuring graphs: memory (allocator, graph pool, NVML), latency (CUDA events), kernels."""
