@@ -33,13 +33,16 @@ class Compiler(str, Enum):
 def parse_sizes(text: str | None, flag: str) -> list[int] | None:
     if text is None:
         return None
+    from cgtool.runners.sizes import capture_sizes
+
     try:
         sizes = [int(part) for part in text.replace(",", " ").split()]
     except ValueError:
         raise CgtoolError(f"{flag} '{text}' is not a list of integers", f"Write e.g. {flag} 1,2,4,8.") from None
-    if not sizes or min(sizes) < 1:
-        raise CgtoolError(f"{flag} '{text}' must list positive integers", f"Write e.g. {flag} 1,2,4,8.")
-    return sorted(set(sizes))
+    try:
+        return capture_sizes(sizes)
+    except ValueError:
+        raise CgtoolError(f"{flag} '{text}' must list positive integers", f"Write e.g. {flag} 1,2,4,8.") from None
 
 
 def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:

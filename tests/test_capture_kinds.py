@@ -72,3 +72,19 @@ def test_phase_times_add_up_and_an_interruption_names_the_innermost_phase():
     assert set(state.phase_s) == {"capture", "measure", "profile"}
     assert all(seconds >= 0 for seconds in state.phase_s.values())
     assert state.stopped_in == "profile"
+
+
+def test_options_hold_each_kinds_sizes_once_ascending_and_drop_kinds_not_captured():
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[8, 1, 8, 4],
+                          capture_num_tokens=[64, 16])
+    assert opts.capture_bs == [1, 4, 8] and opts.capture_num_tokens == []
+
+
+def test_options_refuse_a_size_below_one_naming_the_flag():
+    import pytest
+
+    from cgtool.errors import EnvironmentProblem
+
+    with pytest.raises(EnvironmentProblem, match="decode: capture sizes must be positive") as info:
+        CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[0, 4], capture_num_tokens=[])
+    assert info.value.remedy == "Fix --bs."

@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 
 from cgtool.config import ModelConfig
+from cgtool.errors import EnvironmentProblem
 from cgtool.results import CaptureTotals, KernelRow, SizeResult
+from cgtool.runners.sizes import capture_sizes
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,16 @@ class CaptureOptions:
     tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture.tp)
     # With --profile, the sizes of each kind that get a Chrome trace of their replay.
     profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Kinds not captured keep an empty list; the captured ones follow the one rule.
+        for name, kind, flag in (("capture_bs", "decode", "--bs"),
+                                 ("capture_num_tokens", "piecewise", "--tokens")):
+            try:
+                sizes = capture_sizes(getattr(self, name)) if kind in self.kinds else []
+            except ValueError as error:
+                raise EnvironmentProblem(f"{kind}: {error}", f"Fix {flag}.") from None
+            object.__setattr__(self, name, sizes)
 
 
 @dataclass(frozen=True)

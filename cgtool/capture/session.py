@@ -88,8 +88,8 @@ def model_info(cfg: ModelConfig, dtype: torch.dtype) -> ModelInfo:
 def settings_of(opts: CaptureOptions) -> CaptureSettings:
     return CaptureSettings(
         kinds=list(opts.kinds),  # type: ignore[arg-type]
-        capture_bs=sorted(opts.capture_bs) if "decode" in opts.kinds else [],
-        capture_num_tokens=sorted(opts.capture_num_tokens) if "piecewise" in opts.kinds else [],
+        capture_bs=opts.capture_bs,
+        capture_num_tokens=opts.capture_num_tokens,
         compiler=opts.compiler,  # type: ignore[arg-type]
         mem_fraction_static=opts.mem_fraction_static,
         attention_backend="triton",
@@ -216,10 +216,8 @@ def partial_report(opts: CaptureOptions, state: SessionState, reason: str) -> Ca
 
 def _check_sizes(cfg: ModelConfig, opts: CaptureOptions) -> None:
     too_long = [n for n in opts.capture_num_tokens if n > cfg.max_context_len]
-    if "piecewise" in opts.kinds and too_long:
+    if too_long:
         raise EnvironmentProblem(
             f"token count {too_long[0]} is above {cfg.name}'s context length {cfg.max_context_len}",
             "Drop it from --tokens or lower --max-tokens.",
         )
-    if any(n < 1 for n in opts.capture_bs + opts.capture_num_tokens):
-        raise EnvironmentProblem("capture sizes must be positive integers", "Fix --bs / --tokens.")

@@ -16,6 +16,7 @@ from cgtool.runners.pool import (
     keep_graph_if_capture_fails,
     model_capture_mode,
 )
+from cgtool.runners.sizes import capture_sizes
 
 
 class DecodeGraphRunner:
@@ -27,7 +28,7 @@ class DecodeGraphRunner:
         seq_len_fill_value: int = 1,
     ) -> None:
         self.model_runner = model_runner
-        self.capture_bs = sorted(set(capture_bs))
+        self.capture_bs = capture_sizes(capture_bs)
         self.max_bs = self.capture_bs[-1]
         self.enable_cudagraph_gc = enable_cudagraph_gc
         self.seq_len_fill_value = seq_len_fill_value

@@ -18,6 +18,7 @@ from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
 from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import freeze_gc, model_capture_mode
+from cgtool.runners.sizes import capture_sizes
 
 
 class PiecewiseGraphRunner:
@@ -29,7 +30,7 @@ class PiecewiseGraphRunner:
         enable_cudagraph_gc: bool = False,
     ) -> None:
         self.model_runner = model_runner
-        self.capture_num_tokens = sorted(set(capture_num_tokens))
+        self.capture_num_tokens = capture_sizes(capture_num_tokens)
         self.max_num_tokens = self.capture_num_tokens[-1]
         self.enable_cudagraph_gc = enable_cudagraph_gc
         with torch.device(model_runner.device):
