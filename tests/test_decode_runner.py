@@ -1,5 +1,6 @@
 import pytest
 import torch
+from replay_check import assert_replay_equals_eager
 
 from cgtool.batch import ForwardMode
 from cgtool.config import load_model_config
@@ -59,7 +60,7 @@ def test_replay_pads_to_next_captured_size_and_equals_eager(gpu_bench):
         replayed = runner.replay(batch).clone()
         assert runner.replay_count == before + 1
         assert replayed.shape == (bs, model.cfg.vocab_size)
-        torch.testing.assert_close(replayed, eager, atol=3e-2, rtol=3e-2)
+        assert_replay_equals_eager(replayed, eager)
 
 
 @pytest.mark.gpu
@@ -72,4 +73,4 @@ def test_replay_follows_new_inputs_not_the_captured_ones(gpu_bench):
     out_b = runner.replay(b).clone()
     assert not torch.equal(out_a, out_b)
     eager_b = gpu_bench.runner.model.compute_logits(gpu_bench.runner.forward_eager(b))
-    torch.testing.assert_close(out_b, eager_b, atol=3e-2, rtol=3e-2)
+    assert_replay_equals_eager(out_b, eager_b)
