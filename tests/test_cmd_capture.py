@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from cgtool.commands.capture import parse_sizes, quiet_library_warnings
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
+from cgtool.invariants import memory_violations
 from cgtool.results import load_report
 
 runner = CliRunner()
@@ -53,6 +54,8 @@ def test_capture_cli_end_to_end_writes_a_verified_report(tmp_path):
     assert all(row["status"] == "ok" for row in report["sizes"])
     retained = sum(row["retained_bytes"] for row in report["sizes"])
     assert retained == report["totals"]["graph_pool_bytes"]
+    assert memory_violations(load_report(out)) == []  # the invariants hold on a real capture
+    assert set(report["totals"]["phase_s"]) >= {"load", "compile", "capture", "measure", "render"}
 
 
 @pytest.mark.parametrize(("fixture", "code"), [("h100-llama-3.1-8b", 0), ("h100-llama-3.1-8b-oom", 1)])
