@@ -62,7 +62,7 @@ def test_capture_cli_end_to_end_writes_a_verified_report(tmp_path):
 def test_capture_saves_its_sizes_and_exits_1_when_incomplete_0_when_complete(tmp_path, monkeypatch, fixture, code):
     # The session is replaced by the report it would return (the OOM fixture: decode bs 256 ran
     # out of memory, the smaller sizes fitted); saving and the exit code run as on a GPU.
-    import cgtool.capture.session as session
+    from cgtool.capture import session
 
     returned = load_report(FIXTURES / fixture)
     monkeypatch.setattr(session, "require_cuda", lambda: None)
