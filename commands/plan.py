@@ -18,10 +18,11 @@ from cgtool.errors import CgtoolError, InputError
 from cgtool.gpus import GpuSpec, gpu_spec
 from cgtool.planner.convert import FORMATS
 from cgtool.planner.plan import Plan, PlanRequest, plan_batches, plan_requests
+from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
 from cgtool.planner.trace import RequestTrace
 from cgtool.reports.plan_view import plan_view
-from cgtool.results import PLAN_FILENAME, write_json_atomic
+from cgtool.results import PLAN_FILENAME, load_plan, write_json_atomic
 from cgtool.verify.profile import load_profile
 
 FALLBACK_GPU = "H100-80GB"
@@ -66,6 +67,18 @@ def _resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
         return gpu_spec(
             FALLBACK_GPU
         ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
+
+
+def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
+    if path is None:
+        return None
+    old = load_plan(path)
+    return (
+        tuple(old["decode"]["capture_bs"]),
+        tuple(old["piecewise"]["capture_num_tokens"]),
+        int(old["memory"]["kv_tokens"]),
+    )
 
 
 def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
@@ -153,6 +166,21 @@ def plan(
         int | None,
         typer.Option(min=1, help="Most requests running at once (default: the engine's)."),
     ] = None,
+    load: Annotated[
+        str,
+        typer.Option(
+            help="Replay the trace at these multiples of its arrival rate, e.g. 1,2; sizes "
+            "hold up across all of them."
+        ),
+    ] = "1,2",
+    replicas: Annotated[
+        int,
+        typer.Option(help="Data-parallel servers the trace is split across; one is planned."),
+    ] = 1,
+    compare_plan: Annotated[
+        Path | None,
+        typer.Option(help="An existing plan.json whose sizes are scored on this trace too."),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Write plan.json and figures to this folder.")
     ] = None,
@@ -165,6 +193,12 @@ def plan(
             "Use sglang or vllm (see `cgtool schedule` for trtllm).",
         )
     resolve_version(engine, engine_version)  # before the trace is read: that takes seconds
+    loads = parse_loads(load)
+    if replicas < 1:
+        raise InputError(
+            f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
+        )
+    compare = _compare_sizes(compare_plan)
     gpu_choice, gpu_note = _resolve_gpu(gpu)
     report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
@@ -180,6 +214,10 @@ def plan(
         max_running_requests=max_running_requests,
         budget_graphs=budget_graphs,
         budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
+        loads=loads,
+        replicas=replicas,
+        compare=compare,
+        compare_name=None if compare_plan is None else str(compare_plan),
     )
     stop = StopRequest()
     try:

@@ -40,30 +40,91 @@ def flag_block(lines: list[str], title: str) -> Text:
     return text
 
 
+def _part_label(plan: dict[str, Any]) -> str:
+    basis = plan.get("basis") or {}
+    share = basis.get("held_out_share") or 0.0
+    return f"held-out traffic (last {share:.0%} of requests)" if share else "the simulated steps"
+
+
 def comparison_table(plan: dict[str, Any]) -> Table:
     rows = {row["schedule"]: row for row in plan["comparison"]}
     plan_row, default_row = rows["plan"], rows["default"]
     inputs = plan["inputs"]
+    loads = inputs.get("loads") or [1.0]
+    eager = ((plan.get("basis") or {}).get("eager_assumptions") or [{"name": ""}])[0]["name"]
+    at = f", {loads[0]:g}x load" + (f", {eager} eager cost" if eager else "")
     table = Table(
-        title=f"Plan vs {ENGINE_NAMES[inputs['engine']]} {inputs['engine_version']} default, same simulated steps"
+        title=f"Plan vs {ENGINE_NAMES[inputs['engine']]} {inputs['engine_version']} default on "
+        f"{_part_label(plan)}{at} (predicted)"
     )
     for column in ("", "plan", "default"):
         table.add_column(column, justify="left" if not column else "right", no_wrap=True)
-    metrics = (
-        ("expected step", "expected_step_ms", lambda v: f"{v:.3f} ms"),
-        ("decode graph coverage", "decode_coverage", lambda v: f"{v:.1%}"),
-        ("extend graph coverage", "extend_coverage", lambda v: f"{v:.1%}"),
-        ("padding waste", "padding_waste", lambda v: f"{v:.1%}"),
-        ("graphs", "num_graphs", str),
-        ("graph memory (predicted)", "graph_bytes", gib),
-        ("capture time (predicted)", "capture_s", lambda v: f"{v:.1f} s"),
-        ("KV tokens", "kv_tokens", lambda v: f"{v:,}"),
+    sections = (
+        (
+            "step time",
+            (
+                ("expected step", "expected_step_ms", lambda v: f"{v:.3f} ms"),
+                ("decode graph coverage", "decode_coverage", lambda v: f"{v:.1%}"),
+                ("extend graph coverage", "extend_coverage", lambda v: f"{v:.1%}"),
+                ("padding waste", "padding_waste", lambda v: f"{v:.1%}"),
+            ),
+        ),
+        (
+            "graphs: set by the sizes",
+            (
+                ("graphs", "num_graphs", str),
+                ("graph memory (predicted)", "graph_bytes", gib),
+                ("capture time (predicted)", "capture_s", lambda v: f"{v:.1f} s"),
+            ),
+        ),
+        (
+            "KV cache: set by the memory fraction, not the sizes",
+            (("KV tokens", "kv_tokens", lambda v: f"{v:,}"),),
+        ),
     )
-    for label, key, fmt in metrics:
-        table.add_row(label, fmt(plan_row[key]), fmt(default_row[key]))
-    if tp_size(plan) > 1:
-        comm = [f"{row.get('comm_ms', 0.0):.3f} ms" for row in (plan_row, default_row)]
-        table.add_row("of the step: all-reduces (estimated)", *comm)
+    for title, metrics in sections:
+        table.add_row(Text(title, style="bold"), "", "")
+        for label, key, fmt in metrics:
+            table.add_row("  " + label, fmt(plan_row[key]), fmt(default_row[key]))
+        if title == "step time" and tp_size(plan) > 1:
+            comm = [f"{row.get('comm_ms', 0.0):.3f} ms" for row in (plan_row, default_row)]
+            table.add_row("  of the step: all-reduces (estimated)", *comm)
+    return table
+
+
+def scenario_table(plan: dict[str, Any]) -> Table | None:
+    """Expected step per load and eager assumption: held out, and as fitted."""
+    rows = plan.get("scenarios") or []
+    if not rows:
+        return None
+    index = {(r["part"], r["load"], r["eager"], r["schedule"]): r for r in rows}
+    part = "held_out" if any(r["part"] == "held_out" for r in rows) else "fit"
+    current = any(r["schedule"] == "current" for r in rows)
+    table = Table(
+        title=f"Every scenario on {_part_label(plan)}, predicted; ratio = plan / default",
+        caption="in-sample: the same ratio on the steps the sizes were fitted on",
+    )
+    columns = ["load", "eager", "plan ms", "default ms", "ratio", "in-sample", "decode cov."]
+    columns += ["current ms", "current ratio"] if current else []
+    for i, column in enumerate(columns):
+        table.add_column(column, justify="left" if i < 2 else "right", no_wrap=True)
+    keys = list(dict.fromkeys((r["load"], r["eager"]) for r in rows if r["part"] == part))
+    for load, eager in keys:
+        p, d = index[(part, load, eager, "plan")], index[(part, load, eager, "default")]
+        fp, fd = index[("fit", load, eager, "plan")], index[("fit", load, eager, "default")]
+        cells = [
+            f"{load:g}x",
+            eager,
+            f"{p['expected_step_ms']:.3f}",
+            f"{d['expected_step_ms']:.3f}",
+            f"{p['expected_step_ms'] / d['expected_step_ms']:.3f}",
+            f"{fp['expected_step_ms'] / fd['expected_step_ms']:.3f}",
+            f"{p['decode_coverage']:.1%}",
+        ]
+        if current:
+            c = index[(part, load, eager, "current")]
+            cells += [f"{c['expected_step_ms']:.3f}", f"{c['expected_step_ms'] / d['expected_step_ms']:.3f}"]
+        table.add_row(*cells)
     return table
 
 
@@ -113,8 +174,11 @@ def memory_table(plan: dict[str, Any]) -> Table:
             f"{memory['trtllm_free_gpu_memory_fraction']:.3f}",
             f"{TRTLLM_DEFAULT_FREE_FRACTION:.3f}",
         ),
-        ("peak KV demand in the trace", f"{memory['peak_kv_demand_tokens']:,}",
-         f"{memory['peak_kv_demand_tokens']:,}"),
+        (
+            "peak KV reserved by admitted requests",
+            f"{memory['peak_kv_demand_tokens']:,}",
+            "not simulated",  # the trace runs once, at the plan's pool
+        ),
     ]
     if memory.get("graph_bytes_measured") is not None:
         predicted, measured = memory["graph_bytes_predicted"], memory["graph_bytes_measured"]
@@ -131,28 +195,59 @@ def memory_table(plan: dict[str, Any]) -> Table:
     return table
 
 
+def _size_lines(plan: dict[str, Any]) -> list[Text]:
+    decode, tokens = plan["decode"]["capture_bs"], plan["piecewise"]["capture_num_tokens"]
+    if plan["inputs"]["engine"] == "vllm":
+        return [
+            Text(f"vLLM token sizes (one shared list): {_sizes(tokens)}"),
+            Text(f"  of which full decode graphs (up to --max-num-seqs): {_sizes(decode)}"),
+        ]
+    return [
+        Text(f"decode batch sizes: {_sizes(decode)}"),
+        Text(f"extend token bins:  {_sizes(tokens)}"),
+    ]
+
+
+def _basis_lines(plan: dict[str, Any]) -> list[Text]:
+    basis = plan.get("basis")
+    if not basis:  # plans written before cgtool 1.1 carry none
+        return []
+    lines = [basis["statement"] + "."]
+    lines += [f"  eager cost, {a['name']}: {a['basis']}" for a in basis["eager_assumptions"]]
+    lines.append(f"  {basis['max_bs_reason']}")
+    return [Text("\n".join(lines), style="dim")]
+
+
 def plan_view(plan: dict[str, Any]) -> RenderableType:
     inputs, sim = plan["inputs"], plan["simulation"]
     engine = inputs["engine"]
+    replicas = inputs.get("replicas") or 1
+    per = f" (one of {replicas} replicas)" if replicas > 1 else ""
     head = Text(
-        f"{inputs['model']} on {gpus_label(plan)}, {ENGINE_NAMES[engine]} {inputs['engine_version']}; "
+        f"{inputs['model']} on {gpus_label(plan)}{per}, {ENGINE_NAMES[engine]} {inputs['engine_version']}; "
         f"trace {inputs['trace']} ({inputs['trace_kind']}: {sim['num_requests']:,} requests, {sim['steps']:,} steps); "
         f"step times from {inputs['profile'] or 'the roofline model'}",
     )
-    parts: list[RenderableType] = [
-        head,
+    warnings = plan["memory"]["warnings"] + plan.get("warnings", [])
+    overload = [w for w in warnings if w.startswith("overloaded")]
+    parts: list[RenderableType] = [head]
+    parts += [Text(f"warning: {w}", style="bold red") for w in overload]
+    parts += [
         flag_block(
             plan["flags"][engine],
             f"Recommended flags for {ENGINE_NAMES[engine]} {inputs['engine_version']}",
         ),
-        Text(f"decode batch sizes: {_sizes(plan['decode']['capture_bs'])}"),
-        Text(f"extend token bins:  {_sizes(plan['piecewise']['capture_num_tokens'])}"),
+        *_size_lines(plan),
+        *_basis_lines(plan),
         comparison_table(plan),
-        memory_table(plan),
     ]
-    warnings = plan["memory"]["warnings"] + plan.get("warnings", [])
-    if warnings:
-        parts.append(Text("\n".join(f"note: {w}" for w in warnings), style="yellow"))
+    scenarios = scenario_table(plan)
+    if scenarios is not None:
+        parts.append(scenarios)
+    parts.append(memory_table(plan))
+    rest = [w for w in warnings if w not in overload]
+    if rest:
+        parts.append(Text("\n".join(f"note: {w}" for w in rest), style="yellow"))
     others = [e for e in ("sglang", "vllm", "trtllm") if e != engine]
     for other in others:
         title = f"The same sizes for {ENGINE_NAMES[other]}"

@@ -207,7 +207,9 @@ def test_sglang_server_log_plans_as_batches(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["inputs"]["trace_kind"] == "batches"
-    assert max(data["decode"]["capture_bs"]) == 13
+    # Batch 13 is the largest logged; decode graphs reach past it, on SGLang's list.
+    assert data["decode"]["capture_bs"][0] == 1
+    assert 13 <= max(data["decode"]["capture_bs"]) <= 24
 
 
 def test_tp_plans_each_gpu_and_names_the_tp_flags():

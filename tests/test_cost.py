@@ -29,8 +29,8 @@ def test_decode_cannot_beat_streaming_the_weights_once(roofline):
 def test_eager_pays_launch_overhead_that_graphs_remove(roofline):
     assert np.all(roofline.decode_eager_ms[1:] > roofline.decode_graph_ms[1:])
     assert np.all(roofline.extend_eager_ms[1:] > roofline.extend_graph_ms[1:])
-    speedup = roofline.decode_eager_ms[1] / roofline.decode_graph_ms[1]
-    assert 1.1 <= speedup <= 1.4  # seed 001: decode graphs gain 10-30% at small batch
+    # How much more eager costs is uncertain (host-bound or not): the planner plans against a
+    # range of it (tests/test_eager.py), so no ratio is fixed here.
 
 
 def test_step_time_grows_with_size_so_padding_costs_something(roofline):

@@ -212,8 +212,8 @@ def _many_requests(n: int = 200_000):
 
 def test_stop_ends_the_run_early_and_says_how_far_it_got():
     arrival, inp, out = _many_requests()
-    kwargs = dict(cost=flat_cost(max_bs=64, chunk=4096), max_running_requests=64,
-                  chunked_prefill_size=4096, kv_capacity_tokens=1_000_000)
+    kwargs = {"cost": flat_cost(max_bs=64, chunk=4096), "max_running_requests": 64,
+                  "chunked_prefill_size": 4096, "kv_capacity_tokens": 1_000_000}
     full = simulate(arrival, inp, out, None, **kwargs)
     polls = []
     stopped = simulate(arrival, inp, out, None, stop=lambda: polls.append(1) or len(polls) >= 2, **kwargs)
@@ -226,8 +226,8 @@ def test_stop_ends_the_run_early_and_says_how_far_it_got():
 
 def test_a_stop_that_never_fires_changes_nothing():
     arrival, inp, out = _many_requests(50_000)
-    kwargs = dict(cost=flat_cost(max_bs=64, chunk=4096), max_running_requests=64,
-                  chunked_prefill_size=4096, kv_capacity_tokens=1_000_000)
+    kwargs = {"cost": flat_cost(max_bs=64, chunk=4096), "max_running_requests": 64,
+                  "chunked_prefill_size": 4096, "kv_capacity_tokens": 1_000_000}
     plain = simulate(arrival, inp, out, None, **kwargs)
     polled = simulate(arrival, inp, out, None, stop=lambda: False, **kwargs)
     assert polled.steps == plain.steps and polled.duration_s == plain.duration_s

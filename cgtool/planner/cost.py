@@ -268,8 +268,8 @@ def _tp_mismatch(report: dict[str, Any], tp_size: int, source: str) -> tuple[str
     if measured == tp_size:
         return ()
     return (
-        f"{source} was measured at --tp {measured}, the plan is for --tp {tp_size}: its step "
-        "times and graph memory are of the other split",
+        (f"{source} was measured at --tp {measured}, the plan is for --tp {tp_size}: its step "
+        "times and graph memory are of the other split"),
     )
 
 

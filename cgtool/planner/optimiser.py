@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.planner.cost import CostModel, Histogram, dense_ms
+from cgtool.planner.cost import CostModel, dense_ms
+from cgtool.planner.grid import token_grid_up
 from cgtool.planner.schedules import EngineSchedule
 
 # Sizes stop being added once all further ones together would cut the expected step by less
@@ -174,13 +175,15 @@ class Limits:
     budget_memory_bytes: int | None = None
 
 
-def _steps(hist: Histogram, graph_ms: np.ndarray, eager_ms: np.ndarray) -> KindSteps:
-    return KindSteps(hist.sizes, hist.counts, graph_ms, eager_ms)
+def _observed(kinds: list[KindSteps]) -> np.ndarray:
+    return np.unique(np.concatenate([k.sizes[k.counts > 0] for k in kinds] + [np.zeros(0, int)]))
 
 
-def _partition(steps: KindSteps, default: tuple[int, ...], limit: int, most: int) -> Partition:
-    candidates = candidate_sizes(steps.sizes, default, limit)
-    return best_shared_partitions([steps], candidates, most)
+def token_candidates(kinds: list[KindSteps], default: tuple[int, ...], limit: int) -> np.ndarray:
+    """Token bins may sit only on the grid (cgtool.planner.grid) or at the default's sizes."""
+    observed = _observed(kinds)
+    observed = np.unique(token_grid_up(observed[observed <= limit], limit))
+    return candidate_sizes(observed, default, limit)
 
 
 def _searched(budget: int | None, default: tuple[int, ...]) -> int:
@@ -189,20 +192,22 @@ def _searched(budget: int | None, default: tuple[int, ...]) -> int:
 
 
 def choose_separate(
-    decode: Histogram, extend: Histogram, cost: CostModel, default: EngineSchedule, limits: Limits
+    decode: list[KindSteps],
+    extend: list[KindSteps],
+    cost: CostModel,
+    default: EngineSchedule,
+    limits: Limits,
 ) -> tuple[list[int], list[int]]:
-    """SGLang and TensorRT-LLM: a decode list and a token list, each optimised on its steps,
-    neither worse than the default's on the same steps (the default is among those searched)."""
-    d = _steps(decode, cost.decode_graph_ms, cost.decode_eager_ms)
-    e = _steps(extend, cost.extend_graph_ms, cost.extend_eager_ms)
-    d_part = _partition(
-        d, default.decode_bs, limits.max_bs, _searched(limits.budget_graphs, default.decode_bs)
+    """SGLang and TensorRT-LLM: a decode list and a token list, each optimised on its steps
+    (summed over the scenarios given, each already weighted), neither worse than the default's
+    on the same steps (the default is among those searched)."""
+    d_cand = candidate_sizes(_observed(decode), default.decode_bs, limits.max_bs)
+    e_cand = token_candidates(extend, default.piecewise_tokens, limits.max_tokens)
+    d_part = best_shared_partitions(
+        decode, d_cand, _searched(limits.budget_graphs, default.decode_bs)
     )
-    e_part = _partition(
-        e,
-        default.piecewise_tokens,
-        limits.max_tokens,
-        _searched(limits.budget_graphs, default.piecewise_tokens),
+    e_part = best_shared_partitions(
+        extend, e_cand, _searched(limits.budget_graphs, default.piecewise_tokens)
     )
     if limits.budget_graphs is not None:
         n = limits.budget_graphs  # the best split of n graphs between the two kinds
@@ -210,18 +215,20 @@ def choose_separate(
         kd, ke = int(d_part.uses[kd]), int(e_part.uses[n - kd])
     else:
         kd = choose_graph_count(
-            d_part, not_worse_than_ms=_total(d, default.decode_bs, default.pads)
+            d_part, not_worse_than_ms=_total(decode, default.decode_bs, default.pads)
         )
         ke = choose_graph_count(
-            e_part, not_worse_than_ms=_total(e, default.piecewise_tokens, default.pads)
+            e_part, not_worse_than_ms=_total(extend, default.piecewise_tokens, default.pads)
         )
     if limits.budget_memory_bytes is not None:
         kd, ke = _fit_memory_budget(limits.budget_memory_bytes, cost, d_part, e_part, kd, ke)
     return d_part.sizes(kd), e_part.sizes(ke)
 
 
-def _total(steps: KindSteps, captured: tuple[int, ...], pads: bool) -> float:
-    return dense_ms(steps.sizes, steps.counts, steps.graph_ms, steps.eager_ms, captured, pads)
+def _total(kinds: list[KindSteps], captured: tuple[int, ...], pads: bool) -> float:
+    return sum(
+        dense_ms(k.sizes, k.counts, k.graph_ms, k.eager_ms, captured, pads) for k in kinds
+    )
 
 
 def _fit_memory_budget(
@@ -247,28 +254,35 @@ def _fit_memory_budget(
 
 
 def choose_shared(
-    decode: Histogram, extend: Histogram, cost: CostModel, default: EngineSchedule, limits: Limits
+    decode: list[KindSteps],
+    extend: list[KindSteps],
+    cost: CostModel,
+    default: EngineSchedule,
+    limits: Limits,
 ) -> tuple[list[int], list[int]]:
     """vLLM: one list of token counts that decode and mixed batches both pad into; each size up
-    to the running limit is captured twice, as a full graph (decode) and a piecewise one."""
-    kinds = [
-        _steps(decode, cost.decode_graph_ms, cost.decode_eager_ms),
-        _steps(extend, cost.extend_graph_ms, cost.extend_eager_ms),
-    ]
-    observed = np.unique(np.concatenate([decode.sizes, extend.sizes]))
+    to the running limit is captured twice, as a full graph (decode) and a piecewise one.
+    Sizes above the largest decode batch seen sit on the token grid."""
+    kinds = decode + extend
+    top_decode = int(_observed(decode).max(initial=0))
+    tokens = token_candidates(extend, default.decode_bs, limits.max_tokens)
+    observed = np.unique(np.concatenate([_observed(decode), tokens[tokens > top_decode]]))
     candidates = candidate_sizes(observed, default.decode_bs, limits.max_tokens)
     budget = None if limits.budget_graphs is None else limits.budget_graphs // 2
     part = best_shared_partitions(kinds, candidates, _searched(budget, default.decode_bs))
-    target = sum(_total(k, default.decode_bs, default.pads) for k in kinds)
+    target = _total(kinds, default.decode_bs, default.pads)
     k = choose_graph_count(part, not_worse_than_ms=target, max_graphs=budget)
-
-    def split(sizes: list[int]) -> tuple[list[int], list[int]]:
-        return [s for s in sizes if s <= limits.max_bs], sizes
-
     while (
         limits.budget_memory_bytes is not None
         and k
-        and cost.graph_bytes(*split(part.sizes(k))) > limits.budget_memory_bytes
+        and cost.graph_bytes(*split_shared(part.sizes(k), limits.max_bs))
+        > limits.budget_memory_bytes
     ):
         k -= 1
-    return split(part.sizes(k))
+    return split_shared(part.sizes(k), limits.max_bs)
+
+
+def split_shared(sizes: list[int], max_bs: int) -> tuple[list[int], list[int]]:
+    """vLLM's one list as (full decode graphs, piecewise sizes): full graphs only up to the
+    running limit (vLLM 0.33 cudagraph_utils), piecewise graphs for every size."""
+    return [s for s in sizes if s <= max_bs], list(sizes)

@@ -1,8 +1,11 @@
-"""A plan end to end: simulate the trace, choose sizes, size memory, compare with the default.
+"""A plan end to end: simulate the trace at each load, choose sizes, size memory, score.
 
-Both schedules are scored on the same simulated steps: the trace is run once through the
-scheduler with the engine default's step times (the server as it runs today), and the plan
-and the default are then costed on the batches that run produced.
+The trace is run through the scheduler once per load scenario, with the engine default's step
+times (the server as it runs today) and the KV pool the plan recommends (iterated to a fixed
+point, since the pool depends on the graphs chosen). Sizes are fitted on the steps before the
+held-out split (cgtool.planner.scenarios) under every eager-cost assumption
+(cgtool.planner.robust); the plan, the default and an existing plan are then scored on the
+same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
 """
 
 from __future__ import annotations
@@ -16,37 +19,34 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
-from cgtool.planner.cost import (
-    CostModel,
-    Histogram,
-    ScheduleScore,
-    predicted_graph_bytes,
-    profile_cost,
-    roofline_cost,
-    score_schedule,
-    served_ms,
-)
+from cgtool.planner.cost import Histogram, ScheduleScore, predicted_graph_bytes
 from cgtool.planner.flags import FlagValues, all_flags
-from cgtool.planner.memory import (
-    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
-    MemoryPlan,
-    activation_bytes,
-    check_plan_safety,
-    kv_tokens_at,
-    plan_memory,
-    sglang_default_max_running,
-    sglang_default_mem_fraction,
+from cgtool.planner.grid import MIN_BIN_SHARE
+from cgtool.planner.memory import MemoryPlan, check_plan_safety, plan_memory
+from cgtool.planner.optimiser import Limits
+from cgtool.planner.parallel import check_tp_size
+from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
+from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
+from cgtool.planner.scenarios import (
+    DEFAULT_LOADS,
+    HELD_OUT_SPLIT,
+    LoadRun,
+    overload_warning,
+    replica_share,
+    replicas_needed,
+    split_time,
 )
-from cgtool.planner.optimiser import Limits, choose_separate, choose_shared
-from cgtool.planner.parallel import check_tp_size, rank_shapes
-from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
-from cgtool.planner.simulator import SimulationResult, StepCost, simulate
+from cgtool.planner.server import Server, default_step_cost, server_for
+from cgtool.planner.simulator import StepTally, simulate
 from cgtool.provenance import collect_provenance
 from cgtool.results import Provenance, utc_now_iso
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
 BATCH_TRACE_CONTEXT_TOKENS = 1024
+# The KV pool is re-simulated until the recommended one moves by less than this share.
+POOL_TOLERANCE = 0.02
+POOL_ROUNDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +65,20 @@ class PlanRequest:
     max_running_requests: int | None = None
     budget_graphs: int | None = None
     budget_memory_bytes: int | None = None
+    loads: tuple[float, ...] = DEFAULT_LOADS
+    replicas: int = 1
+    # An existing plan's (decode sizes, token sizes, KV tokens) to score beside the new one.
+    compare: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    compare_name: str | None = None
 
     def __post_init__(self) -> None:
         check_tp_size(self.cfg, self.tp_size, self.gpu)
+        if not self.loads or any(not (load > 0) for load in self.loads):
+            raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
+        if self.replicas < 1:
+            raise InputError(
+                f"--replicas {self.replicas} is not a number of servers", "Use 1 or more."
+            )
 
 
 @dataclass(slots=True)
@@ -84,13 +95,16 @@ class Plan:
     decode: KindPlan
     piecewise: KindPlan
     memory: MemoryPlan
-    comparison: list[ScheduleScore]
+    comparison: list[ScheduleScore]  # held-out at the first load (fit when none is held out)
     flags: dict[str, list[str]]
     simulation: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     status: str = "complete"
     created: str = field(default_factory=utc_now_iso)
     provenance: Provenance = field(default_factory=collect_provenance)
+    comparison_fit: list[ScheduleScore] = field(default_factory=list)
+    scenarios: list[dict[str, Any]] = field(default_factory=list)
+    basis: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         def kind(k: KindPlan, sizes_key: str, max_key: str, default_key: str) -> dict[str, Any]:
@@ -103,7 +117,7 @@ class Plan:
 
         return {
             "schema": "cgtool.plan",
-            "version": "1.0",
+            "version": "1.1",
             "status": self.status,
             "created": self.created,
             "provenance": asdict(self.provenance),
@@ -114,97 +128,107 @@ class Plan:
             ),
             "memory": self.memory.to_dict(),
             "comparison": [asdict(row) for row in self.comparison],
+            "comparison_fit": [asdict(row) for row in self.comparison_fit],
+            "scenarios": self.scenarios,
+            "basis": self.basis,
             "flags": self.flags,
             "simulation": self.simulation,
             "warnings": self.warnings,
         }
 
 
-@dataclass(frozen=True, slots=True)
-class _Setup:
-    version: str
-    chunk: int
-    max_running: int
-    context_len: int
-    default: EngineSchedule
-    default_fraction: float  # SGLang's, or vLLM's utilisation turned into the same meaning
-    default_kv_tokens: int
-    cost: CostModel
-
-
-def _setup(req: PlanRequest) -> _Setup:
-    cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
-    version = resolve_version(req.engine, req.engine_version)
-    probe = default_schedule(
-        req.engine,
-        version,
-        gpu_memory_bytes=memory,
-        tp_size=req.tp_size,
-        chunked_prefill_size=req.chunked_prefill_size,
-        max_running_requests=req.max_running_requests,
-    )
-    chunk = req.chunked_prefill_size or probe.chunked_prefill_size
-    if req.engine == "sglang":
-        fraction = sglang_default_mem_fraction(
-            version,
-            memory,
-            chunked_prefill_size=chunk,
-            max_bs=probe.max_bs,
-            num_piecewise_tokens=len(probe.piecewise_tokens),
-            tp_size=req.tp_size,
-        )
-        kv_tokens = kv_tokens_at(cfg, memory, fraction, tp)
-        max_running = req.max_running_requests or sglang_default_max_running(
-            kv_tokens, cfg.max_context_len
-        )
-    else:
-        # vLLM's utilisation, like SGLang's fraction, is of each GPU's memory.
-        shard = rank_shapes(cfg, tp)
-        max_running = req.max_running_requests or (1024 if memory >= 70 * (1 << 30) else 256)
-        outside = activation_bytes(cfg, chunk, max_running, tp)
-        kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - shard.weight_bytes(2) - outside
-        kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(2)))
-        fraction = round((shard.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
-    default = default_schedule(
-        req.engine,
-        version,
-        gpu_memory_bytes=memory,
-        tp_size=req.tp_size,
-        chunked_prefill_size=chunk,
-        max_running_requests=max_running,
-    )
-    # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
-    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
-    max_tokens = max(chunk, default.max_tokens)
-    if req.profile is not None:
-        cost = profile_cost(
-            req.profile,
-            cfg,
-            req.gpu,
-            max_bs=max_bs,
-            max_tokens=max_tokens,
-            source=req.profile_name or "report",
-            tp_size=tp,
-        )
-    else:
-        cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=tp)
-    return _Setup(
-        version, chunk, max_running, cfg.max_context_len, default, fraction, kv_tokens, cost
+def _limits(req: PlanRequest, server: Server) -> Limits:
+    return Limits(
+        server.max_running,
+        min(server.chunk, server.context_len),
+        req.budget_graphs,
+        req.budget_memory_bytes,
     )
 
 
-def _default_step_cost(setup: _Setup) -> StepCost:
-    cost, default = setup.cost, setup.default
-    return StepCost(
-        decode_ms=served_ms(
-            cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads
+def _hists(tally: StepTally, kv_ms_per_token: float) -> tuple[Histogram, Histogram]:
+    d = np.nonzero(tally.decode_counts)[0]
+    e = np.nonzero(tally.extend_counts)[0]
+    return (
+        Histogram(
+            d,
+            tally.decode_counts[d],
+            tally.decode_time_s[d],
+            tally.decode_context_tokens[d] * kv_ms_per_token,
         ),
-        extend_ms=served_ms(
-            cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads
-        ),
-        kv_read_ms_per_token=cost.kv_read_ms_per_token,
-        attention_ms_per_pair=cost.attention_ms_per_pair,
+        Histogram(e, tally.extend_counts[e], tally.extend_time_s[e], tally.extend_attention_ms[e]),
     )
+
+
+def _choose_and_size(
+    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
+) -> tuple[RobustChoice, MemoryPlan]:
+    choice = choose_robust(
+        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
+    )
+    memory = plan_memory(
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
+        chunked_prefill_size=server.chunk,
+        max_running_requests=server.max_running,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical,
+        default_mem_fraction_static=server.default_fraction,
+        tp_size=req.tp_size,
+    )
+    return choice, memory
+
+
+def _provisional_kv(req: PlanRequest, server: Server) -> int:
+    """The pool the plan would recommend with the default's graphs: the first guess."""
+    d = server.default
+    return plan_memory(
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=server.cost.graph_bytes(d.decode_bs, d.piecewise_tokens),
+        chunked_prefill_size=server.chunk,
+        max_running_requests=server.max_running,
+        peak_kv_demand_tokens=0,
+        typical_request_tokens=1,
+        default_mem_fraction_static=server.default_fraction,
+        tp_size=req.tp_size,
+    ).kv_tokens
+
+
+def _simulate_loads(
+    arrays: tuple,
+    req: PlanRequest,
+    server: Server,
+    replicas: int,
+    kv_tokens: int,
+    progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> list[LoadRun]:
+    arrival, input_len, output_len, cached_len = replica_share(arrays, replicas)
+    runs = []
+    for i, load in enumerate(req.loads):
+        at_load = np.asarray(arrival, dtype=np.float64) / load
+        result = simulate(
+            at_load,
+            input_len,
+            output_len,
+            cached_len,
+            cost=default_step_cost(server),
+            max_running_requests=server.max_running,
+            chunked_prefill_size=server.chunk,
+            kv_capacity_tokens=kv_tokens,
+            context_len=server.context_len,
+            progress=None
+            if progress is None
+            else (lambda f, i=i: progress("simulate", (i + f) / len(req.loads))),
+            stop=stop,
+            split_s=split_time(at_load),
+        )
+        runs.append(LoadRun(load, result, float(at_load[-1] - at_load[0])))
+        if result.completed_fraction < 1.0:
+            break  # stopped: plan on what was simulated
+    return runs
 
 
 def plan_requests(
@@ -218,64 +242,71 @@ def plan_requests(
 ) -> Plan:
     """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
     the plan then covers the requests simulated so far, marked incomplete."""
-    setup = _setup(req)
+    server = server_for(req)
+    name = req.trace_name or "the trace"
     if len(arrival_s) == 0:
+        raise InputError(f"{name} holds no request", "Plan from a trace with requests.")
+    arrays = (arrival_s, input_len, output_len, cached_len)
+    kv, replicas, notes = _provisional_kv(req, server), req.replicas, []
+    runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    needed = replicas_needed(runs, replicas)
+    if needed is not None and runs[-1].result.completed_fraction == 1.0:
+        notes.append(overload_warning(runs, replicas, needed))
+        replicas = needed
+        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    first = runs[0].result
+    if first.dropped_requests == first.num_requests:
         raise InputError(
-            f"{req.trace_name or 'the trace'} holds no request", "Plan from a trace with requests."
-        )
-    result = simulate(
-        arrival_s,
-        input_len,
-        output_len,
-        cached_len,
-        cost=_default_step_cost(setup),
-        max_running_requests=setup.max_running,
-        chunked_prefill_size=setup.chunk,
-        kv_capacity_tokens=setup.default_kv_tokens,
-        context_len=setup.context_len,
-        progress=None if progress is None else (lambda f: progress("simulate", f)),
-        stop=stop,
-    )
-    if result.dropped_requests == result.num_requests:
-        raise InputError(
-            f"{req.trace_name or 'the trace'}: all {result.num_requests} requests are longer than "
-            f"{req.cfg.name}'s context ({setup.context_len}) or its KV pool ({setup.default_kv_tokens} tokens)",
+            f"{name}: all {first.num_requests} requests are longer than {req.cfg.name}'s "
+            f"context ({server.context_len}) or its KV pool ({kv} tokens)",
             "Plan for a model with a longer context, or a larger GPU.",
         )
-    footprint = np.asarray(input_len) + np.maximum(np.asarray(output_len), 1)
-    typical = int(np.median(footprint)) if len(footprint) else BATCH_TRACE_CONTEXT_TOKENS
-    decode, extend = _histograms(result, setup.cost.kv_read_ms_per_token)
-    fields = (
-        "num_requests",
-        "dropped_requests",
-        "duration_s",
-        "steps",
-        "mean_queue_s",
-        "p99_queue_s",
-    )
-    summary = {name: getattr(result, name) for name in fields}
-    plan = _finish(
-        req,
-        setup,
-        decode,
-        extend,
-        summary,
-        result.peak_kv_demand_tokens,
-        typical,
-        "requests",
-        progress,
-    )
-    if result.completed_fraction < 1.0:
+    kv_ms = server.cost.kv_read_ms_per_token
+    for _ in range(POOL_ROUNDS):
+        fit = [Scenario(r.load, *_hists(r.result.split_tallies()[0], kv_ms)) for r in runs]
+        choice, memory = _choose_and_size(
+            req,
+            server,
+            fit,
+            runs[0].result.peak_kv_demand_tokens,
+            runs[0].result.typical_request_tokens,
+        )
+        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
+        if not moved or runs[-1].result.completed_fraction < 1.0:
+            break
+        kv = memory.kv_tokens
+        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    held = [Scenario(r.load, *_hists(r.result.split_tallies()[1], kv_ms)) for r in runs]
+    first = runs[0].result
+    summary = {
+        "num_requests": first.num_requests,
+        "dropped_requests": first.dropped_requests,
+        "duration_s": first.duration_s,
+        "steps": first.steps,
+        "mean_queue_s": first.mean_queue_s,
+        "p99_queue_s": first.p99_queue_s,
+        "simulated_kv_tokens": kv,
+        "typical_request_tokens": first.typical_request_tokens,
+        "loads": [run.summary() for run in runs],
+        "replicas": replicas,
+    }
+    whole = _hists(first.tally(), kv_ms)
+    plan = _finish(req, server, choice, memory, fit, held, whole, summary, "requests", replicas)
+    plan.warnings[:0] = notes
+    if first.completed_fraction < 1.0 or len(runs) < len(req.loads):
         plan.status = "incomplete"
         plan.warnings.insert(
             0,
-            f"incomplete: simulation stopped after {result.completed_fraction:.0%} of the "
+            f"incomplete: simulation stopped after {first.completed_fraction:.0%} of the "
             "requests; sizes fit only the traffic simulated so far",
         )
-    if result.dropped_requests:
+    if first.dropped_requests:
         plan.warnings.append(
-            f"{result.dropped_requests} requests were longer than the context or the KV pool and were dropped"
+            f"{first.dropped_requests} requests were longer than the context or the KV pool "
+            "and were dropped; the typical length and peak KV demand count only the rest"
         )
+    if progress is not None:
+        progress("optimise", 1.0)
     return plan
 
 
@@ -287,112 +318,75 @@ def plan_batches(
     req: PlanRequest,
     progress: Progress | None = None,
 ) -> Plan:
-    """Plan from step histograms a server logged (no simulation)."""
-    setup = _setup(req)
-    decode_sizes, decode_counts = _clip(decode_sizes, decode_counts, setup.cost.max_bs)
-    extend_sizes, extend_counts = _clip(extend_sizes, extend_counts, setup.cost.max_tokens)
-    context_ms = (
-        decode_counts
-        * decode_sizes
-        * float(BATCH_TRACE_CONTEXT_TOKENS)
-        * setup.cost.kv_read_ms_per_token
-    )
-    attention = (
-        extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * setup.cost.attention_ms_per_pair
-    )
+    """Plan from step histograms a server logged (no simulation, no held-out check)."""
+    server = server_for(req)
+    limits = _limits(req, server)
+    decode_sizes, decode_counts, d_over = _clip(decode_sizes, decode_counts, limits.max_bs)
+    extend_sizes, extend_counts, e_over = _clip(extend_sizes, extend_counts, limits.max_tokens)
+    cost, step_cost = server.cost, default_step_cost(server)
+    context_ms = decode_counts * decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS)
+    context_ms = context_ms * cost.kv_read_ms_per_token
+    attention = extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * cost.attention_ms_per_pair
     # No clock ran: time at each size is estimated as the default schedule would take it.
-    step_cost = _default_step_cost(setup)
     decode_s = (decode_counts * step_cost.decode_ms[decode_sizes] + context_ms) / 1e3
     extend_s = (extend_counts * step_cost.extend_ms[extend_sizes] + attention) / 1e3
     decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
     extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
+    if progress is not None:
+        progress("optimise", 0.0)
+    fit = [Scenario(1.0, decode, extend)]
+    choice, memory = _choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
     summary = dict.fromkeys(("num_requests", "dropped_requests", "mean_queue_s", "p99_queue_s"), 0)
     summary["steps"] = int(decode_counts.sum() + extend_counts.sum())
     summary["duration_s"] = float(decode_s.sum() + extend_s.sum())
-    plan = _finish(
-        req, setup, decode, extend, summary, 0, BATCH_TRACE_CONTEXT_TOKENS, "batches", progress
-    )
+    plan = _finish(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
     plan.warnings.append(
-        f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request"
+        f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request; "
+        "no arrival times, so no held-out check and no load scenarios"
     )
+    for steps, kind, limit, flag in (
+        (d_over, "decode steps", limits.max_bs, "--max-running-requests"),
+        (e_over, "extend steps", limits.max_tokens, "--chunked-prefill-size"),
+    ):
+        if steps:
+            plan.warnings.append(
+                f"{steps:,} {kind} of the trace exceed this server's limit ({limit}, {flag}) "
+                "and are left out of the plan: the log is from a server with larger limits"
+            )
+    if progress is not None:
+        progress("optimise", 1.0)
     return plan
 
 
-def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """One entry per size, ascending. Steps larger than the engine allows cannot occur in that
-    server; a log from a server with larger limits is planned within this one's."""
+def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """One entry per size within `limit`, ascending, and how many steps lay beyond it."""
     sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
     keep = (sizes >= 1) & (sizes <= limit) & (counts > 0)
+    over = int(counts[(sizes > limit) & (counts > 0)].sum())
     unique, index = np.unique(sizes[keep], return_inverse=True)
-    return unique, np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
-
-
-def _histograms(result: SimulationResult, kv_ms_per_token: float) -> tuple[Histogram, Histogram]:
-    d = np.nonzero(result.decode_counts)[0]
-    e = np.nonzero(result.extend_counts)[0]
-    return (
-        Histogram(
-            d,
-            result.decode_counts[d],
-            result.decode_time_s[d],
-            result.decode_context_tokens[d] * kv_ms_per_token,
-        ),
-        Histogram(
-            e, result.extend_counts[e], result.extend_time_s[e], result.extend_attention_ms[e]
-        ),
-    )
+    merged = np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
+    return unique, merged, over
 
 
 def _finish(
     req: PlanRequest,
-    setup: _Setup,
-    decode: Histogram,
-    extend: Histogram,
+    server: Server,
+    choice: RobustChoice,
+    memory: MemoryPlan,
+    fit: list[Scenario],
+    held: list[Scenario],
+    whole: tuple[Histogram, Histogram],
     summary: dict[str, Any],
-    peak_kv: int,
-    typical_tokens: int,
     trace_kind: str,
-    progress: Progress | None,
+    replicas: int,
 ) -> Plan:
-    if progress is not None:
-        progress("optimise", 0.0)
-    cost, default = setup.cost, setup.default
-    limits = Limits(
-        setup.max_running,
-        min(setup.chunk, setup.context_len),
-        req.budget_graphs,
-        req.budget_memory_bytes,
-    )
-    choose = choose_shared if req.engine == "vllm" else choose_separate
-    decode_bs, tokens = choose(decode, extend, cost, default, limits)
-    memory = plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=cost.graph_bytes(decode_bs, tokens),
-        chunked_prefill_size=setup.chunk,
-        max_running_requests=setup.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical_tokens,
-        default_mem_fraction_static=setup.default_fraction,
-        tp_size=req.tp_size,
-    )
+    default = server.default
+    decode_bs, tokens = choice.decode_bs, choice.tokens
     if req.profile is not None:
         predicted, measured = predicted_graph_bytes(req.profile, req.cfg, req.gpu)
         memory = replace(memory, graph_bytes_predicted=predicted, graph_bytes_measured=measured)
-    check_plan_safety(tokens, setup.chunk, setup.context_len, memory)
-    comparison = [
-        score_schedule("plan", decode, extend, cost, decode_bs, tokens, kv_tokens=memory.kv_tokens),
-        score_schedule(
-            "default",
-            decode,
-            extend,
-            cost,
-            default.decode_bs,
-            default.piecewise_tokens,
-            pads=default.pads,
-            kv_tokens=setup.default_kv_tokens,
-        ),
-    ]
+    check_plan_safety(tokens, server.chunk, server.context_len, memory)
+    scores = ScoreSet.build(req, server, choice, memory, fit, held)
     values = FlagValues(
         tuple(decode_bs),
         tuple(tokens),
@@ -401,8 +395,8 @@ def _finish(
         memory.trtllm_free_gpu_memory_fraction,
         memory.kv_tokens,
         memory.kv_bytes,
-        setup.chunk,
-        setup.max_running,
+        server.chunk,
+        server.max_running,
         req.tp_size,
     )
     inputs = {
@@ -411,32 +405,69 @@ def _finish(
         "model": req.cfg.name,
         "gpu": req.gpu.name,
         "engine": req.engine,
-        "engine_version": setup.version,
+        "engine_version": server.version,
         "profile": req.profile_name,
         "tp_size": req.tp_size,
-        "chunked_prefill_size": setup.chunk,
-        "max_running_requests": setup.max_running,
-        "context_len": setup.context_len,
+        "chunked_prefill_size": server.chunk,
+        "max_running_requests": server.max_running,
+        "context_len": server.context_len,
+        "loads": list(req.loads) if trace_kind == "requests" else [1.0],
+        "replicas": replicas,
+        "compare_plan": req.compare_name,
     }
     plan = Plan(
         inputs=inputs,
-        decode=KindPlan(decode_bs, max(decode_bs, default=0), decode, list(default.decode_bs)),
-        piecewise=KindPlan(tokens, max(tokens, default=0), extend, list(default.piecewise_tokens)),
+        decode=KindPlan(decode_bs, max(decode_bs, default=0), whole[0], list(default.decode_bs)),
+        piecewise=KindPlan(
+            tokens, max(tokens, default=0), whole[1], list(default.piecewise_tokens)
+        ),
         memory=memory,
-        comparison=comparison,
-        flags=all_flags(values, setup.version if req.engine == "sglang" else None),
-        simulation=summary | {"peak_kv_demand_tokens": peak_kv},
+        comparison=scores.headline,
+        comparison_fit=scores.headline_fit,
+        scenarios=score_rows(scores),
+        flags=all_flags(values, server.version if req.engine == "sglang" else None),
+        simulation=summary | {"peak_kv_demand_tokens": memory.peak_kv_demand_tokens},
+        basis=_basis(server, choice, fit, held, replicas, req),
     )
-    plan.warnings.extend(cost.warnings)
+    plan.warnings.extend(server.cost.warnings)
     plan.warnings.extend(_replication_warnings(req))
-    plan.warnings.extend(_ceiling_warnings(decode, default))
-    if comparison[0].expected_step_ms > comparison[1].expected_step_ms:
-        plan.warnings.append(
-            "the budgets given make the plan's expected step slower than the default's"
-        )
-    if progress is not None:
-        progress("optimise", 1.0)
+    plan.warnings.extend(_ceiling_warnings(whole[0], default))
+    plan.warnings.extend(plan_warnings(scores, req))
     return plan
+
+
+def _basis(
+    server: Server,
+    choice: RobustChoice,
+    fit: list[Scenario],
+    held: list[Scenario],
+    replicas: int,
+    req: PlanRequest,
+) -> dict[str, Any]:
+    held_steps = sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in held)
+    checked = "held-out" if held_steps else "in-sample (nothing was held out)"
+    return {
+        "statement": (
+            f"Step times and gains are predictions of the {server.cost.source} cost model, not "
+            f"measurements; sizes hold up across the eager-cost assumptions below and are "
+            f"scored {checked} on the last {1 - HELD_OUT_SPLIT:.0%} of the requests by arrival"
+            if held_steps
+            else f"Step times and gains are predictions of the {server.cost.source} cost model, "
+            "not measurements, scored on the steps they were fitted on (no held-out check)"
+        ),
+        "cost_model": server.cost.source,
+        "eager_assumptions": [{"name": a.name, "basis": a.basis} for a in server.assumptions],
+        "held_out_share": 1 - HELD_OUT_SPLIT if held_steps else 0.0,
+        "fit_steps": sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in fit),
+        "held_out_steps": held_steps,
+        "max_bs_reason": choice.max_bs_reason,
+        "largest_batch_fitted": choice.reached,
+        "worst_regret": choice.worst_regret,
+        "token_grid": "multiples of 16 up to 1024 tokens, of 64 above",
+        "min_bin_share": MIN_BIN_SHARE,
+        "replicas": replicas,
+        "replicas_asked": req.replicas,
+    }
 
 
 def _replication_warnings(req: PlanRequest) -> list[str]:
@@ -444,12 +475,14 @@ def _replication_warnings(req: PlanRequest) -> list[str]:
     if kv >= tp:
         return []
     return [
-        f"--tp {tp} is more ranks than {req.cfg.name}'s {kv} KV heads: each is replicated on "
-        f"{tp // kv} ranks, so KV memory per token stops shrinking past --tp {kv}"
+        (
+            f"--tp {tp} is more ranks than {req.cfg.name}'s {kv} KV heads: each is replicated on "
+            f"{tp // kv} ranks, so KV memory per token stops shrinking past --tp {kv}"
+        )
     ]
 
 
-def _ceiling_warnings(decode: Histogram, default: EngineSchedule) -> list[str]:
+def _ceiling_warnings(decode: Histogram, default) -> list[str]:
     above = decode.sizes > default.max_bs
     if not above.any():
         return []

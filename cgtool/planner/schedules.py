@@ -34,7 +34,7 @@ class EngineSchedule:
     pads: bool = True  # False: a batch off the list runs eagerly instead of padding up
 
 
-def _sglang_decode_bs(max_bs: int) -> list[int]:
+def sglang_decode_bs(max_bs: int) -> list[int]:
     # Same generator in every SGLang release cgtool knows (server_args
     # _generate_cuda_graph_batch_sizes, no speculative decoding, padding on).
     sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
@@ -239,7 +239,7 @@ def _sglang_schedule(
     return EngineSchedule(
         "sglang",
         version,
-        tuple(_sglang_decode_bs(max_bs)),
+        tuple(sglang_decode_bs(max_bs)),
         tuple(release.tokens_rule(max_tokens)),
         max_bs,
         max_tokens,

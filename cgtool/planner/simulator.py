@@ -50,8 +50,62 @@ class SimulationResult:
     steps: int
     mean_queue_s: float
     p99_queue_s: float
-    peak_kv_demand_tokens: int  # most KV reserved at once (prompts plus whole outputs)
+    peak_kv_demand_tokens: int  # most KV reserved at once by admitted requests
     completed_fraction: float = 1.0  # below 1 when `stop` ended the run: share of requests admitted
+    typical_request_tokens: int = 0  # median prompt + output of the requests kept (not dropped)
+    # Steps taken before the simulated clock reached `split_s` (the fit part of a held-out
+    # check); the rest are the totals above minus these. None without a split.
+    before_split: StepTally | None = None
+    last_arrival_s: float = 0.0  # of the requests kept: the trace's span, for overload checks
+
+    def tally(self) -> StepTally:
+        return StepTally(
+            self.decode_counts,
+            self.decode_time_s,
+            self.decode_context_tokens,
+            self.extend_counts,
+            self.extend_time_s,
+            self.extend_attention_ms,
+        )
+
+    def split_tallies(self) -> tuple[StepTally, StepTally]:
+        """(steps before the split, steps after); all steps before when there was no split."""
+        whole = self.tally()
+        if self.before_split is None:
+            return whole, whole.minus(whole)
+        return self.before_split, whole.minus(self.before_split)
+
+
+@dataclass(frozen=True, eq=False)
+class StepTally:
+    """Steps at each size (index = size) and the time and attention spent there."""
+
+    decode_counts: np.ndarray
+    decode_time_s: np.ndarray
+    decode_context_tokens: np.ndarray
+    extend_counts: np.ndarray
+    extend_time_s: np.ndarray
+    extend_attention_ms: np.ndarray
+
+    def minus(self, other: StepTally) -> StepTally:
+        return StepTally(
+            *(np.asarray(a) - np.asarray(b) for a, b in zip(_fields(self), _fields(other)))
+        )
+
+    @property
+    def steps(self) -> int:
+        return int(self.decode_counts.sum() + self.extend_counts.sum())
+
+
+def _fields(t: StepTally) -> tuple[np.ndarray, ...]:
+    return (
+        t.decode_counts,
+        t.decode_time_s,
+        t.decode_context_tokens,
+        t.extend_counts,
+        t.extend_time_s,
+        t.extend_attention_ms,
+    )
 
 
 @dataclass(slots=True)
@@ -128,6 +182,7 @@ class _Tallies:
     steps: int = 0
     peak_kv: int = 0
     head: int = 0  # requests admitted when the loop ended (all of them unless stopped)
+    before_split: tuple[list, ...] | None = None  # copies of the six tallies at the split
 
 
 def _run(
@@ -138,6 +193,7 @@ def _run(
     kv_capacity: int,
     progress: Callable[[float], None] | None,
     stop: Callable[[], bool] | None = None,
+    split_ms: float = math.inf,
 ) -> _Tallies:
     # One flat loop over local variables: it runs once per arrival and once per completion
     # (millions of times for a large trace), and attribute lookups or method calls would
@@ -183,6 +239,12 @@ def _run(
     # decode context = context_base + len(heap) * step
     while head < n or split >= 0 or heap:
         loops += 1
+        if clock >= split_ms:
+            split_ms = math.inf  # once: the tallies so far are the fit part
+            t.before_split = (
+                decode_counts[:], decode_elapsed[:], decode_context[:],
+                extend_counts[:], extend_elapsed[:], extend_attention[:],
+            )
         if not loops % 65536:
             if progress is not None:
                 progress(head / n)
@@ -331,11 +393,14 @@ def simulate(
     context_len: int | None = None,
     progress: Callable[[float], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    split_s: float | None = None,
 ) -> SimulationResult:
     """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
 
     `stop` is polled every 65,536 loop turns; when it returns True the run ends there and the
-    result covers the steps simulated so far (`completed_fraction` < 1)."""
+    result covers the steps simulated so far (`completed_fraction` < 1). With `split_s`, the
+    steps taken before the clock reaches it are also tallied apart (`before_split`): no request
+    arriving at or after `split_s` can be in them."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
     reqs, dropped, arrival = _prepare(arrival_s, input_len, output_len, cached_len, limit)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
@@ -345,7 +410,7 @@ def simulate(
     try:
         tallies = _run(
             reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress,
-            stop,
+            stop, math.inf if split_s is None else split_s * 1e3,
         )
     finally:
         if collecting:
@@ -369,4 +434,28 @@ def simulate(
         p99_queue_s=float(np.percentile(queue_s, 99)) if n else 0.0,
         peak_kv_demand_tokens=tallies.peak_kv,
         completed_fraction=tallies.head / n if n and tallies.head < n else 1.0,
+        typical_request_tokens=int(np.median(reqs.footprint)) if n else 0,
+        before_split=_before_split(tallies, split_s),
+        last_arrival_s=float(arrival[-1]) if n else 0.0,
+    )
+
+
+def _before_split(tallies: _Tallies, split_s: float | None) -> StepTally | None:
+    if split_s is None:
+        return None
+    if tallies.before_split is None:  # the run ended before the clock reached the split
+        lists = (
+            tallies.decode_counts, tallies.decode_elapsed_ms, tallies.decode_context,
+            tallies.extend_counts, tallies.extend_elapsed_ms, tallies.extend_attention_ms,
+        )
+    else:
+        lists = tallies.before_split
+    counts_d, elapsed_d, context_d, counts_e, elapsed_e, attention_e = lists
+    return StepTally(
+        np.array(counts_d, dtype=np.int64),
+        np.array(elapsed_d) / 1e3,
+        np.array(context_d, dtype=np.float64),
+        np.array(counts_e, dtype=np.int64),
+        np.array(elapsed_e) / 1e3,
+        np.array(attention_e),
     )

@@ -1,0 +1,119 @@
+"""The server a plan is for: its limits, its default schedule and pool, its cost of a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cgtool.planner.cost import CostModel, profile_cost, roofline_cost, served_ms
+from cgtool.planner.eager import EagerAssumption, eager_range
+from cgtool.planner.memory import (
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    activation_bytes,
+    kv_tokens_at,
+    sglang_default_max_running,
+    sglang_default_mem_fraction,
+)
+from cgtool.planner.parallel import rank_shapes
+from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
+from cgtool.planner.simulator import StepCost
+
+if TYPE_CHECKING:
+    from cgtool.planner.plan import PlanRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    version: str
+    chunk: int
+    max_running: int
+    context_len: int
+    default: EngineSchedule
+    default_fraction: float  # SGLang's, or vLLM's utilisation turned into the same meaning
+    default_kv_tokens: int
+    cost: CostModel  # the roofline's (low eager) or the profile's
+    assumptions: tuple[EagerAssumption, ...]
+
+
+def server_for(req: PlanRequest) -> Server:
+    cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
+    version = resolve_version(req.engine, req.engine_version)
+    probe = default_schedule(
+        req.engine,
+        version,
+        gpu_memory_bytes=memory,
+        tp_size=req.tp_size,
+        chunked_prefill_size=req.chunked_prefill_size,
+        max_running_requests=req.max_running_requests,
+    )
+    chunk = req.chunked_prefill_size or probe.chunked_prefill_size
+    if req.engine == "sglang":
+        fraction = sglang_default_mem_fraction(
+            version,
+            memory,
+            chunked_prefill_size=chunk,
+            max_bs=probe.max_bs,
+            num_piecewise_tokens=len(probe.piecewise_tokens),
+            tp_size=req.tp_size,
+        )
+        kv_tokens = kv_tokens_at(cfg, memory, fraction, tp)
+        max_running = req.max_running_requests or sglang_default_max_running(
+            kv_tokens, cfg.max_context_len
+        )
+    else:
+        # vLLM's utilisation, like SGLang's fraction, is of each GPU's memory.
+        shard = rank_shapes(cfg, tp)
+        max_running = req.max_running_requests or (1024 if memory >= 70 * (1 << 30) else 256)
+        outside = activation_bytes(cfg, chunk, max_running, tp)
+        kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - shard.weight_bytes(2) - outside
+        kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(2)))
+        fraction = round((shard.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
+    default = default_schedule(
+        req.engine,
+        version,
+        gpu_memory_bytes=memory,
+        tp_size=req.tp_size,
+        chunked_prefill_size=chunk,
+        max_running_requests=max_running,
+    )
+    # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
+    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
+    max_tokens = max(chunk, default.max_tokens)
+    if req.profile is not None:
+        cost = profile_cost(
+            req.profile,
+            cfg,
+            req.gpu,
+            max_bs=max_bs,
+            max_tokens=max_tokens,
+            source=req.profile_name or "report",
+            tp_size=tp,
+        )
+    else:
+        cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=tp)
+    return Server(
+        version,
+        chunk,
+        max_running,
+        cfg.max_context_len,
+        default,
+        fraction,
+        kv_tokens,
+        cost,
+        tuple(eager_range(cost, cfg, tp)),
+    )
+
+
+def default_step_cost(server: Server) -> StepCost:
+    """Step times of the server as it runs today (the default schedule), for the simulation."""
+    cost, default = server.cost, server.default
+    return StepCost(
+        decode_ms=served_ms(
+            cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads
+        ),
+        extend_ms=served_ms(
+            cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads
+        ),
+        kv_read_ms_per_token=cost.kv_read_ms_per_token,
+        attention_ms_per_pair=cost.attention_ms_per_pair,
+    )
