@@ -313,3 +313,40 @@ def test_memory_table_fills_the_engine_default_column():
     default = table.columns[2]
     assert default.header == "engine default"
     assert all(str(cell).strip() for cell in default._cells), list(default._cells)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--load", "0"], "--load"),
+        (["--load", "1,x"], "--load"),
+        (["--replicas", "-1"], "--replicas"),
+        (["--replicas", "0"], "--replicas"),
+        (["--compare-plan", REPORT], "not a plan"),
+    ],
+)
+def test_bad_load_replicas_and_compare_plan_exit_2_with_one_sentence(args, words):
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", *args)
+    assert result.exit_code == 2, result.output
+    assert words in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_plan_shows_every_load_and_the_basis_of_its_prediction():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--load", "1,3")
+    assert result.exit_code == 0, result.output
+    assert "held-out traffic" in result.output and "predictions" in result.output
+    assert "│ 3x" in result.output and "eager cost, high" in result.output
+
+
+def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
+    first = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--out", tmp_path / "old")
+    assert first.exit_code == 0, first.output
+    result = cgtool(
+        "plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json",
+        "--compare-plan", tmp_path / "old" / "plan.json",
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert any(r["schedule"] == "current" for r in data["scenarios"])
+    assert data["inputs"]["compare_plan"].endswith("plan.json")

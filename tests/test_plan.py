@@ -306,3 +306,99 @@ def test_a_tp_size_the_model_cannot_split_into_is_refused_before_planning():
     with pytest.raises(CgtoolError, match="--tp 3 does not divide") as exc:
         PlanRequest(CFG, H100, tp_size=3)
     assert "1, 2, 4 or 8" in exc.value.remedy
+
+
+# ---- held-out check, load scenarios, one consistent server
+
+
+def test_the_headline_comparison_is_the_held_out_one_and_the_fit_is_kept(base_plan):
+    held = {
+        r["schedule"]: r
+        for r in base_plan.scenarios
+        if r["part"] == "held_out" and r["load"] == 1.0 and r["eager"] == "low"
+    }
+    fit = {
+        r["schedule"]: r
+        for r in base_plan.scenarios
+        if r["part"] == "fit" and r["load"] == 1.0 and r["eager"] == "low"
+    }
+    assert rows(base_plan)["plan"].expected_step_ms == held["plan"]["expected_step_ms"]
+    assert base_plan.comparison_fit[0].expected_step_ms == fit["plan"]["expected_step_ms"]
+    assert base_plan.basis["held_out_steps"] > 0 and base_plan.basis["fit_steps"] > 0
+    assert "predictions" in base_plan.basis["statement"]
+
+
+def test_every_load_and_eager_assumption_is_scored_for_plan_and_default(base_plan):
+    keys = {(r["part"], r["load"], r["eager"], r["schedule"]) for r in base_plan.scenarios}
+    for part in ("fit", "held_out"):
+        for load in (1.0, 2.0):
+            for eager in ("low", "high"):
+                assert {(part, load, eager, "plan"), (part, load, eager, "default")} <= keys
+    loads = base_plan.simulation["loads"]
+    assert [run["load"] for run in loads] == [1.0, 2.0]
+    assert loads[1]["duration_s"] < loads[0]["duration_s"]  # twice the rate
+
+
+def test_held_out_decode_coverage_is_full_at_every_load(base_plan):
+    for r in base_plan.scenarios:
+        if r["part"] == "held_out" and r["schedule"] == "plan":
+            assert r["decode_coverage"] >= 0.99
+
+
+def test_the_kv_pool_simulated_is_the_one_recommended(base_plan):
+    simulated = base_plan.simulation["simulated_kv_tokens"]
+    assert abs(simulated - base_plan.memory.kv_tokens) <= 0.02 * simulated
+
+
+def test_replicas_split_the_trace_between_servers():
+    one = plan_requests(*synthetic(1000), PlanRequest(CFG, H100, loads=(1.0,)))
+    two = plan_requests(*synthetic(1000), PlanRequest(CFG, H100, loads=(1.0,), replicas=2))
+    assert two.inputs["replicas"] == 2
+    assert two.simulation["num_requests"] == one.simulation["num_requests"] // 2
+
+
+def test_an_overloaded_server_says_so_and_is_planned_per_replica():
+    # 20 requests a second of long prompts on one H100: far more than one server sustains.
+    arrival, prompt, output, cached = synthetic(6000, rate=20.0, seed=4)
+    plan = plan_requests(
+        arrival, prompt * 4, output * 4, cached, PlanRequest(CFG, H100, loads=(1.0,))
+    )
+    overload = [w for w in plan.warnings if w.startswith("overloaded")]
+    assert len(overload) == 1 and "requests/s" in overload[0]
+    assert plan.basis["replicas"] > 1 and f"--replicas {plan.basis['replicas']}" in overload[0]
+    assert not any(run["overloaded"] for run in plan.simulation["loads"])
+
+
+def test_an_existing_plan_is_scored_beside_the_new_one(base_plan):
+    old = (tuple(base_plan.decode.default_capture[:5]), (512,), 100_000)
+    plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, compare=old, compare_name="o"))
+    current = [r for r in plan.scenarios if r["schedule"] == "current"]
+    assert current and all(r["num_graphs"] == 6 and r["kv_tokens"] == 100_000 for r in current)
+    assert plan.inputs["compare_plan"] == "o"
+
+
+def test_batch_trace_steps_beyond_the_limits_are_counted_and_reported():
+    plan = plan_batches(
+        np.array([4, 5000]),
+        np.array([10, 7]),
+        np.array([100, 50_000]),
+        np.array([2, 3]),
+        PlanRequest(CFG, H100),
+    )
+    notes = " ".join(plan.warnings)
+    assert "7 decode steps" in notes and "3 extend steps" in notes
+    assert plan.decode.capture  # graphs are still recommended for the steps within the limits
+
+
+@pytest.mark.parametrize("bad", [{"loads": (0.0,)}, {"loads": ()}, {"replicas": 0}])
+def test_bad_loads_and_replicas_are_refused(bad):
+    with pytest.raises(CgtoolError):
+        PlanRequest(CFG, H100, **bad)
+
+
+def test_vllm_full_decode_graphs_stop_at_the_running_limit():
+    plan = plan_requests(
+        *synthetic(1500), PlanRequest(CFG, H100, engine="vllm", max_running_requests=64)
+    )
+    assert max(plan.decode.capture) <= 64
+    assert set(plan.decode.capture) <= set(plan.piecewise.capture)

@@ -232,3 +232,50 @@ def test_a_stop_that_never_fires_changes_nothing():
     polled = simulate(arrival, inp, out, None, stop=lambda: False, **kwargs)
     assert polled.steps == plain.steps and polled.duration_s == plain.duration_s
     assert np.array_equal(polled.decode_counts, plain.decode_counts)
+
+
+def split_run(arrival, inp, out, split_s):
+    return simulate(
+        np.array(arrival, float),
+        np.array(inp),
+        np.array(out),
+        None,
+        cost=flat_cost(),
+        max_running_requests=8,
+        chunked_prefill_size=1000,
+        kv_capacity_tokens=10_000,
+        split_s=split_s,
+    )
+
+
+def test_steps_before_the_split_are_those_of_the_earlier_requests_alone():
+    # Two requests long done before a third arrives at t=100 s.
+    both = split_run([0, 0, 100], [50, 60, 70], [5, 5, 9], split_s=100.0)
+    early = run([0, 0], [50, 60], [5, 5])
+    fit, held = both.split_tallies()
+    assert nonzero(fit.decode_counts) == nonzero(early.decode_counts)
+    assert nonzero(fit.extend_counts) == nonzero(early.extend_counts)
+    assert nonzero(held.decode_counts) == {1: 8} and nonzero(held.extend_counts) == {70: 1}
+
+
+def test_the_two_parts_add_up_to_the_whole_run():
+    rng = np.random.default_rng(0)
+    n = 400
+    arrival = np.sort(rng.uniform(0, 20, n))
+    result = split_run(arrival, rng.integers(5, 300, n), rng.integers(1, 50, n), float(arrival[280]))
+    fit, held = result.split_tallies()
+    assert fit.steps + held.steps == result.steps
+    assert fit.steps > 0 and held.steps > 0
+    assert np.all(held.decode_counts >= 0) and np.all(held.extend_counts >= 0)
+
+
+def test_without_a_split_every_step_is_in_the_fit_part():
+    result = run([0, 1], [50, 60], [5, 5])
+    fit, held = result.split_tallies()
+    assert fit.steps == result.steps and held.steps == 0
+
+
+def test_the_typical_request_length_counts_only_requests_kept():
+    result = run([0, 1, 2], [100, 100, 10**6], [10, 10, 10], kv=5000)
+    assert result.dropped_requests == 1
+    assert result.typical_request_tokens == 110

@@ -37,7 +37,8 @@ from cgtool.planner.scenarios import (
     split_time,
 )
 from cgtool.planner.server import Server, default_step_cost, server_for
-from cgtool.planner.simulator import StepTally, simulate
+from cgtool.planner.sim_parallel import simulate_all
+from cgtool.planner.simulator import StepTally
 from cgtool.provenance import collect_provenance
 from cgtool.results import Provenance, utc_now_iso
 
@@ -206,29 +207,28 @@ def _simulate_loads(
     stop: Callable[[], bool] | None,
 ) -> list[LoadRun]:
     arrival, input_len, output_len, cached_len = replica_share(arrays, replicas)
-    runs = []
-    for i, load in enumerate(req.loads):
-        at_load = np.asarray(arrival, dtype=np.float64) / load
-        result = simulate(
-            at_load,
-            input_len,
-            output_len,
-            cached_len,
-            cost=default_step_cost(server),
-            max_running_requests=server.max_running,
-            chunked_prefill_size=server.chunk,
-            kv_capacity_tokens=kv_tokens,
-            context_len=server.context_len,
-            progress=None
-            if progress is None
-            else (lambda f, i=i: progress("simulate", (i + f) / len(req.loads))),
-            stop=stop,
-            split_s=split_time(at_load),
-        )
-        runs.append(LoadRun(load, result, float(at_load[-1] - at_load[0])))
-        if result.completed_fraction < 1.0:
-            break  # stopped: plan on what was simulated
-    return runs
+    scaled = [np.asarray(arrival, dtype=np.float64) / load for load in req.loads]
+    jobs = [
+        {
+            "arrival_s": at_load,
+            "input_len": input_len,
+            "output_len": output_len,
+            "cached_len": cached_len,
+            "cost": default_step_cost(server),
+            "max_running_requests": server.max_running,
+            "chunked_prefill_size": server.chunk,
+            "kv_capacity_tokens": kv_tokens,
+            "context_len": server.context_len,
+            "split_s": split_time(at_load),
+        }
+        for at_load in scaled
+    ]
+    report = None if progress is None else (lambda f: progress("simulate", f))
+    results = simulate_all(jobs, report, stop)
+    return [
+        LoadRun(load, result, float(at_load[-1] - at_load[0]))
+        for load, result, at_load in zip(req.loads, results, scaled)
+    ]
 
 
 def plan_requests(
@@ -262,7 +262,9 @@ def plan_requests(
             "Plan for a model with a longer context, or a larger GPU.",
         )
     kv_ms = server.cost.kv_read_ms_per_token
-    for _ in range(POOL_ROUNDS):
+    for rounds in range(1, POOL_ROUNDS + 1):
+        if progress is not None:
+            progress("optimise", 0.0)
         fit = [Scenario(r.load, *_hists(r.result.split_tallies()[0], kv_ms)) for r in runs]
         choice, memory = _choose_and_size(
             req,
@@ -272,7 +274,7 @@ def plan_requests(
             runs[0].result.typical_request_tokens,
         )
         moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
-        if not moved or runs[-1].result.completed_fraction < 1.0:
+        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
             break
         kv = memory.kv_tokens
         runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
@@ -286,6 +288,7 @@ def plan_requests(
         "mean_queue_s": first.mean_queue_s,
         "p99_queue_s": first.p99_queue_s,
         "simulated_kv_tokens": kv,
+        "pool_rounds": rounds,
         "typical_request_tokens": first.typical_request_tokens,
         "loads": [run.summary() for run in runs],
         "replicas": replicas,

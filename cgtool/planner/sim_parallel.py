@@ -1,0 +1,89 @@
+"""Load scenarios simulated side by side, one process each, when the trace is large.
+
+The simulator is one Python loop per request; two loads on two cores take the time of one.
+The first scenario runs in this process (it reports progress and polls `stop`); the others
+run in forked children that inherit the arrays without copying them. A child polls the same
+`stop` (its inherited copy: a Ctrl-C reaches the whole process group), and a stopped parent
+ends the children rather than waiting for them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from typing import Any
+
+from cgtool.planner.simulator import SimulationResult, simulate
+
+# Below this many requests a simulation takes well under a second, less than a fork costs.
+PARALLEL_MIN_REQUESTS = 100_000
+
+_JOBS: list[dict[str, Any]] = []  # read by forked children; set just before they start
+
+
+def _child(index: int, conn: Any) -> None:
+    try:
+        conn.send(simulate(**_JOBS[index]))
+    except Exception as exc:  # handed to the parent, which raises it there
+        conn.send(exc)
+    finally:
+        conn.close()
+
+
+def _parallel(jobs: list[dict[str, Any]]) -> bool:
+    n = len(jobs[0]["arrival_s"])
+    return (
+        len(jobs) > 1
+        and n >= PARALLEL_MIN_REQUESTS
+        and (os.cpu_count() or 1) > 1
+        and "fork" in multiprocessing.get_all_start_methods()
+    )
+
+
+def simulate_all(
+    jobs: list[dict[str, Any]],
+    progress: Callable[[float], None] | None,
+    stop: Callable[[], bool] | None,
+) -> list[SimulationResult]:
+    """simulate(**job) for each job, in order; fewer results when `stop` ended the first."""
+    if not _parallel(jobs):
+        return _serial(jobs, progress, stop)
+    global _JOBS
+    _JOBS = [job | {"stop": stop, "progress": None} for job in jobs]
+    ctx = multiprocessing.get_context("fork")
+    children = []
+    try:
+        for index in range(1, len(jobs)):
+            receive, send = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=_child, args=(index, send), daemon=True)
+            process.start()
+            send.close()
+            children.append((process, receive))
+        first = simulate(**(jobs[0] | {"progress": progress, "stop": stop}))
+        if first.completed_fraction < 1.0:
+            return [first]
+        results = [first]
+        for process, receive in children:
+            result = receive.recv()
+            process.join()
+            if isinstance(result, Exception):
+                raise result
+            results.append(result)
+        return results
+    finally:
+        _JOBS = []
+        for process, _ in children:
+            if process.is_alive():
+                process.terminate()
+                process.join()
+
+
+def _serial(jobs, progress, stop) -> list[SimulationResult]:
+    results = []
+    for i, job in enumerate(jobs):
+        report = None if progress is None else (lambda f, i=i: progress((i + f) / len(jobs)))
+        results.append(simulate(**(job | {"progress": report, "stop": stop})))
+        if results[-1].completed_fraction < 1.0:
+            break  # stopped: plan on what was simulated
+    return results

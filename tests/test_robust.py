@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+
+from cgtool.config import load_model_config
+from cgtool.gpus import gpu_spec
+from cgtool.planner.cost import Histogram, roofline_cost
+from cgtool.planner.eager import eager_range
+from cgtool.planner.grid import MIN_BIN_SHARE, token_grid_up
+from cgtool.planner.optimiser import Limits
+from cgtool.planner.robust import (
+    COVER_HEADROOM,
+    Scenario,
+    Schedule,
+    choose_robust,
+    cover_decode,
+    prune_rare_bins,
+    scenario_score,
+)
+from cgtool.planner.schedules import default_schedule
+
+CFG = load_model_config("llama-3.1-8b")
+H100 = gpu_spec("H100-80GB")
+COST = roofline_cost(CFG, H100, max_bs=512, max_tokens=8192)
+RANGE = eager_range(COST, CFG)
+DEFAULT = default_schedule("sglang", None, gpu_memory_bytes=H100.memory_bytes)
+LIMITS = Limits(512, 8192)
+
+
+def hist(sizes, counts):
+    sizes, counts = np.asarray(sizes), np.asarray(counts)
+    return Histogram(sizes, counts, counts * 0.01, np.zeros(len(sizes)))
+
+
+def scenario(load, decode_top, seed=0):
+    rng = np.random.default_rng(seed)
+    decode = np.arange(1, decode_top + 1)
+    tokens = np.unique(rng.integers(20, 3000, 300))
+    return Scenario(
+        load,
+        hist(decode, rng.integers(50, 500, len(decode))),
+        hist(tokens, rng.integers(1, 40, len(tokens))),
+    )
+
+
+@pytest.fixture(scope="module")
+def two_loads():
+    return [scenario(1.0, 30), scenario(2.0, 110, seed=1)]
+
+
+@pytest.fixture(scope="module")
+def choice(two_loads):
+    return choose_robust(two_loads, RANGE, DEFAULT, LIMITS, "sglang")
+
+
+def test_bs_1_is_always_captured(choice):
+    assert choice.decode_bs[0] == 1
+
+
+def test_decode_reaches_past_the_largest_batch_any_scenario_reached(choice):
+    assert choice.reached == 110
+    assert max(choice.decode_bs) >= 110 * COVER_HEADROOM
+
+
+def test_token_bins_sit_on_the_grid(choice):
+    on_grid = set(token_grid_up(np.array(choice.tokens), 8192).tolist())
+    assert set(choice.tokens) <= on_grid | set(DEFAULT.piecewise_tokens)
+
+
+def test_its_worst_regret_is_no_worse_than_the_defaults(two_loads, choice):
+    plan = Schedule("plan", tuple(choice.decode_bs), tuple(choice.tokens))
+    default = Schedule("default", DEFAULT.decode_bs, DEFAULT.piecewise_tokens)
+    for sc in two_loads:
+        for a in RANGE:
+            p = scenario_score("plan", sc, a, plan).expected_step_ms
+            d = scenario_score("default", sc, a, default).expected_step_ms
+            assert p <= d * (1 + 1e-9)
+    assert choice.worst_regret >= 0
+
+
+def test_the_reason_for_max_bs_names_the_batch_it_covers(choice):
+    assert f"max-bs {max(choice.decode_bs)}" in choice.max_bs_reason
+    assert "(110)" in choice.max_bs_reason
+
+
+def test_rare_bins_are_dropped_and_their_steps_pad_up():
+    sc = Scenario(1.0, hist([1], [1]), hist([100, 200, 300], [1000, 1, 1000]))
+    kept = prune_rare_bins([112, 208, 304], [sc])
+    assert kept == [112, 304]
+    assert 1 / 2001 < MIN_BIN_SHARE  # the dropped bin was below the stated share
+
+
+def test_cover_adds_bs_1_and_the_batch_list_up_to_the_headroom():
+    d, t = cover_decode([27], [256], 27, LIMITS, COST, shared=False)
+    assert d[0] == 1 and 27 in d and max(d) >= 27 * COVER_HEADROOM and t == [256]
+
+
+def test_cover_stops_at_the_graph_budget():
+    d, t = cover_decode([27], [256], 27, Limits(512, 8192, budget_graphs=4), COST, shared=False)
+    assert len(d) + len(t) == 4 and d[0] == 1
+
+
+def test_vllm_shared_list_gains_the_decode_sizes_too():
+    d, t = cover_decode([8], [8, 512], 8, LIMITS, COST, shared=True)
+    assert set(d) <= set(t) and 1 in t
+
+
+def test_a_budget_excludes_the_default_from_the_candidates(two_loads):
+    tight = Limits(512, 8192, budget_graphs=10)
+    choice = choose_robust(two_loads, RANGE, DEFAULT, tight, "sglang")
+    assert len(choice.decode_bs) + len(choice.tokens) <= 10
