@@ -1,6 +1,7 @@
 """Planner benchmark: a million synthetic requests through the whole plan.
 
     .venv/bin/python scripts/bench_plan.py [--requests 1000000] [--rate 10] [--seed 0] [--load 1,2]
+    .venv/bin/python scripts/bench_plan.py --heldout [--load 1,2]   # the real traces instead
 
 Requests are chat-like (Poisson arrivals; log-normal prompts around 900 tokens and outputs
 around 150), generated from a fixed seed, planned for llama-3.1-8b on an H100 with SGLang's
@@ -15,6 +16,7 @@ import argparse
 import os
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -22,8 +24,72 @@ from rich.table import Table
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
+from cgtool.planner.convert import load_trace
 from cgtool.planner.plan import PlanRequest, plan_requests
 from cgtool.planner.scenarios import parse_loads
+
+ROOT = Path(__file__).resolve().parents[1]
+# The bundled example and the public traces beside the checkout (../shared/traces).
+TRACES = (
+    (ROOT / "examples" / "azure-conv-first-1000.jsonl", "cgtool"),
+    (ROOT.parent / "shared" / "traces" / "AzureLLMInferenceTrace_conv.csv", "azure"),
+    (ROOT.parent / "shared" / "traces" / "mooncake_fast25_conversation_trace.jsonl", "mooncake"),
+)
+
+
+def heldout(loads: str) -> None:
+    """Held-out plan / default ratio and decode coverage per trace, load and eager cost."""
+    table = Table(title=f"held-out plan / default (llama-3.1-8b, H100-80GB, SGLang), loads {loads}")
+    for column in (
+        "trace",
+        "replicas",
+        "load",
+        "eager",
+        "ratio",
+        "in-sample",
+        "decode cov.",
+        "max-bs",
+        "largest batch",
+        "graphs plan / default",
+    ):
+        table.add_column(column, justify="left" if column in ("trace", "eager") else "right")
+    for path, fmt in TRACES:
+        if not path.exists():
+            table.add_row(path.name, "absent")
+            continue
+        trace = load_trace(path, fmt).trace
+        request = PlanRequest(
+            load_model_config("llama-3.1-8b"),
+            gpu_spec("H100-80GB"),
+            trace_name=path.name,
+            loads=parse_loads(loads),
+        )
+        plan = plan_requests(
+            trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len, request
+        )
+        rows = {(r["part"], r["load"], r["eager"], r["schedule"]): r for r in plan.scenarios}
+        largest = {run["load"]: run["largest_decode_batch"] for run in plan.simulation["loads"]}
+        for part, load, eager, name in rows:
+            if part != "held_out" or name != "plan":
+                continue
+            p, d = rows[(part, load, eager, "plan")], rows[(part, load, eager, "default")]
+            fp, fd = rows[("fit", load, eager, "plan")], rows[("fit", load, eager, "default")]
+            table.add_row(
+                path.name,
+                str(plan.basis["replicas"]),
+                f"{load:g}x",
+                eager,
+                f"{p['expected_step_ms'] / d['expected_step_ms']:.3f}",
+                f"{fp['expected_step_ms'] / fd['expected_step_ms']:.3f}",
+                f"{p['decode_coverage']:.1%}",
+                str(plan.decode.max_size),
+                str(largest[load]),
+                f"{p['num_graphs']} / {d['num_graphs']}",
+            )
+        for warning in plan.warnings:
+            if warning.startswith("overloaded"):
+                table.add_row(path.name, "", "", "", warning)
+    Console(width=200).print(table)
 
 
 def synthesise(n: int, rate_per_s: float, seed: int) -> tuple[np.ndarray, ...]:
@@ -43,7 +109,11 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="mean arrivals per second")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--load", default="1,2", help="load scenarios, as `cgtool plan --load`")
+    parser.add_argument("--heldout", action="store_true", help="held-out table of the real traces")
     args = parser.parse_args()
+    if args.heldout:
+        heldout(args.load)
+        return
 
     arrays = synthesise(args.requests, args.rate, args.seed)
     marks: dict[str, float] = {"start": time.perf_counter()}
