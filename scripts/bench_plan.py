@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import resource
 import time
 from pathlib import Path
 
@@ -141,6 +142,14 @@ def main() -> None:
     table.add_row("first simulations (incl. setup)", f"{marks['optimise'] - marks['start']:.2f} s")
     table.add_row("choice, memory, scoring (+ re-simulation)", f"{end - marks['optimise']:.2f} s")
     table.add_row("total", f"{end - marks['start']:.2f} s")
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    forked = resource.getrusage(resource.RUSAGE_CHILDREN)
+    table.add_row(
+        "CPU: this process (setup, 1st load, choice)", f"{own.ru_utime + own.ru_stime:.2f} s"
+    )
+    table.add_row(
+        "CPU: forked processes (other loads)", f"{forked.ru_utime + forked.ru_stime:.2f} s"
+    )
     table.add_row("KV pool rounds", str(sim["pool_rounds"]))
     for run in sim["loads"]:
         table.add_row(f"{run['load']:g}x: simulated steps", f"{run['steps']:,}")

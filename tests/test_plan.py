@@ -402,3 +402,12 @@ def test_vllm_full_decode_graphs_stop_at_the_running_limit():
     )
     assert max(plan.decode.capture) <= 64
     assert set(plan.decode.capture) <= set(plan.piecewise.capture)
+
+
+def test_vllm_plans_write_sglang_decode_flags_only_from_the_decode_part():
+    plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, engine="vllm"))
+    line = next(f for f in plan.flags["sglang"] if f.startswith("--cuda-graph-bs-decode "))
+    sizes = [int(s) for s in line.split()[1:]]
+    reached = plan.basis["largest_batch_fitted"]
+    assert max(sizes) >= reached and max(sizes) < max(plan.decode.capture)
+    assert "vLLM also captures a full graph" in plan.basis["max_bs_reason"]

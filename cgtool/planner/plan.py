@@ -390,8 +390,10 @@ def _finish(
         memory = replace(memory, graph_bytes_predicted=predicted, graph_bytes_measured=measured)
     check_plan_safety(tokens, server.chunk, server.context_len, memory)
     scores = ScoreSet.build(req, server, choice, memory, fit, held)
+    # vLLM's list holds token sizes too; other engines' decode flags take its decode part.
+    flag_decode = decode_part(decode_bs, choice.cover) if req.engine == "vllm" else decode_bs
     values = FlagValues(
-        tuple(decode_bs),
+        tuple(flag_decode),
         tuple(tokens),
         memory.mem_fraction_static,
         memory.gpu_memory_utilization,
@@ -437,6 +439,12 @@ def _finish(
     plan.warnings.extend(_ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
     return plan
+
+
+def decode_part(sizes: list[int], cover: int) -> list[int]:
+    """Sizes up to the first at or above `cover`: a shared list's decode graphs."""
+    above = [s for s in sizes if s >= cover]
+    return [s for s in sizes if s < cover] + above[:1]
 
 
 def _basis(

@@ -61,6 +61,7 @@ class RobustChoice:
     worst_regret: float  # of the plan over the fit scenarios and assumptions
     max_bs_reason: str
     reached: int  # largest decode batch any fit scenario reached
+    cover: int  # decode graphs are meant to reach this batch (reached plus headroom)
 
 
 def _steps(scenarios: list[Scenario], weights: dict[str, float], assumptions, kind: str):
@@ -126,13 +127,16 @@ def choose_robust(
         candidates.append(Schedule("+".join(weights), tuple(d), tuple(t)))
     allowed = [c for c in candidates if _within_budgets(c, limits, cost)]
     best, regret = _least_worst_regret(allowed or candidates[1:], scenarios, assumptions)
-    return RobustChoice(
-        list(best.decode_bs),
-        list(best.tokens),
-        regret,
-        _max_bs_reason(best, reached, tops, limits),
-        reached,
-    )
+    cover = cover_size(reached, limits)
+    if engine == "vllm":
+        reason = (
+            f"decode graphs reach {cover}: the largest batch any scenario reached ({reached}) "
+            f"with {COVER_HEADROOM - 1:.0%} headroom; vLLM also captures a full graph for every "
+            f"larger size of its one list up to --max-num-seqs {limits.max_bs}"
+        )
+    else:
+        reason = _max_bs_reason(best, reached, tops, limits)
+    return RobustChoice(list(best.decode_bs), list(best.tokens), regret, reason, reached, cover)
 
 
 def _within_budgets(s: Schedule, limits: Limits, cost) -> bool:
@@ -177,13 +181,19 @@ def prune_rare_bins(tokens: list[int], scenarios: list[Scenario]) -> list[int]:
     return kept
 
 
+def cover_size(reached: int, limits: Limits) -> int:
+    """The batch decode graphs should reach: the largest seen plus headroom, on SGLang's list."""
+    return decode_grid_up(math.ceil(reached * COVER_HEADROOM), limits.max_bs) if reached else 1
+
+
 def cover_decode(
     decode: list[int], tokens: list[int], reached: int, limits: Limits, cost, *, shared: bool
 ) -> tuple[list[int], list[int]]:
     """Add bs 1 and SGLang's batch list up to the covered batch, within the budgets; vLLM's
     shared list gains the same sizes."""
-    cover = decode_grid_up(math.ceil(reached * COVER_HEADROOM), limits.max_bs) if reached else 1
-    top = max(decode, default=0)
+    cover = cover_size(reached, limits)
+    # vLLM's list runs on into token sizes: the gap to fill is above the batches seen.
+    top = max((size for size in decode if size <= reached), default=0)
     extra = [1] + [s for s in decode_grid(cover) if s > top]
     d, t = sorted(set(decode)), sorted(set(tokens))
     for size in extra:
