@@ -55,3 +55,15 @@ def test_serial_progress_covers_every_scenario_once():
     seen = []
     sim_parallel.simulate_all(_jobs(loads=(1.0, 2.0), n=500), seen.append, None)
     assert seen[-1] == 1.0 and 0.5 in seen and seen == sorted(seen)
+
+
+def test_a_stop_while_waiting_for_the_other_scenarios_ends_them(monkeypatch):
+    monkeypatch.setattr(sim_parallel, "PARALLEL_MIN_REQUESTS", 1)
+    small, large = _jobs(loads=(1.0,), n=500)[0], _jobs(loads=(1.0,), n=200_000)[0]
+    if not sim_parallel._parallel([small, large]):
+        pytest.skip("this host cannot fork or has one core")
+    first_done = []  # the first scenario reports 1.0 when it ends; stop fires from then on
+    results = sim_parallel.simulate_all(
+        [small, large], lambda f: first_done.append(f == 1.0), lambda: any(first_done)
+    )
+    assert len(results) == 1 and results[0].completed_fraction == 1.0

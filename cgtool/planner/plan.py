@@ -298,10 +298,13 @@ def plan_requests(
     plan.warnings[:0] = notes
     if first.completed_fraction < 1.0 or len(runs) < len(req.loads):
         plan.status = "incomplete"
+        done = ", ".join(f"{run.load:g}x" for run in runs)
         plan.warnings.insert(
             0,
             f"incomplete: simulation stopped after {first.completed_fraction:.0%} of the "
-            "requests; sizes fit only the traffic simulated so far",
+            "requests; sizes fit only the traffic simulated so far"
+            if first.completed_fraction < 1.0
+            else f"incomplete: stopped with only the {done} load simulated; sizes fit only it",
         )
     if first.dropped_requests:
         plan.warnings.append(

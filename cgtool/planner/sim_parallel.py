@@ -2,15 +2,16 @@
 
 The simulator is one Python loop per request; two loads on two cores take the time of one.
 The first scenario runs in this process (it reports progress and polls `stop`); the others
-run in forked children that inherit the arrays without copying them. A child polls the same
-`stop` (its inherited copy: a Ctrl-C reaches the whole process group), and a stopped parent
-ends the children rather than waiting for them.
+run in forked children that inherit the arrays without copying them. Children ignore Ctrl-C
+and die on SIGTERM: the parent alone watches `stop`, and when it fires, during its own
+simulation or while waiting for theirs, it ends the children and keeps what it has.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,9 @@ _JOBS: list[dict[str, Any]] = []  # read by forked children; set just before the
 
 
 def _child(index: int, conn: Any) -> None:
+    # The parent's handlers would only set its flag here; the parent decides for children.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         conn.send(simulate(**_JOBS[index]))
     except Exception as exc:  # handed to the parent, which raises it there
@@ -50,7 +54,7 @@ def simulate_all(
     if not _parallel(jobs):
         return _serial(jobs, progress, stop)
     global _JOBS
-    _JOBS = [job | {"stop": stop, "progress": None} for job in jobs]
+    _JOBS = [job | {"stop": None, "progress": None} for job in jobs]
     ctx = multiprocessing.get_context("fork")
     children = []
     try:
@@ -65,6 +69,9 @@ def simulate_all(
             return [first]
         results = [first]
         for process, receive in children:
+            while not receive.poll(0.1):
+                if stop is not None and stop():
+                    return results  # the caller marks the plan incomplete
             result = receive.recv()
             process.join()
             if isinstance(result, Exception):
@@ -75,8 +82,8 @@ def simulate_all(
         _JOBS = []
         for process, _ in children:
             if process.is_alive():
-                process.terminate()
-                process.join()
+                process.kill()  # a child blocked writing its result would not see SIGTERM
+            process.join()
 
 
 def _serial(jobs, progress, stop) -> list[SimulationResult]:
