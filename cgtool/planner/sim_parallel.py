@@ -29,7 +29,7 @@ def _child(index: int, conn: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         conn.send(simulate(**_JOBS[index]))
-    except Exception as exc:  # handed to the parent, which raises it there
+    except Exception as exc:  # noqa: BLE001 - any error goes to the parent, which raises it
         conn.send(exc)
     finally:
         conn.close()
