@@ -72,6 +72,8 @@ def _plan_request(plan: dict[str, Any], trace_name: str) -> tuple[PlanRequest, l
         trace_name=trace_name, profile=profile, profile_name=inputs.get("profile"), tp_size=tp,
         chunked_prefill_size=inputs.get("chunked_prefill_size"),
         max_running_requests=inputs.get("max_running_requests"),
+        # The plan's load scenarios and replicas (plans before 1.1 had neither: 1x, one server).
+        loads=tuple(inputs.get("loads") or (1.0,)), replicas=int(inputs.get("replicas") or 1),
     )
     return request, notes
 
