@@ -411,3 +411,9 @@ def test_vllm_plans_write_sglang_decode_flags_only_from_the_decode_part():
     reached = plan.basis["largest_batch_fitted"]
     assert max(sizes) >= reached and max(sizes) < max(plan.decode.capture)
     assert "vLLM also captures a full graph" in plan.basis["max_bs_reason"]
+
+
+def test_a_vllm_plan_for_an_a100_uses_its_smaller_defaults():
+    plan = plan_requests(*synthetic(300), PlanRequest(CFG, gpu_spec("A100-80GB"), engine="vllm"))
+    assert plan.inputs["max_running_requests"] == 256
+    assert plan.inputs["chunked_prefill_size"] == 2048

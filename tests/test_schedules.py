@@ -107,6 +107,14 @@ def test_vllm_small_gpu_uses_smaller_batch_defaults():
     assert schedule.chunked_prefill_size == 2048 and schedule.max_bs == 512
 
 
+def test_vllm_excludes_a100s_by_name_from_the_large_gpu_defaults():
+    # vllm 0.33 engine/arg_utils.py: >= 70 GiB and "a100" not in the device name.
+    a100 = gpu_spec("A100-80GB")
+    small = default_schedule("vllm", gpu_memory_bytes=a100.memory_bytes, gpu_name=a100.name)
+    large = default_schedule("vllm", gpu_memory_bytes=a100.memory_bytes)
+    assert small.chunked_prefill_size == 2048 and large.chunked_prefill_size == 8192
+
+
 def test_vllm_max_bs_caps_the_list():
     assert default_schedule("vllm", max_bs=20).decode_bs == (1, 2, 4, 8, 16)
 

@@ -187,6 +187,12 @@ def sglang_gpu_defaults(
     raise AssertionError("the last tier has no bound")
 
 
+def vllm_large_gpu(gpu_memory_bytes: int | None, gpu_name: str | None = None) -> bool:
+    """vLLM 0.33's larger batch defaults (8192 tokens, 1024 seqs for `vllm serve`) apply to
+    GPUs of 70 GiB or more, A100s excepted by name (engine/arg_utils.py)."""
+    return (gpu_memory_bytes or 0) >= 70 * _GIB and "a100" not in (gpu_name or "").lower()
+
+
 def default_schedule(
     engine: str,
     version: str | None = None,
@@ -197,6 +203,7 @@ def default_schedule(
     tp_size: int = 1,
     chunked_prefill_size: int | None = None,
     max_running_requests: int | None = None,
+    gpu_name: str | None = None,
 ) -> EngineSchedule:
     """The capture lists `engine` (release `version`) builds for these limits by itself."""
     version = resolve_version(engine, version)
@@ -214,7 +221,9 @@ def default_schedule(
             max_running_requests,
         )
     if engine == "vllm":
-        return _vllm_schedule(version, max_bs, max_tokens, gpu_memory_bytes, max_running_requests)
+        return _vllm_schedule(
+            version, max_bs, max_tokens, gpu_memory_bytes, max_running_requests, gpu_name
+        )
     return _trtllm_schedule(version, max_bs, max_tokens)
 
 
@@ -255,11 +264,12 @@ def _vllm_schedule(
     max_tokens: int | None,
     gpu_memory_bytes: int | None,
     max_running_requests: int | None,
+    gpu_name: str | None = None,
 ) -> EngineSchedule:
     # vllm 0.33 get_batch_defaults (`vllm serve`) and VllmConfig._set_cudagraph_sizes: one
     # list of token counts serves decode and mixed batches alike.
     memory = gpu_memory_bytes or 0
-    large = memory >= 70 * _GIB
+    large = vllm_large_gpu(memory, gpu_name)
     batched_tokens = max_tokens or (16384 if memory >= 160 * _GIB else 8192 if large else 2048)
     max_num_seqs = max_running_requests or (1024 if large else 256)
     ceiling = 1024 if memory >= 160 * _GIB else 512  # B200-class GPUs get 1024

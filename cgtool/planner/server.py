@@ -15,7 +15,12 @@ from cgtool.planner.memory import (
     sglang_default_mem_fraction,
 )
 from cgtool.planner.parallel import rank_shapes
-from cgtool.planner.schedules import EngineSchedule, default_schedule, resolve_version
+from cgtool.planner.schedules import (
+    EngineSchedule,
+    default_schedule,
+    resolve_version,
+    vllm_large_gpu,
+)
 from cgtool.planner.simulator import StepCost
 
 if TYPE_CHECKING:
@@ -45,6 +50,7 @@ def server_for(req: PlanRequest) -> Server:
         tp_size=req.tp_size,
         chunked_prefill_size=req.chunked_prefill_size,
         max_running_requests=req.max_running_requests,
+        gpu_name=req.gpu.name,
     )
     chunk = req.chunked_prefill_size or probe.chunked_prefill_size
     if req.engine == "sglang":
@@ -63,7 +69,9 @@ def server_for(req: PlanRequest) -> Server:
     else:
         # vLLM's utilisation, like SGLang's fraction, is of each GPU's memory.
         shard = rank_shapes(cfg, tp)
-        max_running = req.max_running_requests or (1024 if memory >= 70 * (1 << 30) else 256)
+        max_running = req.max_running_requests or (
+            1024 if vllm_large_gpu(memory, req.gpu.name) else 256
+        )
         outside = activation_bytes(cfg, chunk, max_running, tp)
         kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - shard.weight_bytes(2) - outside
         kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(2)))
@@ -75,6 +83,7 @@ def server_for(req: PlanRequest) -> Server:
         tp_size=req.tp_size,
         chunked_prefill_size=chunk,
         max_running_requests=max_running,
+        gpu_name=req.gpu.name,
     )
     # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
     max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
