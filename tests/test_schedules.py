@@ -6,6 +6,7 @@ from cgtool.planner.schedules import (
     default_schedule,
     known_versions,
     resolve_version,
+    server_args_max_bs,
     sglang_gpu_defaults,
 )
 
@@ -84,15 +85,13 @@ def test_large_tensor_parallel_raises_the_default_max_bs():
     assert sglang_gpu_defaults("0.5.10", H100, tp_size=8) == (8192, 512)
 
 
-def test_0523_clips_default_max_bs_to_max_running_requests_but_0510_does_not():
-    assert (
-        default_schedule("sglang", "0.5.23", gpu_memory_bytes=H100, max_running_requests=64).max_bs
-        == 64
-    )
-    assert (
-        default_schedule("sglang", "0.5.10", gpu_memory_bytes=H100, max_running_requests=64).max_bs
-        == 256
-    )
+def test_0523_clips_default_max_bs_in_its_arguments_and_0510_at_run_time():
+    new = default_schedule("sglang", "0.5.23", gpu_memory_bytes=H100, max_running_requests=64)
+    old = default_schedule("sglang", "0.5.10", gpu_memory_bytes=H100, max_running_requests=64)
+    assert new.max_bs == old.max_bs == 64
+    # 0.5.10's own arguments keep 256: its memory reserve counts that (server_args_max_bs).
+    assert server_args_max_bs("0.5.10", H100, 1, 64) == 256
+    assert server_args_max_bs("0.5.23", H100, 1, 64) == 64
 
 
 def test_vllm_default_on_h100_is_one_token_list_up_to_512():
@@ -105,6 +104,13 @@ def test_vllm_default_on_h100_is_one_token_list_up_to_512():
 def test_vllm_small_gpu_uses_smaller_batch_defaults():
     schedule = default_schedule("vllm", gpu_memory_bytes=gpu_spec("L4").memory_bytes)
     assert schedule.chunked_prefill_size == 2048 and schedule.max_bs == 512
+
+
+def test_older_sglang_drops_decode_sizes_above_the_running_limit_and_appends_it():
+    old = default_schedule("sglang", "0.5.10", gpu_memory_bytes=H100, max_running_requests=50)
+    assert old.decode_bs[-3:] == (40, 48, 50) and old.max_bs == 50
+    new = default_schedule("sglang", "0.5.23", gpu_memory_bytes=H100, max_running_requests=50)
+    assert new.max_bs == 50 and max(new.decode_bs) == 50
 
 
 def test_vllm_excludes_a100s_by_name_from_the_large_gpu_defaults():

@@ -193,6 +193,18 @@ def vllm_large_gpu(gpu_memory_bytes: int | None, gpu_name: str | None = None) ->
     return (gpu_memory_bytes or 0) >= 70 * _GIB and "a100" not in (gpu_name or "").lower()
 
 
+def server_args_max_bs(
+    version: str | None, gpu_memory_bytes: int | None, tp_size: int, max_running: int | None
+) -> int:
+    """--cuda-graph-max-bs as SGLang's own arguments hold it (what its memory reserve counts):
+    clipped to --max-running-requests from 0.5.23 on, left whole before."""
+    release = sglang_release(version)
+    max_bs = sglang_gpu_defaults(version, gpu_memory_bytes, tp_size)[1]
+    if release.caps_max_bs_at_running and max_running:
+        max_bs = min(max_bs, max_running)
+    return max_bs
+
+
 def default_schedule(
     engine: str,
     version: str | None = None,
@@ -245,10 +257,20 @@ def _sglang_schedule(
             max_bs = min(max_bs, max_running_requests)
     if max_tokens is None:
         max_tokens = chunk if release.max_tokens_is_chunk else 4096
+    decode = sglang_decode_bs(max_bs)
+    if (
+        max_running_requests
+        and not release.caps_max_bs_at_running
+        and max_bs > max_running_requests
+    ):
+        # Older releases cap at run time instead (cuda_graph_runner get_batch_sizes_to_capture):
+        # sizes above the request pool are dropped and the pool's size appended.
+        decode = [s for s in decode if s < max_running_requests] + [max_running_requests]
+        max_bs = max_running_requests
     return EngineSchedule(
         "sglang",
         version,
-        tuple(sglang_decode_bs(max_bs)),
+        tuple(decode),
         tuple(release.tokens_rule(max_tokens)),
         max_bs,
         max_tokens,

@@ -19,6 +19,7 @@ from cgtool.planner.schedules import (
     EngineSchedule,
     default_schedule,
     resolve_version,
+    server_args_max_bs,
     vllm_large_gpu,
 )
 from cgtool.planner.simulator import StepCost
@@ -58,7 +59,7 @@ def server_for(req: PlanRequest) -> Server:
             version,
             memory,
             chunked_prefill_size=chunk,
-            max_bs=probe.max_bs,
+            max_bs=server_args_max_bs(version, memory, tp, req.max_running_requests),
             num_piecewise_tokens=len(probe.piecewise_tokens),
             tp_size=req.tp_size,
         )
