@@ -58,7 +58,7 @@ def parse_bytes(text: str, option: str = "--budget-memory") -> int:
     return int(value * _UNITS[unit])
 
 
-def _resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
+def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
     if name.lower() != "auto":
         return gpu_spec(name), None
     try:
@@ -199,7 +199,7 @@ def plan(
             f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
         )
     compare = _compare_sizes(compare_plan)
-    gpu_choice, gpu_note = _resolve_gpu(gpu)
+    gpu_choice, gpu_note = resolve_gpu(gpu)
     report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
         cfg=load_model_config(model),

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.common import cli_errors, console
-from cgtool.gpus import gpu_spec
+from cgtool.commands.plan import resolve_gpu
 from cgtool.planner.schedules import ENGINES, default_schedule
 from cgtool.reports.plan_view import schedule_table
 
@@ -28,15 +28,25 @@ def schedule(
         int | None, typer.Option(help="Largest extend token count (default: the engine's).")
     ] = None,
     gpu: Annotated[
-        str | None,
-        typer.Option(help="GPU whose memory sets the engine's defaults, e.g. H100-80GB."),
-    ] = None,
+        str,
+        typer.Option(
+            help="GPU whose memory sets the engine's defaults, e.g. H100-80GB, or auto (as "
+            "`cgtool plan`: this machine's, else H100-80GB)."
+        ),
+    ] = "auto",
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the schedule as JSON.")] = False,
 ) -> None:
     """Print an engine's default capture schedule (SGLang, vLLM, TensorRT-LLM)."""
-    memory = gpu_spec(gpu).memory_bytes if gpu else None
+    spec, _ = resolve_gpu(gpu)  # the same GPU `cgtool plan` picks
     result = default_schedule(
-        engine, engine_version, max_bs=max_bs, max_tokens=max_tokens, gpu_memory_bytes=memory
+        engine,
+        engine_version,
+        max_bs=max_bs,
+        max_tokens=max_tokens,
+        gpu_memory_bytes=spec.memory_bytes,
+        tp_size=tp,
+        gpu_name=spec.name,
     )
     data = dataclasses.asdict(result)
     data["decode_bs"], data["piecewise_tokens"] = (

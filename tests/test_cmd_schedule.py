@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -61,3 +62,27 @@ def test_bad_engine_or_release_exits_2():
         result = cgtool("schedule", *args)
         assert result.exit_code == 2, args
         assert "Traceback" not in result.output
+
+
+def test_without_gpu_it_shows_the_list_plan_compares_against(monkeypatch):
+    import cgtool.commands.plan as plan_cmd
+    from cgtool.errors import CgtoolError
+
+    def no_gpu(name):
+        if name == "auto":
+            raise CgtoolError("no GPU", "name one")
+        return real(name)
+
+    real = plan_cmd.gpu_spec
+    monkeypatch.setattr(plan_cmd, "gpu_spec", no_gpu)
+    shown = json.loads(cgtool("schedule", "--json").stdout)
+    example = Path(__file__).parents[1] / "examples" / "azure-conv-first-1000.jsonl"
+    planned = json.loads(cgtool("plan", "--trace", example, "--load", "1", "--json").stdout)
+    assert shown["decode_bs"] == planned["decode"]["default_capture_bs"]
+
+
+def test_tp_sets_sglangs_larger_tier_and_a100s_keep_vllms_small_defaults():
+    tp4 = json.loads(cgtool("schedule", "--gpu", "H100-80GB", "--tp", "4", "--json").stdout)
+    assert tp4["max_bs"] == 512
+    a100 = json.loads(cgtool("schedule", "--engine", "vllm", "--gpu", "A100-80GB", "--json").stdout)
+    assert a100["chunked_prefill_size"] == 2048
