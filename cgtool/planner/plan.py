@@ -21,15 +21,19 @@ from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
 from cgtool.planner.cost import Histogram, ScheduleScore, predicted_graph_bytes
 from cgtool.planner.flags import FlagValues, all_flags
-from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.memory import MemoryPlan, check_plan_safety, plan_memory
 from cgtool.planner.optimiser import Limits
 from cgtool.planner.parallel import check_tp_size
+from cgtool.planner.plan_notes import (
+    ceiling_warnings,
+    decode_part,
+    plan_basis,
+    replication_warnings,
+)
 from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.scenarios import (
     DEFAULT_LOADS,
-    HELD_OUT_SPLIT,
     LoadRun,
     overload_warning,
     replica_share,
@@ -435,75 +439,10 @@ def _finish(
         scenarios=score_rows(scores),
         flags=all_flags(values, server.version if req.engine == "sglang" else None),
         simulation=summary | {"peak_kv_demand_tokens": memory.peak_kv_demand_tokens},
-        basis=_basis(server, choice, fit, held, replicas, req),
+        basis=plan_basis(server, choice, fit, held, replicas, req),
     )
     plan.warnings.extend(server.cost.warnings)
-    plan.warnings.extend(_replication_warnings(req))
-    plan.warnings.extend(_ceiling_warnings(whole[0], default))
+    plan.warnings.extend(replication_warnings(req))
+    plan.warnings.extend(ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
     return plan
-
-
-def decode_part(sizes: list[int], cover: int) -> list[int]:
-    """Sizes up to the first at or above `cover`: a shared list's decode graphs."""
-    above = [s for s in sizes if s >= cover]
-    return [s for s in sizes if s < cover] + above[:1]
-
-
-def _basis(
-    server: Server,
-    choice: RobustChoice,
-    fit: list[Scenario],
-    held: list[Scenario],
-    replicas: int,
-    req: PlanRequest,
-) -> dict[str, Any]:
-    held_steps = sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in held)
-    checked = "held-out" if held_steps else "in-sample (nothing was held out)"
-    return {
-        "statement": (
-            f"Step times and gains are predictions of the {server.cost.source} cost model, not "
-            f"measurements; sizes hold up across the eager-cost assumptions below and are "
-            f"scored {checked} on the last {1 - HELD_OUT_SPLIT:.0%} of the requests by arrival"
-            if held_steps
-            else f"Step times and gains are predictions of the {server.cost.source} cost model, "
-            "not measurements, scored on the steps they were fitted on (no held-out check)"
-        ),
-        "cost_model": server.cost.source,
-        "eager_assumptions": [{"name": a.name, "basis": a.basis} for a in server.assumptions],
-        "held_out_share": 1 - HELD_OUT_SPLIT if held_steps else 0.0,
-        "fit_steps": sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in fit),
-        "held_out_steps": held_steps,
-        "max_bs_reason": choice.max_bs_reason,
-        "largest_batch_fitted": choice.reached,
-        "worst_regret": choice.worst_regret,
-        "token_grid": "multiples of 16 up to 1024 tokens, of 64 above",
-        "min_bin_share": MIN_BIN_SHARE,
-        "replicas": replicas,
-        "replicas_asked": req.replicas,
-    }
-
-
-def _replication_warnings(req: PlanRequest) -> list[str]:
-    kv, tp = req.cfg.num_kv_heads, req.tp_size
-    if kv >= tp:
-        return []
-    return [
-        (
-            f"--tp {tp} is more ranks than {req.cfg.name}'s {kv} KV heads: each is replicated on "
-            f"{tp // kv} ranks, so KV memory per token stops shrinking past --tp {kv}"
-        )
-    ]
-
-
-def _ceiling_warnings(decode: Histogram, default) -> list[str]:
-    above = decode.sizes > default.max_bs
-    if not above.any():
-        return []
-    share = decode.counts[above].sum() / max(decode.counts.sum(), 1)
-    return [
-        (
-            f"the default's largest decode graph ({default.max_bs}) is below batches the trace "
-            f"reaches (up to {int(decode.sizes.max())}): {share:.0%} of decode steps would run eagerly"
-        )
-    ]
