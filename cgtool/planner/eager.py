@@ -2,12 +2,13 @@
 
 Two published views disagree by several times. The seed notes give decode graphs a 10-30%
 gain at batch 1-32 (a fast host: the GPU is the bottleneck even eagerly); that is the roofline
-model's own eager table, `low`. cgtool's own capture on an H100 host measured eager decode of
-llama-3.1-8b at 23.4 ms against an 8.5 ms replay at batch 32 (benchmarks/h100-2026-11-23,
-report both-llama-3.1-8b.report.json), and an earlier run 47.5 vs 6.9 ms at batch 1: eager
-PyTorch there is bound by the host launching ~356 kernels, about 65 us each. `high` models
-that: an eager step takes the longer of the GPU's work and the host's launches. A capture
-report (`--profile`) measures the host that will serve, and replaces the range with it.
+model's own eager table, `low`. cgtool's own capture of llama-3.1-8b on an H100 host
+(benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json) measured eager decode at
+34.5 ms against a 7.2 ms replay at batch 1, and 28.5 vs 22.1 ms at batch 256: eager PyTorch
+there is bound by the host, which took 93 us to launch each kernel (the report's
+`eager_host_us_per_kernel`). `high` models that: an eager step takes the longer of the GPU's
+work and the host's launches. A capture report (`--profile`) measures the host that will
+serve, and replaces the range with it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.planner.cost import CostModel, kernels_per_forward
 
-# Host time per kernel of host-bound eager PyTorch (23.1 ms / 356 kernels, see above).
-HOST_BOUND_MS_PER_KERNEL = 0.065
+# Host time per kernel of host-bound eager PyTorch (measured, see above).
+HOST_BOUND_MS_PER_KERNEL = 0.093
 
 
 @dataclass(frozen=True, eq=False)
