@@ -154,8 +154,8 @@ def _count_kernels(
     _progress(on_progress, kind, "profile", None, 0, 1)
     with state.phase("profile"):
         kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
-        for row in state.sizes:
-            if row.kind == kind and row.size in kernels and row.rank == current_tp().rank:
+        for row in state.sizes:  # this process's rows: ranks are stamped when gathered
+            if row.kind == kind and row.size in kernels:
                 row.kernels_per_forward = kernels_per_call(kernels[row.size])
         if not opts.profile:
             return
