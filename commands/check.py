@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from cgtool.commands.common import EXIT_CHECK_FAILED, cli_errors, console
+from cgtool.commands.common import (
+    EXIT_CHECK_FAILED,
+    FormatOption,
+    OutputFormat,
+    cli_errors,
+    console,
+    err_console,
+)
 from cgtool.compare import (
     DEFAULT_REPORT_METRICS,
     PLAN_METRICS,
@@ -18,8 +25,9 @@ from cgtool.compare import (
 )
 from cgtool.errors import InputError
 from cgtool.invariants import require_memory_invariants
+from cgtool.reports.formats import print_tables
 from cgtool.reports.markdown import comparison_markdown
-from cgtool.reports.tables import comparison_rows, format_change, to_rich
+from cgtool.reports.tables import comparison_rows, format_change
 from cgtool.results import CaptureReport, load_document, resolve_document
 
 
@@ -40,8 +48,12 @@ def check(
         help="Write a markdown summary to this file ('-' prints it instead of the table).")] = None,
     force: Annotated[bool, typer.Option(
         help="Compare even when GPU or model differ.")] = False,
+    output: FormatOption = OutputFormat.table,
 ) -> None:
     """Compare two capture reports (or two plans) size by size; exit 1 on a regression."""
+    if markdown == "-" and output is not OutputFormat.table:
+        raise InputError(f"--markdown - and --format {output.value} both want stdout",
+                         "Write the markdown to a file, or drop --format.")
     before, after = load_document(baseline), load_document(current)
     _require_consistent_memory((baseline, before), (current, after))
     max_pct = parse_percent(max_regress, "--max-regress")
@@ -53,7 +65,7 @@ def check(
     else:
         if markdown:  # before the verdict is printed: an unwritable path is bad input (exit 2)
             Path(markdown).write_text(summary)
-        _print_comparison(comparison)
+        _print_comparison(comparison, output)
     if not comparison.passed:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -90,18 +102,20 @@ def _compare(before: CaptureReport | dict, after: CaptureReport | dict, metric: 
                      "Pass two report.json files or two plan.json files.")
 
 
-def _print_comparison(comparison: Comparison) -> None:
-    console.print(to_rich(comparison_rows(comparison)))
+def _print_comparison(comparison: Comparison, output: OutputFormat) -> None:
+    print_tables(console, [comparison_rows(comparison)], output.value)
+    # With CSV or JSON, stdout holds only the data; the verdict goes to stderr.
+    notes = console if output is OutputFormat.table else err_console
     if comparison.added:
-        console.print("Sizes only in current: " + ", ".join(comparison.added), soft_wrap=True)
+        notes.print("Sizes only in current: " + ", ".join(comparison.added), soft_wrap=True)
     if comparison.removed:
-        console.print("Sizes only in baseline: " + ", ".join(comparison.removed), soft_wrap=True)
+        notes.print("Sizes only in baseline: " + ", ".join(comparison.removed), soft_wrap=True)
     for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
+        notes.print(f"[yellow]warning:[/] {warning}", highlight=False, soft_wrap=True)
     if comparison.passed:
-        console.print("[green]PASS[/]: no regression beyond the limits.", highlight=False)
+        notes.print("[green]PASS[/]: no regression beyond the limits.", highlight=False)
         return
-    console.print(f"[bold red]FAIL[/]: {len(comparison.regressions)} regression(s)", highlight=False)
+    notes.print(f"[bold red]FAIL[/]: {len(comparison.regressions)} regression(s)", highlight=False)
     for change in comparison.regressions:
         detail = change.note or f"{format_change(change.change_pct)} (limit +{change.threshold_pct:g}%)"
-        console.print(f"  {change.label}: {change.metric} {detail}", highlight=False, soft_wrap=True)
+        notes.print(f"  {change.label}: {change.metric} {detail}", highlight=False, soft_wrap=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from enum import Enum
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -30,6 +31,20 @@ console = make_console()  # results
 err_console = make_console(stderr=True)  # progress and errors
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OutputFormat(str, Enum):
+    """How a command prints its tables; the names are reports.formats.FORMATS."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+# Only for commands that read no trace: plan, trace and verify spend `--format` on the trace's
+# format and print JSON with `--json`.
+FORMAT_HELP = "Print the tables as rich tables, CSV blocks or JSON (see docs/formats.md)."
+FormatOption = Annotated[OutputFormat, typer.Option("--format", help=FORMAT_HELP)]
 
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from cgtool.commands.common import cli_errors, console
+from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console
 from cgtool.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
-from cgtool.reports.tables import models_table
+from cgtool.reports.formats import print_tables
+from cgtool.reports.tables import TableData, models_rows
+
+ARCHITECTURES_TITLE = "Architectures that load from a HF folder"
 
 
 @cli_errors
-def models() -> None:
+def models(output: FormatOption = OutputFormat.table) -> None:
     """List built-in model presets (shapes only, random weights) and supported architectures."""
-    configs = [load_preset(name) for name in preset_names()]
-    console.print(models_table(configs))
-    console.print("Architectures that load from a HF folder: " + ", ".join(SUPPORTED_ARCHITECTURES))
+    presets = models_rows([load_preset(name) for name in preset_names()])
+    if output is OutputFormat.table:
+        print_tables(console, [presets], output.value)
+        console.print(f"{ARCHITECTURES_TITLE}: " + ", ".join(SUPPORTED_ARCHITECTURES))
+        return
+    architectures = TableData(ARCHITECTURES_TITLE, ["architecture"],
+                              [[name] for name in SUPPORTED_ARCHITECTURES])
+    print_tables(console, [presets, architectures], output.value)

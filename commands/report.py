@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console, err_console
+from cgtool.reports.formats import print_tables
 from cgtool.reports.plan_view import plan_view
-from cgtool.reports.tables import size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
-
-if TYPE_CHECKING:
-    from cgtool.reports.render import Rendered
 
 
 @cli_errors
@@ -22,24 +19,22 @@ def report(
         help="A capture or plan output folder, or its report.json / plan.json.")],
     out: Annotated[Path | None, typer.Option(
         help="Write the rendered files here instead of beside the input.")] = None,
+    output: FormatOption = OutputFormat.table,
 ) -> None:
     """Re-render tables, figures and an HTML page from a saved report or plan."""
-    from cgtool.reports.render import render_path  # matplotlib: only when rendering
+    from cgtool.reports.render import printed_tables, render_path  # matplotlib: when rendering
 
     rendered = render_path(path, out)
-    _print_tables(rendered)
-    for written in rendered.files:
-        console.print(f"wrote {written}", highlight=False, soft_wrap=True)
-
-
-def _print_tables(rendered: Rendered) -> None:
     document = rendered.document
-    if isinstance(document, CaptureReport):
-        if document.status == "incomplete":
-            err_console.print(f"[yellow]incomplete run:[/] {document.incomplete_reason}",
-                              highlight=False, soft_wrap=True)
-        tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
-        for table in tables:
-            console.print(to_rich(table))
-    else:  # the same view as `cgtool plan`, flags first
-        console.print(plan_view(document), soft_wrap=True)
+    if isinstance(document, CaptureReport) and document.status == "incomplete":
+        err_console.print(f"[yellow]incomplete run:[/] {document.incomplete_reason}",
+                          highlight=False, soft_wrap=True)
+    if isinstance(document, dict) and output is OutputFormat.table:
+        console.print(plan_view(document), soft_wrap=True)  # as `cgtool plan` prints, flags first
+    else:
+        print_tables(console, printed_tables(document), output.value)
+    # With CSV or JSON, stdout holds only the data; the list of files goes to stderr.
+    notes = console if output is OutputFormat.table else err_console
+    for written in rendered.files:
+        notes.print(f"wrote {written}", highlight=False, soft_wrap=True)
+

@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
-from cgtool.commands.common import cli_errors, console
+from cgtool.commands.common import FORMAT_HELP, OutputFormat, cli_errors, console
 from cgtool.commands.plan import resolve_gpu
+from cgtool.errors import InputError
 from cgtool.planner.schedules import ENGINES, default_schedule
-from cgtool.reports.plan_view import schedule_table
+from cgtool.reports.formats import print_tables
+from cgtool.reports.schedule_view import schedule_rows
 
 
 @cli_errors
@@ -35,9 +37,12 @@ def schedule(
         ),
     ] = "auto",
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the schedule as JSON.")] = False,
+    given: Annotated[OutputFormat | None, typer.Option("--format", help=FORMAT_HELP)] = None,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the schedule as JSON (the same as --format json).")] = False,
 ) -> None:
     """Print an engine's default capture schedule (SGLang, vLLM, TensorRT-LLM)."""
+    output = _one_format(given, json_out)
     spec, _ = resolve_gpu(gpu)  # the same GPU `cgtool plan` picks
     result = default_schedule(
         engine,
@@ -53,7 +58,16 @@ def schedule(
         list(result.decode_bs),
         list(result.piecewise_tokens),
     )
-    if json_out:
+    if output is OutputFormat.json:
+        # The schedule itself, as `--json` has always printed it: whole lists and numbers.
         console.print_json(json.dumps(data))
     else:
-        console.print(schedule_table(data))
+        print_tables(console, [schedule_rows(data)], output.value)
+
+
+def _one_format(given: OutputFormat | None, json_out: bool) -> OutputFormat:
+    # --json is the older spelling of --format json; the two may not disagree.
+    if json_out and given is not None and given is not OutputFormat.json:
+        raise InputError(f"--json and --format {given.value} ask for different outputs",
+                         "Give one of them.")
+    return OutputFormat.json if json_out else given or OutputFormat.table

@@ -12,6 +12,16 @@ from typing import Any
 from cgtool.reports.csv import write_sizes_csv
 from cgtool.reports.figures import write_report_figures
 from cgtool.reports.html import plan_html, report_html
+from cgtool.reports.rank_tables import rank_tables
+from cgtool.reports.tables import (
+    TableData,
+    phase_rows,
+    plan_comparison_rows,
+    plan_memory_rows,
+    plan_sizes_rows,
+    size_rows,
+    totals_rows,
+)
 from cgtool.results import CaptureReport, load_document, resolve_document
 
 REPORT_HTML, PLAN_HTML, FIGURE_DIR, SIZES_CSV = "report.html", "plan.html", "figures", "sizes.csv"
@@ -33,6 +43,17 @@ def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
     if isinstance(document, CaptureReport):
         return Rendered(document, source, render_report(document, out_dir, source.parent))
     return Rendered(document, source, render_plan(document, out_dir))
+
+
+def printed_tables(document: CaptureReport | dict[str, Any]) -> list[TableData]:
+    """The tables `cgtool report` prints: a report's as `capture` printed them (sizes, totals,
+    phases, and every rank's with --tp); a plan's as plan.html shows them."""
+    if isinstance(document, CaptureReport):
+        tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
+        if document.totals.phase_s:
+            tables.append(phase_rows(document))
+        return tables + rank_tables(document)
+    return [plan_sizes_rows(document), plan_comparison_rows(document), plan_memory_rows(document)]
 
 
 def render_report(report: CaptureReport, out_dir: Path, report_dir: Path | None = None) -> list[Path]:

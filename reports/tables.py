@@ -18,23 +18,6 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / (1 << 30):.2f} GiB"
 
 
-def models_table(configs: list[ModelConfig]) -> Table:
-    table = Table(title="Model presets")
-    for column in ("preset", "architecture", "layers", "hidden", "heads/kv", "params", "bf16 weights"):
-        table.add_column(column, no_wrap=True, justify="left" if column in ("preset", "architecture") else "right")
-    for cfg in configs:
-        table.add_row(
-            cfg.name,
-            cfg.architecture,
-            str(cfg.num_layers),
-            str(cfg.hidden_size),
-            f"{cfg.num_heads}/{cfg.num_kv_heads}",
-            f"{cfg.param_count() / 1e9:.2f} B",
-            gib(cfg.weight_bytes(2)),
-        )
-    return table
-
-
 # --- Capture reports, plans and `check` comparisons -----------------------------------
 # Each table is built once as TableData and rendered by rich (here), HTML and markdown.
 
@@ -47,6 +30,7 @@ class TableData:
     columns: list[str]
     rows: list[list[str]]
     marked: set[int] = field(default_factory=set)  # row indices to highlight (regressions)
+    wrap_last: bool = False  # a long list in the last column wraps in a terminal, never cut
 
 
 def mib_number(num_bytes: float | None) -> str:
@@ -89,11 +73,23 @@ def to_rich(data: TableData) -> Table:
     # As wide as its title at least, so that a long title (check's limits) stays on one line.
     table = Table(title=data.title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
                   min_width=len(data.title))
+    last = len(data.columns) - 1
     for i, column in enumerate(data.columns):
-        table.add_column(_stacked(column), justify="left" if i == 0 else "right", no_wrap=True)
+        wraps = data.wrap_last and i == last
+        table.add_column(_stacked(column), justify="left" if i == 0 or wraps else "right",
+                         no_wrap=not wraps)
     for i, row in enumerate(data.rows):
         table.add_row(*row, style="bold red" if i in data.marked else None)
     return table
+
+
+def models_rows(configs: list[ModelConfig]) -> TableData:
+    columns = ["preset", "architecture", "layers", "hidden", "heads/kv", "params B",
+               "bf16 weights GiB"]
+    rows = [[cfg.name, cfg.architecture, str(cfg.num_layers), str(cfg.hidden_size),
+             f"{cfg.num_heads}/{cfg.num_kv_heads}", f"{cfg.param_count() / 1e9:.2f}",
+             f"{cfg.weight_bytes(2) / (1 << 30):.2f}"] for cfg in configs]
+    return TableData("Model presets", columns, rows)
 
 
 def size_rows(report: CaptureReport, kind: str) -> TableData:

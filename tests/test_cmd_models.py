@@ -26,8 +26,9 @@ def test_version():
 def test_models_lists_presets_with_params_and_bytes():
     result = runner.invoke(app, ["models"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "llama-3.1-8b" in result.output and "8.03 B" in result.output
-    assert "14.96 GiB" in result.output  # 8.03e9 params x 2 bytes
+    row = next(line.split() for line in result.output.splitlines() if " llama-3.1-8b " in line)
+    assert row[-2:] == ["8.03", "14.96"]  # billions of params, and x 2 bytes in GiB
+    assert "GiB" in result.output and "GiB" not in " ".join(row)  # the unit heads the column
     assert "Qwen3ForCausalLM" in result.output
 
 

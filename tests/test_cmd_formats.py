@@ -1,0 +1,146 @@
+"""`--format table|csv|json` on the commands that print tables (models, schedule, check,
+report): CSV and JSON carry the rows the table shows, and nothing else on stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from table_formats import as_tuples, csv_tables, json_tables
+from typer.testing import CliRunner
+
+from cgtool.commands.main import app
+from cgtool.commands.models import ARCHITECTURES_TITLE
+from cgtool.compare import compare_plans, compare_reports
+from cgtool.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
+from cgtool.reports.render import printed_tables
+from cgtool.reports.tables import TableData, comparison_rows, models_rows
+from cgtool.results import load_document
+
+FIXTURES = Path(__file__).parent / "data" / "reports"
+REPORT = FIXTURES / "h100-llama-3.1-8b"
+PLAN = FIXTURES / "plan-llama-3.1-8b"
+runner = CliRunner()
+
+
+def _models_tables() -> list[TableData]:
+    architectures = [[name] for name in SUPPORTED_ARCHITECTURES]
+    return [models_rows([load_preset(name) for name in preset_names()]),
+            TableData(ARCHITECTURES_TITLE, ["architecture"], architectures)]
+
+
+def _check_tables(folder: Path) -> list[TableData]:
+    document = load_document(folder)
+    if isinstance(document, dict):
+        return [comparison_rows(compare_plans(document, document))]
+    return [comparison_rows(compare_reports(document, document))]
+
+
+@pytest.fixture
+def report_copy(tmp_path: Path) -> Path:
+    # `report` writes its figures beside the input: never into the fixtures.
+    shutil.copytree(REPORT, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def _commands(report_copy: Path) -> dict[str, tuple[list[str], list[TableData]]]:
+    return {
+        "models": (["models"], _models_tables()),
+        "check": (["check", str(REPORT), str(REPORT)], _check_tables(REPORT)),
+        "check plans": (["check", str(PLAN), str(PLAN)], _check_tables(PLAN)),
+        "report": (["report", str(report_copy)], printed_tables(load_document(REPORT))),
+    }
+
+
+@pytest.mark.parametrize("name", ["models", "check", "check plans", "report"])
+@pytest.mark.parametrize(("output", "read"), [("csv", csv_tables), ("json", json_tables)])
+def test_csv_and_json_carry_the_tables_rows(name, output, read, report_copy):
+    args, expected = _commands(report_copy)[name]
+    result = runner.invoke(app, [*args, "--format", output])
+    assert result.exit_code == 0, result.output
+    assert read(result.stdout) == as_tuples(expected)
+
+
+@pytest.mark.parametrize("name", ["models", "check", "report"])
+def test_the_table_shows_as_many_rows_as_csv_carries(name, report_copy):
+    args, expected = _commands(report_copy)[name]
+    table = runner.invoke(app, args).stdout
+    shown = table.splitlines()
+    if name == "models":  # the table prints the architectures as one line, not a table
+        assert shown[-1] == f"{ARCHITECTURES_TITLE}: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        expected = expected[:1]
+    for data in expected:
+        assert data.title in table
+        # every row's first cell starts one line of the table (each cell read whole)
+        firsts = [row[0] for row in data.rows]
+        assert sum(1 for line in shown if line.strip().split("  ")[0] in firsts) >= len(firsts)
+
+
+def test_check_csv_sends_the_verdict_to_stderr():
+    result = runner.invoke(app, ["check", str(REPORT), str(REPORT), "--format", "csv"])
+    assert "PASS" in result.stderr and "PASS" not in result.stdout
+
+
+def test_report_csv_lists_written_files_on_stderr(report_copy):
+    result = runner.invoke(app, ["report", str(report_copy), "--format", "csv"])
+    assert f"wrote {report_copy / 'report.html'}" in result.stderr
+    assert "wrote" not in result.stdout
+
+
+def test_report_json_includes_the_phases_when_the_run_recorded_them(report_copy):
+    data = json.loads((report_copy / "report.json").read_text())
+    data["totals"]["phase_s"] = {"load": 1.0, "capture": 3.0}
+    (report_copy / "report.json").write_text(json.dumps(data))
+    result = runner.invoke(app, ["report", str(report_copy), "--format", "json"])
+    tables = {title: rows for title, _, rows in json_tables(result.stdout)}
+    assert [row[0] for row in tables["Phases"]] == ["load", "capture"]
+
+
+def test_schedule_csv_is_the_table_and_json_is_the_schedule_as_with_json():
+    table = runner.invoke(app, ["schedule", "--engine", "vllm"]).stdout
+    [(title, columns, rows)] = csv_tables(runner.invoke(
+        app, ["schedule", "--engine", "vllm", "--format", "csv"]).stdout)
+    assert title in table and columns == ["", "value"]
+    assert all(row[0] in table for row in rows) and len(rows) == 6
+    as_format = runner.invoke(app, ["schedule", "--engine", "vllm", "--format", "json"]).stdout
+    as_switch = runner.invoke(app, ["schedule", "--engine", "vllm", "--json"]).stdout
+    assert json.loads(as_format) == json.loads(as_switch)
+    assert runner.invoke(app, ["schedule", "--json", "--format", "json"]).exit_code == 0
+
+
+def test_schedule_json_switch_and_another_format_is_one_line_exit_2():
+    result = runner.invoke(app, ["schedule", "--json", "--format", "csv"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --json and --format csv ask for different outputs. Give one of them."]
+
+
+def test_check_markdown_to_stdout_with_csv_is_one_line_exit_2():
+    result = runner.invoke(app, ["check", str(REPORT), str(REPORT), "--markdown", "-",
+                                 "--format", "json"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [["models"], ["schedule"], ["check", str(REPORT), str(REPORT)],
+                                  ["report", str(REPORT)]])
+def test_an_unknown_format_is_one_line_and_exit_2(args):
+    result = runner.invoke(app, [*args, "--format", "xml"])
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("error: --format: 'xml' is not one of 'table', 'csv', 'json'")
+
+
+def test_piped_csv_has_no_rich_markup_or_cut_cells():
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "cgtool.commands.entry", "check", str(REPORT), str(REPORT),
+         "--format", "csv"], check=False, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert csv_tables(proc.stdout) == as_tuples(_check_tables(REPORT))
+    assert "PASS" in proc.stderr
