@@ -245,3 +245,14 @@ def test_a_large_decrease_is_plain_ok(tmp_path):
     result = runner.invoke(app, ["check", str(BASELINE), str(current)])
     assert result.exit_code == 0, result.output
     assert "-50.0%" in result.stdout and "under 1.0 MiB" not in result.stdout
+
+
+def test_a_regression_in_csv_still_exits_1_with_the_verdict_on_stderr(tmp_path):
+    def more_graph_memory(data: dict) -> None:
+        data["memory"]["graph_bytes"] = int(data["memory"]["graph_bytes"] * 1.2)
+
+    current = _variant(tmp_path, more_graph_memory, PLAN)
+    result = runner.invoke(app, ["check", str(PLAN), str(current), "--format", "csv"])
+    assert result.exit_code == 1
+    assert "FAIL" in result.stderr and "plan: graph_bytes +20.0%" in result.stderr
+    assert "FAIL" not in result.stdout and "REGRESSED" in result.stdout
