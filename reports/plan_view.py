@@ -255,21 +255,3 @@ def plan_view(plan: dict[str, Any]) -> RenderableType:
             title += " (--engine vllm plans vLLM's one shared list instead)"
         parts.append(flag_block(plan["flags"][other], title))
     return Group(*parts)
-
-
-def schedule_table(schedule: dict[str, Any]) -> Table:
-    table = Table(
-        title=f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule",
-        show_header=False,
-    )
-    table.add_column("", no_wrap=True)
-    table.add_column("")
-    table.add_row("decode batch sizes", _sizes(schedule["decode_bs"], 200))
-    table.add_row("extend token bins", _sizes(schedule["piecewise_tokens"], 200))
-    table.add_row("largest", f"batch {schedule['max_bs']}, tokens {schedule['max_tokens']}")
-    table.add_row(
-        "pads to the next size", "yes" if schedule["pads"] else "no (other sizes run eagerly)"
-    )
-    table.add_row("piecewise on by default", "yes" if schedule["piecewise_on_by_default"] else "no")
-    table.add_row("rule from", schedule["source"])
-    return table
