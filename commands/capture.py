@@ -108,7 +108,7 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
-    from cgtool.capture.tp import run_capture_tp, validate_tp
+    from cgtool.capture.tp import merge_rank_partials, run_capture_tp, validate_tp
     from cgtool.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
@@ -139,7 +139,9 @@ def capture(
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
             report = run_capture_tp(opts, bar.update) if tp > 1 else run_capture(opts, bar.update, state)
     except KeyboardInterrupt as interrupt:
-        partial = partial_report(opts, state, f"interrupted by {signal_name(interrupt)}")
+        reason = f"interrupted by {signal_name(interrupt)}"
+        partial = (merge_rank_partials(interrupt.rank_partials, tp, reason)  # type: ignore[attr-defined]
+                   if hasattr(interrupt, "rank_partials") else partial_report(opts, state, reason))
         if partial is not None:
             _save(partial, out, state)
         raise typer.Exit(exit_code(interrupt)) from None

@@ -49,3 +49,33 @@ def test_tp_that_does_not_divide_the_model_exits_2(monkeypatch, model, tp, words
 def test_tp_without_any_gpu_says_so():
     result = runner.invoke(app, ["capture", "--model", "tiny", "--tp", "2"])
     assert result.exit_code == 2 and "needs a CUDA GPU" in result.output
+
+
+def test_ctrl_c_with_tp_writes_every_ranks_partial_rows(tmp_path, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from cgtool.capture import session, tp
+
+    fixture = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "report.json"
+
+    def partial(rank):
+        data = json.loads(fixture.read_text())
+        data["settings"]["tp_size"], data["sizes"] = 2, data["sizes"][:2]
+        return data
+
+    def interrupted(opts, on_progress):
+        interrupt = KeyboardInterrupt()
+        interrupt.rank_partials = {0: partial(0), 1: partial(1)}
+        raise interrupt
+
+    _pretend_gpus(monkeypatch, 2)
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(tp, "run_capture_tp", interrupted)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["capture", "--model", "tiny", "--tp", "2", "--out", str(out)])
+    assert result.exit_code == 130, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["status"] == "incomplete" and report["incomplete_reason"] == "interrupted by SIGINT"
+    assert sorted({row["rank"] for row in report["sizes"]}) == [0, 1]
+    assert len(report["rank_totals"]) == 2

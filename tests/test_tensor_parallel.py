@@ -148,3 +148,13 @@ def test_a_crashing_rank_becomes_one_sentence_and_stops_the_others(tmp_path):
     assert "\n" not in message and "rank1.log" in message
     assert "Traceback" in (tmp_path / "rank1.log").read_text()
     assert time.monotonic() - start < 30  # rank 0 sleeps for a minute unless stopped
+
+
+def test_ctrl_c_collects_every_ranks_partial_result():
+    def interrupt_on_progress(event):
+        raise KeyboardInterrupt  # as Ctrl-C in the coordinator while ranks measure
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        run_ranks(tp_worker.interrupted_rank, 2, (), interrupt_on_progress)
+    assert caught.value.rank_partials == {
+        0: {"rank": 0, "measured": True}, 1: {"rank": 1, "measured": True}}

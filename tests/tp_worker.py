@@ -173,3 +173,19 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
     results["replays"] = (decode.replay_count, piecewise.replay_count)
     results["pieces"] = len(piecewise.backend.split.capturable_pieces)
     channel.result(results)
+
+
+def interrupted_rank(rank: int, size: int, init_method: str, channel) -> None:
+    """Measures 'sizes' until the coordinator stops it, then sends what it has, as
+    cgtool.capture.tp does with its partial report."""
+    init_tensor_parallel(rank, size, init_method, torch.device("cpu"))
+    barrier()  # both ranks are inside the target (their SIGTERM handling installed)
+    measured: list[int] = []
+    try:
+        channel.progress("measuring")
+        for size_done in range(1, 10_000):
+            measured.append(size_done)
+            time.sleep(0.01)
+    except KeyboardInterrupt:
+        channel.partial({"rank": rank, "measured": len(measured) > 0})
+        raise

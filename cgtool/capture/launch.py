@@ -28,6 +28,7 @@ RankTarget = Callable[..., None]
 
 _ERRORS = {cls.__name__: cls for cls in (CgtoolError, ConfigError, EnvironmentProblem, InputError)}
 _GRACE_S = 1.0  # after a first error, how long to wait for an earlier one from another rank
+_PARTIAL_GRACE_S = 20.0  # after Ctrl-C, how long ranks get to send what they measured
 
 
 @dataclass
@@ -51,6 +52,10 @@ class RankChannel:
 
     def error(self, kind: str, message: str, remedy: str) -> None:
         self.queue.put(("error", self.rank, (time.time(), kind, message, remedy)))
+
+    def partial(self, value: object) -> None:
+        """What this rank measured before it was stopped; every rank sends its own."""
+        self.queue.put(("partial", self.rank, pickle.dumps(value)))
 
 
 def run_ranks(
@@ -78,8 +83,14 @@ def run_ranks(
         )
         try:
             result = _relay(procs.processes, channel_queue, on_progress, log_dir)
+        except KeyboardInterrupt as interrupt:
+            # The interruption itself goes on up (its type names the signal), carrying what
+            # each rank that answered in time had measured, by rank.
+            interrupt.rank_partials = _collect_partials(procs.processes, channel_queue)  # type: ignore[attr-defined]
+            _stop(procs.processes, grace_s=0.0)
+            raise
         except BaseException:
-            _stop(procs.processes, grace_s=0.0)  # a rank failed, or Ctrl-C: no rank may linger
+            _stop(procs.processes, grace_s=0.0)  # a rank failed: no rank may linger
             raise
         _stop(procs.processes, grace_s=30.0)  # the others are leaving the group: let them
         return result
@@ -89,8 +100,11 @@ def _rank_entry(
     rank: int, target: RankTarget, size: int, init_method: str, channel_queue: Any,
     log_dir: Path | None, args: tuple[Any, ...],
 ) -> None:
-    # Ctrl-C reaches every process of the terminal's group: the coordinator decides and stops us.
+    # Ctrl-C reaches every process of the terminal's group: the coordinator decides, and
+    # stops us with SIGTERM, which the target sees as KeyboardInterrupt and answers with
+    # channel.partial().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _interrupt)
     debug = bool(os.environ.get("CGTOOL_DEBUG"))
     if log_dir is not None and not debug:
         _redirect_output(log_dir / f"rank{rank}.log")
@@ -98,6 +112,8 @@ def _rank_entry(
     try:
         target(rank, size, init_method, channel, *args)
         _leave_together()
+    except KeyboardInterrupt:
+        pass  # stopped by the coordinator; the target sent its partial result
     except CgtoolError as exc:
         channel.error(type(exc).__name__, exc.message, exc.remedy)
     except BaseException as exc:  # noqa: BLE001 - anything else still ends every rank with one sentence
@@ -114,6 +130,29 @@ def _rank_entry(
         sys.stderr.flush()
         # No teardown: the process group's destructor may wait for peers that have left.
         os._exit(0)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _collect_partials(procs: list[Any], channel_queue: Any) -> dict[int, Any]:
+    """Ask every running rank to stop and gather the partial results they send back."""
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    partials: dict[int, Any] = {}
+    deadline = time.monotonic() + _PARTIAL_GRACE_S
+    while time.monotonic() < deadline and len(partials) < len(procs):
+        try:
+            kind, rank, payload = channel_queue.get(timeout=0.2)
+        except queue_module.Empty:
+            if not any(proc.is_alive() for proc in procs):
+                break  # everyone has left; whatever was sent has been read
+            continue
+        if kind == "partial":
+            partials[rank] = pickle.loads(payload)
+    return partials
 
 
 def _leave_together() -> None:

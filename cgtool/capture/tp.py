@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from cgtool.capture.options import CaptureOptions, ProgressCallback, SessionState
-from cgtool.capture.session import resolve_model, run_capture
+from cgtool.capture.session import partial_report, resolve_model, run_capture
 from cgtool.errors import EnvironmentProblem
 from cgtool.results import CaptureReport
 
@@ -54,6 +54,36 @@ def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: Ca
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
     # Artifacts (trace, memory snapshot) are rank 0's: the others would write the same files.
     mine = opts if rank == 0 else dataclasses.replace(opts, profile=False)
-    report = run_capture(mine, channel.progress, SessionState())
+    state = SessionState()
+    try:
+        report = run_capture(mine, channel.progress, state)
+    except KeyboardInterrupt:
+        # Stopped by the coordinator: no collective can be trusted now, so each rank sends
+        # its own rows and the coordinator puts them together (merge_rank_partials).
+        partial = partial_report(mine, state, "interrupted")
+        if partial is not None:
+            channel.partial(partial.to_dict())
+        raise
     if rank == 0:
         channel.result(report.to_dict())
+
+
+def merge_rank_partials(partials: dict[int, Any], tp_size: int, reason: str) -> CaptureReport | None:
+    """One incomplete report from the partial reports the ranks sent when interrupted:
+    every rank's rows stamped with its rank, and rank totals for the ranks that answered."""
+    reports = {rank: CaptureReport.from_dict(data, f"rank {rank}'s partial report")
+               for rank, data in sorted(partials.items())}
+    if not reports:
+        return None
+    missing = [rank for rank in range(tp_size) if rank not in reports]
+    if missing:
+        reason += f"; rank {', '.join(map(str, missing))} sent nothing (see its rank log)"
+    base = reports[min(reports)]
+    return dataclasses.replace(
+        base,
+        sizes=[dataclasses.replace(row, rank=rank) for rank, r in reports.items() for row in r.sizes],
+        # Totals of every rank or none: a report's rank_totals cover all ranks.
+        rank_totals=[] if missing else [r.totals for r in reports.values()],
+        status="incomplete",
+        incomplete_reason=reason,
+    )
