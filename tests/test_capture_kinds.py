@@ -6,6 +6,7 @@ import torch
 
 from cgtool.capture import kinds as capture_kinds
 from cgtool.capture.measure import CaptureCost
+from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import CaptureOptions, SessionState
 
 GIB = 1 << 30
@@ -53,9 +54,9 @@ def test_everything_fits_leaves_the_session_complete(monkeypatch):
 
 
 def test_the_failed_allocation_size_is_read_from_pytorch_message():
-    assert capture_kinds._tried_bytes(OOM_TEXT) == int(1.5 * GIB)
-    assert capture_kinds._tried_bytes("Tried to allocate 20.00 MiB") == 20 << 20
-    assert capture_kinds._tried_bytes("some other allocator error") == 0
+    assert oom_request_bytes(OOM_TEXT) == int(1.5 * GIB)
+    assert oom_request_bytes("Tried to allocate 20.00 MiB") == 20 << 20
+    assert oom_request_bytes("some other allocator error") == 0
 
 
 def test_phase_times_add_up_and_an_interruption_names_the_innermost_phase():

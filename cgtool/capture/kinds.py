@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -12,6 +11,7 @@ from typing import Any
 import torch
 
 from cgtool.capture.measure import CaptureCost, ReplayCheck, check_replay, measure_capture
+from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import (
     CaptureFailure,
     CaptureOptions,
@@ -250,20 +250,10 @@ def _note_out_of_memory(
         )
     state.sizes.append(_failed_row(kind, size))
     if state.failed is None:
-        state.failed = CaptureFailure(kind, size, free, _tried_bytes(message), total)
+        state.failed = CaptureFailure(kind, size, free, oom_request_bytes(message), total)
         state.incomplete_reason = (
             f"out of memory {doing} {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
         )
-
-
-_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
-_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def _tried_bytes(message: str) -> int:
-    """The size of the allocation PyTorch's out-of-memory message names (0 if it names none)."""
-    match = _TRIED.search(message)
-    return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else 0
 
 
 def _record(

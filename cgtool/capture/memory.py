@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,3 +56,14 @@ def device_info() -> dict[str, Any]:
     except Exception:  # NVML missing in a container is not worth failing a capture for
         pass
     return info
+
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
+_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def oom_request_bytes(message: str) -> int:
+    """The allocation PyTorch's out-of-memory message names (0 if it names none): at least
+    this much more was needed."""
+    match = _TRIED.search(message)
+    return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else 0

@@ -5,7 +5,6 @@ pool of their own, then the sampled steps replayed through both sets, repeat by 
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -209,18 +208,11 @@ def _rehearse(runner: ModelRunner, opts: SessionOptions) -> Rehearsal:
 
 def _out_of_memory(opts: SessionOptions, what: str, message: str) -> Rehearsal:
     free, total = torch.cuda.mem_get_info()
-    remedy = _remedy(opts.mem_fraction_static, _tried_bytes(message) - free, total)
+    from cgtool.capture.memory import oom_request_bytes
+
+    remedy = _remedy(opts.mem_fraction_static, oom_request_bytes(message) - free, total)
     return Rehearsal("oom", opts.chunked_prefill_size, opts.max_running_requests, 0,
                      total - free, free, total, failed_step=what, remedy=remedy)
-
-
-_TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
-_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-
-
-def _tried_bytes(message: str) -> int:
-    match = _TRIED.search(message)
-    return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else 0
 
 
 def _remedy(fraction: float, missing_bytes: int, total: int) -> str:
