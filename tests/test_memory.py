@@ -4,11 +4,13 @@ from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError
 from cgtool.gpus import gpu_spec
 from cgtool.planner.memory import (
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
     activation_bytes,
     kv_tokens_at,
     margin_bytes,
     plan_memory,
     sglang_default_mem_fraction,
+    vllm_default_pool,
 )
 
 CFG = load_model_config("llama-3.1-8b")
@@ -155,3 +157,18 @@ def test_replicated_kv_heads_stop_the_kv_saving():
     assert at[2] == pytest.approx(2 * at[1], rel=0.01)
     # 2 KV heads over 4 GPUs: each still holds one, so only the weights' share grows the pool
     assert at[4] == pytest.approx(at[2], rel=0.01)
+
+
+def test_vllm_default_pool_is_its_utilisation_less_weights_and_activations():
+    tokens, fraction = vllm_default_pool(CFG, H100, chunked_prefill_size=8192, max_num_seqs=1024)
+    budget = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * H100 - CFG.weight_bytes(2)
+    budget -= activation_bytes(CFG, 8192, 1024)
+    assert tokens == int(budget // CFG.kv_bytes_per_token(2))
+    # The fraction counts weights and pool, as SGLang's does, not vLLM's activations.
+    assert fraction == round((CFG.weight_bytes(2) + budget) / H100, 3)
+
+
+def test_vllm_default_pool_is_empty_when_the_weights_do_not_fit():
+    # 16 GB of bf16 weights on a 12 GiB GPU.
+    tokens, _ = vllm_default_pool(CFG, 12 * GIB, chunked_prefill_size=2048, max_num_seqs=256)
+    assert tokens == 0

@@ -8,6 +8,7 @@ from cgtool.planner.schedules import (
     resolve_version,
     server_args_max_bs,
     sglang_gpu_defaults,
+    vllm_default_max_num_seqs,
 )
 
 H100 = gpu_spec("H100-80GB").memory_bytes
@@ -144,3 +145,10 @@ def test_unknown_engine_and_bad_limits_are_refused():
         default_schedule("tgi")
     with pytest.raises(CgtoolError, match="--max-bs"):
         default_schedule("sglang", max_bs=0)
+
+
+def test_vllm_default_max_num_seqs_is_1024_on_large_gpus_and_256_elsewhere():
+    a100 = gpu_spec("A100-80GB")
+    assert vllm_default_max_num_seqs(H100, "H100-80GB") == 1024
+    assert vllm_default_max_num_seqs(a100.memory_bytes, a100.name) == 256
+    assert vllm_default_max_num_seqs(gpu_spec("L4").memory_bytes) == 256

@@ -22,6 +22,7 @@ from cgtool.planner.parallel import (
     comm_ms,
     rank_shapes,
 )
+from cgtool.units import BF16_BYTES, FP32_BYTES
 
 # Achievable fractions of datasheet peaks for large bf16 GEMMs and streaming reads on
 # Hopper-class parts (typical of published GEMM and memcpy benchmarks, not measured here).
@@ -39,8 +40,6 @@ _GRAPH_NODE_BYTES = 16 << 10
 # kernel; 150 us a kernel is an assumption that a capture report replaces.
 _CAPTURE_PASSES = 3
 _CAPTURE_S_PER_KERNEL = 150e-6
-_BF16 = 2
-_FP32 = 4
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +104,7 @@ def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
 def _dense_ms(
     cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray
 ) -> np.ndarray:
-    weight_bytes = cfg.weight_bytes(_BF16)
+    weight_bytes = cfg.weight_bytes(BF16_BYTES)
     head_params = cfg.vocab_size * cfg.hidden_size
     body_params = cfg.param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
     flops = 2.0 * (body_params * rows + head_params * logit_rows)
@@ -121,18 +120,18 @@ def _activation_bytes_per_row(cfg: ModelConfig, tp_size: int) -> int:
     # Live at the MLP: residual, normed hidden, gate_up output (this rank's share) and its
     # activation.
     shard = rank_shapes(cfg, tp_size)
-    return (2 * cfg.hidden_size + 3 * shard.intermediate_size) * _BF16
+    return (2 * cfg.hidden_size + 3 * shard.intermediate_size) * BF16_BYTES
 
 
 def _decode_pool_bytes(cfg: ModelConfig, bs: np.ndarray, tp_size: int = 1) -> np.ndarray:
     # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor; under
     # tensor parallelism they are gathered whole on every rank.
-    logits_row = cfg.vocab_size * _FP32 + 2 * cfg.hidden_size * _BF16
+    logits_row = cfg.vocab_size * FP32_BYTES + 2 * cfg.hidden_size * BF16_BYTES
     return bs * max(_activation_bytes_per_row(cfg, tp_size), logits_row)
 
 
 def _extend_pool_bytes(cfg: ModelConfig, tokens: np.ndarray, tp_size: int = 1) -> np.ndarray:
-    return tokens * _activation_bytes_per_row(cfg, tp_size) + cfg.vocab_size * _FP32
+    return tokens * _activation_bytes_per_row(cfg, tp_size) + cfg.vocab_size * FP32_BYTES
 
 
 def roofline_cost(
@@ -168,7 +167,7 @@ def roofline_cost(
         extend_capture_s=_CAPTURE_PASSES * extend_eager / 1e3 + capture_per_size_s,
         decode_graph_bytes=float(kernels * _GRAPH_NODE_BYTES),
         extend_graph_bytes=float((kernels - splits) * _GRAPH_NODE_BYTES),
-        kv_read_ms_per_token=shard.kv_bytes_per_token(_BF16)
+        kv_read_ms_per_token=shard.kv_bytes_per_token(BF16_BYTES)
         / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY)
         * 1e3,
         attention_ms_per_pair=attention_flops_per_pair

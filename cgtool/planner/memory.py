@@ -16,18 +16,15 @@ from cgtool.config import ModelConfig
 from cgtool.errors import CgtoolError
 from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
+from cgtool.units import BF16_BYTES, FP32_BYTES, GIB, MIB
 
-_MIB = 1 << 20
-_GIB = 1 << 30
-_BF16 = 2
-_FP32 = 4
 # Kept free beyond activations and graphs: the CUDA context (~0.5 GiB), cuBLAS and NCCL
 # workspaces, and allocator fragmentation. The larger of 2 GiB and 5% of the GPU.
-MARGIN_MIN_BYTES = 2 * _GIB
+MARGIN_MIN_BYTES = 2 * GIB
 MARGIN_FRACTION = 0.05
 # Beyond that, with tensor parallelism: NCCL's communicator buffers and SGLang's custom
 # all-reduce buffers, for which SGLang's own heuristic reserves tp_size / 8 GiB.
-COMM_RESERVE_BYTES_PER_RANK = _GIB // 8
+COMM_RESERVE_BYTES_PER_RANK = GIB // 8
 # Eager PyTorch holds fp32 upcasts and temporaries beside the bf16 activations, and the caching
 # allocator rounds blocks up; twice the bf16 estimate covers both.
 _ACTIVATION_SLACK = 2.0
@@ -75,8 +72,8 @@ def activation_bytes(
     shard = rank_shapes(cfg, tp_size)
     per_token = (
         4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + 3 * shard.intermediate_size
-    ) * _BF16
-    logits_row = cfg.vocab_size * _FP32  # gathered to the whole vocabulary on every rank
+    ) * BF16_BYTES
+    logits_row = cfg.vocab_size * FP32_BYTES  # gathered to the whole vocabulary on every rank
     extend = (
         chunked_prefill_size * per_token
         + min(max_running_requests, chunked_prefill_size) * logits_row
@@ -97,7 +94,7 @@ def sglang_default_mem_fraction(
     """SGLang's own heuristic (its _handle_gpu_memory_settings): MB reserved for activations
     and graphs, with a 10 GB floor on GPUs above 60 GB."""
     release = sglang_release(version)
-    gpu_mib = gpu_memory_bytes / _MIB
+    gpu_mib = gpu_memory_bytes / MIB
     reserved_mib = 512 + max(chunked_prefill_size, 2048) * 1.5 + max_bs * 2 + tp_size / 8 * 1024
     if release.counts_piecewise_reserve:
         reserved_mib += num_piecewise_tokens * 8
@@ -112,8 +109,26 @@ def kv_tokens_at(
     """KV tokens SGLang's pool gets: the static share of one rank's memory minus its weights,
     over its share of a token's KV."""
     shard = rank_shapes(cfg, tp_size)
-    kv_bytes = mem_fraction_static * gpu_memory_bytes - shard.weight_bytes(_BF16)
-    return max(0, int(kv_bytes // shard.kv_bytes_per_token(_BF16)))
+    kv_bytes = mem_fraction_static * gpu_memory_bytes - shard.weight_bytes(BF16_BYTES)
+    return max(0, int(kv_bytes // shard.kv_bytes_per_token(BF16_BYTES)))
+
+
+def vllm_default_pool(
+    cfg: ModelConfig,
+    gpu_memory_bytes: int,
+    *,
+    chunked_prefill_size: int,
+    max_num_seqs: int,
+    tp_size: int = 1,
+) -> tuple[int, float]:
+    """(KV tokens, static fraction) of vLLM at its default utilisation, which like SGLang's
+    fraction is of each GPU's memory; the fraction counts weights and pool, as SGLang's does."""
+    shard = rank_shapes(cfg, tp_size)
+    weights = shard.weight_bytes(BF16_BYTES)
+    outside = activation_bytes(cfg, chunked_prefill_size, max_num_seqs, tp_size)
+    kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * gpu_memory_bytes - weights - outside
+    kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(BF16_BYTES)))
+    return kv_tokens, round((weights + max(kv_bytes, 0)) / gpu_memory_bytes, 3)
 
 
 def plan_memory(
@@ -131,7 +146,7 @@ def plan_memory(
     """Recommend the static fraction that leaves activations, graphs and the margin free, on
     each GPU of `tp_size` (graph_bytes is one rank's)."""
     shard = rank_shapes(cfg, tp_size)
-    weights = shard.weight_bytes(_BF16)
+    weights = shard.weight_bytes(BF16_BYTES)
     activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests, tp_size)
     margin = margin_bytes(gpu_memory_bytes, tp_size)
     outside = activations + graph_bytes + margin
@@ -141,11 +156,11 @@ def plan_memory(
     if kv_tokens <= 0:
         per_gpu = f" per GPU at --tp {tp_size}" if tp_size > 1 else ""
         raise CgtoolError(
-            f"{cfg.name} does not fit: weights {weights / _GIB:.1f} GiB plus activations, graphs and the "
-            f"{margin / _GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / _GIB:.1f} GiB{per_gpu}",
+            f"{cfg.name} does not fit: weights {weights / GIB:.1f} GiB plus activations, graphs and the "
+            f"{margin / GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / GIB:.1f} GiB{per_gpu}",
             "Use a GPU with more memory, tensor parallelism, or a smaller --chunked-prefill-size.",
         )
-    kv_bytes = kv_tokens * shard.kv_bytes_per_token(_BF16)
+    kv_bytes = kv_tokens * shard.kv_bytes_per_token(BF16_BYTES)
     free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
     reachable = min(max_running_requests, kv_tokens // max(typical_request_tokens, 1))
     plan = MemoryPlan(
@@ -214,7 +229,7 @@ def check_plan_safety(
     needed = memory.activation_bytes + memory.graph_bytes + memory.margin_bytes
     if free < needed:
         raise CgtoolError(
-            f"--mem-fraction-static {memory.mem_fraction_static:.3f} leaves {free / (1 << 30):.2f} GiB free, less than "
-            f"activations, graphs and the {memory.margin_bytes / (1 << 30):.1f} GiB margin ({needed / (1 << 30):.2f} GiB)",
+            f"--mem-fraction-static {memory.mem_fraction_static:.3f} leaves {free / GIB:.2f} GiB free, less than "
+            f"activations, graphs and the {memory.margin_bytes / GIB:.1f} GiB margin ({needed / GIB:.2f} GiB)",
             "Capture fewer or smaller graphs (--budget-memory) or use a smaller --chunked-prefill-size.",
         )

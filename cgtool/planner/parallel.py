@@ -17,6 +17,7 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.errors import CgtoolError
 from cgtool.gpus import GpuSpec
+from cgtool.units import BF16_BYTES
 
 # One node: the link figures in cgtool.gpus describe NVLink or PCIe inside a server of up to
 # 8 GPUs, not the network between servers.
@@ -24,7 +25,6 @@ MAX_TP_SIZE = 8
 # NCCL's bus bandwidth at large messages is about 80% of the per-direction link peak
 # (nccl-tests all_reduce_perf on 8x H100 SXM: ~360 of 450 GB/s without NVLS). An estimate.
 _LINK_EFFICIENCY = 0.8
-_BF16 = 2
 
 
 def kv_heads_per_rank(cfg: ModelConfig, tp_size: int) -> int:
@@ -117,7 +117,7 @@ def comm_ms(
 ) -> np.ndarray:
     """Collectives of one forward over `rows` tokens, `logit_rows` of which produce logits.
     A graph replays them as they are: it removes their launches, not their transfers."""
-    hidden = np.asarray(rows, dtype=np.float64) * cfg.hidden_size * _BF16
-    logits = np.asarray(logit_rows, dtype=np.float64) * cfg.vocab_size * _BF16
+    hidden = np.asarray(rows, dtype=np.float64) * cfg.hidden_size * BF16_BYTES
+    logits = np.asarray(logit_rows, dtype=np.float64) * cfg.vocab_size * BF16_BYTES
     calls = allreduces_per_forward(cfg, tp_size)
     return calls * allreduce_ms(gpu, hidden, tp_size) + allgather_ms(gpu, logits, tp_size)

@@ -13,9 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cgtool.errors import CgtoolError
-
-_MIB = 1 << 20
-_GIB = 1 << 30
+from cgtool.units import GIB, MIB
 
 ENGINES = ("sglang", "vllm", "trtllm")
 
@@ -180,7 +178,7 @@ def sglang_gpu_defaults(
     release = sglang_release(version)
     if gpu_memory_bytes is None:
         return 4096, 160  # SGLang's fallback when it cannot read the GPU
-    gpu_mib = gpu_memory_bytes / _MIB
+    gpu_mib = gpu_memory_bytes / MIB
     for bound_mib, chunk, small_tp_bs, large_tp_bs in release.tiers:
         if gpu_mib < bound_mib:
             return chunk, small_tp_bs if tp_size < 4 else large_tp_bs
@@ -190,7 +188,12 @@ def sglang_gpu_defaults(
 def vllm_large_gpu(gpu_memory_bytes: int | None, gpu_name: str | None = None) -> bool:
     """vLLM 0.33's larger batch defaults (8192 tokens, 1024 seqs for `vllm serve`) apply to
     GPUs of 70 GiB or more, A100s excepted by name (engine/arg_utils.py)."""
-    return (gpu_memory_bytes or 0) >= 70 * _GIB and "a100" not in (gpu_name or "").lower()
+    return (gpu_memory_bytes or 0) >= 70 * GIB and "a100" not in (gpu_name or "").lower()
+
+
+def vllm_default_max_num_seqs(gpu_memory_bytes: int | None, gpu_name: str | None = None) -> int:
+    """`vllm serve`'s max_num_seqs when none is given (vllm 0.33 get_batch_defaults)."""
+    return 1024 if vllm_large_gpu(gpu_memory_bytes, gpu_name) else 256
 
 
 def server_args_max_bs(
@@ -292,9 +295,9 @@ def _vllm_schedule(
     # list of token counts serves decode and mixed batches alike.
     memory = gpu_memory_bytes or 0
     large = vllm_large_gpu(memory, gpu_name)
-    batched_tokens = max_tokens or (16384 if memory >= 160 * _GIB else 8192 if large else 2048)
-    max_num_seqs = max_running_requests or (1024 if large else 256)
-    ceiling = 1024 if memory >= 160 * _GIB else 512  # B200-class GPUs get 1024
+    batched_tokens = max_tokens or (16384 if memory >= 160 * GIB else 8192 if large else 2048)
+    max_num_seqs = max_running_requests or vllm_default_max_num_seqs(memory, gpu_name)
+    ceiling = 1024 if memory >= 160 * GIB else 512  # B200-class GPUs get 1024
     capture_max = min(max_bs or min(max_num_seqs * 2, ceiling), batched_tokens)
     sizes = [s for s in (1, 2, 4) if s <= capture_max]
     sizes += list(range(8, min(capture_max + 1, 256), 8)) + list(range(256, capture_max + 1, 16))

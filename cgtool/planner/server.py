@@ -8,19 +8,17 @@ from typing import TYPE_CHECKING
 from cgtool.planner.cost import CostModel, profile_cost, roofline_cost, served_ms
 from cgtool.planner.eager import EagerAssumption, eager_range
 from cgtool.planner.memory import (
-    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
-    activation_bytes,
     kv_tokens_at,
     sglang_default_max_running,
     sglang_default_mem_fraction,
+    vllm_default_pool,
 )
-from cgtool.planner.parallel import rank_shapes
 from cgtool.planner.schedules import (
     EngineSchedule,
     default_schedule,
     resolve_version,
     server_args_max_bs,
-    vllm_large_gpu,
+    vllm_default_max_num_seqs,
 )
 from cgtool.planner.simulator import StepCost
 
@@ -68,15 +66,10 @@ def server_for(req: PlanRequest) -> Server:
             kv_tokens, cfg.max_context_len
         )
     else:
-        # vLLM's utilisation, like SGLang's fraction, is of each GPU's memory.
-        shard = rank_shapes(cfg, tp)
-        max_running = req.max_running_requests or (
-            1024 if vllm_large_gpu(memory, req.gpu.name) else 256
+        max_running = req.max_running_requests or vllm_default_max_num_seqs(memory, req.gpu.name)
+        kv_tokens, fraction = vllm_default_pool(
+            cfg, memory, chunked_prefill_size=chunk, max_num_seqs=max_running, tp_size=tp
         )
-        outside = activation_bytes(cfg, chunk, max_running, tp)
-        kv_bytes = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION * memory - shard.weight_bytes(2) - outside
-        kv_tokens = max(0, int(kv_bytes // shard.kv_bytes_per_token(2)))
-        fraction = round((shard.weight_bytes(2) + max(kv_bytes, 0)) / memory, 3)
     default = default_schedule(
         req.engine,
         version,
