@@ -16,6 +16,7 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
+from cgtool.planner.memory import activation_bytes_per_token
 from cgtool.planner.parallel import (
     allreduces_per_forward,
     collectives_per_forward,
@@ -116,22 +117,15 @@ def _dense_ms(
     return read_ms + compute_ms
 
 
-def _activation_bytes_per_row(cfg: ModelConfig, tp_size: int) -> int:
-    # Live at the MLP: residual, normed hidden, gate_up output (this rank's share) and its
-    # activation.
-    shard = rank_shapes(cfg, tp_size)
-    return (2 * cfg.hidden_size + 3 * shard.intermediate_size) * BF16_BYTES
-
-
 def _decode_pool_bytes(cfg: ModelConfig, bs: np.ndarray, tp_size: int = 1) -> np.ndarray:
     # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor; under
     # tensor parallelism they are gathered whole on every rank.
     logits_row = cfg.vocab_size * FP32_BYTES + 2 * cfg.hidden_size * BF16_BYTES
-    return bs * max(_activation_bytes_per_row(cfg, tp_size), logits_row)
+    return bs * max(activation_bytes_per_token(cfg, tp_size), logits_row)
 
 
 def _extend_pool_bytes(cfg: ModelConfig, tokens: np.ndarray, tp_size: int = 1) -> np.ndarray:
-    return tokens * _activation_bytes_per_row(cfg, tp_size) + cfg.vocab_size * FP32_BYTES
+    return tokens * activation_bytes_per_token(cfg, tp_size) + cfg.vocab_size * FP32_BYTES
 
 
 def roofline_cost(

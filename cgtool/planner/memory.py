@@ -64,15 +64,22 @@ def margin_bytes(gpu_memory_bytes: int, tp_size: int = 1) -> int:
     return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * gpu_memory_bytes)) + comm
 
 
+def activation_bytes_per_token(cfg: ModelConfig, tp_size: int = 1) -> int:
+    """The bf16 activations one token keeps live on one rank at a forward's peak: hidden
+    states, this rank's q, k and v, and its MLP share (gate_up and the activation). The one
+    activation model: eager peaks here and graph pools in cgtool.planner.cost both use it."""
+    shard = rank_shapes(cfg, tp_size)
+    return (
+        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + 3 * shard.intermediate_size
+    ) * BF16_BYTES
+
+
 def activation_bytes(
     cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int, tp_size: int = 1
 ) -> int:
     """Peak of an eager forward on one rank: a full prefill chunk, or a decode of every
     running request."""
-    shard = rank_shapes(cfg, tp_size)
-    per_token = (
-        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + 3 * shard.intermediate_size
-    ) * BF16_BYTES
+    per_token = activation_bytes_per_token(cfg, tp_size)
     logits_row = cfg.vocab_size * FP32_BYTES  # gathered to the whole vocabulary on every rank
     extend = (
         chunked_prefill_size * per_token
