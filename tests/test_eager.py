@@ -6,8 +6,9 @@ import pytest
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
-from cgtool.planner.cost import profile_cost, roofline_cost
+from cgtool.planner.cost import roofline_cost
 from cgtool.planner.eager import eager_range
+from cgtool.planner.profile_fit import profile_cost
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")

@@ -5,7 +5,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgtool.planner.cost import dense_ms, padded_sizes
 from cgtool.planner.optimiser import (
     MAX_CANDIDATES,
     MIN_GAIN_FRACTION,
@@ -15,6 +14,7 @@ from cgtool.planner.optimiser import (
     candidate_sizes,
     choose_graph_count,
 )
+from cgtool.planner.scoring import dense_ms, padded_sizes
 
 
 def tables(max_size, seed=0, monotone=True):

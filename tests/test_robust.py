@@ -3,7 +3,7 @@ import pytest
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
-from cgtool.planner.cost import Histogram, roofline_cost
+from cgtool.planner.cost import roofline_cost
 from cgtool.planner.eager import eager_range
 from cgtool.planner.grid import MIN_BIN_SHARE, token_grid_up
 from cgtool.planner.optimiser import Limits
@@ -17,6 +17,7 @@ from cgtool.planner.robust import (
     scenario_score,
 )
 from cgtool.planner.schedules import default_schedule
+from cgtool.planner.scoring import Histogram
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")

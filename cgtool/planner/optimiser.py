@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.planner.cost import CostModel, dense_ms
+from cgtool.planner.cost import CostModel
 from cgtool.planner.grid import token_grid_up
 from cgtool.planner.schedules import EngineSchedule
+from cgtool.planner.scoring import dense_ms
 
 # Sizes stop being added once all further ones together would cut the expected step by less
 # than this share: below run-to-run noise of a serving benchmark, while each graph costs

@@ -19,7 +19,6 @@ import numpy as np
 from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
-from cgtool.planner.cost import Histogram, ScheduleScore, predicted_graph_bytes
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import MemoryPlan, check_plan_safety, plan_memory
 from cgtool.planner.optimiser import Limits
@@ -31,6 +30,7 @@ from cgtool.planner.plan_notes import (
     replication_warnings,
 )
 from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
+from cgtool.planner.profile_fit import predicted_graph_bytes
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.scenarios import (
     DEFAULT_LOADS,
@@ -40,6 +40,7 @@ from cgtool.planner.scenarios import (
     replicas_needed,
     split_time,
 )
+from cgtool.planner.scoring import Histogram, ScheduleScore
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.simulator import StepTally

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cgtool.planner.cost import Histogram
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scenarios import HELD_OUT_SPLIT
 from cgtool.planner.schedules import EngineSchedule
+from cgtool.planner.scoring import Histogram
 
 if TYPE_CHECKING:
     from cgtool.planner.plan import PlanRequest

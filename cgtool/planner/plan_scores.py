@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from cgtool.planner.cost import ScheduleScore
 from cgtool.planner.memory import MemoryPlan
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score
+from cgtool.planner.scoring import ScheduleScore
 
 if TYPE_CHECKING:
     from cgtool.planner.plan import PlanRequest

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.planner.cost import Histogram, ScheduleScore, padded_sizes, score_schedule
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.grid import MIN_BIN_SHARE, decode_grid, decode_grid_up
 from cgtool.planner.optimiser import KindSteps, Limits, choose_separate, choose_shared
 from cgtool.planner.schedules import EngineSchedule
+from cgtool.planner.scoring import Histogram, ScheduleScore, padded_sizes, score_schedule
 
 # Tomorrow's busiest minute is busier than today's: decode graphs reach this far past the
 # largest batch seen.

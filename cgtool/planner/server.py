@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cgtool.planner.cost import CostModel, profile_cost, roofline_cost, served_ms
+from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.planner.eager import EagerAssumption, eager_range
 from cgtool.planner.memory import (
     kv_tokens_at,
@@ -13,6 +13,7 @@ from cgtool.planner.memory import (
     sglang_default_mem_fraction,
     vllm_default_pool,
 )
+from cgtool.planner.profile_fit import profile_cost
 from cgtool.planner.schedules import (
     EngineSchedule,
     default_schedule,
@@ -20,6 +21,7 @@ from cgtool.planner.schedules import (
     server_args_max_bs,
     vllm_default_max_num_seqs,
 )
+from cgtool.planner.scoring import served_ms
 from cgtool.planner.simulator import StepCost
 
 if TYPE_CHECKING:

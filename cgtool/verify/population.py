@@ -15,8 +15,10 @@ import numpy as np
 
 from cgtool.config import ModelConfig, load_model_config
 from cgtool.gpus import GpuSpec, gpu_spec
-from cgtool.planner.cost import CostModel, Histogram, padded_sizes, profile_cost, roofline_cost
+from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS, Plan, PlanRequest
+from cgtool.planner.profile_fit import profile_cost
+from cgtool.planner.scoring import Histogram, padded_sizes
 from cgtool.verify.steps import KindSteps, Step, StepPopulation, kind_steps
 
 
