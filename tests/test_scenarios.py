@@ -9,7 +9,7 @@ from cgtool.planner.scenarios import (
     replicas_needed,
     split_time,
 )
-from cgtool.planner.simulator import SimulationResult
+from cgtool.planner.sim_result import SimulationResult
 
 
 def test_loads_parse_in_order_without_repeats():

@@ -43,7 +43,7 @@ from cgtool.planner.scenarios import (
 from cgtool.planner.scoring import Histogram, ScheduleScore
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
-from cgtool.planner.simulator import StepTally
+from cgtool.planner.sim_result import StepTally
 from cgtool.provenance import collect_provenance
 from cgtool.results import Provenance, utc_now_iso
 

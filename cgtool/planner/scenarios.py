@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.planner.simulator import SimulationResult
+from cgtool.planner.sim_result import SimulationResult
 
 HELD_OUT_SPLIT = 0.7
 # A server whose queue keeps growing: a p99 wait above a minute, or a simulated run that ends

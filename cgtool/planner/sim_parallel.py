@@ -15,7 +15,8 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from cgtool.planner.simulator import SimulationResult, simulate
+from cgtool.planner.sim_result import SimulationResult
+from cgtool.planner.simulator import simulate
 
 # Below this many requests a simulation takes well under a second, less than a fork costs.
 PARALLEL_MIN_REQUESTS = 100_000

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cgtool.errors import InputError
+from cgtool.planner.sim_result import RunTallies, SimulationResult, build_result
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,78 +35,6 @@ class StepCost:
     extend_ms: np.ndarray  # [chunked_prefill_size + 1] dense ms of an extend step of n tokens
     kv_read_ms_per_token: float  # decode attention, per context token
     attention_ms_per_pair: float  # extend attention, per (query, key) token pair
-
-
-@dataclass(frozen=True, eq=False)
-class SimulationResult:
-    decode_counts: np.ndarray  # [max_running + 1] steps at each batch size
-    decode_time_s: np.ndarray  # [max_running + 1] time spent at each batch size
-    decode_context_tokens: np.ndarray  # [max_running + 1] context tokens read, summed over steps
-    extend_counts: np.ndarray  # [chunked_prefill_size + 1] steps at each token count
-    extend_time_s: np.ndarray
-    extend_attention_ms: np.ndarray  # attention time summed over steps, any schedule
-    num_requests: int
-    dropped_requests: int  # longer than the context or than the whole KV pool
-    duration_s: float
-    steps: int
-    mean_queue_s: float
-    p99_queue_s: float
-    peak_kv_demand_tokens: int  # most KV reserved at once by admitted requests
-    completed_fraction: float = 1.0  # below 1 when `stop` ended the run: share of requests admitted
-    typical_request_tokens: int = 0  # median prompt + output of the requests kept (not dropped)
-    # Steps taken before the simulated clock reached `split_s` (the fit part of a held-out
-    # check); the rest are the totals above minus these. None without a split.
-    before_split: StepTally | None = None
-    last_arrival_s: float = 0.0  # of the requests kept: the trace's span, for overload checks
-
-    def tally(self) -> StepTally:
-        return StepTally(
-            self.decode_counts,
-            self.decode_time_s,
-            self.decode_context_tokens,
-            self.extend_counts,
-            self.extend_time_s,
-            self.extend_attention_ms,
-        )
-
-    def split_tallies(self) -> tuple[StepTally, StepTally]:
-        """(steps before the split, steps after); all steps before when there was no split."""
-        whole = self.tally()
-        if self.before_split is None:
-            return whole, whole.minus(whole)
-        return self.before_split, whole.minus(self.before_split)
-
-
-@dataclass(frozen=True, eq=False)
-class StepTally:
-    """Steps at each size (index = size) and the time and attention spent there."""
-
-    decode_counts: np.ndarray
-    decode_time_s: np.ndarray
-    decode_context_tokens: np.ndarray
-    extend_counts: np.ndarray
-    extend_time_s: np.ndarray
-    extend_attention_ms: np.ndarray
-
-    def minus(self, other: StepTally) -> StepTally:
-        return StepTally(
-            *(np.asarray(a) - np.asarray(b) for a, b in zip(_fields(self), _fields(other)))
-        )
-
-    @property
-    def steps(self) -> int:
-        return int(self.decode_counts.sum() + self.extend_counts.sum())
-
-
-def _fields(t: StepTally) -> tuple[np.ndarray, ...]:
-    return (
-        t.decode_counts,
-        t.decode_time_s,
-        t.decode_context_tokens,
-        t.extend_counts,
-        t.extend_time_s,
-        t.extend_attention_ms,
-    )
 
 
 @dataclass(slots=True)
@@ -156,35 +85,6 @@ def _prepare(
     return requests, int((~keep).sum()), arrival
 
 
-def _steps_until(duration_ms: float, first_ms: float, growth_ms: float) -> int:
-    """Fewest steps whose total time reaches duration_ms, step j taking first_ms + j*growth_ms."""
-    if duration_ms <= 0:
-        return 1
-    if growth_ms <= 1e-15:
-        return max(1, math.ceil(duration_ms / first_ms))
-    half = growth_ms / 2
-    b = first_ms - half
-    root = (-b + math.sqrt(b * b + 4 * half * duration_ms)) / (2 * half)
-    return max(1, math.ceil(root - 1e-9))
-
-
-@dataclass(slots=True)
-class _Tallies:
-    decode_counts: list[int]
-    decode_elapsed_ms: list[float]
-    decode_context: list[int]
-    extend_counts: list[int]
-    extend_elapsed_ms: list[float]
-    extend_attention_ms: list[float]
-    admitted_upto: list[int]  # admission runs: requests before this index were admitted ...
-    admitted_at_ms: list[float]  # ... at this clock (the earlier runs' requests excepted)
-    clock_ms: float = 0.0
-    steps: int = 0
-    peak_kv: int = 0
-    head: int = 0  # requests admitted when the loop ended (all of them unless stopped)
-    before_split: tuple[list, ...] | None = None  # copies of the six tallies at the split
-
-
 def _run(
     reqs: _Requests,
     cost: StepCost,
@@ -194,7 +94,7 @@ def _run(
     progress: Callable[[float], None] | None,
     stop: Callable[[], bool] | None = None,
     split_ms: float = math.inf,
-) -> _Tallies:
+) -> RunTallies:
     # One flat loop over local variables: it runs once per arrival and once per completion
     # (millions of times for a large trace), and attribute lookups or method calls would
     # double its time.
@@ -209,7 +109,7 @@ def _run(
     cum_new, cum_footprint, cum_pairs = reqs.cum_new, reqs.cum_footprint, reqs.cum_pairs
     decode_ms, extend_ms = cost.decode_ms.tolist(), cost.extend_ms.tolist()
     kv_ms, pair_ms = cost.kv_read_ms_per_token, cost.attention_ms_per_pair
-    t = _Tallies(
+    t = RunTallies(
         [0] * (max_running + 1),
         [0.0] * (max_running + 1),
         [0] * (max_running + 1),
@@ -371,15 +271,6 @@ def _run(
     return t
 
 
-def _queue_delays_s(tallies: _Tallies, arrival_s: np.ndarray) -> np.ndarray:
-    if not tallies.admitted_upto:
-        return np.zeros(len(arrival_s))
-    ends, clocks_ms = np.array(tallies.admitted_upto), np.array(tallies.admitted_at_ms)
-    admitted = min(int(ends[-1]), len(arrival_s))  # fewer than all when the run was stopped
-    run_of = np.searchsorted(ends, np.arange(admitted), side="right")
-    return clocks_ms[run_of] / 1e3 - arrival_s[:admitted]
-
-
 def simulate(
     arrival_s: np.ndarray,
     input_len: np.ndarray,
@@ -417,45 +308,4 @@ def simulate(
             gc.enable()
     if progress is not None:
         progress(1.0)
-    n = len(reqs.arrival_ms)
-    queue_s = _queue_delays_s(tallies, arrival)
-    return SimulationResult(
-        decode_counts=np.array(tallies.decode_counts, dtype=np.int64),
-        decode_time_s=np.array(tallies.decode_elapsed_ms) / 1e3,
-        decode_context_tokens=np.array(tallies.decode_context, dtype=np.float64),
-        extend_counts=np.array(tallies.extend_counts, dtype=np.int64),
-        extend_time_s=np.array(tallies.extend_elapsed_ms) / 1e3,
-        extend_attention_ms=np.array(tallies.extend_attention_ms),
-        num_requests=n + dropped,
-        dropped_requests=dropped,
-        duration_s=tallies.clock_ms / 1e3,
-        steps=tallies.steps,
-        mean_queue_s=float(queue_s.mean()) if n else 0.0,
-        p99_queue_s=float(np.percentile(queue_s, 99)) if n else 0.0,
-        peak_kv_demand_tokens=tallies.peak_kv,
-        completed_fraction=tallies.head / n if n and tallies.head < n else 1.0,
-        typical_request_tokens=int(np.median(reqs.footprint)) if n else 0,
-        before_split=_before_split(tallies, split_s),
-        last_arrival_s=float(arrival[-1]) if n else 0.0,
-    )
-
-
-def _before_split(tallies: _Tallies, split_s: float | None) -> StepTally | None:
-    if split_s is None:
-        return None
-    if tallies.before_split is None:  # the run ended before the clock reached the split
-        lists = (
-            tallies.decode_counts, tallies.decode_elapsed_ms, tallies.decode_context,
-            tallies.extend_counts, tallies.extend_elapsed_ms, tallies.extend_attention_ms,
-        )
-    else:
-        lists = tallies.before_split
-    counts_d, elapsed_d, context_d, counts_e, elapsed_e, attention_e = lists
-    return StepTally(
-        np.array(counts_d, dtype=np.int64),
-        np.array(elapsed_d) / 1e3,
-        np.array(context_d, dtype=np.float64),
-        np.array(counts_e, dtype=np.int64),
-        np.array(elapsed_e) / 1e3,
-        np.array(attention_e),
-    )
+    return build_result(tallies, arrival, reqs.footprint, dropped, split_s)
