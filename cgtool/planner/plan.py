@@ -16,13 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from cgtool.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.gpus import GpuSpec
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import MemoryPlan, check_plan_safety, plan_memory
 from cgtool.planner.optimiser import Limits
-from cgtool.planner.parallel import check_tp_size
 from cgtool.planner.plan_notes import (
     ceiling_warnings,
     decode_part,
@@ -31,9 +28,9 @@ from cgtool.planner.plan_notes import (
 )
 from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
 from cgtool.planner.profile_fit import predicted_graph_bytes
+from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.scenarios import (
-    DEFAULT_LOADS,
     LoadRun,
     overload_warning,
     replica_share,
@@ -43,7 +40,6 @@ from cgtool.planner.scenarios import (
 from cgtool.planner.scoring import Histogram, ScheduleScore
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
-from cgtool.planner.sim_result import StepTally
 from cgtool.provenance import collect_provenance
 from cgtool.results import Provenance, utc_now_iso
 
@@ -53,38 +49,6 @@ BATCH_TRACE_CONTEXT_TOKENS = 1024
 # The KV pool is re-simulated until the recommended one moves by less than this share.
 POOL_TOLERANCE = 0.02
 POOL_ROUNDS = 3
-
-
-@dataclass(frozen=True, slots=True)
-class PlanRequest:
-    """Everything a plan depends on besides the trace."""
-
-    cfg: ModelConfig
-    gpu: GpuSpec
-    engine: str = "sglang"
-    engine_version: str | None = None
-    trace_name: str = ""
-    profile: dict[str, Any] | None = None  # a capture report's dict
-    profile_name: str | None = None
-    tp_size: int = 1
-    chunked_prefill_size: int | None = None
-    max_running_requests: int | None = None
-    budget_graphs: int | None = None
-    budget_memory_bytes: int | None = None
-    loads: tuple[float, ...] = DEFAULT_LOADS
-    replicas: int = 1
-    # An existing plan's (decode sizes, token sizes, KV tokens) to score beside the new one.
-    compare: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
-    compare_name: str | None = None
-
-    def __post_init__(self) -> None:
-        check_tp_size(self.cfg, self.tp_size, self.gpu)
-        if not self.loads or any(not (load > 0) for load in self.loads):
-            raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
-        if self.replicas < 1:
-            raise InputError(
-                f"--replicas {self.replicas} is not a number of servers", "Use 1 or more."
-            )
 
 
 @dataclass(slots=True)
@@ -149,20 +113,6 @@ def _limits(req: PlanRequest, server: Server) -> Limits:
         min(server.chunk, server.context_len),
         req.budget_graphs,
         req.budget_memory_bytes,
-    )
-
-
-def _hists(tally: StepTally, kv_ms_per_token: float) -> tuple[Histogram, Histogram]:
-    d = np.nonzero(tally.decode_counts)[0]
-    e = np.nonzero(tally.extend_counts)[0]
-    return (
-        Histogram(
-            d,
-            tally.decode_counts[d],
-            tally.decode_time_s[d],
-            tally.decode_context_tokens[d] * kv_ms_per_token,
-        ),
-        Histogram(e, tally.extend_counts[e], tally.extend_time_s[e], tally.extend_attention_ms[e]),
     )
 
 
@@ -270,7 +220,7 @@ def plan_requests(
     for rounds in range(1, POOL_ROUNDS + 1):
         if progress is not None:
             progress("optimise", 0.0)
-        fit = [Scenario(r.load, *_hists(r.result.split_tallies()[0], kv_ms)) for r in runs]
+        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
         choice, memory = _choose_and_size(
             req,
             server,
@@ -283,7 +233,7 @@ def plan_requests(
             break
         kv = memory.kv_tokens
         runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
-    held = [Scenario(r.load, *_hists(r.result.split_tallies()[1], kv_ms)) for r in runs]
+    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in runs]
     first = runs[0].result
     summary = {
         "num_requests": first.num_requests,
@@ -298,7 +248,7 @@ def plan_requests(
         "loads": [run.summary() for run in runs],
         "replicas": replicas,
     }
-    whole = _hists(first.tally(), kv_ms)
+    whole = first.tally().histograms(kv_ms)
     plan = _finish(req, server, choice, memory, fit, held, whole, summary, "requests", replicas)
     plan.warnings[:0] = notes
     if first.completed_fraction < 1.0 or len(runs) < len(req.loads):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cgtool.planner.grid import MIN_BIN_SHARE
+from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scenarios import HELD_OUT_SPLIT
 from cgtool.planner.schedules import EngineSchedule
 from cgtool.planner.scoring import Histogram
-
-if TYPE_CHECKING:
-    from cgtool.planner.plan import PlanRequest
-    from cgtool.planner.server import Server
+from cgtool.planner.server import Server
 
 
 def decode_part(sizes: list[int], cover: int) -> list[int]:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cgtool.planner.memory import MemoryPlan
+from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score
 from cgtool.planner.scoring import ScheduleScore
-
-if TYPE_CHECKING:
-    from cgtool.planner.plan import PlanRequest
-    from cgtool.planner.server import Server
+from cgtool.planner.server import Server
 
 # Below this share of decode steps on a graph, the plan says how many run eagerly.
 FULL_COVERAGE = 0.99

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.planner.eager import EagerAssumption, eager_range
@@ -14,6 +13,7 @@ from cgtool.planner.memory import (
     vllm_default_pool,
 )
 from cgtool.planner.profile_fit import profile_cost
+from cgtool.planner.request import PlanRequest
 from cgtool.planner.schedules import (
     EngineSchedule,
     default_schedule,
@@ -23,9 +23,6 @@ from cgtool.planner.schedules import (
 )
 from cgtool.planner.scoring import served_ms
 from cgtool.planner.simulator import StepCost
-
-if TYPE_CHECKING:
-    from cgtool.planner.plan import PlanRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cgtool.planner.scoring import Histogram
+
 
 @dataclass(frozen=True, eq=False)
 class SimulationResult:
@@ -68,6 +70,21 @@ class StepTally:
     @property
     def steps(self) -> int:
         return int(self.decode_counts.sum() + self.extend_counts.sum())
+
+    def histograms(self, kv_ms_per_token: float) -> tuple[Histogram, Histogram]:
+        """(decode, extend) steps at the sizes that ran, decode attention priced per context
+        token read."""
+        d = np.nonzero(self.decode_counts)[0]
+        e = np.nonzero(self.extend_counts)[0]
+        return (
+            Histogram(
+                d,
+                self.decode_counts[d],
+                self.decode_time_s[d],
+                self.decode_context_tokens[d] * kv_ms_per_token,
+            ),
+            Histogram(e, self.extend_counts[e], self.extend_time_s[e], self.extend_attention_ms[e]),
+        )
 
 
 def _fields(t: StepTally) -> tuple[np.ndarray, ...]:

@@ -1,0 +1,44 @@
+"""What a plan is asked for: the model, GPU, engine and limits, besides the trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cgtool.config import ModelConfig
+from cgtool.errors import InputError
+from cgtool.gpus import GpuSpec
+from cgtool.planner.parallel import check_tp_size
+from cgtool.planner.scenarios import DEFAULT_LOADS
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRequest:
+    """Everything a plan depends on besides the trace."""
+
+    cfg: ModelConfig
+    gpu: GpuSpec
+    engine: str = "sglang"
+    engine_version: str | None = None
+    trace_name: str = ""
+    profile: dict[str, Any] | None = None  # a capture report's dict
+    profile_name: str | None = None
+    tp_size: int = 1
+    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None
+    budget_graphs: int | None = None
+    budget_memory_bytes: int | None = None
+    loads: tuple[float, ...] = DEFAULT_LOADS
+    replicas: int = 1
+    # An existing plan's (decode sizes, token sizes, KV tokens) to score beside the new one.
+    compare: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
+    compare_name: str | None = None
+
+    def __post_init__(self) -> None:
+        check_tp_size(self.cfg, self.tp_size, self.gpu)
+        if not self.loads or any(not (load > 0) for load in self.loads):
+            raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
+        if self.replicas < 1:
+            raise InputError(
+                f"--replicas {self.replicas} is not a number of servers", "Use 1 or more."
+            )
