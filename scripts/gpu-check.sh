@@ -2,7 +2,8 @@
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|both|prefill|compile|all|tp|verify]...
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
-# (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent).
+# (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
+# and orders "tests azure mooncake").
 # `tp` (two GPUs): tensor-parallel GPU tests and scripts/bench_tp.py, logs and reports in $OUT/tp.
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
@@ -86,20 +87,25 @@ fi
 if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
   V="$OUT/verify"; mkdir -p "$V"
   stamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$V/phases.log"; }
-  stamp "verify GPU tests"
-  timeout -k 10 "${VERIFY_TESTS_TIMEOUT:-600}" python3 -m pytest -q -s -m gpu -p no:cacheprovider tests/test_verify_gpu.py >"$V/gpu-tests.log" 2>&1
-  stamp "verify GPU tests exit $?"; tail -5 "$V/gpu-tests.log"
+  parts=" ${VERIFY_PARTS:-tests azure mooncake} "  # which of verify's parts, in this order
   bench() {  # name trace format
     cgtool plan --trace "$2" --format "$3" --model llama-3.1-8b --out "$V/$1/plan" >"$V/$1-plan.log" 2>&1
     stamp "$1 plan exit $?"
     start=$(date +%s)
     timeout -k 10 "${VERIFY_TIMEOUT:-600}" cgtool verify --plan "$V/$1/plan/plan.json" --trace "$2" --format "$3" --steps 2000 \
       --out "$V/$1/verify" >"$V/$1-verify.log" 2>&1
-    rc=$?; stamp "$1 verify exit $rc in $(( $(date +%s) - start )) s"; tail -4 "$V/$1-verify.log"
+    rc=$?; stamp "$1 verify exit $rc in $(( $(date +%s) - start )) s"; tail -40 "$V/$1-verify.log"
   }
-  bench azure examples/azure-conv-first-1000.jsonl cgtool
-  if [[ -n "${VERIFY_TRACE:-}" && -f "$VERIFY_TRACE" ]]; then bench mooncake "$VERIFY_TRACE" "${VERIFY_TRACE_FORMAT:-mooncake}"
-  else stamp "mooncake: skipped (set VERIFY_TRACE to a trace in the repo copy)"; fi
+  for part in $parts; do case $part in
+    tests) stamp "verify GPU tests"
+      timeout -k 10 "${VERIFY_TESTS_TIMEOUT:-600}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+        tests/test_verify_gpu.py >"$V/gpu-tests.log" 2>&1
+      stamp "verify GPU tests exit $?"; tail -5 "$V/gpu-tests.log" ;;
+    azure) bench azure examples/azure-conv-first-1000.jsonl cgtool ;;
+    mooncake) if [[ -n "${VERIFY_TRACE:-}" && -f "$VERIFY_TRACE" ]]; then
+        bench mooncake "$VERIFY_TRACE" "${VERIFY_TRACE_FORMAT:-mooncake}"
+      else stamp "mooncake: skipped (set VERIFY_TRACE to a trace in the repo copy)"; fi ;;
+  esac; done
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)
