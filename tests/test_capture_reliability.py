@@ -54,20 +54,41 @@ def test_sizes_that_do_not_fit_fail_and_the_smaller_ones_are_kept(tmp_path):
 
 
 def _capture_then_signal(out: Path, signum: int) -> tuple[int, str]:
-    cmd = [sys.executable, "-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
+    cmd = ["-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
            "--kind", "both", "--tokens", "16,32", "--max-bs", "256", "--context-len", "64",
            "--max-total-tokens", "40000", "--out", str(out)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    seen = ""
-    while "capture decode:" not in seen:  # piecewise is done and measured by then
-        line = proc.stderr.readline()
-        assert line, f"capture ended before the decode captures began:\n{seen}"
-        seen += line
+    proc = _start(cmd)
+    seen = _read_until(proc, "capture decode:")  # piecewise is done and measured by then
     time.sleep(0.5)
     proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=300)
-    return proc.returncode, seen + stdout + stderr
+    return proc.returncode, seen + _finish(proc)
+
+
+def _start(cmd: list[str]) -> subprocess.Popen[str]:
+    # One pipe for both streams: reading stderr alone while the report tables filled the
+    # stdout pipe left the child blocked on a write and the test blocked on a read.
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    return subprocess.Popen([sys.executable, "-X", "faulthandler", *cmd], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _read_until(proc: subprocess.Popen[str], text: str) -> str:
+    seen = ""
+    while text not in seen:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line, f"capture ended before {text!r}:\n{seen}"
+        seen += line
+    return seen
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 180) -> str:
+    """The rest of the output; a child that does not stop dumps its threads' stacks first."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        output = proc.communicate(timeout=30)[0]
+        pytest.fail(f"the child did not stop within {timeout} s of the signal:\n{output[-6000:]}")
 
 
 @pytest.mark.parametrize(("signum", "code", "name"), [(signal.SIGINT, 130, "SIGINT"), (signal.SIGTERM, 143, "SIGTERM")])
@@ -90,21 +111,15 @@ PHASE_LINES = ["compiling piecewise pieces", "measure piecewise:", "counting pie
 @pytest.mark.parametrize("line", PHASE_LINES)
 def test_sigterm_in_any_phase_of_a_profiled_run_keeps_a_report(tmp_path, line):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
-           "--bs", "1,2,4,8", "--tokens", "16,32,64,128", "--context-len", "128", "--profile",
-           "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    seen = ""
-    while line not in seen:
-        got = proc.stderr.readline()
-        assert got, f"capture ended before {line!r}:\n{seen}"
-        seen += got
+    proc = _start(["-m", "cgtool.commands.entry", "capture", "--model", "qwen2.5-0.5b",
+                   "--bs", "1,2,4,8", "--tokens", "16,32,64,128", "--context-len", "128",
+                   "--profile", "--out", str(out)])
+    seen = _read_until(proc, line)
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 143, seen + stdout + stderr
+    output = seen + _finish(proc)
+    assert proc.returncode == 143, output
     report = json.loads((out / "report.json").read_text())
     assert report["status"] == "incomplete"
     assert report["incomplete_reason"].startswith("interrupted by SIGTERM during "), report
     assert report["totals"]["phase_s"], "the phases run before the signal are kept"
-    assert "Traceback" not in stdout + stderr
+    assert "Traceback" not in output

@@ -4,6 +4,7 @@ pool of their own, then the sampled steps replayed through both sets, repeat by 
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from collections.abc import Callable
@@ -91,6 +92,10 @@ def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: Sessio
     model = build_model(cfg, device="cuda", dtype=opts.dtype, max_positions=width,
                         weights_dir=weights_dir, seed=opts.seed)
     torch.cuda.synchronize()
+    # Blocks an earlier session in this process left cached would read as used, and the pool
+    # would come out smaller than a fresh server's (the 0.999 rehearsal then fitted).
+    gc.collect()
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     # SGLang's order: the KV pool takes its share of what the weights left; req_to_token
     # comes out of the rest, as the server's does.
