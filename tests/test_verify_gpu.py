@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
@@ -22,9 +23,13 @@ def small_plan(tmp_path_factory):
 
 
 def test_verify_on_a_small_preset_measures_both_sets(small_plan, tmp_path):
+    held_before = torch.cuda.memory_allocated()
     result = runner.invoke(app, ["verify", "--plan", str(small_plan), "--trace", TRACE,
                                  "--steps", "300", "--out", str(tmp_path)])
     assert result.exit_code in (0, 1), result.output
+    # The session hands its model, pool and graphs back: a later session in this process
+    # would otherwise size its KV pool from what this one left.
+    assert torch.cuda.memory_allocated() - held_before < 64 << 20
     data = json.loads((tmp_path / "verify.json").read_text())
     assert data["status"] == "complete" and [s["name"] for s in data["sets"]] == ["plan", "default"]
     for graph_set in data["sets"]:

@@ -109,10 +109,13 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
     import torch
 
     from cgtool.capture.session import environment, model_info
-    from cgtool.verify.session import run_session
+    from cgtool.verify.session import release_gpu, run_session
 
     opts = session_options(inputs)
-    session = run_session(opts, phase)
+    try:
+        session = run_session(opts, phase)
+    finally:
+        release_gpu()
     assert session.cfg is not None
     rehearsal = session.rehearsal or Rehearsal("skipped", 0, 0, 0, 0, 0, 0)
     result = VerifyResult(

@@ -108,6 +108,14 @@ def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: Sessio
     return ModelRunner(model, pool, make_backend("triton", cfg.num_heads, cfg.head_dim))
 
 
+def release_gpu() -> None:
+    """Hand back what a finished session held: torch.compile's caches keep the model, and
+    through it the pool and graphs, alive after the session's objects are gone."""
+    torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def _context_width(opts: SessionOptions, cfg: ModelConfig) -> int:
     need = max([opts.chunked_prefill_size] + [s.context + (1 if s.kind == "decode" else s.size)
                                               for s in opts.steps])
