@@ -59,7 +59,12 @@ def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
     cfg, weights_dir = resolve_model(opts.model, random_weights=False)
     out = SessionResult(cfg=cfg)
     phase(f"load {cfg.name} at --mem-fraction-static {opts.mem_fraction_static}")
-    runner = _build(cfg, weights_dir, opts, out)
+    try:
+        runner = _build(cfg, weights_dir, opts, out)
+    except torch.OutOfMemoryError as oom:  # the fraction leaves no room for what SGLang allocates next
+        out.rehearsal = _out_of_memory(opts, "loading the model, KV pool and request table", str(oom))
+        phase(f"out of memory loading: {out.rehearsal.remedy}")
+        return out
     phase(f"KV pool {out.kv_tokens:,} tokens, {_free_gib():.2f} GiB free")
     live: list[Any] = []  # graphs must outlive the session: keep every runner
     for graph_set in opts.sets:
@@ -100,11 +105,11 @@ def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: Sessio
     # SGLang's order: the KV pool takes its share of what the weights left; req_to_token
     # comes out of the rest, as the server's does.
     kv_tokens = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, opts.mem_fraction_static), opts.dtype)
+    out.kv_tokens = kv_tokens  # before the pool: an out-of-memory report names what was tried
     rows = max([opts.max_running_requests] + [s.size for s in opts.steps if s.kind == "decode"]
                + [bs for g in opts.sets for bs in g.capture_bs]) + 2
     pool = KVPool(cfg, kv_tokens, rows, width, opts.dtype, "cuda")
     _map_requests(pool, opts.seed)
-    out.kv_tokens = kv_tokens
     return ModelRunner(model, pool, make_backend("triton", cfg.num_heads, cfg.head_dim))
 
 
