@@ -61,7 +61,8 @@ def _capture_then_signal(out: Path, signum: int) -> tuple[int, str]:
     seen = _read_until(proc, "capture decode:")  # piecewise is done and measured by then
     time.sleep(0.5)
     proc.send_signal(signum)
-    return proc.returncode, seen + _finish(proc)
+    output = seen + _finish(proc)  # before reading returncode, which is set once it has ended
+    return proc.returncode, output
 
 
 def _start(cmd: list[str]) -> subprocess.Popen[str]:
