@@ -4,6 +4,7 @@ import pytest
 from verify_fixture import synthetic_result
 
 from cgtool.errors import InputError
+from cgtool.provenance import collect_provenance
 from cgtool.verify.result import VerifyResult, load_verify, write_verify
 from cgtool.verify.summary import ratio_interval, verify_exit_code
 
@@ -14,6 +15,17 @@ def test_verify_json_round_trips(tmp_path):
     again = load_verify(tmp_path / "verify.json")
     assert again == result
     assert json.loads((tmp_path / "verify.json").read_text())["schema"] == "cgtool.verify"
+
+
+def test_provenance_round_trips_and_older_files_without_it_load(tmp_path):
+    result = synthetic_result()
+    result.provenance = collect_provenance(["cgtool", "verify", "--plan", "p/plan.json"])
+    write_verify(result, tmp_path / "verify.json")
+    assert load_verify(tmp_path / "verify.json").provenance == result.provenance
+    body = json.loads((tmp_path / "verify.json").read_text())
+    del body["provenance"]
+    (tmp_path / "verify.json").write_text(json.dumps(body))
+    assert load_verify(tmp_path / "verify.json").provenance is None
 
 
 def test_a_folder_holding_verify_json_loads(tmp_path):

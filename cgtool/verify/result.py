@@ -15,6 +15,7 @@ from cgtool.results import (
     FORMAT_VERSION,
     Environment,
     ModelInfo,
+    Provenance,
     _check_header,
     _convert,
     _read_json,
@@ -125,9 +126,12 @@ class VerifyResult:
     reason: str | None = None
     warnings: list[str] = field(default_factory=list)
     created: str = field(default_factory=utc_now_iso)
+    provenance: Provenance | None = None  # None only in files written before it existed
 
     def to_dict(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
+        if body["provenance"] is None:
+            del body["provenance"]
         head = {"schema": VERIFY_SCHEMA, "version": FORMAT_VERSION}
         return head | {k: body.pop(k) for k in ("status", "reason", "created")} | body
 

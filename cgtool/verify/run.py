@@ -9,6 +9,7 @@ from typing import Any
 
 from cgtool.errors import InputError
 from cgtool.planner.cost import CostModel
+from cgtool.provenance import collect_provenance
 from cgtool.results import load_plan
 from cgtool.verify.population import (
     plan_cost,
@@ -124,6 +125,7 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
         settings=_settings(inputs, opts, session.kv_tokens),
         rehearsal=rehearsal,
         warnings=list(inputs.warnings),
+        provenance=collect_provenance(),
     )
     if rehearsal.status == "oom":
         result.status = "oom"
