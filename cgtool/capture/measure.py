@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from cgtool.capture.memory import read_memory
-from cgtool.capture.timing import Timing, time_cuda
+from cgtool.capture.timing import Timing, time_cuda, timed_call
 
 Outputs = Sequence[torch.Tensor]  # what a forward is compared on: logits, or hidden states + logits
 
@@ -99,13 +99,17 @@ def check_replay(
     timed_replay: Callable[[], object] | None = None,
 ) -> ReplayCheck:
     """Compare once on every row of every output, then time each path until its mean is
-    known to within a few percent. The timed calls default to the compared ones."""
-    expected = [t.float().clone() for t in eager()]
-    got = [t.float().clone() for t in replay()]
+    known to within a few percent. The timed calls default to the compared ones, and do the
+    same GPU work: the compared call is also the first timed one (a call per path saved, on
+    an eager path of tens of ms)."""
+    outputs, eager_ms = timed_call(eager)
+    expected = [t.float().clone() for t in outputs]  # before replay runs: nothing may alias it
+    outputs, replay_ms = timed_call(replay)
+    got = [t.float().clone() for t in outputs]
     diff, tolerance, output, row = compare_outputs(expected, got, dtype)
     return ReplayCheck(
-        eager=time_cuda(timed_eager or eager),
-        replay=time_cuda(timed_replay or replay),
+        eager=time_cuda(timed_eager or eager, first_ms=eager_ms),
+        replay=time_cuda(timed_replay or replay, first_ms=replay_ms),
         max_abs_diff=diff,
         tolerance=tolerance,
         worst_output=output,

@@ -8,8 +8,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import torch
+
+_T = TypeVar("_T")
 
 # Two-sided 95% Student t quantiles by degrees of freedom; past 30 the normal's 1.96 is close.
 _T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14,
@@ -38,6 +41,7 @@ def time_cuda(
     max_batches: int = 15,
     batch_ms: float = 5.0,
     budget_s: float = 0.08,
+    first_ms: float | None = None,
 ) -> Timing:
     """Time `fn`, already warm, in batches until the 95% interval of the mean is within
     `rel_ci` of it, `max_batches` were timed, or `budget_s` has passed (`min_batches` at least).
@@ -45,8 +49,9 @@ def time_cuda(
     One pair of events per batch rather than per call: the events' own cost and the
     synchronisation after each call would otherwise be part of short calls' times. The
     first batch is one call, which sizes the others; large sizes thus cost three calls.
+    `first_ms`, one call already timed (the call replay was verified with), stands in for it.
     """
-    first = _one_batch_ms(fn, 1)
+    first = _one_batch_ms(fn, 1) if first_ms is None else first_ms
     calls = max(1, min(64, int(batch_ms / max(first, 1e-3))))
     samples = [first] if calls == 1 else []
     start = time.perf_counter()
@@ -62,13 +67,18 @@ def time_cuda(
 
 
 def _one_batch_ms(fn: Callable[[], object], calls: int) -> float:
+    return timed_call(lambda: [fn() for _ in range(calls)])[1]
+
+
+def timed_call(fn: Callable[[], _T]) -> tuple[_T, float]:
+    """(what `fn` returned, GPU ms from its first kernel's queueing to its last's end).
+    Work queued on the result afterwards (a copy to compare it) is outside the time."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(calls):
-        fn()
+    result = fn()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end)
+    return result, start.elapsed_time(end)
 
 
 def host_launch_ms(fn: Callable[[], object]) -> float:

@@ -1,0 +1,60 @@
+"""Batch timing and the replay check's call budget, with the CUDA events stood in for (CPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from cgtool.capture import measure, timing
+
+
+def _fake_batches(monkeypatch, ms_per_call: float) -> list[int]:
+    """Every timed batch takes `ms_per_call` per call; returns the batch sizes timed."""
+    batches: list[int] = []
+
+    def one_batch(fn, calls):
+        for _ in range(calls):
+            fn()
+        batches.append(calls)
+        return ms_per_call * calls
+
+    monkeypatch.setattr(timing, "_one_batch_ms", one_batch)
+    return batches
+
+
+def test_a_call_already_timed_replaces_the_sizing_call(monkeypatch):
+    batches = _fake_batches(monkeypatch, 20.0)
+    calls = []
+    result = timing.time_cuda(lambda: calls.append(1), first_ms=20.0)
+    # A 20 ms call makes one-call batches, and the given call is the first sample.
+    assert batches == [1, 1] and len(calls) == 2
+    assert result.batches == 3 and result.mean_ms == 20.0 and result.ci95_ms == 0.0
+
+
+def test_without_a_timed_call_the_first_batch_sizes_the_rest(monkeypatch):
+    batches = _fake_batches(monkeypatch, 0.5)
+    result = timing.time_cuda(lambda: None)
+    assert batches[0] == 1 and set(batches[1:]) == {10}  # 5 ms batches of 0.5 ms calls
+    assert result.calls_per_batch == 10 and result.batches == len(batches) - 1
+
+
+def test_the_replay_check_compares_the_first_timed_call_of_each_path(monkeypatch):
+    _fake_batches(monkeypatch, 30.0)
+    timed: list[str] = []
+    compared = {"eager": [torch.ones(2, 3)], "replay": [torch.ones(2, 3)]}
+
+    def timed_call(fn):
+        out = fn()
+        timed.append(next(name for name, value in compared.items() if value is out))
+        return out, 30.0
+
+    monkeypatch.setattr(measure, "timed_call", timed_call)
+    eager_calls, replay_calls = [], []
+    check = measure.check_replay(
+        eager=lambda: compared["eager"], replay=lambda: compared["replay"], dtype=torch.bfloat16,
+        timed_eager=lambda: eager_calls.append(1), timed_replay=lambda: replay_calls.append(1),
+    )
+    assert timed == ["eager", "replay"]  # each compared once, eager first
+    assert check.safe and check.max_abs_diff == 0.0
+    # 30 ms calls: the compared call plus two one-call batches make three samples per path.
+    assert len(eager_calls) == len(replay_calls) == 2
+    assert check.eager.batches == check.replay.batches == 3
