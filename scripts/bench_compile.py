@@ -13,11 +13,11 @@ import time
 import torch
 
 from cgtool.batch import forward_context
+from cgtool.capture.timing import median_cuda_ms
+from cgtool.capture.workbench import build_workbench
 from cgtool.config import load_model_config
 from cgtool.planner.schedules import default_schedule
-from cgtool.capture.timing import median_cuda_ms
 from cgtool.runners.decode import DecodeGraphRunner
-from cgtool.capture.workbench import build_workbench
 
 
 def main() -> None:
@@ -33,8 +33,7 @@ def main() -> None:
     model, pool, backend = bench.runner.model, bench.runner.kv_pool, bench.runner.backend
     ours = DecodeGraphRunner(bench.runner, sizes)
     start = time.perf_counter()
-    for bs in reversed(sizes):
-        ours.capture_one(bs)
+    ours.capture()
     ours_capture_s = time.perf_counter() - start
 
     def step(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -11,11 +11,11 @@ import json
 
 import torch
 
-from cgtool.config import load_model_config
 from cgtool.capture.timing import median_cuda_ms
+from cgtool.capture.workbench import build_workbench
+from cgtool.config import load_model_config
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.pool import get_global_graph_memory_pool
-from cgtool.capture.workbench import build_workbench
 
 
 def whole_graph_ms(bench, batch) -> float:
@@ -54,8 +54,7 @@ def main() -> None:
     model = bench.runner.model
     runner = PiecewiseGraphRunner(bench.runner, sizes)
     runner.warmup()
-    for n in sorted(sizes, reverse=True):
-        runner.capture_one(n)
+    runner.capture()
     rows = []
     for n in sizes:
         batch = bench.extend_batch(n)

@@ -1,4 +1,5 @@
-"""The sizes loop on out-of-memory, without a GPU: the capture itself is replaced by a fake."""
+"""The sizes loop on out-of-memory, without a GPU: the runner's loop is real, the capture of
+one size is replaced by a fake."""
 
 from __future__ import annotations
 
@@ -8,15 +9,25 @@ from cgtool.capture import kinds as capture_kinds
 from cgtool.capture.measure import CaptureCost
 from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import CaptureOptions, SessionState
+from cgtool.config import load_model_config
+from cgtool.runners.decode import DecodeGraphRunner
 
 GIB = 1 << 30
 OOM_TEXT = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB"
 
 
+class _CpuModelRunner:
+    """Enough of ModelRunner to build a DecodeGraphRunner's buffers on the CPU."""
+
+    def __init__(self):
+        self.model = type("M", (), {"cfg": load_model_config("tiny")})()
+        self.device = torch.device("cpu")
+
+
 def _run_loop(monkeypatch, fits_up_to: int, sizes: list[int]) -> tuple[SessionState, dict, list[int]]:
     attempted: list[int] = []
 
-    def capture_one(size: int) -> None:
+    def record(size: int) -> None:
         attempted.append(size)
         if size > fits_up_to:
             raise torch.OutOfMemoryError(OOM_TEXT)
@@ -30,9 +41,9 @@ def _run_loop(monkeypatch, fits_up_to: int, sizes: list[int]) -> tuple[SessionSt
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
     state = SessionState()
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=sizes, capture_num_tokens=[])
-    costs = capture_kinds._capture_sizes(
-        "decode", capture_one, sizes, None, None, state, opts, forward_static=lambda size: None
-    )
+    runner = DecodeGraphRunner(_CpuModelRunner(), sizes)
+    monkeypatch.setattr(runner, "_record", record)
+    costs = capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts)
     return state, costs, attempted
 
 

@@ -1,3 +1,5 @@
+import gc
+
 import pytest
 import torch
 from replay_check import assert_replay_equals_eager
@@ -36,6 +38,30 @@ def test_can_run_only_decode_batches_within_captured_sizes():
     assert not runner.can_run(_batch(2, ForwardMode.EXTEND))
 
 
+def test_capture_records_every_size_largest_first_with_gc_off(monkeypatch):
+    runner = DecodeGraphRunner(_FakeModelRunner(), [1, 4, 2])
+    recorded, steps = [], []
+    monkeypatch.setattr(runner, "_record", lambda bs: recorded.append((bs, gc.isenabled())))
+
+    def step(index, bs, record):
+        steps.append((index, bs))
+        record()
+        return True
+
+    runner.capture(step)
+    assert steps == [(0, 4), (1, 2), (2, 1)]
+    assert recorded == [(4, False), (2, False), (1, False)]
+    assert gc.isenabled()
+
+
+def test_enable_cudagraph_gc_records_with_the_collector_on(monkeypatch):
+    runner = DecodeGraphRunner(_FakeModelRunner(), [1, 2], enable_cudagraph_gc=True)
+    recorded = []
+    monkeypatch.setattr(runner, "_record", lambda bs: recorded.append(gc.isenabled()))
+    runner.capture()
+    assert recorded == [True, True]
+
+
 @pytest.fixture(scope="module")
 def gpu_bench():
     from cgtool.capture.workbench import build_workbench
@@ -50,8 +76,7 @@ def gpu_bench():
 @pytest.mark.gpu
 def test_replay_pads_to_next_captured_size_and_equals_eager(gpu_bench):
     runner = DecodeGraphRunner(gpu_bench.runner, [1, 2, 4, 8, 16])
-    for bs in reversed(runner.capture_bs):
-        runner.capture_one(bs)
+    runner.capture()
     model = gpu_bench.runner.model
     for bs in (1, 3, 5, 8, 13, 16):
         batch = gpu_bench.decode_batch(bs)
@@ -66,7 +91,7 @@ def test_replay_pads_to_next_captured_size_and_equals_eager(gpu_bench):
 @pytest.mark.gpu
 def test_replay_follows_new_inputs_not_the_captured_ones(gpu_bench):
     runner = DecodeGraphRunner(gpu_bench.runner, [4])
-    runner.capture_one(4)
+    runner.capture()
     a, b = gpu_bench.decode_batch(4), gpu_bench.decode_batch(4)
     b.input_ids = (a.input_ids + 1) % gpu_bench.cfg.vocab_size
     out_a = runner.replay(a).clone()

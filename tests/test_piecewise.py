@@ -1,4 +1,5 @@
 import dataclasses
+import gc
 import random
 
 import pytest
@@ -136,9 +137,17 @@ def test_can_run_rules(cpu_runner):
         runner.captured_num_tokens = []
 
 
-def test_capture_one_rejects_sizes_it_was_not_built_for(cpu_runner):
-    with pytest.raises(ValueError, match="not one of the capture sizes"):
-        cpu_runner.capture_one(12)
+def test_capture_goes_largest_first_with_gc_off_until_a_step_stops_it(cpu_runner, monkeypatch):
+    recorded = []
+    monkeypatch.setattr(cpu_runner, "_record", lambda n: recorded.append((n, gc.isenabled())))
+
+    def step(index, n, record):
+        record()
+        return n > 16  # as verify's plan set stops at its first failure
+
+    cpu_runner.capture(step)
+    assert recorded == [(64, False), (16, False)]
+    assert gc.isenabled()
 
 
 # ---------------------------------------------------------------- GPU: capture and replay
@@ -160,12 +169,16 @@ def gpu_runner():
     reset_global_graph_memory_pool()
     pool = get_global_graph_memory_pool()
     reserved_growth = {}  # growth of the shared graph pool per size
-    for n in sorted(GPU_SIZES, reverse=True):
+
+    def measured(index, n, record):
         torch.cuda.synchronize()
         before = graph_pool_bytes(pool)
-        runner.capture_one(n)
+        record()
         torch.cuda.synchronize()
         reserved_growth[n] = graph_pool_bytes(pool) - before
+        return True
+
+    runner.capture(measured)
     runner.reserved_growth = reserved_growth
     return runner
 
@@ -266,8 +279,7 @@ def test_inductor_pieces_replay_like_eager():
     torch._dynamo.reset()  # other tests' compiled bodies would count as recompiles here
     model_runner = _model_runner("cuda", torch.bfloat16, "triton")
     runner = PiecewiseGraphRunner(model_runner, capture_num_tokens=[32, 64], compiler="inductor")
-    for n in (64, 32):
-        runner.capture_one(n)
+    runner.capture()
     for num_tokens in (20, 64):
         batch = _mixed_batch(model_runner, num_tokens, random.Random(num_tokens))
         replayed = runner.forward(batch).clone()

@@ -45,8 +45,8 @@ def test_the_innermost_frame_outside_torch_is_named():
 
 @pytest.fixture(scope="module")
 def tiny_bench():
-    from cgtool.config import load_model_config
     from cgtool.capture.workbench import build_workbench
+    from cgtool.config import load_model_config
 
     return build_workbench(
         load_model_config("tiny"), weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
@@ -59,8 +59,7 @@ def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
     from cgtool.runners.decode import DecodeGraphRunner
 
     runner = DecodeGraphRunner(tiny_bench.runner, [1, 2])
-    for bs in (2, 1):
-        runner.capture_one(bs)
+    runner.capture()
     batch = tiny_bench.decode_batch(2)
     runner.replay(batch)  # fine as captured
     runner.seq_lens = runner.seq_lens.clone()  # a new tensor: the graphs still read the old one
@@ -93,8 +92,7 @@ def syncing_forward(positions, hidden, residual):
 layer.forward = syncing_forward
 try:
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
-    _capture_sizes("decode", runner.capture_one, [1, 2], None, lambda *a: None, SessionState(),
-                   opts, runner.forward_static)
+    _capture_sizes("decode", runner, runner.capture_bs, None, lambda *a: None, SessionState(), opts)
 except CapturePitfall as pitfall:
     print("PITFALL", pitfall)
 """

@@ -7,10 +7,20 @@ def test_freeze_gc_disables_collection_and_restores_it():
     assert gc.isenabled()
     with freeze_gc(enable_cudagraph_gc=False):
         assert not gc.isenabled()
-        with freeze_gc(enable_cudagraph_gc=False):  # a runner's own freeze inside the loop's
+        with freeze_gc(enable_cudagraph_gc=False):  # nested: leaves the outer's collector off
             assert not gc.isenabled()
         assert not gc.isenabled()
     assert gc.isenabled()
+
+
+def test_freeze_gc_leaves_a_collector_that_was_off_off():
+    gc.disable()
+    try:
+        with freeze_gc(enable_cudagraph_gc=False):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 def test_enable_cudagraph_gc_keeps_the_collector_on():

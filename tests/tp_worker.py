@@ -111,10 +111,10 @@ def piecewise_rank(rank: int, size: int, init_method: str, channel) -> None:
 # ------------------------------------------------------------------ GPU (NCCL), two ranks
 
 
-def _barrier_each(capture_one, sizes: list[int]) -> None:
-    for size in sorted(sizes, reverse=True):  # as capture_kinds does: same sizes, same order
-        barrier()
-        capture_one(size)
+def _barrier_then_record(index: int, size: int, record) -> bool:
+    barrier()  # as capture/kinds.py does: every rank records the same size together
+    record()
+    return True
 
 
 def _diff(got: torch.Tensor, expected: torch.Tensor) -> dict:
@@ -129,9 +129,9 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
     import faulthandler
     import sys
 
+    from cgtool.capture.workbench import build_workbench
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
-    from cgtool.capture.workbench import build_workbench
 
     # A collective that never matches hangs: leave every thread's stack in the log first.
     faulthandler.dump_traceback_later(float(os.environ.get("CGTOOL_TP_TEST_STACKS_S", "600")))
@@ -149,7 +149,7 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
     ref = build_workbench(cfg, **kwargs) if rank == 0 else None  # TP=1, the same weights and cache
     stage("built")
     decode = DecodeGraphRunner(bench.runner, capture_bs)
-    _barrier_each(decode.capture_one, capture_bs)
+    decode.capture(_barrier_then_record)
     results = {}
     for bs in sorted({*capture_bs, *(b - 1 for b in capture_bs if b > 2)}):  # padded sizes too
         got = decode.replay(bench.decode_batch(bs)).clone()
@@ -161,7 +161,7 @@ def parity_rank_gpu(rank: int, size: int, init_method: str, channel, preset: str
     piecewise = PiecewiseGraphRunner(bench.runner, capture_tokens)
     piecewise.warmup()
     stage("compiled")
-    _barrier_each(piecewise.capture_one, capture_tokens)
+    piecewise.capture(_barrier_then_record)
     stage("piecewise captured")
     for n in sorted({*capture_tokens, max(capture_tokens) - 7}):
         model = bench.runner.model

@@ -1,4 +1,4 @@
-"""The sizes loop of each graph kind: capture largest first, then verify and time each size."""
+"""Each graph kind's session: its runner captures the sizes, then each is verified and timed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,7 +25,10 @@ from cgtool.distributed import barrier, current_tp
 from cgtool.errors import EnvironmentProblem
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
-from cgtool.runners.pool import freeze_gc
+
+if TYPE_CHECKING:
+    from cgtool.runners.decode import DecodeGraphRunner
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
 
 
 def capture_decode(
@@ -41,10 +44,7 @@ def capture_decode(
     runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     with state.phase("capture"), _sglang_mem_usage(state, "decode"):
-        costs = _capture_sizes(
-            "decode", runner.capture_one, runner.capture_bs, pool, on_progress, state, opts,
-            runner.forward_static,
-        )
+        costs = _capture_sizes("decode", runner, runner.capture_bs, pool, on_progress, state, opts)
     calls = []
     with state.phase("measure"):
         for i, (bs, cost) in enumerate(costs.items()):
@@ -93,8 +93,7 @@ def capture_piecewise(
         runner.warmup()
     with state.phase("capture"), _sglang_mem_usage(state, "piecewise"):
         costs = _capture_sizes(
-            "piecewise", runner.capture_one, runner.capture_num_tokens, pool, on_progress, state,
-            opts, runner.forward_static,
+            "piecewise", runner, runner.capture_num_tokens, pool, on_progress, state, opts
         )
     model = bench.runner.model
     calls = []
@@ -172,32 +171,32 @@ def _count_kernels(
 
 
 def _capture_sizes(
-    kind: str, capture_one: Any, sizes: list[int], pool: Any, on_progress: Any,
-    state: SessionState, opts: CaptureOptions, forward_static: Callable[[int], object],
+    kind: str, runner: DecodeGraphRunner | PiecewiseGraphRunner, sizes: list[int], pool: Any,
+    on_progress: ProgressCallback, state: SessionState, opts: CaptureOptions,
 ) -> dict[int, CaptureCost]:
-    """Largest first, as SGLang does: later, smaller graphs reuse the first one's pool memory.
-
-    GC is collected once and frozen for the whole loop, not per size (a collection costs
-    tens of milliseconds with a model loaded)."""
+    """The runner's loop records the sizes (largest first, GC frozen); around each this adds
+    progress, the TP barrier, the cost and, with --profile, the first size's memory history."""
     costs: dict[int, CaptureCost] = {}
-    ordered = sorted(sizes, reverse=True)
-    with freeze_gc(opts.enable_cudagraph_gc):
-        for i, size in enumerate(ordered):
-            _progress(on_progress, kind, "capture", size, i, len(ordered))
-            barrier()  # with TP, every rank records the same size together (NCCL needs it)
-            with _memory_history(state, opts, kind, first=i == 0):
-                _capture_size(kind, capture_one, size, pool, state, costs, forward_static)
+
+    def step(index: int, size: int, record: Callable[[], None]) -> bool:
+        _progress(on_progress, kind, "capture", size, index, len(sizes))
+        barrier()  # with TP, every rank records the same size together (NCCL needs it)
+        with _memory_history(state, opts, kind, first=index == 0):
+            _capture_size(kind, record, size, pool, state, costs, runner.forward_static)
+        return True
+
+    runner.capture(step)
     return costs
 
 
 def _capture_size(
-    kind: str, capture_one: Any, size: int, pool: Any, state: SessionState,
+    kind: str, record: Callable[[], None], size: int, pool: Any, state: SessionState,
     costs: dict[int, CaptureCost], forward_static: Callable[[int], object],
 ) -> None:
     """A size that runs out of memory is marked failed and the smaller ones are still tried:
     the report then names the largest size that fits, which is what the remedy needs."""
     try:
-        costs[size] = measure_capture(lambda: capture_one(size), pool)
+        costs[size] = measure_capture(record, pool)
     except torch.OutOfMemoryError as oom:
         _note_out_of_memory(state, kind, size, str(oom))
     except RuntimeError as error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from functools import partial
 
 import torch
 
@@ -11,8 +12,10 @@ from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import (
+    SizeStep,
     freeze_gc,
     get_global_graph_memory_pool,
+    just_record,
     keep_graph_if_capture_fails,
     model_capture_mode,
 )
@@ -83,11 +86,22 @@ class DecodeGraphRunner:
         """What capture records, run eagerly: for diagnosing a capture that failed."""
         self._forward_into_logits(self.static_batch(bs))
 
-    def capture_one(self, bs: int) -> None:
-        """Two warm-ups, then record the forward of `bs` requests into the global pool."""
+    def capture(self, step: SizeStep = just_record) -> None:
+        """Record one graph per batch size into the global pool, as nano-vllm's capture loop.
+
+        Largest first, as SGLang does: the smaller graphs reuse the pool memory the largest
+        one took. GC is collected once and frozen for the whole loop (`freeze_gc` says why).
+        `step` runs around each size (progress, barrier, measuring, out-of-memory policy).
+        """
+        with freeze_gc(self.enable_cudagraph_gc):
+            for index, bs in enumerate(reversed(self.capture_bs)):
+                if not step(index, bs, partial(self._record, bs)):
+                    break
+
+    def _record(self, bs: int) -> None:
         batch = self.static_batch(bs)
-        with model_capture_mode(), freeze_gc(self.enable_cudagraph_gc), torch.cuda.stream(self.stream):
-            for _ in range(2):
+        with model_capture_mode(), torch.cuda.stream(self.stream):
+            for _ in range(2):  # SGLang's two warm-ups: kernel loading and cuBLAS set-up stay outside
                 self._forward_into_logits(batch)
             graph = torch.cuda.CUDAGraph()
             with (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from functools import partial
 
 import torch
 
@@ -17,7 +18,7 @@ from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
 from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs
-from cgtool.runners.pool import freeze_gc, model_capture_mode
+from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
 from cgtool.runners.sizes import capture_sizes
 
 
@@ -99,19 +100,20 @@ class PiecewiseGraphRunner:
         self.forward_compiled(batch)
         self.warmed_up = True
 
-    def capture_one(self, num_tokens: int) -> None:
-        """Warm up and record every capturable piece at `num_tokens`, into the global pool."""
-        if num_tokens not in self.capture_num_tokens:
-            raise ValueError(f"{num_tokens} is not one of the capture sizes {self.capture_num_tokens}")
+    def capture(self, step: SizeStep = just_record) -> None:
+        """Record every capturable piece at each token count, in DecodeGraphRunner.capture's
+        order and with its GC freeze; compiles first if `warmup` has not run."""
         if not self.warmed_up:
             self.warmup()
+        with freeze_gc(self.enable_cudagraph_gc):
+            for index, num_tokens in enumerate(reversed(self.capture_num_tokens)):
+                if not step(index, num_tokens, partial(self._record, num_tokens)):
+                    break
+
+    def _record(self, num_tokens: int) -> None:
+        """Each piece warms up and records its graph as the compiled body reaches it."""
         batch = self.static_batch(num_tokens)
-        with (
-            model_capture_mode(),
-            freeze_gc(self.enable_cudagraph_gc),
-            torch.cuda.stream(self.stream),
-            use_graphs_for(num_tokens),
-        ):
+        with model_capture_mode(), torch.cuda.stream(self.stream), use_graphs_for(num_tokens):
             self.forward_compiled(batch)
         torch.cuda.current_stream().wait_stream(self.stream)
         if not any(num_tokens in piece.graphs for piece in self.backend.pieces):

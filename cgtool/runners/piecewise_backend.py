@@ -121,9 +121,9 @@ class CapturablePiece(nn.Module):
         with ExitStack() as stack:
             stack.enter_context(keep_graph_if_capture_fails(graph))
             if self.index > 0:
-                # torch.cuda.graph collects garbage and empties the cache on entry; once per
-                # forward (the first piece) is enough, per layer it makes capture crawl.
-                stack.enter_context(patch("gc.collect", lambda: None))
+                # torch.cuda.graph empties the allocator's cache on entry: once per forward
+                # (the first piece) is enough, not once per layer. GC is left to the runner's
+                # capture loop (pool.freeze_gc), since torch.cuda.graph no longer collects.
                 stack.enter_context(patch("torch.cuda.empty_cache", lambda: None))
             pool = get_global_graph_memory_pool()
             with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream()):

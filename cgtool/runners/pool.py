@@ -1,9 +1,10 @@
-"""What both runners share: one global graph memory pool, the capture-mode flag, GC freezing."""
+"""What both runners share: one global graph memory pool, the capture-mode flag, GC freezing
+and the per-size step of their capture loops."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -11,7 +12,6 @@ import torch
 
 _global_graph_pool: Any = None
 _capture_mode = False
-_gc_frozen_depth = 0
 
 
 def get_global_graph_memory_pool() -> Any:
@@ -43,30 +43,43 @@ def model_capture_mode() -> Iterator[None]:
         _capture_mode = previous
 
 
+# Runs around one size's capture, given its place in the capture order, the size and the
+# capture itself (`record`), which it calls: progress, a TP barrier, measuring. It returns
+# whether the runner goes on to the next, smaller size (False stops the loop).
+SizeStep = Callable[[int, int, Callable[[], None]], bool]
+
+
+def just_record(index: int, size: int, record: Callable[[], None]) -> bool:
+    record()
+    return True
+
+
 @contextmanager
 def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
     """Collect once, then keep the collector off while graphs are recorded.
 
-    A collection during capture can free tensors whose memory the graph is recording into
-    and makes capture slow; SGLang freezes it unless --enable-cudagraph-gc is given.
+    GC is frozen in one place only, around a runner's whole capture loop, as SGLang and
+    nano-vllm do: one collection first frees dead cycles before the largest graph sizes the
+    pool; after it, an automatic collection mid-capture could destroy a stray CUDA graph,
+    which CUDA forbids while a stream captures (pytorch#161037), and rescanning a loaded
+    model's objects per size costs tens of milliseconds. torch.cuda.graph itself no longer
+    collects on entry (pytorch#158193, 2025; read in torch 2.13, TORCH_CUDAGRAPH_GC=1 brings
+    it back), so neither one size's capture nor a piecewise piece needs a freeze or a patched
+    gc.collect of its own. --enable-cudagraph-gc keeps the collector on, as SGLang's flag does.
     """
-    global _gc_frozen_depth
-    if _gc_frozen_depth:  # nested inside a frozen capture loop: collected already
-        yield
-        return
+    was_enabled = gc.isenabled()
     gc.collect()
     should_freeze = not enable_cudagraph_gc
     if should_freeze:
         gc.freeze()
         gc.disable()
-        _gc_frozen_depth += 1
     try:
         yield
     finally:
         if should_freeze:
-            _gc_frozen_depth -= 1
-            gc.enable()
             gc.unfreeze()
+            if was_enabled:
+                gc.enable()
 
 
 _failed_graphs: list[Any] = []

@@ -15,6 +15,7 @@ import torch
 
 from cgtool.config import ModelConfig
 from cgtool.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runners.pool import SizeStep
 from cgtool.verify.result import Rehearsal
 from cgtool.verify.steps import Step
 from cgtool.verify.summary import SetMeasurement
@@ -151,11 +152,7 @@ def _capture_set(
     from cgtool.capture.memory import read_memory
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
-    from cgtool.runners.pool import (
-        freeze_gc,
-        get_global_graph_memory_pool,
-        reset_global_graph_memory_pool,
-    )
+    from cgtool.runners.pool import get_global_graph_memory_pool, reset_global_graph_memory_pool
 
     reset_global_graph_memory_pool()
     pool = get_global_graph_memory_pool()
@@ -169,15 +166,14 @@ def _capture_set(
         piecewise.warmup()
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - start
-    with freeze_gc(False):
-        start = time.perf_counter()
-        if piecewise is not None:
-            _each(piecewise.capture_one, graph_set.capture_num_tokens, "piecewise", failed, strict)
-        if graph_set.capture_bs and not (strict and failed):
-            decode = DecodeGraphRunner(runner, graph_set.capture_bs)
-            _each(decode.capture_one, graph_set.capture_bs, "decode", failed, strict)
-        torch.cuda.synchronize()
-        capture_s = time.perf_counter() - start
+    start = time.perf_counter()
+    if piecewise is not None:
+        piecewise.capture(_each("piecewise", failed, strict))
+    if graph_set.capture_bs and not (strict and failed):
+        decode = DecodeGraphRunner(runner, graph_set.capture_bs)
+        decode.capture(_each("decode", failed, strict))
+    torch.cuda.synchronize()
+    capture_s = time.perf_counter() - start
     after = read_memory(pool)
     graph_bytes = after.pool_bytes - before.pool_bytes + after.non_torch_bytes - before.non_torch_bytes
     measured = SetMeasurement(
@@ -191,15 +187,18 @@ def _capture_set(
     return measured, [decode, piecewise], oom
 
 
-def _each(capture_one: Callable[[int], None], sizes: list[int], kind: str,
-          failed: list[tuple[str, str]], strict: bool) -> None:
-    for size in sorted(set(sizes), reverse=True):  # largest first: the rest reuse its pool
+def _each(kind: str, failed: list[tuple[str, str]], strict: bool) -> SizeStep:
+    """The runner's step for one size: a size out of memory is noted in `failed`, and ends the
+    kind's loop when `strict`."""
+    def step(index: int, size: int, record: Callable[[], None]) -> bool:
         try:
-            capture_one(size)
+            record()
         except torch.OutOfMemoryError as oom:
             failed.append((f"{kind} {size}", str(oom)))
-            if strict:
-                return
+            return not strict
+        return True
+
+    return step
 
 
 def _rehearse(runner: ModelRunner, opts: SessionOptions) -> Rehearsal:
