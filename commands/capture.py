@@ -15,7 +15,7 @@ from cgtool.commands.signals import exit_code, signal_name, terminate_as_interru
 from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
-    from cgtool.capture.options import SessionState
+    from cgtool.capture.options import CaptureOptions, SessionState
     from cgtool.results import CaptureReport
 
 
@@ -108,7 +108,7 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
-    from cgtool.capture.tp import merge_rank_partials, run_capture_tp, validate_tp
+    from cgtool.capture.tp import validate_tp
     from cgtool.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
@@ -118,8 +118,8 @@ def capture(
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
     import torch
 
-    from cgtool.capture.options import CaptureOptions, SessionState
-    from cgtool.capture.session import partial_report, require_cuda, run_capture
+    from cgtool.capture.options import CaptureOptions
+    from cgtool.capture.session import require_cuda
 
     require_cuda()
     validate_tp(model, tp, torch.cuda.device_count())
@@ -132,9 +132,18 @@ def capture(
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
         profile_sizes=profiled,
     )
+    _run_and_save(opts)
+
+
+def _run_and_save(opts: CaptureOptions) -> None:
+    """Run the session under a progress bar and save its report, or as much of it as was
+    measured when a signal or an error stops it; exits with the report's code."""
+    from cgtool.capture.options import SessionState
+    from cgtool.capture.session import partial_report, run_capture
+    from cgtool.capture.tp import merge_rank_partials, run_capture_tp
     from cgtool.reports.capture_view import CaptureProgressBar
 
-    state = SessionState()
+    state, tp, out = SessionState(), opts.tp_size, opts.out_dir
     try:
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
             report = run_capture_tp(opts, bar.update) if tp > 1 else run_capture(opts, bar.update, state)

@@ -39,71 +39,84 @@ class Server:
 
 
 def server_for(req: PlanRequest) -> Server:
-    cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
+    """The server the engine starts for this request by its own defaults, and its step cost."""
     version = resolve_version(req.engine, req.engine_version)
-    probe = default_schedule(
+    # A first schedule gives the engine's chunk when the request names none; the pool's
+    # default depends on it, and the real schedule on the pool's running-request limit.
+    probe = _schedule(req, version, req.chunked_prefill_size, req.max_running_requests)
+    chunk = req.chunked_prefill_size or probe.chunked_prefill_size
+    fraction, kv_tokens, max_running = _default_pool(req, version, chunk, len(probe.piecewise_tokens))
+    default = _schedule(req, version, chunk, max_running)
+    # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
+    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
+    max_tokens = max(chunk, default.max_tokens)
+    cost = _cost_model(req, max_bs, max_tokens)
+    return Server(
+        version,
+        chunk,
+        max_running,
+        req.cfg.max_context_len,
+        default,
+        fraction,
+        kv_tokens,
+        cost,
+        tuple(eager_range(cost, req.cfg, req.tp_size)),
+    )
+
+
+def _cost_model(req: PlanRequest, max_bs: int, max_tokens: int) -> CostModel:
+    """The profile's step times when a capture report is given, else the roofline's."""
+    if req.profile is None:
+        return roofline_cost(req.cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=req.tp_size)
+    return profile_cost(
+        req.profile,
+        req.cfg,
+        req.gpu,
+        max_bs=max_bs,
+        max_tokens=max_tokens,
+        source=req.profile_name or "report",
+        tp_size=req.tp_size,
+    )
+
+
+def _schedule(
+    req: PlanRequest, version: str, chunk: int | None, max_running: int | None
+) -> EngineSchedule:
+    return default_schedule(
         req.engine,
         version,
-        gpu_memory_bytes=memory,
+        gpu_memory_bytes=req.gpu.memory_bytes,
         tp_size=req.tp_size,
-        chunked_prefill_size=req.chunked_prefill_size,
-        max_running_requests=req.max_running_requests,
+        chunked_prefill_size=chunk,
+        max_running_requests=max_running,
         gpu_name=req.gpu.name,
     )
-    chunk = req.chunked_prefill_size or probe.chunked_prefill_size
+
+
+def _default_pool(
+    req: PlanRequest, version: str, chunk: int, num_piecewise_tokens: int
+) -> tuple[float, int, int]:
+    """The engine's own memory fraction, KV pool (tokens) and running-request limit."""
+    cfg, memory, tp = req.cfg, req.gpu.memory_bytes, req.tp_size
     if req.engine == "sglang":
         fraction = sglang_default_mem_fraction(
             version,
             memory,
             chunked_prefill_size=chunk,
             max_bs=server_args_max_bs(version, memory, tp, req.max_running_requests),
-            num_piecewise_tokens=len(probe.piecewise_tokens),
-            tp_size=req.tp_size,
+            num_piecewise_tokens=num_piecewise_tokens,
+            tp_size=tp,
         )
         kv_tokens = kv_tokens_at(cfg, memory, fraction, tp)
         max_running = req.max_running_requests or sglang_default_max_running(
             kv_tokens, cfg.max_context_len
         )
-    else:
-        max_running = req.max_running_requests or vllm_default_max_num_seqs(memory, req.gpu.name)
-        kv_tokens, fraction = vllm_default_pool(
-            cfg, memory, chunked_prefill_size=chunk, max_num_seqs=max_running, tp_size=tp
-        )
-    default = default_schedule(
-        req.engine,
-        version,
-        gpu_memory_bytes=memory,
-        tp_size=req.tp_size,
-        chunked_prefill_size=chunk,
-        max_running_requests=max_running,
-        gpu_name=req.gpu.name,
+        return fraction, kv_tokens, max_running
+    max_running = req.max_running_requests or vllm_default_max_num_seqs(memory, req.gpu.name)
+    kv_tokens, fraction = vllm_default_pool(
+        cfg, memory, chunked_prefill_size=chunk, max_num_seqs=max_running, tp_size=tp
     )
-    # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
-    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
-    max_tokens = max(chunk, default.max_tokens)
-    if req.profile is not None:
-        cost = profile_cost(
-            req.profile,
-            cfg,
-            req.gpu,
-            max_bs=max_bs,
-            max_tokens=max_tokens,
-            source=req.profile_name or "report",
-            tp_size=tp,
-        )
-    else:
-        cost = roofline_cost(cfg, req.gpu, max_bs=max_bs, max_tokens=max_tokens, tp_size=tp)
-    return Server(
-        version,
-        chunk,
-        max_running,
-        cfg.max_context_len,
-        default,
-        fraction,
-        kv_tokens,
-        cost,
-        tuple(eager_range(cost, cfg, tp)),
-    )
+    return fraction, kv_tokens, max_running
 
 
 def default_step_cost(server: Server) -> StepCost:
