@@ -16,6 +16,8 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
 )
 _REQUIRED_KEYS = (
     "vocab_size",
@@ -37,6 +39,30 @@ class RopeScaling:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """Routed experts in every layer from `first_dense_layers` on (SwiGLU experts, softmax
+    router, top-k), plus DeepSeek's always-on shared experts."""
+
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    num_shared_experts: int = 0  # fused into one SwiGLU of num_shared × expert width
+    first_dense_layers: int = 0  # DeepSeek's first_k_dense_replace: these keep a dense MLP
+    norm_topk_prob: bool = False  # renormalise the top-k weights to sum to one
+    routed_scaling_factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MlaConfig:
+    """DeepSeek's multi-head latent attention (q_lora_rank null: q is one projection)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     architecture: str
@@ -54,6 +80,11 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
+    moe: MoeConfig | None = None
+    # With MLA, num_kv_heads and head_dim describe the attention the kernels see, as SGLang's
+    # MLA backends see it: one latent "head" of kv_lora_rank + qk_rope_head_dim (the
+    # absorbed form), which is also the one buffer per layer the KV pool keeps.
+    mla: MlaConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -71,23 +102,68 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
-    def param_count(self) -> int:
-        h, i = self.hidden_size, self.intermediate_size
+    @property
+    def rotary_dim(self) -> int:
+        return self.mla.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def kv_buffers_per_layer(self) -> int:
+        """K and V apart, or MLA's one latent buffer (its first kv_lora_rank dims serve as V)."""
+        return 1 if self.mla else 2
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe.first_dense_layers if self.moe else 0
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert of one layer (gate, up, down); 0 for a dense model."""
+        return 3 * self.hidden_size * self.moe.expert_intermediate_size if self.moe else 0
+
+    def is_moe_layer(self, layer_id: int) -> bool:
+        return self.moe is not None and layer_id >= self.moe.first_dense_layers
+
+    def _attention_params(self) -> int:
+        h, m = self.hidden_size, self.mla
+        if m is not None:
+            q = h * self.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+            kv_a = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank  # + its norm
+            kv_b = m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv_a + kv_b + self.num_heads * m.v_head_dim * h
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.qkv_bias:
             attn += self.q_size + 2 * self.kv_size
         if self.qk_norm:
             attn += 2 * self.head_dim
-        layer = attn + 3 * h * i + 2 * h
+        return attn
+
+    def dense_param_count(self) -> int:
+        """Every parameter but the routed experts: what each forward reads whatever routes."""
+        h, moe = self.hidden_size, self.moe
+        mlp_dense = 3 * h * self.intermediate_size
+        layers = self.num_layers * (self._attention_params() + 2 * h)
+        layers += (self.num_layers - self.num_moe_layers) * mlp_dense
+        if moe is not None:  # the router, and the shared experts every token passes through
+            shared = moe.num_shared_experts * self.expert_params
+            layers += self.num_moe_layers * (h * moe.num_experts + shared)
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * layer + embed + head + h
+        return layers + embed + head + h
+
+    def param_count(self) -> int:
+        experts = self.moe.num_experts if self.moe else 0
+        return self.dense_param_count() + self.num_moe_layers * experts * self.expert_params
+
+    def active_param_count(self) -> int:
+        """Parameters one token reads: the dense part and its top-k experts per MoE layer."""
+        top_k = self.moe.top_k if self.moe else 0
+        return self.dense_param_count() + self.num_moe_layers * top_k * self.expert_params
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.param_count() * dtype_bytes
 
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.num_layers * self.kv_size * dtype_bytes
+        return self.kv_buffers_per_layer * self.num_layers * self.kv_size * dtype_bytes
 
     def config_hash(self) -> str:
         blob = json.dumps(asdict(self) | {"name": ""}, sort_keys=True).encode()
@@ -156,6 +232,9 @@ def parse_hf_config(raw: dict[str, Any], name: str, source: str = "config.json")
             "Fix config.json.",
         )
     rope = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    mla = _parse_mla(raw, source) if arch == "DeepseekV2ForCausalLM" else None
+    if mla is not None:
+        kv_heads = 1
     return ModelConfig(
         name=name,
         architecture=arch,
@@ -165,14 +244,78 @@ def parse_hf_config(raw: dict[str, Any], name: str, source: str = "config.json")
         num_layers=_whole(raw, "num_hidden_layers", source, limit=4096),
         num_heads=heads,
         num_kv_heads=kv_heads,
-        head_dim=_optional_whole(raw, "head_dim", source, max(1, hidden // heads)),
+        head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim if mla else
+        _optional_whole(raw, "head_dim", source, max(1, hidden // heads)),
         max_context_len=_whole(raw, "max_position_embeddings", source, 4096, limit=_MAX_CONTEXT),
         rms_norm_eps=_positive(raw, "rms_norm_eps", source, 1e-6),
         rope_theta=_positive(raw if "rope_theta" in raw else rope, "rope_theta", source, 10000.0),
         rope_scaling=_parse_rope_scaling(raw, source),
         tie_word_embeddings=raw.get("tie_word_embeddings", False) is True,
         qkv_bias=arch == "Qwen2ForCausalLM" or raw.get("attention_bias", False) is True,
-        qk_norm=arch == "Qwen3ForCausalLM",
+        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+        moe=_parse_moe(raw, arch, source),
+        mla=mla,
+    )
+
+
+def _unsupported(source: str, key: str, value: Any, supported: str) -> ConfigError:
+    return ConfigError(
+        f"{source}: '{key}' {value!r} is a MoE/MLA variant cgtool does not support",
+        f"cgtool supports {supported}.",
+    )
+
+
+def _parse_moe(raw: dict[str, Any], arch: str, source: str) -> MoeConfig | None:
+    """Qwen3-MoE's and DeepSeek-V2's sparse MLP; anything routed otherwise is refused by
+    naming the field, since a silently dense model would plan the wrong weights."""
+    if arch == "Qwen3MoeForCausalLM":
+        if raw.get("decoder_sparse_step", 1) != 1:
+            raise _unsupported(source, "decoder_sparse_step", raw["decoder_sparse_step"], "1")
+        if raw.get("mlp_only_layers"):
+            raise _unsupported(source, "mlp_only_layers", raw["mlp_only_layers"], "[] (none)")
+        # transformers 5 writes num_local_experts where the published configs say num_experts
+        key = "num_experts" if "num_experts" in raw else "num_local_experts"
+        experts, first_dense, shared = _whole(raw, key, source), 0, 0
+    elif arch == "DeepseekV2ForCausalLM":
+        for key, allowed in _DEEPSEEK_ROUTING.items():
+            if raw.get(key, allowed[0]) not in allowed:
+                raise _unsupported(source, key, raw[key], " or ".join(map(repr, allowed)))
+        experts = _whole(raw, "n_routed_experts", source)
+        shared = _optional_whole(raw, "n_shared_experts", source, 0) if raw.get("n_shared_experts") else 0
+        first_dense = 0 if not raw.get("first_k_dense_replace") else _whole(raw, "first_k_dense_replace", source)
+    else:
+        return None
+    top_k = _whole(raw, "num_experts_per_tok", source, limit=experts)
+    return MoeConfig(
+        num_experts=experts,
+        top_k=top_k,
+        expert_intermediate_size=_whole(raw, "moe_intermediate_size", source),
+        num_shared_experts=shared,
+        first_dense_layers=min(first_dense, _whole(raw, "num_hidden_layers", source, limit=4096)),
+        norm_topk_prob=raw.get("norm_topk_prob", False) is True,
+        routed_scaling_factor=_positive(raw, "routed_scaling_factor", source, 1.0),
+    )
+
+
+# DeepSeek-V2-Lite's routing: softmax scores, plain top-k over all experts, experts in every
+# layer after the dense ones. V2's group-limited and V3's biased routing are not modelled.
+_DEEPSEEK_ROUTING: dict[str, tuple[Any, ...]] = {
+    "topk_method": ("greedy",),
+    "scoring_func": ("softmax",),
+    "moe_layer_freq": (1,),
+}
+
+
+def _parse_mla(raw: dict[str, Any], source: str) -> MlaConfig:
+    if raw.get("q_lora_rank") is not None:
+        raise _unsupported(source, "q_lora_rank", raw["q_lora_rank"], "null (DeepSeek-V2-Lite's q)")
+    if raw.get("attention_bias", False) is not False:
+        raise _unsupported(source, "attention_bias", raw["attention_bias"], "false")
+    return MlaConfig(
+        kv_lora_rank=_whole(raw, "kv_lora_rank", source),
+        qk_nope_head_dim=_whole(raw, "qk_nope_head_dim", source),
+        qk_rope_head_dim=_whole(raw, "qk_rope_head_dim", source),
+        v_head_dim=_whole(raw, "v_head_dim", source),
     )
 
 

@@ -88,3 +88,8 @@ def test_random_weights_built_in_target_dtype():
     model = build_model(cfg, device="cpu", dtype=torch.bfloat16, max_positions=64)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert sum(p.numel() for p in model.parameters()) == cfg.param_count()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v2"])
+def test_moe_and_mla_logits_match_hf_over_extend_then_decode(tmp_path, arch):
+    test_logits_match_hf_over_extend_then_decode(tmp_path, arch)

@@ -49,7 +49,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tens
 class RotaryEmbedding(nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
-        dim = cfg.head_dim
+        dim = cfg.rotary_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
         if cfg.rope_scaling is not None:
             inv_freq = _llama3_inv_freq(inv_freq, cfg.rope_scaling)

@@ -9,6 +9,8 @@ from cgtool.attention.op import attention
 from cgtool.config import ModelConfig
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
+from cgtool.model.mla import LatentAttention
+from cgtool.model.moe import SparseMoE
 from cgtool.model.parallel import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -61,9 +63,13 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_id, rotary, tp)
+        self.self_attn: nn.Module = (
+            LatentAttention(cfg, layer_id, rotary) if cfg.mla else Attention(cfg, layer_id, rotary, tp)
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, tp)
+        self.mlp: nn.Module = (
+            SparseMoE(cfg) if cfg.is_moe_layer(layer_id) else SwiGLU(cfg.hidden_size, cfg.intermediate_size, tp)
+        )
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+# Routed experts come one by one in checkpoints; cgtool stacks them per layer (moe.Experts).
+_EXPERT = re.compile(r"(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight")
 
 
 def build_model(
@@ -83,11 +86,18 @@ def load_safetensors(model: CausalLM, folder: Path) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for name, tensor in _checkpoint_tensors(folder):
-        target, part = _target_part(name)
+        expert = _EXPERT.fullmatch(name)
+        # Names the model keeps as they are (MLA's q_proj) load directly, not into a fused qkv.
+        target, part = (name, 0) if name in params else _target_part(name)
+        if expert is not None:
+            target = f"{expert['prefix']}.{'down_proj' if expert['proj'] == 'down_proj' else 'gate_up_proj'}"
         if target not in params:
             continue  # e.g. rotary inv_freq buffers in old checkpoints
         module = model.get_submodule(target.rsplit(".", 1)[0])
-        dst, index, expected = _shard_of(module, params[target], part)
+        if expert is not None:
+            dst, index, expected = _expert_slot(params[target], int(expert["e"]), expert["proj"])
+        else:
+            dst, index, expected = _shard_of(module, params[target], part)
         if tuple(tensor.get_shape()) != expected:
             raise ConfigError(
                 f"{folder}: tensor {name} has shape {tuple(tensor.get_shape())}, expected {expected}",
@@ -128,10 +138,25 @@ def _shard_of(
     return param.data[offset : offset + b - a], (slice(a, b),), (full, *param.shape[1:])
 
 
+def _expert_slot(
+    param: torch.Tensor, expert: int, proj: str
+) -> tuple[torch.Tensor, tuple[slice, ...], tuple[int, ...]]:
+    """One expert's gate, up or down matrix inside the stacked parameter of its layer."""
+    dst = param.data[expert]
+    if proj != "down_proj":
+        half = dst.shape[0] // 2
+        dst = dst[:half] if proj == "gate_proj" else dst[half:]
+    return dst, (slice(None),), tuple(dst.shape)
+
+
 def _expected_names(model: CausalLM) -> set[str]:
     names = set()
-    for name, _ in model.named_parameters():  # tied lm_head is listed once, as embed_tokens
-        if ".qkv_proj." in name:
+    for name, param in model.named_parameters():  # tied lm_head is listed once, as embed_tokens
+        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+            prefix, stacked = name.rsplit(".", 1)
+            projs = ("down_proj",) if stacked == "down_proj" else ("gate_proj", "up_proj")
+            names |= {f"{prefix}.{e}.{p}.weight" for e in range(param.shape[0]) for p in projs}
+        elif ".qkv_proj." in name:
             names |= {name.replace("qkv_proj", p) for p in ("q_proj", "k_proj", "v_proj")}
         elif ".gate_up_proj." in name:
             names |= {name.replace("gate_up_proj", p) for p in ("gate_proj", "up_proj")}

@@ -1,0 +1,65 @@
+"""DeepSeek's multi-head latent attention, in the absorbed form, over a latent KV pool.
+
+Each token caches one latent of kv_lora_rank + qk_rope_head_dim values per layer: the
+normalised compressed KV and the rotated shared key. Absorbing kv_b_proj's key half into the
+query and its value half into the output makes attention a multi-query attention of one
+latent head, keys the whole latent and values its first kv_lora_rank values, which is how
+SGLang's MLA backends decode. The latent goes through cgtool's attention op as both K and V:
+the output's first kv_lora_rank values are the attention over the compressed KV, the rest
+is discarded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cgtool.attention.op import attention
+from cgtool.config import ModelConfig
+from cgtool.model.layers import RMSNorm, RotaryEmbedding
+
+
+def pairs_to_halves(x: torch.Tensor) -> torch.Tensor:
+    """DeepSeek rotates interleaved pairs (x0, x1), (x2, x3)...; cgtool's rope kernel rotates
+    halves. Moving the pairs' members into halves, the same in q and k, keeps every q·k."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+
+class LatentAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        assert cfg.mla is not None
+        self.mla = m = cfg.mla
+        self.num_heads, self.layer_id, self.rotary = cfg.num_heads, layer_id, rotary
+        h, heads = cfg.hidden_size, cfg.num_heads
+        self.q_proj = nn.Linear(h, heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, m.kv_lora_rank + m.qk_rope_head_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(m.kv_lora_rank, cfg.rms_norm_eps)
+        self.kv_b_proj = nn.Linear(
+            m.kv_lora_rank, heads * (m.qk_nope_head_dim + m.v_head_dim), bias=False
+        )
+        self.o_proj = nn.Linear(heads * m.v_head_dim, h, bias=False)
+        # The backends scale scores by the latent head's head_dim ** -0.5; MLA's softmax scale
+        # is that of the un-absorbed query-key head, so q carries the ratio.
+        self.q_scale = (m.qk_nope_head_dim + m.qk_rope_head_dim) ** -0.5 / cfg.head_dim**-0.5
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        m, n, heads = self.mla, x.shape[0], self.num_heads
+        q_nope, q_pe = self.q_proj(x).view(n, heads, -1).split(
+            [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1
+        )
+        compressed, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
+        compressed = self.kv_a_layernorm(compressed.contiguous())
+        q_pe, k_pe = self.rotary(positions, pairs_to_halves(q_pe), pairs_to_halves(k_pe.view(n, 1, -1)))
+        # [heads, nope + v, kv_lora_rank]: each head's key and value up-projections
+        w_uk, w_uv = self.kv_b_proj.weight.view(heads, -1, m.kv_lora_rank).split(
+            [m.qk_nope_head_dim, m.v_head_dim], dim=1
+        )
+        q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, heads, rank]
+        q = torch.cat([q_latent, q_pe], dim=-1) * self.q_scale  # [n, heads, rank + rope]
+        latent = torch.cat([compressed, k_pe.view(n, -1)], dim=-1)  # [n, rank + rope]
+        out = torch.empty_like(q).view(n, -1)
+        attention(q.view(n, -1), latent, latent, out, self.layer_id)
+        o_latent = out.view(n, heads, -1)[..., : m.kv_lora_rank]
+        o = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [heads, n, v]
+        return self.o_proj(o.transpose(0, 1).reshape(n, heads * m.v_head_dim))
