@@ -39,7 +39,11 @@ class KVPool:
             )
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)  # [num_slots, kv_heads, head_dim]
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)]
+        # MLA keeps one latent per token ([num_slots, 1, kv_lora_rank + rope]), read as both K
+        # and V: the V buffers are the K buffers.
+        self.v_buffers = self.k_buffers if cfg.kv_buffers_per_layer == 1 else [
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)
+        ]
         # [max_reqs, max_context_len]: each request's positions → KV slots
         self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int32, device=device)
         self.num_slots = num_slots
@@ -50,14 +54,16 @@ class KVPool:
 
     @property
     def nbytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
+        buffers = self.k_buffers if self.v_buffers is self.k_buffers else self.k_buffers + self.v_buffers
+        return sum(b.numel() * b.element_size() for b in buffers)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # index_copy_ rather than `buffer[loc] = k`: the same copy, without advanced indexing's
         # host work (tens of µs a call, two calls a layer in every eager step).
         loc = loc if loc.dtype == torch.int64 else loc.long()
         self.k_buffers[layer_id].index_copy_(0, loc, k)
-        self.v_buffers[layer_id].index_copy_(0, loc, v)
+        if self.v_buffers is not self.k_buffers:
+            self.v_buffers[layer_id].index_copy_(0, loc, v)
 
     def alloc_request(self, seq_len: int) -> tuple[int, torch.Tensor]:
         """Give a request a row and `seq_len` fresh slots (bump allocation; enough for profiling)."""

@@ -25,11 +25,12 @@ SHAPES = dict(
 
 # MLA and MoE of DeepSeek-V2-Lite's kind at toy size: a dense first layer, shared experts,
 # un-normalised top-k weights (scaled, to check the factor is applied).
-DEEPSEEK_V2 = dict(
-    kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-    n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=3, moe_intermediate_size=32,
-    first_k_dense_replace=1, norm_topk_prob=False, routed_scaling_factor=1.5,
-)
+DEEPSEEK_V2 = {
+    "kv_lora_rank": 32, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+    "v_head_dim": 16, "n_routed_experts": 8, "n_shared_experts": 2, "num_experts_per_tok": 3,
+    "moe_intermediate_size": 32, "first_k_dense_replace": 1, "norm_topk_prob": False,
+    "routed_scaling_factor": 1.5,
+}
 
 
 def make_hf_model(arch: str, folder: Path, seed: int = 0, **overrides: int) -> torch.nn.Module:

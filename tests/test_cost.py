@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
@@ -85,3 +86,46 @@ def test_tp_adds_collective_launches_that_eager_pays_and_graphs_hide(roofline):
     launch_ms = [m.decode_eager_ms[1:65] - m.decode_graph_ms[1:65] for m in (tp2, roofline)]
     assert np.allclose(launch_ms[0] - launch_ms[1], 66 * 4e-3)
     assert tp2.decode_graph_bytes > roofline.decode_graph_bytes
+
+
+def test_expected_experts_matches_uniform_routing_by_simulation():
+    from cgtool.planner.cost import expected_experts
+
+    gen = torch.Generator().manual_seed(0)
+    num_experts, top_k = 128, 8
+    for tokens in (1, 4, 32, 256):
+        hits = [
+            len({e for _ in range(tokens) for e in torch.randperm(num_experts, generator=gen)[:top_k].tolist()})
+            for _ in range(200)
+        ]
+        estimate = float(expected_experts(num_experts, top_k, np.array([tokens]))[0])
+        assert abs(np.mean(hits) - estimate) < 0.03 * estimate + 0.5
+
+
+def test_moe_step_reads_its_active_experts_at_bs1_and_all_of_them_at_large_batch():
+    from cgtool.planner.cost import weight_bytes_read
+
+    qwen = load_model_config("qwen3-30b-a3b")
+    read = weight_bytes_read(qwen, np.array([1, 8, 64, 4096]))
+    assert read[0] == pytest.approx(qwen.active_param_count() * 2)
+    assert np.all(np.diff(read) > 0)
+    assert read[-1] == pytest.approx(qwen.weight_bytes(2), rel=1e-6)
+    dense = weight_bytes_read(CFG, np.array([1, 4096]))
+    assert dense[0] == dense[1] == CFG.weight_bytes(2)
+
+
+def test_moe_decode_step_grows_with_batch_much_faster_than_a_dense_one():
+    moe = roofline_cost(load_model_config("qwen3-30b-a3b"), H100, max_bs=64, max_tokens=64)
+    dense = roofline_cost(CFG, H100, max_bs=64, max_tokens=64)
+    moe_growth = moe.decode_graph_ms[64] / moe.decode_graph_ms[1]
+    dense_growth = dense.decode_graph_ms[64] / dense.decode_graph_ms[1]
+    assert moe_growth > 3 and dense_growth < 1.5
+
+
+def test_mla_decode_reads_the_latent_kv():
+    ds = load_model_config("deepseek-v2-lite")
+    cost = roofline_cost(ds, H100, max_bs=8, max_tokens=8)
+    per_gqa_token = roofline_cost(CFG, H100, max_bs=8, max_tokens=8).kv_read_ms_per_token
+    ratio = cost.kv_read_ms_per_token / per_gqa_token
+    assert ratio == pytest.approx(ds.kv_bytes_per_token(2) / CFG.kv_bytes_per_token(2))
+    assert ds.kv_bytes_per_token(2) == 27 * 576 * 2

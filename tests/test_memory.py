@@ -172,3 +172,22 @@ def test_vllm_default_pool_is_empty_when_the_weights_do_not_fit():
     # 16 GB of bf16 weights on a 12 GiB GPU.
     tokens, _ = vllm_default_pool(CFG, 12 * GIB, chunked_prefill_size=2048, max_num_seqs=256)
     assert tokens == 0
+
+
+def test_mla_model_sizes_its_pool_by_the_latent():
+    from cgtool.planner.memory import kv_tokens_at
+
+    ds = load_model_config("deepseek-v2-lite")
+    gib80 = 80 * (1 << 30)
+    expected = int((0.8 * gib80 - ds.weight_bytes(2)) // (27 * 576 * 2))
+    assert kv_tokens_at(ds, gib80, 0.8) == expected
+
+
+def test_moe_and_mla_models_refuse_tensor_parallelism_with_one_sentence():
+    from cgtool.errors import CgtoolError
+    from cgtool.planner.parallel import check_tp_size
+
+    for name in ("qwen3-30b-a3b", "deepseek-v2-lite"):
+        with pytest.raises(CgtoolError, match="experts or latent attention") as err:
+            check_tp_size(load_model_config(name), 2)
+        assert "--tp 1 " in str(err.value)

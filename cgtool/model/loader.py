@@ -152,7 +152,7 @@ def _expert_slot(
 def _expected_names(model: CausalLM) -> set[str]:
     names = set()
     for name, param in model.named_parameters():  # tied lm_head is listed once, as embed_tokens
-        if name.endswith(".experts.gate_up_proj") or name.endswith(".experts.down_proj"):
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
             prefix, stacked = name.rsplit(".", 1)
             projs = ("down_proj",) if stacked == "down_proj" else ("gate_proj", "up_proj")
             names |= {f"{prefix}.{e}.{p}.weight" for e in range(param.shape[0]) for p in projs}

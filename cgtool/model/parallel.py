@@ -27,6 +27,11 @@ def check_tp_shapes(cfg: ModelConfig, tp_size: int) -> None:
     """Refuse TP sizes that do not divide the model's heads and MLP, as SGLang does."""
     kv = cfg.num_kv_heads
     problem = None
+    if tp_size > 1 and (cfg.moe or cfg.mla):
+        raise ConfigError(
+            f"--tp {tp_size}: cgtool does not shard {cfg.name}'s experts or latent attention yet",
+            "Use --tp 1 for mixture-of-experts and MLA models.",
+        )
     if cfg.num_heads % tp_size:
         problem = f"its {cfg.num_heads} attention heads"
     elif kv % tp_size and tp_size % kv:

@@ -99,17 +99,42 @@ def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
     # Per layer: norm, qkv, rope, kv store, attention, o_proj, add+norm, gate_up, act, down,
     # residual add (+ q/k norm); then embedding, final norm, lm_head, sampling; plus the
     # tensor-parallel all-reduces and the logits' all-gather.
-    return cfg.num_layers * (11 + int(cfg.qk_norm)) + 4 + collectives_per_forward(cfg, tp_size)
+    per_layer = 11 + int(cfg.qk_norm)
+    if cfg.mla:  # q and latent projections apart, the latent's norm, two absorbing bmm's
+        per_layer += 5
+    moe = 0
+    if cfg.moe:  # router GEMM, top-k softmax, expert sort, combine (+ shared SwiGLU and its add)
+        moe = cfg.num_moe_layers * (4 + 4 * int(cfg.moe.num_shared_experts > 0))
+    return cfg.num_layers * per_layer + moe + 4 + collectives_per_forward(cfg, tp_size)
+
+
+def expected_experts(num_experts: int, top_k: int, tokens: np.ndarray) -> np.ndarray:
+    """Distinct experts a forward over `tokens` rows reads in one MoE layer when each token
+    picks top_k of num_experts uniformly: each expert is missed by a token with probability
+    1 - top_k / num_experts, so E · (1 - (1 - k/E)^tokens) experts are hit."""
+    miss = 1.0 - top_k / num_experts
+    return num_experts * (1.0 - miss ** np.asarray(tokens, dtype=np.float64))
+
+
+def weight_bytes_read(cfg: ModelConfig, rows: np.ndarray) -> np.ndarray:
+    """Bytes of weights one forward over `rows` tokens streams: all of a dense model; of a
+    MoE model everything but the routed experts, plus the experts its tokens route to."""
+    rows = np.asarray(rows, dtype=np.float64)
+    if cfg.moe is None:
+        return np.full_like(rows, float(cfg.weight_bytes(BF16_BYTES)))
+    experts = expected_experts(cfg.moe.num_experts, cfg.moe.top_k, rows)
+    params = cfg.dense_param_count() + cfg.num_moe_layers * experts * cfg.expert_params
+    return params * BF16_BYTES
 
 
 def _dense_ms(
     cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray
 ) -> np.ndarray:
-    weight_bytes = cfg.weight_bytes(BF16_BYTES)
     head_params = cfg.vocab_size * cfg.hidden_size
-    body_params = cfg.param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
+    # Each token computes with its own top-k experts only, whatever the batch reads.
+    body_params = cfg.active_param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
     flops = 2.0 * (body_params * rows + head_params * logit_rows)
-    read_ms = weight_bytes / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3
+    read_ms = weight_bytes_read(cfg, rows) / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3
     compute_ms = flops / (gpu.bf16_flops * _FLOPS_EFFICIENCY) * 1e3
     # A sum, not max(): at small batch the GEMMs neither stream weights at full bandwidth nor
     # keep the tensor cores busy, and measured decode steps grow with batch size long before
@@ -148,6 +173,8 @@ def roofline_cost(
     decode_eager = decode_dense + kernels * _LAUNCH_MS
     extend_eager = extend_dense + kernels * _LAUNCH_MS
     capture_per_size_s = kernels * _CAPTURE_S_PER_KERNEL
+    # With MLA head_dim is the latent head's (rank + rope), whose values are the rank part:
+    # counting both products over the full latent overstates them by rope / (rank + rope).
     attention_flops_per_pair = 4.0 * shard.num_layers * shard.num_heads * shard.head_dim
     return CostModel(
         source="roofline",

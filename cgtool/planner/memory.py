@@ -70,8 +70,20 @@ def activation_bytes_per_token(cfg: ModelConfig, tp_size: int = 1) -> int:
     activation model: eager peaks here and graph pools in cgtool.planner.cost both use it."""
     shard = rank_shapes(cfg, tp_size)
     return (
-        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + 3 * shard.intermediate_size
+        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + _mlp_width(shard)
     ) * BF16_BYTES
+
+
+def _mlp_width(cfg: ModelConfig) -> int:
+    """Values one token keeps live in its widest MLP. A MoE layer, as SGLang's fused MoE
+    runs it, holds each of the top-k experts' gate_up and activation and its weighted output
+    before they are summed, beside the shared experts' own gate_up and activation."""
+    dense = 3 * cfg.intermediate_size if cfg.num_moe_layers < cfg.num_layers else 0
+    if cfg.moe is None:
+        return dense
+    width = cfg.moe.expert_intermediate_size
+    routed = cfg.moe.top_k * (3 * width + cfg.hidden_size)
+    return max(dense, routed + 3 * cfg.moe.num_shared_experts * width)
 
 
 def activation_bytes(

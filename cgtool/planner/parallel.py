@@ -50,6 +50,8 @@ def rank_shapes(cfg: ModelConfig, tp_size: int) -> ModelConfig:
 def _tp_problem(cfg: ModelConfig, tp_size: int) -> str | None:
     """Why SGLang would refuse this split (its divide() asserts), or None."""
     kv = cfg.num_kv_heads
+    if tp_size > 1 and (cfg.moe or cfg.mla):
+        return f"would split {cfg.name}'s experts or latent attention, which cgtool does not shard yet"
     if cfg.num_heads % tp_size:
         return f"does not divide {cfg.name}'s {cfg.num_heads} attention heads"
     if (kv % tp_size) if kv >= tp_size else (tp_size % kv):
@@ -66,7 +68,8 @@ def valid_tp_sizes(cfg: ModelConfig) -> list[int]:
 def check_tp_size(cfg: ModelConfig, tp_size: int, gpu: GpuSpec | None = None) -> None:
     """Refuse a tensor-parallel size that the model cannot be split into or cgtool cannot cost."""
     sizes = [str(n) for n in valid_tp_sizes(cfg)]
-    remedy = f"Use --tp {', '.join(sizes[:-1])} or {sizes[-1]} for {cfg.name}."
+    listed = f"{', '.join(sizes[:-1])} or {sizes[-1]}" if len(sizes) > 1 else sizes[0]
+    remedy = f"Use --tp {listed} for {cfg.name}."
     if tp_size < 1:
         raise CgtoolError(f"--tp {tp_size} is not a number of GPUs", remedy)
     if tp_size > MAX_TP_SIZE:
