@@ -166,7 +166,11 @@ class ModelConfig:
         return self.kv_buffers_per_layer * self.num_layers * self.kv_size * dtype_bytes
 
     def config_hash(self) -> str:
-        blob = json.dumps(asdict(self) | {"name": ""}, sort_keys=True).encode()
+        fields = asdict(self) | {"name": ""}
+        # Absent MoE and MLA leave the blob as it was before they existed, so that dense
+        # models keep the hashes that saved reports carry.
+        fields = {k: v for k, v in fields.items() if not (k in ("moe", "mla") and v is None)}
+        blob = json.dumps(fields, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -134,3 +135,10 @@ def test_transformers_5_expert_count_key_is_read(tmp_path):
 def test_top_k_above_the_expert_count_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="num_experts_per_tok"):
         load_model_config(_write(tmp_path, _moe_raw("qwen3-30b-a3b", num_experts_per_tok=129)))
+
+
+def test_moe_and_mla_shapes_change_the_config_hash():
+    qwen = load_model_config("qwen3-30b-a3b")
+    assert qwen.config_hash() != replace(qwen, moe=replace(qwen.moe, top_k=4)).config_hash()
+    ds = load_model_config("deepseek-v2-lite")
+    assert ds.config_hash() != replace(ds, mla=replace(ds.mla, kv_lora_rank=256)).config_hash()
