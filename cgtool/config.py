@@ -28,6 +28,13 @@ _REQUIRED_KEYS = (
 )
 
 
+
+def expected_experts(num_experts: int, top_k: int, tokens: Any) -> Any:
+    """Distinct experts a forward over `tokens` rows (a number or an array) reads in one MoE
+    layer when each token picks top_k of num_experts uniformly: each expert is missed by a
+    token with probability 1 - top_k / num_experts, so E · (1 - (1 - k/E)^tokens) are hit."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
     """Llama 3's frequency-dependent rope scaling (rope_type "llama3")."""
@@ -151,13 +158,24 @@ class ModelConfig:
         return layers + embed + head + h
 
     def param_count(self) -> int:
-        experts = self.moe.num_experts if self.moe else 0
-        return self.dense_param_count() + self.num_moe_layers * experts * self.expert_params
+        return int(self.params_with_experts(self.moe.num_experts if self.moe else 0))
 
     def active_param_count(self) -> int:
         """Parameters one token reads: the dense part and its top-k experts per MoE layer."""
-        top_k = self.moe.top_k if self.moe else 0
-        return self.dense_param_count() + self.num_moe_layers * top_k * self.expert_params
+        return int(self.params_with_experts(self.moe.top_k if self.moe else 0))
+
+    def params_with_experts(self, experts: Any) -> Any:
+        """The dense part plus `experts` routed experts in each MoE layer (a number, or an
+        array of expected counts): what a forward that reaches that many experts reads."""
+        return self.dense_param_count() + self.num_moe_layers * experts * self.expert_params
+
+    def weight_bytes_read(self, tokens: Any, dtype_bytes: int = 2) -> Any:
+        """Weight bytes a forward over `tokens` rows streams (a number or an array): all of a
+        dense model; of a MoE model the dense part and the experts its tokens route to."""
+        if self.moe is None:
+            return tokens * 0 + self.weight_bytes(dtype_bytes)
+        hit = expected_experts(self.moe.num_experts, self.moe.top_k, tokens)
+        return self.params_with_experts(hit) * dtype_bytes
 
     def weight_bytes(self, dtype_bytes: int = 2) -> int:
         return self.param_count() * dtype_bytes

@@ -59,12 +59,20 @@ def capture_decode(
             if check is None:
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
-            roofline_ms = (bench.weights_bytes + kv_read) / bandwidth * 1e3
+            roofline_ms = (_weights_read(bench, bs) + kv_read) / bandwidth * 1e3
             _record(state, "decode", bs, cost, check, roofline_ms)
             calls.append((bs, replay, eager))
         if calls:
             state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
     _count_kernels(state, "decode", calls, opts, on_progress)
+
+
+def _weights_read(bench: Workbench, tokens: int) -> float:
+    """Weight bytes a forward over `tokens` rows streams on this rank: all it holds for a dense
+    model; for a MoE model the experts that many tokens are expected to reach."""
+    if bench.cfg.moe is None:
+        return float(bench.weights_bytes)
+    return float(bench.cfg.weight_bytes_read(tokens))
 
 
 def _decode_eager(bench: Workbench, batch: Any) -> torch.Tensor:
@@ -115,8 +123,8 @@ def capture_piecewise(
             ))
             if check is None:
                 continue
-            flops = 2 * bench.cfg.param_count() * n
-            bytes_ms = bench.weights_bytes / bandwidth * 1e3
+            flops = 2 * bench.cfg.active_param_count() * n  # each token through its own experts
+            bytes_ms = _weights_read(bench, n) / bandwidth * 1e3
             peak = _peak_flops()
             roofline_ms = max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
             _record(state, "piecewise", n, cost, check, roofline_ms)

@@ -108,23 +108,9 @@ def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
     return cfg.num_layers * per_layer + moe + 4 + collectives_per_forward(cfg, tp_size)
 
 
-def expected_experts(num_experts: int, top_k: int, tokens: np.ndarray) -> np.ndarray:
-    """Distinct experts a forward over `tokens` rows reads in one MoE layer when each token
-    picks top_k of num_experts uniformly: each expert is missed by a token with probability
-    1 - top_k / num_experts, so E · (1 - (1 - k/E)^tokens) experts are hit."""
-    miss = 1.0 - top_k / num_experts
-    return num_experts * (1.0 - miss ** np.asarray(tokens, dtype=np.float64))
-
-
 def weight_bytes_read(cfg: ModelConfig, rows: np.ndarray) -> np.ndarray:
-    """Bytes of weights one forward over `rows` tokens streams: all of a dense model; of a
-    MoE model everything but the routed experts, plus the experts its tokens route to."""
-    rows = np.asarray(rows, dtype=np.float64)
-    if cfg.moe is None:
-        return np.full_like(rows, float(cfg.weight_bytes(BF16_BYTES)))
-    experts = expected_experts(cfg.moe.num_experts, cfg.moe.top_k, rows)
-    params = cfg.dense_param_count() + cfg.num_moe_layers * experts * cfg.expert_params
-    return params * BF16_BYTES
+    """Bytes of weights one forward over each of `rows` tokens streams (the config decides)."""
+    return np.asarray(cfg.weight_bytes_read(np.asarray(rows, dtype=np.float64), BF16_BYTES), dtype=np.float64)
 
 
 def _dense_ms(
