@@ -227,6 +227,9 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Any, source: str = PLAN_FILENAME) -> Plan:
         check_header(data, PLAN_SCHEMA, source)
+        for name in ("status", "created"):  # defaults for the planner, required in a file
+            if name not in data:
+                fail(source, name, "is missing")
         plan = convert(cls, data, source, "")
         if "sglang" not in plan.flags:
             fail(source, "flags.sglang", "is missing")

@@ -233,9 +233,7 @@ def plan(
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
     _show(result, out, json_out)
     if stop.requested():
-        state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
-        err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
-        raise typer.Exit(stop.exit_code())
+        _exit_interrupted(result, stop)
 
 
 def _check_engine(engine: str, engine_version: str | None) -> None:
@@ -258,6 +256,12 @@ def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: St
             highlight=False,
         )
         raise typer.Exit(exit_code(interrupt)) from None
+
+
+def _exit_interrupted(result: Plan, stop: StopRequest) -> None:
+    state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
+    err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
+    raise typer.Exit(stop.exit_code())
 
 
 def _show(result: Plan, out: Path | None, json_out: bool) -> None:
