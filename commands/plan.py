@@ -43,88 +43,6 @@ _UNITS = {
     "tib": 1 << 40,
 }
 
-
-def parse_bytes(text: str, option: str = "--budget-memory") -> int:
-    """'8GiB', '512 MiB', '1.5e9' or a plain number of bytes."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else ""
-    try:
-        value = float(match.group(1)) if match else float("nan")
-    except ValueError:
-        value = float("nan")
-    if not match or unit not in _UNITS or not value >= 0:
-        raise InputError(
-            f"{option} '{text}' is not an amount of memory",
-            "Write it like 8GiB, 512MiB or 8000000000.",
-        )
-    return int(value * _UNITS[unit])
-
-
-def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
-    if name.lower() != "auto":
-        return gpu_spec(name), None
-    try:
-        return gpu_spec("auto"), None
-    except CgtoolError:
-        return gpu_spec(
-            FALLBACK_GPU
-        ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
-
-
-def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-    """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
-    if path is None:
-        return None
-    old = load_plan(path)
-    return (
-        tuple(old.decode.capture_bs),
-        tuple(old.piecewise.capture_num_tokens),
-        old.memory.kv_tokens,
-    )
-
-
-def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
-    err_console.print(f"reading {trace}", highlight=False)
-    loaded = load_trace_hinted(trace, trace_format).trace
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(),
-    )
-    if isinstance(loaded, RequestTrace):
-        err_console.print(f"simulating {len(loaded.arrival_s):,} requests", highlight=False)
-    # From here a signal ends the simulation at its next poll, and the plan of what was
-    # simulated is still written; before, there is nothing worth keeping.
-    stop.defer()
-    with Progress(*columns, console=err_console, transient=True) as progress:
-        tasks: dict[str, int] = {}
-
-        def report(stage: str, fraction: float) -> None:
-            if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=1.0)
-            progress.update(tasks[stage], completed=fraction)
-
-        if isinstance(loaded, RequestTrace):
-            return plan_requests(
-                loaded.arrival_s,
-                loaded.input_len,
-                loaded.output_len,
-                loaded.cached_len,
-                request,
-                report,
-                stop.requested,
-            )
-        return plan_batches(
-            loaded.decode_batch_size,
-            loaded.decode_count,
-            loaded.extend_num_tokens,
-            loaded.extend_count,
-            request,
-            report,
-        )
-
-
 # Options of `plan` alone; those shared with other commands live in commands/common.py.
 TraceOpt = Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")]
 TraceFormatOpt = Annotated[
@@ -245,6 +163,45 @@ def _check_engine(engine: str, engine_version: str | None) -> None:
     resolve_version(engine, engine_version)
 
 
+def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
+    if path is None:
+        return None
+    old = load_plan(path)
+    return (
+        tuple(old.decode.capture_bs),
+        tuple(old.piecewise.capture_num_tokens),
+        old.memory.kv_tokens,
+    )
+
+
+def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
+    if name.lower() != "auto":
+        return gpu_spec(name), None
+    try:
+        return gpu_spec("auto"), None
+    except CgtoolError:
+        return gpu_spec(
+            FALLBACK_GPU
+        ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
+
+
+def parse_bytes(text: str, option: str = "--budget-memory") -> int:
+    """'8GiB', '512 MiB', '1.5e9' or a plain number of bytes."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    try:
+        value = float(match.group(1)) if match else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not match or unit not in _UNITS or not value >= 0:
+        raise InputError(
+            f"{option} '{text}' is not an amount of memory",
+            "Write it like 8GiB, 512MiB or 8000000000.",
+        )
+    return int(value * _UNITS[unit])
+
+
 def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
     try:
         with stop.installed():
@@ -258,10 +215,46 @@ def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: St
         raise typer.Exit(exit_code(interrupt)) from None
 
 
-def _exit_interrupted(result: Plan, stop: StopRequest) -> None:
-    state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
-    err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
-    raise typer.Exit(stop.exit_code())
+def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
+    err_console.print(f"reading {trace}", highlight=False)
+    loaded = load_trace_hinted(trace, trace_format).trace
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+    )
+    if isinstance(loaded, RequestTrace):
+        err_console.print(f"simulating {len(loaded.arrival_s):,} requests", highlight=False)
+    # From here a signal ends the simulation at its next poll, and the plan of what was
+    # simulated is still written; before, there is nothing worth keeping.
+    stop.defer()
+    with Progress(*columns, console=err_console, transient=True) as progress:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, fraction: float) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=1.0)
+            progress.update(tasks[stage], completed=fraction)
+
+        if isinstance(loaded, RequestTrace):
+            return plan_requests(
+                loaded.arrival_s,
+                loaded.input_len,
+                loaded.output_len,
+                loaded.cached_len,
+                request,
+                report,
+                stop.requested,
+            )
+        return plan_batches(
+            loaded.decode_batch_size,
+            loaded.decode_count,
+            loaded.extend_num_tokens,
+            loaded.extend_count,
+            request,
+            report,
+        )
 
 
 def _show(result: Plan, out: Path | None, json_out: bool) -> None:
@@ -285,3 +278,9 @@ def _write_outputs(out: Path, result: Plan) -> list[Path]:
         ) from None
     write_plan(result, out / PLAN_FILENAME)
     return [out / PLAN_FILENAME, *render_plan(result, out)]
+
+
+def _exit_interrupted(result: Plan, stop: StopRequest) -> None:
+    state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
+    err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
+    raise typer.Exit(stop.exit_code())

@@ -48,33 +48,52 @@ POOL_ROUNDS = 3
 REPLICA_ROUNDS = 4
 
 
-def _limits(req: PlanRequest, server: Server) -> Limits:
-    return Limits(
-        server.max_running,
-        min(server.chunk, server.context_len),
-        req.budget_graphs,
-        req.budget_memory_bytes,
-    )
+def plan_requests(
+    arrival_s: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+    cached_len: np.ndarray | None,
+    req: PlanRequest,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Plan:
+    """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
+    the plan then covers the requests simulated so far, marked incomplete."""
+    server = server_for(req)
+    if len(arrival_s) == 0:
+        raise InputError(f"{req.trace_name or 'the trace'} holds no request",
+                         "Plan from a trace with requests.")
+    arrays = (arrival_s, input_len, output_len, cached_len)
+    kv = _provisional_kv(req, server)
+    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
+    _check_some_fit(runs[0].result, req, server, kv)
+    pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
+    kv_ms = server.cost.kv_read_ms_per_token
+    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in pool.runs]
+    first = pool.runs[0].result
+    whole = first.tally().histograms(kv_ms)
+    plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
+                       _simulation(pool, replicas), "requests", replicas)
+    if replicas != req.replicas:
+        plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
+    _note_incomplete(plan, pool.runs, req)
+    if first.dropped_requests:
+        plan.warnings.append(
+            f"{first.dropped_requests} requests were longer than the context or the KV pool "
+            "and were dropped; the typical length and peak KV demand count only the rest"
+        )
+    if progress is not None:
+        progress("optimise", 1.0)
+    return plan
 
 
-def _choose_and_size(
-    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, MemoryPlan]:
-    choice = choose_robust(
-        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
-    )
-    memory = plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
-        chunked_prefill_size=server.chunk,
-        max_running_requests=server.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical,
-        default_mem_fraction_static=server.default_fraction,
-        tp_size=req.tp_size,
-    )
-    return choice, memory
+def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, kv: int) -> None:
+    if first.dropped_requests == first.num_requests:
+        raise InputError(
+            f"{req.trace_name or 'the trace'}: all {first.num_requests} requests are longer "
+            f"than {req.cfg.name}'s context ({server.context_len}) or its KV pool ({kv} tokens)",
+            "Plan for a model with a longer context, or a larger GPU.",
+        )
 
 
 def _enough_replicas(
@@ -112,6 +131,40 @@ def _provisional_kv(req: PlanRequest, server: Server) -> int:
     ).kv_tokens
 
 
+@dataclass(slots=True)
+class _PoolFit:
+    """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
+
+    runs: list[LoadRun]
+    kv_tokens: int  # the pool the runs admitted against
+    rounds: int
+    choice: RobustChoice
+    memory: MemoryPlan
+    fit: list[Scenario]
+
+
+def _fit_pool(
+    arrays: tuple[Any, ...], req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
+    replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
+) -> _PoolFit:
+    """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
+    kv_ms = server.cost.kv_read_ms_per_token
+    rounds = 1
+    while True:
+        if progress is not None:
+            progress("optimise", 0.0)
+        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
+        first = runs[0].result
+        choice, memory = _choose_and_size(
+            req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
+        )
+        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
+        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
+            return _PoolFit(runs, kv, rounds, choice, memory, fit)
+        kv, rounds = memory.kv_tokens, rounds + 1
+        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+
+
 def _simulate_loads(
     arrays: tuple,
     req: PlanRequest,
@@ -144,88 +197,6 @@ def _simulate_loads(
         LoadRun(load, result, float(at_load[-1] - at_load[0]))
         for load, result, at_load in zip(req.loads, results, scaled)
     ]
-
-
-@dataclass(slots=True)
-class _PoolFit:
-    """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
-
-    runs: list[LoadRun]
-    kv_tokens: int  # the pool the runs admitted against
-    rounds: int
-    choice: RobustChoice
-    memory: MemoryPlan
-    fit: list[Scenario]
-
-
-def plan_requests(
-    arrival_s: np.ndarray,
-    input_len: np.ndarray,
-    output_len: np.ndarray,
-    cached_len: np.ndarray | None,
-    req: PlanRequest,
-    progress: Progress | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> Plan:
-    """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
-    the plan then covers the requests simulated so far, marked incomplete."""
-    server = server_for(req)
-    if len(arrival_s) == 0:
-        raise InputError(f"{req.trace_name or 'the trace'} holds no request",
-                         "Plan from a trace with requests.")
-    arrays = (arrival_s, input_len, output_len, cached_len)
-    kv = _provisional_kv(req, server)
-    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
-    _check_some_fit(runs[0].result, req, server, kv)
-    pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
-    kv_ms = server.cost.kv_read_ms_per_token
-    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in pool.runs]
-    first = pool.runs[0].result
-    whole = first.tally().histograms(kv_ms)
-    plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
-                   _simulation(pool, replicas), "requests", replicas)
-    if replicas != req.replicas:
-        plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
-    _note_incomplete(plan, pool.runs, req)
-    if first.dropped_requests:
-        plan.warnings.append(
-            f"{first.dropped_requests} requests were longer than the context or the KV pool "
-            "and were dropped; the typical length and peak KV demand count only the rest"
-        )
-    if progress is not None:
-        progress("optimise", 1.0)
-    return plan
-
-
-def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, kv: int) -> None:
-    if first.dropped_requests == first.num_requests:
-        raise InputError(
-            f"{req.trace_name or 'the trace'}: all {first.num_requests} requests are longer "
-            f"than {req.cfg.name}'s context ({server.context_len}) or its KV pool ({kv} tokens)",
-            "Plan for a model with a longer context, or a larger GPU.",
-        )
-
-
-def _fit_pool(
-    arrays: tuple[Any, ...], req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
-    replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
-) -> _PoolFit:
-    """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
-    kv_ms = server.cost.kv_read_ms_per_token
-    rounds = 1
-    while True:
-        if progress is not None:
-            progress("optimise", 0.0)
-        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
-        first = runs[0].result
-        choice, memory = _choose_and_size(
-            req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
-        )
-        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
-        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
-            return _PoolFit(runs, kv, rounds, choice, memory, fit)
-        kv, rounds = memory.kv_tokens, rounds + 1
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
 
 
 def _simulation(pool: _PoolFit, replicas: int) -> Simulation:
@@ -318,3 +289,32 @@ def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray
     unique, index = np.unique(sizes[keep], return_inverse=True)
     merged = np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
     return unique, merged, over
+
+
+def _limits(req: PlanRequest, server: Server) -> Limits:
+    return Limits(
+        server.max_running,
+        min(server.chunk, server.context_len),
+        req.budget_graphs,
+        req.budget_memory_bytes,
+    )
+
+
+def _choose_and_size(
+    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
+) -> tuple[RobustChoice, MemoryPlan]:
+    choice = choose_robust(
+        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
+    )
+    memory = plan_memory(
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
+        chunked_prefill_size=server.chunk,
+        max_running_requests=server.max_running,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical,
+        default_mem_fraction_static=server.default_fraction,
+        tp_size=req.tp_size,
+    )
+    return choice, memory
