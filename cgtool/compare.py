@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgtool.errors import InputError
+from cgtool.plan_document import Plan
 from cgtool.results import CaptureReport, SizeResult
 
 _MIB = 1 << 20
@@ -137,8 +138,8 @@ def compare_reports(
 
 
 def compare_plans(
-    baseline: dict[str, Any],
-    current: dict[str, Any],
+    baseline: Plan,
+    current: Plan,
     max_regress_pct: float = 5.0,
     force: bool = False,
 ) -> Comparison:
@@ -146,8 +147,11 @@ def compare_plans(
     warnings = _plan_mismatches(baseline, current, force)
     result = Comparison("plan", list(PLAN_METRICS), max_regress_pct, max_regress_pct, [],
                         warnings=warnings)
-    for kind, field_name in (("decode", "capture_bs"), ("piecewise", "capture_num_tokens")):
-        before, after = set(baseline[kind][field_name]), set(current[kind][field_name])
+    for kind, before_sizes, after_sizes in (
+        ("decode", baseline.decode.capture_bs, current.decode.capture_bs),
+        ("piecewise", baseline.piecewise.capture_num_tokens, current.piecewise.capture_num_tokens),
+    ):
+        before, after = set(before_sizes), set(after_sizes)
         result.added += [size_label(kind, s) for s in sorted(after - before, reverse=True)]
         result.removed += [size_label(kind, s) for s in sorted(before - after, reverse=True)]
     base_figures, cur_figures = _plan_figures(baseline), _plan_figures(current)
@@ -157,12 +161,12 @@ def compare_plans(
     return result
 
 
-def _plan_figures(plan: dict[str, Any]) -> dict[str, float | None]:
-    row = next((r for r in plan["comparison"] if r["schedule"] == "plan"), None)
+def _plan_figures(plan: Plan) -> dict[str, float | None]:
+    row = plan.row("plan")
     return {
-        "graph_bytes": plan["memory"]["graph_bytes"],
-        "expected_step_ms": row["expected_step_ms"] if row else None,
-        "kv_tokens": plan["memory"]["kv_tokens"],
+        "graph_bytes": plan.memory.graph_bytes,
+        "expected_step_ms": row.expected_step_ms if row else None,
+        "kv_tokens": plan.memory.kv_tokens,
     }
 
 
@@ -212,14 +216,14 @@ def _report_mismatches(baseline: CaptureReport, current: CaptureReport, force: b
     return _refuse_unless_forced(hard, force) + soft
 
 
-def _plan_mismatches(baseline: dict[str, Any], current: dict[str, Any], force: bool) -> list[str]:
-    hard = [f"{name} differs: baseline {baseline['inputs'][name]}, current {current['inputs'][name]}"
-            for name in ("gpu", "model") if baseline["inputs"][name] != current["inputs"][name]]
+def _plan_mismatches(baseline: Plan, current: Plan, force: bool) -> list[str]:
+    before, after = baseline.inputs, current.inputs
+    hard = [f"{name} differs: baseline {getattr(before, name)}, current {getattr(after, name)}"
+            for name in ("gpu", "model") if getattr(before, name) != getattr(after, name)]
     # Memory figures are per GPU: plans over different --tp are different deployments.
-    tp = [int(plan["inputs"].get("tp_size") or 1) for plan in (baseline, current)]
-    if tp[0] != tp[1]:
-        hard.append(f"tp_size differs: baseline {tp[0]}, current {tp[1]}")
-    traces = [plan["inputs"]["trace"] for plan in (baseline, current)]
+    if before.tp_size != after.tp_size:
+        hard.append(f"tp_size differs: baseline {before.tp_size}, current {after.tp_size}")
+    traces = [before.trace, after.trace]
     # Allowed (a plan for new traffic), but then the figures answer different questions.
     soft = [f"the plans come from different traces: baseline {traces[0]}, current {traces[1]}"
             ] if traces[0] != traces[1] else []

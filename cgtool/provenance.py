@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from cgtool import __version__
-from cgtool.results import Provenance
+from cgtool.document_io import Provenance
 
 UNKNOWN = "unknown"
 # Set by a launcher that copies the source (a GPU machine, CI): it wins over the copy's own

@@ -1,37 +1,37 @@
-"""Versioned report.json and plan.json: typed results, one validating loader, atomic writes.
+"""Capture reports as typed dataclasses, and the one loader of reports and plans.
 
-A capture report is built from the dataclasses below and written with `write_json_atomic`.
-Reports and plans are read back through `load_document`, which checks schema, major version
-and every field it needs, and raises one InputError naming the file and the field.
+A capture report is built from the dataclasses below and written atomically. Reports and
+plans (cgtool.plan_document) are read back through `load_document`, which tells them apart
+by their schema field; cgtool.document_io checks the header, the major version and every
+field, and raises one InputError naming the file and the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
-import types
-import typing
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
+from cgtool.document_io import (
+    FORMAT_VERSION,
+    Provenance,
+    check_created,
+    check_header,
+    convert,
+    fail,
+    read_json,
+    utc_now_iso,
+    write_json_atomic,
+)
 from cgtool.errors import InputError
+from cgtool.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 
 REPORT_SCHEMA = "cgtool.report"
-PLAN_SCHEMA = "cgtool.plan"
-FORMAT_VERSION = "1.0"  # minor versions only add fields; a new major changes their meaning
 REPORT_FILENAME = "report.json"
-PLAN_FILENAME = "plan.json"
 
 Kind = Literal["decode", "piecewise"]
 SizeStatus = Literal["ok", "unsafe", "failed"]
-
-
-def utc_now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(slots=True)
@@ -43,20 +43,6 @@ class Environment:
     torch: str
     cgtool: str
     hostname: str
-
-
-@dataclass(slots=True)
-class Provenance:
-    """What produced a report or plan (cgtool.provenance collects it); its date is `created`."""
-
-    commit: str  # git commit of the cgtool source, or "unknown" outside a git checkout
-    dirty: bool | None  # tracked files changed since that commit; None when unknown
-    command: list[str]  # the exact command line (sys.argv)
-    cpu_model: str
-    cpu_count: int  # logical CPUs of the host
-    cgtool: str
-    torch: str
-    python: str
 
 
 @dataclass(slots=True)
@@ -176,9 +162,9 @@ class CaptureReport:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = REPORT_FILENAME) -> CaptureReport:
-        _check_header(data, REPORT_SCHEMA, source)
-        report = _convert(cls, data, source, "")
-        _check_created(report.created, source)
+        check_header(data, REPORT_SCHEMA, source)
+        report = convert(cls, data, source, "")
+        check_created(report.created, source)
         _check_sizes(report.sizes, source)
         _check_ranks(report, source)
         return report
@@ -190,70 +176,6 @@ class CaptureReport:
 
     def kinds(self) -> list[str]:
         return [k for k in ("decode", "piecewise") if any(s.kind == k for s in self.sizes)]
-
-
-# The fields of plan.json that cgtool renders and compares; the planner may add more.
-_HISTOGRAM = {"sizes": list[int], "counts": list[int], "time_s": list[float]}
-_SCHEDULE_ROW = {"schedule": Literal["plan", "default"], "expected_step_ms": float,
-                 "decode_coverage": float, "extend_coverage": float, "padding_waste": float,
-                 "num_graphs": int, "graph_bytes": int, "capture_s": float, "kv_tokens": int}
-PLAN_FIELDS: dict[str, Any] = {
-    "status": Literal["complete", "incomplete"],
-    "created": str,
-    "inputs": {"trace": str, "model": str, "gpu": str, "engine": str},
-    "decode": {"capture_bs": list[int], "max_bs": int, "histogram": _HISTOGRAM,
-               "default_capture_bs": list[int]},
-    "piecewise": {"capture_num_tokens": list[int], "max_tokens": int, "histogram": _HISTOGRAM,
-                  "default_capture_num_tokens": list[int]},
-    "memory": {"gpu_memory_bytes": int, "weights_bytes": int, "graph_bytes": int,
-               "activation_bytes": int, "margin_bytes": int, "kv_bytes": int, "kv_tokens": int,
-               "mem_fraction_static": float, "default_mem_fraction_static": float,
-               "warnings": list[str]},
-    "comparison": list[_SCHEDULE_ROW],  # type: ignore[valid-type]
-    "flags": {"sglang": list[str]},
-}
-
-
-def validate_plan(data: Any, source: str = PLAN_FILENAME) -> dict[str, Any]:
-    """Check a plan dict's header and the fields cgtool uses; return it unchanged."""
-    _check_header(data, PLAN_SCHEMA, source)
-    _convert(PLAN_FIELDS, data, source, "")
-    if "provenance" in data:  # optional: plans written before it existed have none
-        _convert(Provenance, data["provenance"], source, "provenance")
-    return data
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write JSON so that a reader sees the old file or the whole new one, never half."""
-    path = Path(path)
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    # Opened by name with mode 0666, so the file gets the user's umask (mkstemp would give 0600).
-    tmp_name = str(path.with_name(f".{path.name}.{os.getpid()}.tmp"))
-    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            tmp.write(text)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    # The rename itself is durable only once the folder's entry is flushed (POSIX).
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_report(report: CaptureReport, path: Path) -> None:
@@ -274,12 +196,12 @@ def resolve_document(path: Path) -> Path:
     return path
 
 
-def load_document(path: Path) -> CaptureReport | dict[str, Any]:
-    """Load a report (as CaptureReport) or a plan (as a validated dict), by its schema field."""
+def load_document(path: Path) -> CaptureReport | Plan:
+    """Load a report or a plan, by its schema field."""
     path = resolve_document(path)
-    data = _read_json(path)
+    data = read_json(path)
     if isinstance(data, dict) and data.get("schema") == PLAN_SCHEMA:
-        return validate_plan(data, str(path))
+        return Plan.from_dict(data, str(path))
     return CaptureReport.from_dict(data, str(path))
 
 
@@ -290,61 +212,11 @@ def load_report(path: Path) -> CaptureReport:
     return document
 
 
-def load_plan(path: Path) -> dict[str, Any]:
+def load_plan(path: Path) -> Plan:
     document = load_document(path)
     if isinstance(document, CaptureReport):
         raise InputError(f"{path}: is a capture report, not a plan", "Pass a plan.json.")
     return document
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror})", "Check the path.") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start})",
-                         "Regenerate the file; it is not a cgtool report or plan.") from None
-    if not text.strip():
-        raise InputError(f"{path}: file is empty", "Regenerate it; the run may have been cut off.")
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{path}: not valid JSON at line {exc.lineno} column {exc.colno} ({exc.msg})",
-            "The file is truncated or corrupt; regenerate it.",
-        ) from None
-    except (RecursionError, ValueError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc})", "Regenerate the file.") from None
-
-
-def _reject_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _check_header(data: Any, schema: str, source: str) -> None:
-    if not isinstance(data, dict):
-        raise InputError(f"{source}: expected a JSON object at the top, got {_kind(data)}",
-                         "Pass a cgtool report.json or plan.json.")
-    if data.get("schema") != schema:
-        raise InputError(f"{source}: field 'schema' is {_show(data.get('schema'))}, "
-                         f"expected '{schema}'", "Pass a file cgtool wrote.")
-    version = data.get("version")
-    major = version.split(".")[0] if isinstance(version, str) else None
-    if major is None or not major.isdigit():
-        raise InputError(f"{source}: field 'version' is {_show(version)}, expected "
-                         f"'MAJOR.MINOR' such as '{FORMAT_VERSION}'", "Regenerate the file.")
-    if major != FORMAT_VERSION.split(".")[0]:
-        raise InputError(f"{source}: version {version} has unknown major version {major}; "
-                         f"this cgtool reads {FORMAT_VERSION.split('.')[0]}.x",
-                         "Use the cgtool version that wrote it, or regenerate it.")
-
-
-def _check_created(created: str, source: str) -> None:
-    try:
-        datetime.fromisoformat(created)
-    except ValueError:
-        _fail(source, "created", f"is {_show(created)}, not an ISO-8601 time")
 
 
 def _check_sizes(sizes: list[SizeResult], source: str) -> None:
@@ -352,107 +224,25 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
     for i, row in enumerate(sizes):
         where = f"sizes[{i}]"
         if row.size < 1:
-            _fail(source, f"{where}.size", f"must be at least 1, got {row.size}")
+            fail(source, f"{where}.size", f"must be at least 1, got {row.size}")
         if row.key in seen:
-            _fail(source, where, f"repeats {row.kind} size {row.size} rank {row.rank}")
+            fail(source, where, f"repeats {row.kind} size {row.size} rank {row.rank}")
         seen.add(row.key)
         for name in ("retained_bytes", "peak_bytes"):  # a pool's growth and a peak are >= 0
             if getattr(row, name) < 0:
-                _fail(source, f"{where}.{name}", f"is {getattr(row, name)}, below 0 bytes")
+                fail(source, f"{where}.{name}", f"is {getattr(row, name)}, below 0 bytes")
         if row.status != "failed":
             for name in ("eager_ms", "replay_ms", "speedup"):
                 if getattr(row, name) is None:
-                    _fail(source, f"{where}.{name}", f"is null but status is '{row.status}'")
+                    fail(source, f"{where}.{name}", f"is null but status is '{row.status}'")
 
 
 def _check_ranks(report: CaptureReport, source: str) -> None:
     tp_size = report.settings.tp_size
     if tp_size < 1:
-        _fail(source, "settings.tp_size", f"must be at least 1, got {tp_size}")
+        fail(source, "settings.tp_size", f"must be at least 1, got {tp_size}")
     for i, row in enumerate(report.sizes):
         if not 0 <= row.rank < tp_size:
-            _fail(source, f"sizes[{i}].rank", f"is {row.rank}, outside 0..{tp_size - 1} (tp_size)")
+            fail(source, f"sizes[{i}].rank", f"is {row.rank}, outside 0..{tp_size - 1} (tp_size)")
     if report.rank_totals and len(report.rank_totals) != tp_size:
-        _fail(source, "rank_totals", f"has {len(report.rank_totals)} ranks, expected {tp_size}")
-
-
-def _convert(expected: Any, value: Any, source: str, where: str) -> Any:
-    """Check `value` against a type (dataclass, Literal, list, dict, scalar) or a dict spec."""
-    if isinstance(expected, dict):
-        return _convert_fields(expected, value, source, where, lambda **kw: kw)
-    if dataclasses.is_dataclass(expected):
-        hints = typing.get_type_hints(expected)
-        spec = {f.name: hints[f.name] for f in dataclasses.fields(expected)}
-        optional = {f.name for f in dataclasses.fields(expected)
-                    if f.default is not dataclasses.MISSING
-                    or f.default_factory is not dataclasses.MISSING}
-        return _convert_fields(spec, value, source, where, expected, optional)
-    origin, args = typing.get_origin(expected), typing.get_args(expected)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(inner[0], value, source, where)
-    if origin is Literal:
-        if value not in args or isinstance(value, bool):
-            _fail(source, where, f"must be one of {', '.join(map(repr, args))}, got {_show(value)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            _fail(source, where, f"must be a list, got {_kind(value)}")
-        return [_convert(args[0], item, source, f"{where}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            _fail(source, where, f"must be an object, got {_kind(value)}")
-        return {k: _convert(args[1], v, source, f"{where}[{k!r}]") for k, v in value.items()}
-    return _convert_scalar(expected, value, source, where)
-
-
-def _convert_fields(spec: dict[str, Any], value: Any, source: str, where: str,
-                    build: Any, optional: frozenset[str] | set[str] = frozenset()) -> Any:
-    if not isinstance(value, dict):
-        _fail(source, where or "top level", f"must be an object, got {_kind(value)}")
-    kwargs = {}
-    for name, expected in spec.items():
-        path = f"{where}.{name}" if where else name
-        if name not in value:
-            if name in optional:
-                continue
-            _fail(source, path, "is missing")
-        kwargs[name] = _convert(expected, value[name], source, path)
-    return build(**kwargs)
-
-
-def _convert_scalar(expected: type, value: Any, source: str, where: str) -> Any:
-    if expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _fail(source, where, f"must be a number, got {_kind(value)}")
-        if not math.isfinite(float(value)):
-            _fail(source, where, f"must be a finite number, got {value!r}")
-        return float(value)
-    if expected is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(source, where, f"must be an integer, got {_kind(value)}")
-        return value
-    if not isinstance(value, expected):
-        _fail(source, where, f"must be {_NAMES.get(expected, expected.__name__)}, got {_kind(value)}")
-    return value
-
-
-_NAMES = {str: "a string", bool: "true or false"}
-
-
-def _fail(source: str, where: str, problem: str) -> typing.NoReturn:
-    raise InputError(f"{source}: field '{where}' {problem}",
-                     "Regenerate the file with cgtool, or fix that field.")
-
-
-def _kind(value: Any) -> str:
-    names = {type(None): "null", bool: "true/false", int: "an integer", float: "a number",
-             str: "a string", list: "a list", dict: "an object"}
-    return names.get(type(value), type(value).__name__)
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+        fail(source, "rank_totals", f"has {len(report.rank_totals)} ranks, expected {tp_size}")

@@ -49,7 +49,7 @@ def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
     from cgtool.results import load_plan
 
     plan = load_plan(path)
-    return list(plan["decode"]["capture_bs"]), list(plan["piecewise"]["capture_num_tokens"])
+    return list(plan.decode.capture_bs), list(plan.piecewise.capture_num_tokens)
 
 
 def choose_fraction(flag: float | None, plan: Path | None) -> float:
@@ -61,7 +61,7 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
         return value
     from cgtool.results import load_plan
 
-    value = float(load_plan(plan)["memory"]["mem_fraction_static"])
+    value = load_plan(plan).memory.mem_fraction_static
     err_console.print(f"--mem-fraction-static {value:g} from the plan {plan}", highlight=False, soft_wrap=True)
     return value
 

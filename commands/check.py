@@ -25,6 +25,7 @@ from cgtool.compare import (
 )
 from cgtool.errors import InputError
 from cgtool.invariants import require_memory_invariants
+from cgtool.plan_document import Plan
 from cgtool.reports.formats import print_tables
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.tables import comparison_rows, format_change
@@ -80,20 +81,20 @@ def parse_percent(text: str, option: str) -> float:
     return value
 
 
-def _require_consistent_memory(*documents: tuple[Path, CaptureReport | dict]) -> None:
+def _require_consistent_memory(*documents: tuple[Path, CaptureReport | Plan]) -> None:
     # A report whose memory figures contradict each other gates nothing: refuse it (exit 2).
     for path, document in documents:
         if isinstance(document, CaptureReport):
             require_memory_invariants(document, str(resolve_document(path)))
 
 
-def _compare(before: CaptureReport | dict, after: CaptureReport | dict, metric: str | None,
+def _compare(before: CaptureReport | Plan, after: CaptureReport | Plan, metric: str | None,
              max_pct: float, latency_pct: float, force: bool) -> Comparison:
     if isinstance(before, CaptureReport) and isinstance(after, CaptureReport):
         names = [m.strip() for m in metric.split(",") if m.strip()] if metric else None
         return compare_reports(before, after, names or DEFAULT_REPORT_METRICS, max_pct,
                                latency_pct, force)
-    if isinstance(before, dict) and isinstance(after, dict):
+    if isinstance(before, Plan) and isinstance(after, Plan):
         if metric:
             raise InputError("--metric applies to capture reports, not plans",
                              f"Plans are compared on {', '.join(PLAN_METRICS)}; drop --metric.")

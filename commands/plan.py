@@ -16,13 +16,15 @@ from cgtool.commands.trace import load_trace_hinted
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.gpus import GpuSpec, gpu_spec
+from cgtool.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.planner.convert import FORMATS
-from cgtool.planner.plan import Plan, PlanRequest, plan_batches, plan_requests
+from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
 from cgtool.planner.trace import RequestTrace
 from cgtool.reports.plan_view import plan_view
-from cgtool.results import PLAN_FILENAME, load_plan, write_json_atomic
+from cgtool.results import load_plan
 from cgtool.verify.profile import load_profile
 
 FALLBACK_GPU = "H100-80GB"
@@ -41,6 +43,148 @@ _UNITS = {
     "tib": 1 << 40,
 }
 
+# Options of `plan` alone; those shared with other commands live in commands/common.py.
+TraceOpt = Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")]
+TraceFormatOpt = Annotated[
+    str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")
+]
+ModelOpt = Annotated[str, typer.Option(help="Model preset or HF folder with config.json.")]
+GpuOpt = Annotated[
+    str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
+]
+ProfileOpt = Annotated[
+    Path | None,
+    typer.Option(help="Capture report.json or verify.json: measured step times and graph memory."),
+]
+TpOpt = Annotated[
+    int,
+    typer.Option(
+        "--tp", help="Tensor-parallel GPUs per server: memory and step time are planned per GPU."
+    ),
+]
+BudgetGraphsOpt = Annotated[
+    int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
+]
+BudgetMemoryOpt = Annotated[str | None, typer.Option(help="Graph memory budget, e.g. 2GiB.")]
+EngineOpt = Annotated[str, typer.Option(help="Engine to plan for: sglang or vllm.")]
+EngineVersionOpt = Annotated[
+    str | None,
+    typer.Option(help="Engine release whose flags and defaults to use (default: newest known)."),
+]
+ChunkOpt = Annotated[
+    int | None, typer.Option(min=1, help="Prefill token budget per step (default: the engine's).")
+]
+MaxRunningOpt = Annotated[
+    int | None, typer.Option(min=1, help="Most requests running at once (default: the engine's).")
+]
+LoadOpt = Annotated[
+    str,
+    typer.Option(
+        help="Replay the trace at these multiples of its arrival rate, e.g. 1,2; sizes "
+        "hold up across all of them."
+    ),
+]
+ReplicasOpt = Annotated[
+    int, typer.Option(help="Data-parallel servers the trace is split across; one is planned.")
+]
+ComparePlanOpt = Annotated[
+    Path | None,
+    typer.Option(help="An existing plan.json whose sizes are scored on this trace too."),
+]
+OutOpt = Annotated[Path | None, typer.Option(help="Write plan.json and figures to this folder.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")]
+
+
+@cli_errors
+def plan(
+    trace: TraceOpt,
+    trace_format: TraceFormatOpt = "cgtool",
+    model: ModelOpt = "llama-3.1-8b",
+    gpu: GpuOpt = "auto",
+    profile: ProfileOpt = None,
+    tp: TpOpt = 1,
+    budget_graphs: BudgetGraphsOpt = None,
+    budget_memory: BudgetMemoryOpt = None,
+    engine: EngineOpt = "sglang",
+    engine_version: EngineVersionOpt = None,
+    chunked_prefill_size: ChunkOpt = None,
+    max_running_requests: MaxRunningOpt = None,
+    load: LoadOpt = "1,2",
+    replicas: ReplicasOpt = 1,
+    compare_plan: ComparePlanOpt = None,
+    out: OutOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
+    _check_engine(engine, engine_version)  # before the trace is read: that takes seconds
+    loads = parse_loads(load)
+    if replicas < 1:
+        raise InputError(
+            f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
+        )
+    compare = _compare_sizes(compare_plan)
+    gpu_choice, gpu_note = resolve_gpu(gpu)
+    report = load_profile(profile) if profile is not None else None  # report.json or verify.json
+    request = PlanRequest(
+        cfg=load_model_config(model),
+        gpu=gpu_choice,
+        engine=engine,
+        engine_version=engine_version,
+        trace_name=str(trace),
+        profile=report,
+        profile_name=None if profile is None else str(profile),
+        tp_size=tp,
+        chunked_prefill_size=chunked_prefill_size,
+        max_running_requests=max_running_requests,
+        budget_graphs=budget_graphs,
+        budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
+        loads=loads,
+        replicas=replicas,
+        compare=compare,
+        compare_name=None if compare_plan is None else str(compare_plan),
+    )
+    stop = StopRequest()
+    result = _plan_or_exit(trace, trace_format, request, stop)
+    if gpu_note:
+        result.warnings.insert(0, gpu_note)
+        if json_out:
+            err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
+    _show(result, out, json_out)
+    if stop.requested():
+        _exit_interrupted(result, stop)
+
+
+def _check_engine(engine: str, engine_version: str | None) -> None:
+    if engine not in ("sglang", "vllm"):
+        raise InputError(
+            f"--engine {engine} cannot be planned for",
+            "Use sglang or vllm (see `cgtool schedule` for trtllm).",
+        )
+    resolve_version(engine, engine_version)
+
+
+def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
+    if path is None:
+        return None
+    old = load_plan(path)
+    return (
+        tuple(old.decode.capture_bs),
+        tuple(old.piecewise.capture_num_tokens),
+        old.memory.kv_tokens,
+    )
+
+
+def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
+    if name.lower() != "auto":
+        return gpu_spec(name), None
+    try:
+        return gpu_spec("auto"), None
+    except CgtoolError:
+        return gpu_spec(
+            FALLBACK_GPU
+        ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
+
 
 def parse_bytes(text: str, option: str = "--budget-memory") -> int:
     """'8GiB', '512 MiB', '1.5e9' or a plain number of bytes."""
@@ -58,27 +202,17 @@ def parse_bytes(text: str, option: str = "--budget-memory") -> int:
     return int(value * _UNITS[unit])
 
 
-def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
-    if name.lower() != "auto":
-        return gpu_spec(name), None
+def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
     try:
-        return gpu_spec("auto"), None
-    except CgtoolError:
-        return gpu_spec(
-            FALLBACK_GPU
-        ), f"no GPU found; planning for {FALLBACK_GPU} (name one with --gpu)"
-
-
-def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
-    """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
-    if path is None:
-        return None
-    old = load_plan(path)
-    return (
-        tuple(old["decode"]["capture_bs"]),
-        tuple(old["piecewise"]["capture_num_tokens"]),
-        int(old["memory"]["kv_tokens"]),
-    )
+        with stop.installed():
+            return _run_plan(trace, trace_format, request, stop)
+    except KeyboardInterrupt as interrupt:
+        when = "by a second signal" if stop.deferring else "before the simulation began"
+        err_console.print(
+            f"[yellow]interrupted by {signal_name(interrupt)}[/] {when}; no plan was written",
+            highlight=False,
+        )
+        raise typer.Exit(exit_code(interrupt)) from None
 
 
 def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
@@ -123,132 +257,17 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRe
         )
 
 
-@cli_errors
-def plan(
-    trace: Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")],
-    trace_format: Annotated[
-        str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")
-    ] = "cgtool",
-    model: Annotated[
-        str, typer.Option(help="Model preset or HF folder with config.json.")
-    ] = "llama-3.1-8b",
-    gpu: Annotated[
-        str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
-    ] = "auto",
-    profile: Annotated[
-        Path | None, typer.Option(help="Capture report.json or verify.json: measured step times and graph memory.")
-    ] = None,
-    tp: Annotated[
-        int,
-        typer.Option(
-            "--tp",
-            help="Tensor-parallel GPUs per server: memory and step time are planned per GPU.",
-        ),
-    ] = 1,
-    budget_graphs: Annotated[
-        int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
-    ] = None,
-    budget_memory: Annotated[
-        str | None, typer.Option(help="Graph memory budget, e.g. 2GiB.")
-    ] = None,
-    engine: Annotated[str, typer.Option(help="Engine to plan for: sglang or vllm.")] = "sglang",
-    engine_version: Annotated[
-        str | None,
-        typer.Option(
-            help="Engine release whose flags and defaults to use (default: newest known)."
-        ),
-    ] = None,
-    chunked_prefill_size: Annotated[
-        int | None,
-        typer.Option(min=1, help="Prefill token budget per step (default: the engine's)."),
-    ] = None,
-    max_running_requests: Annotated[
-        int | None,
-        typer.Option(min=1, help="Most requests running at once (default: the engine's)."),
-    ] = None,
-    load: Annotated[
-        str,
-        typer.Option(
-            help="Replay the trace at these multiples of its arrival rate, e.g. 1,2; sizes "
-            "hold up across all of them."
-        ),
-    ] = "1,2",
-    replicas: Annotated[
-        int,
-        typer.Option(help="Data-parallel servers the trace is split across; one is planned."),
-    ] = 1,
-    compare_plan: Annotated[
-        Path | None,
-        typer.Option(help="An existing plan.json whose sizes are scored on this trace too."),
-    ] = None,
-    out: Annotated[
-        Path | None, typer.Option(help="Write plan.json and figures to this folder.")
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
-) -> None:
-    """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
-    if engine not in ("sglang", "vllm"):
-        raise InputError(
-            f"--engine {engine} cannot be planned for",
-            "Use sglang or vllm (see `cgtool schedule` for trtllm).",
-        )
-    resolve_version(engine, engine_version)  # before the trace is read: that takes seconds
-    loads = parse_loads(load)
-    if replicas < 1:
-        raise InputError(
-            f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
-        )
-    compare = _compare_sizes(compare_plan)
-    gpu_choice, gpu_note = resolve_gpu(gpu)
-    report = load_profile(profile) if profile is not None else None  # report.json or verify.json
-    request = PlanRequest(
-        cfg=load_model_config(model),
-        gpu=gpu_choice,
-        engine=engine,
-        engine_version=engine_version,
-        trace_name=str(trace),
-        profile=report,
-        profile_name=None if profile is None else str(profile),
-        tp_size=tp,
-        chunked_prefill_size=chunked_prefill_size,
-        max_running_requests=max_running_requests,
-        budget_graphs=budget_graphs,
-        budget_memory_bytes=None if budget_memory is None else parse_bytes(budget_memory),
-        loads=loads,
-        replicas=replicas,
-        compare=compare,
-        compare_name=None if compare_plan is None else str(compare_plan),
-    )
-    stop = StopRequest()
-    try:
-        with stop.installed():
-            result = _run_plan(trace, trace_format, request, stop)
-    except KeyboardInterrupt as interrupt:
-        when = "by a second signal" if stop.deferring else "before the simulation began"
-        err_console.print(
-            f"[yellow]interrupted by {signal_name(interrupt)}[/] {when}; no plan was written",
-            highlight=False,
-        )
-        raise typer.Exit(exit_code(interrupt)) from None
-    if gpu_note:
-        result.warnings.insert(0, gpu_note)
-        if json_out:
-            err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
-    data = result.to_dict()
-    written = _write_outputs(out, data) if out is not None else []
+def _show(result: Plan, out: Path | None, json_out: bool) -> None:
+    written = _write_outputs(out, result) if out is not None else []
     if json_out:
-        console.print_json(json.dumps(data))
-    else:
-        console.print(plan_view(data), soft_wrap=True)
-        for path in written:
-            console.print(f"wrote {path}", highlight=False, soft_wrap=True)
-    if stop.requested():
-        state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
-        err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
-        raise typer.Exit(stop.exit_code())
+        console.print_json(json.dumps(result.to_dict()))
+        return
+    console.print(plan_view(result), soft_wrap=True)
+    for path in written:
+        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
 
 
-def _write_outputs(out: Path, data: dict) -> list[Path]:
+def _write_outputs(out: Path, result: Plan) -> list[Path]:
     from cgtool.reports.render import render_plan  # matplotlib only when asked
 
     try:
@@ -257,5 +276,11 @@ def _write_outputs(out: Path, data: dict) -> list[Path]:
         raise CgtoolError(
             f"--out {out}: cannot create the folder ({exc.strerror})", "Pick a writable folder."
         ) from None
-    write_json_atomic(out / PLAN_FILENAME, data)
-    return [out / PLAN_FILENAME, *render_plan(data, out)]
+    write_plan(result, out / PLAN_FILENAME)
+    return [out / PLAN_FILENAME, *render_plan(result, out)]
+
+
+def _exit_interrupted(result: Plan, stop: StopRequest) -> None:
+    state = "marked incomplete" if result.status == "incomplete" else "complete all the same"
+    err_console.print(f"[yellow]interrupted by {stop.name()}[/]; the plan above is {state}")
+    raise typer.Exit(stop.exit_code())

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console, err_console
+from cgtool.plan_document import Plan
 from cgtool.reports.formats import print_tables
 from cgtool.reports.plan_view import plan_view
 from cgtool.results import CaptureReport
@@ -29,7 +30,7 @@ def report(
     if isinstance(document, CaptureReport) and document.status == "incomplete":
         err_console.print(f"[yellow]incomplete run:[/] {document.incomplete_reason}",
                           highlight=False, soft_wrap=True)
-    if isinstance(document, dict) and output is OutputFormat.table:
+    if isinstance(document, Plan) and output is OutputFormat.table:
         console.print(plan_view(document), soft_wrap=True)  # as `cgtool plan` prints, flags first
     else:
         print_tables(console, printed_tables(document), output.value)

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from cgtool.plan_document import Plan
+from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import (
     TableData,
     environment_rows,
     kernel_rows,
     mib,
-    plan_comparison_rows,
-    plan_memory_rows,
-    plan_sizes_rows,
     size_rows,
     totals_rows,
 )
@@ -23,6 +22,7 @@ from cgtool.results import CaptureReport
 
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 PERFETTO_URL = "https://ui.perfetto.dev"
+PLAN_VS_DEFAULT = "Plan against the engine's default"
 
 _CSS = """
 body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0; color: #1d2731;
@@ -43,6 +43,7 @@ caption { text-align: left; font-weight: 600; padding: 6px 0; }
 th, td { padding: 4px 10px; border-bottom: 1px solid #e3e6ea; text-align: right; white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
 th { background: #30638e; color: #fff; }
+tr.heading td { font-weight: 600; background: #eef1f4; }
 tr.marked td { background: #fde2e4; color: #a4161a; font-weight: 600; }
 pre { background: #1d2731; color: #e9f1f7; padding: 12px; border-radius: 6px; overflow-x: auto; }
 details { margin: 8px 0; } summary { cursor: pointer; font-weight: 600; }
@@ -72,42 +73,48 @@ def report_html(report: CaptureReport, figures: list[Path], artifact_prefix: str
     return _page(f"cgtool report: {title}", "\n".join(body))
 
 
-def plan_html(plan: dict[str, Any], figures: list[Path]) -> str:
+def plan_html(plan: Plan, figures: list[Path]) -> str:
     """The page for a plan, its figures inlined."""
-    inputs = plan["inputs"]
-    title = f"{inputs['model']} on {inputs['gpu']} ({inputs['engine']})"
+    inputs = plan.inputs
+    title = f"{inputs.model} on {inputs.gpu} ({inputs.engine})"
     body = [f"<h1>cgtool capture plan: {_e(title)}</h1>",
-            (f"<div class='sub'>trace {_e(inputs['trace'])}, created {_e(plan['created'])}, "
-             f"status {_e(plan['status'])}</div>")]
-    body += [f"<div class='banner'>{_e(w)}</div>" for w in plan["memory"]["warnings"]]
+            (f"<div class='sub'>trace {_e(inputs.trace)}, created {_e(plan.created)}, "
+             f"status {_e(plan.status)}</div>")]
+    body += [f"<div class='banner'>{_e(w)}</div>" for w in plan.all_warnings()]
     body.append(_plan_cards(plan))
     body.append("<h2>Recommended flags</h2>")
-    for engine, flags in plan["flags"].items():
-        if isinstance(flags, list) and flags:
-            body.append(f"<b>{_e(engine)}</b><pre>{_e(' '.join(map(str, flags)))}</pre>")
+    for engine, flags in plan.flags.items():
+        if flags:
+            body.append(f"<b>{_e(engine)}</b><pre>{_e(' '.join(flags))}</pre>")
     body.append("<h2>Figures</h2>")
     body.append(_figures(figures) if figures else "<p>No figures.</p>")
-    body.append("<h2>Schedule and memory</h2>")
-    body += [table_html(t) for t in (plan_sizes_rows(plan), plan_comparison_rows(plan),
-                                     plan_memory_rows(plan))]
-    body.append(table_html(TableData("Inputs", ["", "value"],
-                                     [[str(k), str(v)] for k, v in inputs.items()])))
-    simulation = plan.get("simulation")
-    if isinstance(simulation, dict):
-        body.append(table_html(TableData("Simulation", ["", "value"],
-                                         [[str(k), str(v)] for k, v in simulation.items()])))
+    body.append(f"<h2>{_e(PLAN_VS_DEFAULT)}</h2>")
+    body += [table_html(t(plan)) for t in (plan_sizes_rows, plan_comparison_rows, plan_memory_rows)]
+    body.append(_pairs_html("Inputs", asdict(inputs)))
+    simulation = {k: v for k, v in asdict(plan.simulation).items() if v is not None}
+    body.append(_pairs_html("Simulation", simulation))
     return _page(f"cgtool plan: {title}", "\n".join(body))
+
+
+def _pairs_html(title: str, pairs: dict[str, object]) -> str:
+    return table_html(TableData(title, ["", "value"], [[k, str(v)] for k, v in pairs.items()]))
 
 
 def table_html(data: TableData) -> str:
     head = "".join(f"<th>{_e(c)}</th>" for c in data.columns)
     rows = "".join(
-        ("<tr class='marked'>" if i in data.marked else "<tr>")
+        _row_open(data, i)
         + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>"
         for i, row in enumerate(data.rows)
     )
     caption = f"<caption>{_e(data.title)}</caption>" if data.title else ""
     return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _row_open(data: TableData, i: int) -> str:
+    if i in data.marked:
+        return "<tr class='marked'>"
+    return "<tr class='heading'>" if i in data.headings else "<tr>"
 
 
 def png_data_uri(path: Path) -> str:
@@ -139,15 +146,15 @@ def _report_cards(report: CaptureReport) -> str:
     return _cards(items)
 
 
-def _plan_cards(plan: dict[str, Any]) -> str:
-    memory = plan["memory"]
-    items = [(f"{memory['mem_fraction_static']:g}", "mem-fraction-static"),
-             (mib(memory["graph_bytes"]), "graph memory"), (f"{memory['kv_tokens']:,}", "KV tokens"),
-             (str(len(plan["decode"]["capture_bs"])), "decode sizes"),
-             (str(len(plan["piecewise"]["capture_num_tokens"])), "piecewise sizes")]
-    row = next((r for r in plan["comparison"] if r["schedule"] == "plan"), None)
+def _plan_cards(plan: Plan) -> str:
+    memory = plan.memory
+    items = [(f"{memory.mem_fraction_static:g}", "mem-fraction-static"),
+             (mib(memory.graph_bytes), "graph memory"), (f"{memory.kv_tokens:,}", "KV tokens"),
+             (str(len(plan.decode.capture_bs)), "decode sizes"),
+             (str(len(plan.piecewise.capture_num_tokens)), "piecewise sizes")]
+    row = plan.row("plan")
     if row:
-        items.append((f"{row['expected_step_ms']:.3f} ms", "expected step time"))
+        items.append((f"{row.expected_step_ms:.3f} ms", "expected step time"))
     return _cards(items)
 
 

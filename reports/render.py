@@ -7,21 +7,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from cgtool.plan_document import Plan
 from cgtool.reports.csv import write_sizes_csv
 from cgtool.reports.figures import write_report_figures
 from cgtool.reports.html import plan_html, report_html
+from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
 from cgtool.reports.rank_tables import rank_tables
-from cgtool.reports.tables import (
-    TableData,
-    phase_rows,
-    plan_comparison_rows,
-    plan_memory_rows,
-    plan_sizes_rows,
-    size_rows,
-    totals_rows,
-)
+from cgtool.reports.tables import TableData, phase_rows, size_rows, totals_rows
 from cgtool.results import CaptureReport, load_document, resolve_document
 
 REPORT_HTML, PLAN_HTML, FIGURE_DIR, SIZES_CSV = "report.html", "plan.html", "figures", "sizes.csv"
@@ -29,7 +22,7 @@ REPORT_HTML, PLAN_HTML, FIGURE_DIR, SIZES_CSV = "report.html", "plan.html", "fig
 
 @dataclass(slots=True)
 class Rendered:
-    document: CaptureReport | dict[str, Any]
+    document: CaptureReport | Plan
     source: Path  # the report.json or plan.json read
     files: list[Path] = field(default_factory=list)
 
@@ -45,9 +38,9 @@ def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
     return Rendered(document, source, render_plan(document, out_dir))
 
 
-def printed_tables(document: CaptureReport | dict[str, Any]) -> list[TableData]:
+def printed_tables(document: CaptureReport | Plan) -> list[TableData]:
     """The tables `cgtool report` prints: a report's as `capture` printed them (sizes, totals,
-    phases, and every rank's with --tp); a plan's as plan.html shows them."""
+    phases, and every rank's with --tp); a plan's as plan.html and the terminal show them."""
     if isinstance(document, CaptureReport):
         tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
         if document.totals.phase_s:
@@ -67,7 +60,7 @@ def render_report(report: CaptureReport, out_dir: Path, report_dir: Path | None 
     return [csv_path, *figures, html_path]
 
 
-def render_plan(plan: dict[str, Any], out_dir: Path) -> list[Path]:
+def render_plan(plan: Plan, out_dir: Path) -> list[Path]:
     """The plan's figures beside plan.json (as `plan --out` lays them out), plan.html, and the
     TensorRT-LLM options file its flags name."""
     from cgtool.reports.plan_figures import write_plan_figures  # matplotlib only when rendering
@@ -81,18 +74,18 @@ def render_plan(plan: dict[str, Any], out_dir: Path) -> list[Path]:
 _OPTIONS_FILE_LINE = re.compile(r"#\s*(?P<name>[\w.-]+\.ya?ml):\s*(?P<body>.+)")
 
 
-def engine_files(plan: dict[str, Any]) -> dict[str, str]:
+def engine_files(plan: Plan) -> dict[str, str]:
     """Files the flags ask for by name: TensorRT-LLM takes its graph sizes only from an
     options file, which the flags spell out as a `# NAME.yaml: CONTENT` line."""
     files = {}
-    for line in plan["flags"].get("trtllm", []):
+    for line in plan.flags.get("trtllm", []):
         match = _OPTIONS_FILE_LINE.fullmatch(line.strip())
         if match:
             files[match["name"]] = match["body"] + "\n"
     return files
 
 
-def write_engine_files(plan: dict[str, Any], out_dir: Path) -> list[Path]:
+def write_engine_files(plan: Plan, out_dir: Path) -> list[Path]:
     written = []
     for name, text in engine_files(plan).items():
         (out_dir / name).write_text(text, encoding="utf-8")

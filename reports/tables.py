@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from rich import box
 from rich.table import Table
@@ -18,7 +17,7 @@ def gib(num_bytes: float) -> str:
     return f"{num_bytes / (1 << 30):.2f} GiB"
 
 
-# --- Capture reports, plans and `check` comparisons -----------------------------------
+# --- Capture reports and `check` comparisons (plans: reports/plan_tables.py) -----------------------------------
 # Each table is built once as TableData and rendered by rich (here), HTML and markdown.
 
 _MIB = 1 << 20
@@ -30,6 +29,7 @@ class TableData:
     columns: list[str]
     rows: list[list[str]]
     marked: set[int] = field(default_factory=set)  # row indices to highlight (regressions)
+    headings: set[int] = field(default_factory=set)  # rows that title the rows below them
     wrap_last: bool = False  # a long list in the last column wraps in a terminal, never cut
 
 
@@ -79,8 +79,14 @@ def to_rich(data: TableData) -> Table:
         table.add_column(_stacked(column), justify="left" if i == 0 or wraps else "right",
                          no_wrap=not wraps)
     for i, row in enumerate(data.rows):
-        table.add_row(*row, style="bold red" if i in data.marked else None)
+        table.add_row(*row, style=row_style(data, i))
     return table
+
+
+def row_style(data: TableData, i: int) -> str | None:
+    if i in data.marked:
+        return "bold red"
+    return "bold" if i in data.headings else None
 
 
 def models_rows(configs: list[ModelConfig]) -> TableData:
@@ -222,43 +228,3 @@ def comparison_rows(comparison: Comparison) -> TableData:
         ])
     title = f"cgtool check ({comparison.subject}; limits {limits_text(comparison)})"
     return TableData(title, columns, rows, marked)
-
-
-def plan_sizes_rows(plan: dict[str, Any]) -> TableData:
-    decode, piecewise = plan["decode"], plan["piecewise"]
-    rows = [
-        ["decode batch sizes", _list(decode["capture_bs"]), _list(decode["default_capture_bs"])],
-        ["piecewise tokens", _list(piecewise["capture_num_tokens"]),
-         _list(piecewise["default_capture_num_tokens"])],
-    ]
-    return TableData("Capture sizes", ["", "plan", "engine default"], rows)
-
-
-def plan_comparison_rows(plan: dict[str, Any]) -> TableData:
-    columns = ["schedule", "step ms", "decode coverage %", "extend coverage %",
-               "padding waste %", "graphs", "graph memory MiB", "capture s", "KV tokens"]
-    rows = [[r["schedule"], _num(r["expected_step_ms"], 3),
-             _num(100 * r["decode_coverage"], 1), _num(100 * r["extend_coverage"], 1),
-             _num(100 * r["padding_waste"], 1), str(r["num_graphs"]), mib_number(r["graph_bytes"]),
-             _num(r["capture_s"], 1), f"{r['kv_tokens']:,}"] for r in plan["comparison"]]
-    return TableData("Plan against the engine's default", columns, rows)
-
-
-def plan_memory_rows(plan: dict[str, Any]) -> TableData:
-    m = plan["memory"]
-    rows = [[name, mib(m[key])] for name, key in (
-        ("GPU memory", "gpu_memory_bytes"), ("weights", "weights_bytes"),
-        ("KV pool", "kv_bytes"), ("CUDA graphs", "graph_bytes"),
-        ("activations", "activation_bytes"), ("margin", "margin_bytes"))]
-    rows.append(["KV tokens", f"{m['kv_tokens']:,}"])
-    fraction = f"{m['mem_fraction_static']:g} (default {m['default_mem_fraction_static']:g})"
-    rows.append(["mem-fraction-static", fraction])
-    rows += [["warning", w] for w in m["warnings"]]
-    tp = int(plan["inputs"].get("tp_size") or 1)  # absent from plans made before `plan --tp`
-    title = f"Memory per GPU (--tp {tp})" if tp > 1 else "Memory"
-    return TableData(title, ["", "value"], rows, {i for i, r in enumerate(rows) if r[0] == "warning"})
-
-
-def _list(sizes: list[int], limit: int = 16) -> str:
-    text = " ".join(map(str, sizes[:limit]))
-    return text + (f" ... ({len(sizes)} sizes)" if len(sizes) > limit else f" ({len(sizes)})")

@@ -18,6 +18,7 @@ from cgtool.commands.main import app
 from cgtool.commands.models import ARCHITECTURES_TITLE
 from cgtool.compare import compare_plans, compare_reports
 from cgtool.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
+from cgtool.plan_document import Plan
 from cgtool.reports.render import printed_tables
 from cgtool.reports.tables import TableData, comparison_rows, models_rows
 from cgtool.results import load_document
@@ -36,7 +37,7 @@ def _models_tables() -> list[TableData]:
 
 def _check_tables(folder: Path) -> list[TableData]:
     document = load_document(folder)
-    if isinstance(document, dict):
+    if isinstance(document, Plan):
         return [comparison_rows(compare_plans(document, document))]
     return [comparison_rows(compare_reports(document, document))]
 

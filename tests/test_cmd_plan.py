@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 from cgtool.commands.main import app
 from cgtool.commands.plan import parse_bytes
 from cgtool.errors import InputError
+from cgtool.plan_document import Plan
 from cgtool.reports.plan_view import memory_table
 
 runner = CliRunner()
@@ -251,7 +252,7 @@ def test_a_plan_written_before_tp_renders_as_one_gpu():
     for row in old["comparison"]:
         del row["comm_ms"]
     console = Console(width=200, record=True)
-    console.print(plan_view(old))
+    console.print(plan_view(Plan.from_dict(old)))
     text = console.export_text()
     assert "Memory on H100-80GB" in text and "all-reduces" not in text
 
@@ -309,7 +310,7 @@ def test_azure_csv_without_format_hints_the_format(tmp_path):
 
 def test_memory_table_fills_the_engine_default_column():
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
-    table = memory_table(json.loads(result.stdout))
+    table = memory_table(Plan.from_dict(json.loads(result.stdout)))
     default = table.columns[2]
     assert default.header == "engine default"
     assert all(str(cell).strip() for cell in default._cells), list(default._cells)

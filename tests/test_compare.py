@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import math
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from cgtool.compare import compare_plans, compare_reports
 from cgtool.errors import InputError
+from cgtool.plan_document import Plan
 from cgtool.results import load_plan, load_report
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
@@ -136,8 +138,8 @@ def test_zero_baseline_growth_counts_as_infinite_percent():
 
 def test_plans_compare_graph_memory_step_time_and_kv_tokens():
     current = copy.deepcopy(PLAN)
-    current["memory"]["kv_tokens"] = int(PLAN["memory"]["kv_tokens"] * 0.9)  # fewer tokens: worse
-    current["decode"]["capture_bs"] = PLAN["decode"]["capture_bs"] + [192]
+    current.memory.kv_tokens = int(PLAN.memory.kv_tokens * 0.9)  # fewer tokens: worse
+    current.decode.capture_bs = PLAN.decode.capture_bs + [192]
     result = compare_plans(PLAN, current)
     assert [c.metric for c in result.changes] == ["graph_bytes", "expected_step_ms", "kv_tokens"]
     assert [c.metric for c in result.regressions] == ["kv_tokens"]
@@ -146,16 +148,17 @@ def test_plans_compare_graph_memory_step_time_and_kv_tokens():
 
 def test_plans_for_different_gpus_are_refused():
     current = copy.deepcopy(PLAN)
-    current["inputs"]["gpu"] = "A100-80GB"
+    current.inputs.gpu = "A100-80GB"
     with pytest.raises(InputError, match="gpu differs"):
         compare_plans(PLAN, current)
 
 
 def test_plans_for_different_tp_sizes_are_refused_and_older_plans_count_as_one_gpu():
     current = copy.deepcopy(PLAN)
-    current["inputs"]["tp_size"] = 2
+    current.inputs.tp_size = 2
     with pytest.raises(InputError, match="tp_size differs: baseline 1, current 2"):
         compare_plans(PLAN, current)
-    older = copy.deepcopy(PLAN)
-    del older["inputs"]["tp_size"]
+    data = json.loads((FIXTURES / "plan-llama-3.1-8b" / "plan.json").read_text())
+    del data["inputs"]["tp_size"]
+    older = Plan.from_dict(data)
     assert compare_plans(older, copy.deepcopy(PLAN)).passed

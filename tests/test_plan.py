@@ -8,10 +8,11 @@ import pytest
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError
 from cgtool.gpus import gpu_spec
+from cgtool.plan_document import Plan
 from cgtool.planner.convert_public import convert_azure, convert_mooncake
 from cgtool.planner.memory import check_plan_safety
-from cgtool.planner.plan import PlanRequest, plan_batches, plan_requests
-from cgtool.results import validate_plan
+from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.request import PlanRequest
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")
@@ -49,8 +50,8 @@ def assert_dominates(plan):
     plan_row, default = rows(plan)["plan"], rows(plan)["default"]
     assert plan_row.expected_step_ms <= default.expected_step_ms * (1 + HEADLINE_SLACK)
     # Fewer graphs or less graph memory, unless the default itself regrets least.
-    is_default = plan.decode.capture == plan.decode.default_capture and (
-        plan.piecewise.capture == plan.piecewise.default_capture
+    is_default = plan.decode.capture_bs == plan.decode.default_capture_bs and (
+        plan.piecewise.capture_num_tokens == plan.piecewise.default_capture_num_tokens
     )
     assert (
         plan_row.num_graphs < default.num_graphs
@@ -94,13 +95,13 @@ def test_plan_dominates_on_a_batch_trace(base_plan):
         decode.sizes, decode.counts, extend.sizes, extend.counts, PlanRequest(CFG, H100)
     )
     assert_dominates(plan)
-    assert plan.inputs["trace_kind"] == "batches"
+    assert plan.inputs.trace_kind == "batches"
     assert any("context assumed" in w for w in plan.warnings)
 
 
 def test_plan_dict_follows_the_contract_and_the_loader_accepts_it(base_plan):
     data = json.loads(json.dumps(base_plan.to_dict()))
-    validate_plan(data, "plan.json")
+    Plan.from_dict(data, "plan.json")
     assert set(data["inputs"]) >= {
         "trace",
         "trace_kind",
@@ -143,19 +144,19 @@ def test_plan_dict_follows_the_contract_and_the_loader_accepts_it(base_plan):
 
 
 def test_histogram_counts_add_up_to_the_simulated_steps(base_plan):
-    steps = base_plan.decode.histogram.counts.sum() + base_plan.piecewise.histogram.counts.sum()
-    assert steps == base_plan.simulation["steps"]
+    steps = sum(base_plan.decode.histogram.counts) + sum(base_plan.piecewise.histogram.counts)
+    assert steps == base_plan.simulation.steps
 
 
 def test_token_bins_never_exceed_the_chunked_prefill_size():
     plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, chunked_prefill_size=512))
-    assert plan.piecewise.capture and max(plan.piecewise.capture) <= 512
+    assert plan.piecewise.capture_num_tokens and max(plan.piecewise.capture_num_tokens) <= 512
     assert max(plan.piecewise.histogram.sizes) <= 512
 
 
 def test_graph_budget_caps_the_total_number_of_graphs():
     plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, budget_graphs=6))
-    assert len(plan.decode.capture) + len(plan.piecewise.capture) <= 6
+    assert len(plan.decode.capture_bs) + len(plan.piecewise.capture_num_tokens) <= 6
 
 
 def test_memory_budget_caps_graph_memory():
@@ -170,7 +171,7 @@ def test_the_engine_version_picks_the_flag_names(base_plan):
     assert any(line.startswith("--cuda-graph-bs ") for line in old.flags["sglang"])
     assert any(line.startswith("--cuda-graph-bs-decode ") for line in base_plan.flags["sglang"])
     assert (
-        old.inputs["engine_version"] == "0.5.10" and base_plan.inputs["engine_version"] == "0.5.23"
+        old.inputs.engine_version == "0.5.10" and base_plan.inputs.engine_version == "0.5.23"
     )
 
 
@@ -185,9 +186,9 @@ def test_batches_above_the_default_graph_ceiling_are_captured_and_reported():
         None,
     )
     plan = plan_requests(*trace, PlanRequest(CFG, H100))
-    default_max = max(plan.decode.default_capture)
-    assert plan.decode.histogram.sizes.max() > default_max
-    assert plan.decode.max_size > default_max
+    default_max = max(plan.decode.default_capture_bs)
+    assert max(plan.decode.histogram.sizes) > default_max
+    assert plan.decode.max_bs > default_max
     assert any("below batches the trace reaches" in w for w in plan.warnings)
 
 
@@ -200,7 +201,7 @@ def test_a_profile_sets_measured_beside_predicted_graph_memory():
         == REPORT["totals"]["graph_pool_bytes"] + REPORT["totals"]["non_torch_bytes"]
     )
     assert plan.memory.graph_bytes_predicted > 0
-    assert plan.inputs["profile"] == "report.json"
+    assert plan.inputs.profile == "report.json"
     assert_dominates(plan)
 
 
@@ -208,7 +209,7 @@ def test_dropped_requests_are_reported():
     arrival, prompt, output, cached = synthetic(500)
     prompt[:3] = CFG.max_context_len + 1
     plan = plan_requests(arrival, prompt, output, cached, PlanRequest(CFG, H100))
-    assert plan.simulation["dropped_requests"] == 3
+    assert plan.simulation.dropped_requests == 3
     assert any("dropped" in w for w in plan.warnings)
 
 
@@ -247,8 +248,8 @@ def test_a_trace_whose_requests_all_exceed_the_context_is_refused():
 
 def test_a_single_request_gets_a_plan():
     plan = plan_requests(np.zeros(1), np.array([100]), np.array([10]), None, PlanRequest(CFG, H100))
-    assert plan.decode.capture[0] == 1
-    assert plan.piecewise.capture == [112]  # 100 tokens, on the grid
+    assert plan.decode.capture_bs[0] == 1
+    assert plan.piecewise.capture_num_tokens == [112]  # 100 tokens, on the grid
 
 
 def test_batch_sizes_listed_twice_are_merged():
@@ -259,14 +260,14 @@ def test_batch_sizes_listed_twice_are_merged():
         np.array([2]),
         PlanRequest(CFG, H100),
     )
-    assert plan.decode.histogram.sizes.tolist() == [4, 9]
-    assert plan.decode.histogram.counts.tolist() == [15, 1]
-    assert np.all(plan.decode.histogram.time_s > 0)  # estimated under the default schedule
+    assert plan.decode.histogram.sizes == [4, 9]
+    assert plan.decode.histogram.counts == [15, 1]
+    assert all(t > 0 for t in plan.decode.histogram.time_s)  # estimated under the default schedule
 
 
 def test_a_budget_that_slows_the_plan_says_so():
     plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, budget_graphs=0))
-    assert plan.decode.capture == [] and plan.piecewise.capture == []
+    assert plan.decode.capture_bs == [] and plan.piecewise.capture_num_tokens == []
     assert rows(plan)["plan"].expected_step_ms > rows(plan)["default"].expected_step_ms
     assert any("slower than the default" in w for w in plan.warnings)
 
@@ -277,14 +278,14 @@ def tp2_plan():
 
 
 def test_tp2_plan_is_sized_per_gpu_and_records_tp(tp2_plan, base_plan):
-    assert tp2_plan.inputs["tp_size"] == 2
+    assert tp2_plan.inputs.tp_size == 2
     memory = tp2_plan.memory
     assert memory.tp_size == 2 and memory.kv_heads_per_rank == 4
     assert memory.weights_bytes < 0.51 * base_plan.memory.weights_bytes
     assert memory.kv_bytes == memory.kv_tokens * CFG.kv_bytes_per_token(2) // 2
     assert memory.kv_tokens > 2 * base_plan.memory.kv_tokens  # half a token's KV, less weight
     data = json.loads(json.dumps(tp2_plan.to_dict()))
-    validate_plan(data, "plan.json")
+    Plan.from_dict(data, "plan.json")
     assert data["memory"]["tp_size"] == 2 and data["flags"]["sglang"][0] == "--tp-size 2"
     assert "--tensor-parallel-size 2" in data["flags"]["vllm"]
 
@@ -319,48 +320,48 @@ def test_a_tp_size_the_model_cannot_split_into_is_refused_before_planning():
 
 def test_the_headline_comparison_is_the_held_out_one_and_the_fit_is_kept(base_plan):
     held = {
-        r["schedule"]: r
+        r.schedule: r
         for r in base_plan.scenarios
-        if r["part"] == "held_out" and r["load"] == 1.0 and r["eager"] == "low"
+        if r.part == "held_out" and r.load == 1.0 and r.eager == "low"
     }
     fit = {
-        r["schedule"]: r
+        r.schedule: r
         for r in base_plan.scenarios
-        if r["part"] == "fit" and r["load"] == 1.0 and r["eager"] == "low"
+        if r.part == "fit" and r.load == 1.0 and r.eager == "low"
     }
-    assert rows(base_plan)["plan"].expected_step_ms == held["plan"]["expected_step_ms"]
-    assert base_plan.comparison_fit[0].expected_step_ms == fit["plan"]["expected_step_ms"]
-    assert base_plan.basis["held_out_steps"] > 0 and base_plan.basis["fit_steps"] > 0
-    assert "predictions" in base_plan.basis["statement"]
+    assert rows(base_plan)["plan"].expected_step_ms == held["plan"].expected_step_ms
+    assert base_plan.comparison_fit[0].expected_step_ms == fit["plan"].expected_step_ms
+    assert base_plan.basis.held_out_steps > 0 and base_plan.basis.fit_steps > 0
+    assert "predictions" in base_plan.basis.statement
 
 
 def test_every_load_and_eager_assumption_is_scored_for_plan_and_default(base_plan):
-    keys = {(r["part"], r["load"], r["eager"], r["schedule"]) for r in base_plan.scenarios}
+    keys = {(r.part, r.load, r.eager, r.schedule) for r in base_plan.scenarios}
     for part in ("fit", "held_out"):
         for load in (1.0, 2.0):
             for eager in ("low", "high"):
                 assert {(part, load, eager, "plan"), (part, load, eager, "default")} <= keys
-    loads = base_plan.simulation["loads"]
-    assert [run["load"] for run in loads] == [1.0, 2.0]
-    assert loads[1]["duration_s"] < loads[0]["duration_s"]  # twice the rate
+    loads = base_plan.simulation.loads
+    assert [run.load for run in loads] == [1.0, 2.0]
+    assert loads[1].duration_s < loads[0].duration_s  # twice the rate
 
 
 def test_held_out_decode_coverage_is_full_at_every_load(base_plan):
     for r in base_plan.scenarios:
-        if r["part"] == "held_out" and r["schedule"] == "plan":
-            assert r["decode_coverage"] >= 0.99
+        if r.part == "held_out" and r.schedule == "plan":
+            assert r.decode_coverage >= 0.99
 
 
 def test_the_kv_pool_simulated_is_the_one_recommended(base_plan):
-    simulated = base_plan.simulation["simulated_kv_tokens"]
+    simulated = base_plan.simulation.simulated_kv_tokens
     assert abs(simulated - base_plan.memory.kv_tokens) <= 0.02 * simulated
 
 
 def test_replicas_split_the_trace_between_servers():
     one = plan_requests(*synthetic(1000), PlanRequest(CFG, H100, loads=(1.0,)))
     two = plan_requests(*synthetic(1000), PlanRequest(CFG, H100, loads=(1.0,), replicas=2))
-    assert two.inputs["replicas"] == 2
-    assert two.simulation["num_requests"] == one.simulation["num_requests"] // 2
+    assert two.inputs.replicas == 2
+    assert two.simulation.num_requests == one.simulation.num_requests // 2
 
 
 def test_an_overloaded_server_says_so_and_is_planned_per_replica():
@@ -371,8 +372,8 @@ def test_an_overloaded_server_says_so_and_is_planned_per_replica():
     )
     overload = [w for w in plan.warnings if w.startswith("overloaded")]
     assert len(overload) == 1 and "requests/s" in overload[0]
-    assert plan.basis["replicas"] > 1 and f"--replicas {plan.basis['replicas']}" in overload[0]
-    assert not any(run["overloaded"] for run in plan.simulation["loads"])
+    assert plan.basis.replicas > 1 and f"--replicas {plan.basis.replicas}" in overload[0]
+    assert not any(run.overloaded for run in plan.simulation.loads)
 
 
 def test_the_replica_count_a_plan_names_is_found_again_when_planned_at_that_count():
@@ -380,19 +381,19 @@ def test_the_replica_count_a_plan_names_is_found_again_when_planned_at_that_coun
     arrival, prompt, output, cached = synthetic(6000, rate=20.0, seed=4)
     arrays = (arrival, prompt * 4, output * 4, cached)
     first = plan_requests(*arrays, PlanRequest(CFG, H100, loads=(1.0, 2.0)))
-    named = first.basis["replicas"]
+    named = first.basis.replicas
     again = plan_requests(*arrays, PlanRequest(CFG, H100, loads=(1.0, 2.0), replicas=named))
-    assert again.basis["replicas"] == named > 1
+    assert again.basis.replicas == named > 1
     assert not any(w.startswith("overloaded") for w in again.warnings)
-    assert again.decode.histogram.counts.tolist() == first.decode.histogram.counts.tolist()
+    assert again.decode.histogram.counts == first.decode.histogram.counts
 
 
 def test_an_existing_plan_is_scored_beside_the_new_one(base_plan):
-    old = (tuple(base_plan.decode.default_capture[:5]), (512,), 100_000)
+    old = (tuple(base_plan.decode.default_capture_bs[:5]), (512,), 100_000)
     plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, compare=old, compare_name="o"))
-    current = [r for r in plan.scenarios if r["schedule"] == "current"]
-    assert current and all(r["num_graphs"] == 6 and r["kv_tokens"] == 100_000 for r in current)
-    assert plan.inputs["compare_plan"] == "o"
+    current = [r for r in plan.scenarios if r.schedule == "current"]
+    assert current and all(r.num_graphs == 6 and r.kv_tokens == 100_000 for r in current)
+    assert plan.inputs.compare_plan == "o"
 
 
 def test_batch_trace_steps_beyond_the_limits_are_counted_and_reported():
@@ -405,7 +406,7 @@ def test_batch_trace_steps_beyond_the_limits_are_counted_and_reported():
     )
     notes = " ".join(plan.warnings)
     assert "7 decode steps" in notes and "3 extend steps" in notes
-    assert plan.decode.capture  # graphs are still recommended for the steps within the limits
+    assert plan.decode.capture_bs  # graphs are still recommended for the steps within the limits
 
 
 @pytest.mark.parametrize("bad", [{"loads": (0.0,)}, {"loads": ()}, {"replicas": 0}])
@@ -418,20 +419,20 @@ def test_vllm_full_decode_graphs_stop_at_the_running_limit():
     plan = plan_requests(
         *synthetic(1500), PlanRequest(CFG, H100, engine="vllm", max_running_requests=64)
     )
-    assert max(plan.decode.capture) <= 64
-    assert set(plan.decode.capture) <= set(plan.piecewise.capture)
+    assert max(plan.decode.capture_bs) <= 64
+    assert set(plan.decode.capture_bs) <= set(plan.piecewise.capture_num_tokens)
 
 
 def test_vllm_plans_write_sglang_decode_flags_only_from_the_decode_part():
     plan = plan_requests(*synthetic(1500), PlanRequest(CFG, H100, engine="vllm"))
     line = next(f for f in plan.flags["sglang"] if f.startswith("--cuda-graph-bs-decode "))
     sizes = [int(s) for s in line.split()[1:]]
-    reached = plan.basis["largest_batch_fitted"]
-    assert max(sizes) >= reached and max(sizes) < max(plan.decode.capture)
-    assert "vLLM also captures a full graph" in plan.basis["max_bs_reason"]
+    reached = plan.basis.largest_batch_fitted
+    assert max(sizes) >= reached and max(sizes) < max(plan.decode.capture_bs)
+    assert "vLLM also captures a full graph" in plan.basis.max_bs_reason
 
 
 def test_a_vllm_plan_for_an_a100_uses_its_smaller_defaults():
     plan = plan_requests(*synthetic(300), PlanRequest(CFG, gpu_spec("A100-80GB"), engine="vllm"))
-    assert plan.inputs["max_running_requests"] == 256
-    assert plan.inputs["chunked_prefill_size"] == 2048
+    assert plan.inputs.max_running_requests == 256
+    assert plan.inputs.chunked_prefill_size == 2048

@@ -17,13 +17,14 @@ from matplotlib.image import imread
 from rich.console import Console
 
 from cgtool.compare import compare_reports
+from cgtool.plan_document import StepHistogram
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import MEMORY_VIZ_URL, report_html
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.plan_figures import histogram_figure
 from cgtool.reports.render import engine_files, render_path, render_report
 from cgtool.reports.tables import size_rows, to_rich
-from cgtool.results import load_report
+from cgtool.results import load_plan, load_report
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 REPORT_DIR = FIXTURES / "h100-llama-3.1-8b"
@@ -110,17 +111,18 @@ def test_plan_figures_and_options_file_go_beside_the_plan(tmp_path):
 
 
 def test_engine_files_come_from_the_flag_line_that_names_them():
-    plan = {"flags": {"trtllm": ["--extra_llm_api_options opts.yaml",
-                                 "# opts.yaml: cuda_graph_config: {batch_sizes: [1, 2]}"]}}
+    plan = load_plan(PLAN_DIR)
+    plan.flags["trtllm"] = ["--extra_llm_api_options opts.yaml",
+                            "# opts.yaml: cuda_graph_config: {batch_sizes: [1, 2]}"]
     assert engine_files(plan) == {"opts.yaml": "cuda_graph_config: {batch_sizes: [1, 2]}\n"}
-    assert engine_files({"flags": {"trtllm": []}}) == {}
+    plan.flags["trtllm"] = []
+    assert engine_files(plan) == {}
 
 
 def test_extend_legend_sits_outside_the_axes():
     # Mooncake's largest bar is at the right edge, where the legend used to sit.
-    kind = {"histogram": {"sizes": [512, 2048, 8192], "counts": [10, 100, 8895]},
-            "capture_num_tokens": [512, 8192], "default_capture_num_tokens": [512, 8192]}
-    fig = histogram_figure(kind, "capture_num_tokens", "default_capture_num_tokens", "t", "x")
+    hist = StepHistogram([512, 2048, 8192], [10, 100, 8895], [1.0, 1.0, 1.0])
+    fig = histogram_figure(hist, [512, 8192], [512, 8192], "t", "x")
     fig.canvas.draw()
     ax = fig.axes[0]
     legend = ax.get_legend().get_window_extent()

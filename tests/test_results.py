@@ -11,13 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cgtool.document_io import write_json_atomic
 from cgtool.errors import InputError
 from cgtool.results import (
     CaptureReport,
     load_document,
     load_plan,
     load_report,
-    write_json_atomic,
     write_report,
 )
 
@@ -157,10 +157,10 @@ def test_duplicate_size_is_rejected(tmp_path):
         load_report(_write(tmp_path, data))
 
 
-def test_plan_loads_as_dict_and_keeps_extra_fields():
+def test_plan_loads_as_a_typed_plan():
     plan = load_plan(PLAN.parent)
-    assert plan["simulation"]["num_requests"] == 20000
-    assert plan["decode"]["max_bs"] == 160
+    assert plan.simulation.num_requests == 20000
+    assert plan.decode.max_bs == 160
 
 
 def test_plan_missing_field_is_named(tmp_path):
@@ -366,4 +366,4 @@ def test_plan_provenance_is_optional_but_checked_when_present(tmp_path):
     with pytest.raises(InputError, match=r"field 'provenance\.command' must be a list"):
         load_plan(_write(tmp_path, data, "plan.json"))
     del data["provenance"]
-    assert "provenance" not in load_plan(_write(tmp_path, data, "plan.json"))
+    assert load_plan(_write(tmp_path, data, "plan.json")).provenance is None

@@ -20,8 +20,9 @@ def synthetic_result(plan_factor: float = 0.8, repeats: int = 3, steps: int = 20
     sets = []
     for name, factor in (("plan", plan_factor), ("default", 1.0)):
         plan = inputs.plan
-        bs = plan["decode"]["capture_bs" if name == "plan" else "default_capture_bs"]
-        tokens = plan["piecewise"]["capture_num_tokens" if name == "plan" else "default_capture_num_tokens"]
+        d, p = plan.decode, plan.piecewise
+        bs = d.capture_bs if name == "plan" else d.default_capture_bs
+        tokens = p.capture_num_tokens if name == "plan" else p.default_capture_num_tokens
         times = [[factor * (5.0 + 0.01 * s.size) * (1 + 0.01 * r) for s in inputs.steps]
                  for r in range(repeats)]
         measured = SetMeasurement(name, list(bs), list(tokens), [], 3.0, 1.0, 1 << 30, times)

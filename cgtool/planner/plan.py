@@ -6,28 +6,24 @@ point, since the pool depends on the graphs chosen). Sizes are fitted on the ste
 held-out split (cgtool.planner.scenarios) under every eager-cost assumption
 (cgtool.planner.robust); the plan, the default and an existing plan are then scored on the
 same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
+
+The result is the plan.json document itself (cgtool.plan_document.Plan): cgtool.planner.finish
+copies the planner's working results (MemoryPlan, histograms, scores) into it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.planner.flags import FlagValues, all_flags
-from cgtool.planner.memory import MemoryPlan, check_plan_safety, plan_memory
+from cgtool.plan_document import LoadSummary, Plan, Simulation
+from cgtool.planner.finish import finish_plan
+from cgtool.planner.memory import MemoryPlan, plan_memory
 from cgtool.planner.optimiser import Limits
-from cgtool.planner.plan_notes import (
-    ceiling_warnings,
-    decode_part,
-    plan_basis,
-    replication_warnings,
-)
-from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
-from cgtool.planner.profile_fit import predicted_graph_bytes
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.scenarios import (
@@ -37,11 +33,10 @@ from cgtool.planner.scenarios import (
     replicas_needed,
     split_time,
 )
-from cgtool.planner.scoring import Histogram, ScheduleScore
+from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
-from cgtool.provenance import collect_provenance
-from cgtool.results import Provenance, utc_now_iso
+from cgtool.planner.sim_result import SimulationResult
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
@@ -53,89 +48,52 @@ POOL_ROUNDS = 3
 REPLICA_ROUNDS = 4
 
 
-@dataclass(slots=True)
-class KindPlan:
-    capture: list[int]
-    max_size: int
-    histogram: Histogram
-    default_capture: list[int]
+def plan_requests(
+    arrival_s: np.ndarray,
+    input_len: np.ndarray,
+    output_len: np.ndarray,
+    cached_len: np.ndarray | None,
+    req: PlanRequest,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Plan:
+    """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
+    the plan then covers the requests simulated so far, marked incomplete."""
+    server = server_for(req)
+    if len(arrival_s) == 0:
+        raise InputError(f"{req.trace_name or 'the trace'} holds no request",
+                         "Plan from a trace with requests.")
+    arrays = (arrival_s, input_len, output_len, cached_len)
+    kv = _provisional_kv(req, server)
+    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
+    _check_some_fit(runs[0].result, req, server, kv)
+    pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
+    kv_ms = server.cost.kv_read_ms_per_token
+    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in pool.runs]
+    first = pool.runs[0].result
+    whole = first.tally().histograms(kv_ms)
+    plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
+                       _simulation(pool, replicas), "requests", replicas)
+    if replicas != req.replicas:
+        plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
+    _note_incomplete(plan, pool.runs, req)
+    if first.dropped_requests:
+        plan.warnings.append(
+            f"{first.dropped_requests} requests were longer than the context or the KV pool "
+            "and were dropped; the typical length and peak KV demand count only the rest"
+        )
+    if progress is not None:
+        progress("optimise", 1.0)
+    return plan
 
 
-@dataclass(slots=True)
-class Plan:
-    inputs: dict[str, Any]
-    decode: KindPlan
-    piecewise: KindPlan
-    memory: MemoryPlan
-    comparison: list[ScheduleScore]  # held-out at the first load (fit when none is held out)
-    flags: dict[str, list[str]]
-    simulation: dict[str, Any]
-    warnings: list[str] = field(default_factory=list)
-    status: str = "complete"
-    created: str = field(default_factory=utc_now_iso)
-    provenance: Provenance = field(default_factory=collect_provenance)
-    comparison_fit: list[ScheduleScore] = field(default_factory=list)
-    scenarios: list[dict[str, Any]] = field(default_factory=list)
-    basis: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        def kind(k: KindPlan, sizes_key: str, max_key: str, default_key: str) -> dict[str, Any]:
-            return {
-                sizes_key: k.capture,
-                max_key: k.max_size,
-                "histogram": k.histogram.to_dict(),
-                default_key: k.default_capture,
-            }
-
-        return {
-            "schema": "cgtool.plan",
-            "version": "1.1",
-            "status": self.status,
-            "created": self.created,
-            "provenance": asdict(self.provenance),
-            "inputs": self.inputs,
-            "decode": kind(self.decode, "capture_bs", "max_bs", "default_capture_bs"),
-            "piecewise": kind(
-                self.piecewise, "capture_num_tokens", "max_tokens", "default_capture_num_tokens"
-            ),
-            "memory": self.memory.to_dict(),
-            "comparison": [asdict(row) for row in self.comparison],
-            "comparison_fit": [asdict(row) for row in self.comparison_fit],
-            "scenarios": self.scenarios,
-            "basis": self.basis,
-            "flags": self.flags,
-            "simulation": self.simulation,
-            "warnings": self.warnings,
-        }
-
-
-def _limits(req: PlanRequest, server: Server) -> Limits:
-    return Limits(
-        server.max_running,
-        min(server.chunk, server.context_len),
-        req.budget_graphs,
-        req.budget_memory_bytes,
-    )
-
-
-def _choose_and_size(
-    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, MemoryPlan]:
-    choice = choose_robust(
-        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
-    )
-    memory = plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
-        chunked_prefill_size=server.chunk,
-        max_running_requests=server.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical,
-        default_mem_fraction_static=server.default_fraction,
-        tp_size=req.tp_size,
-    )
-    return choice, memory
+def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, kv: int) -> None:
+    if first.dropped_requests == first.num_requests:
+        raise InputError(
+            f"{req.trace_name or 'the trace'}: all {first.num_requests} requests are longer "
+            f"than {req.cfg.name}'s context ({server.context_len}) or its KV pool ({kv} tokens)",
+            "Plan for a model with a longer context, or a larger GPU.",
+        )
 
 
 def _enough_replicas(
@@ -173,6 +131,40 @@ def _provisional_kv(req: PlanRequest, server: Server) -> int:
     ).kv_tokens
 
 
+@dataclass(slots=True)
+class _PoolFit:
+    """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
+
+    runs: list[LoadRun]
+    kv_tokens: int  # the pool the runs admitted against
+    rounds: int
+    choice: RobustChoice
+    memory: MemoryPlan
+    fit: list[Scenario]
+
+
+def _fit_pool(
+    arrays: tuple[Any, ...], req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
+    replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
+) -> _PoolFit:
+    """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
+    kv_ms = server.cost.kv_read_ms_per_token
+    rounds = 1
+    while True:
+        if progress is not None:
+            progress("optimise", 0.0)
+        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
+        first = runs[0].result
+        choice, memory = _choose_and_size(
+            req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
+        )
+        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
+        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
+            return _PoolFit(runs, kv, rounds, choice, memory, fit)
+        kv, rounds = memory.kv_tokens, rounds + 1
+        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+
+
 def _simulate_loads(
     arrays: tuple,
     req: PlanRequest,
@@ -207,86 +199,36 @@ def _simulate_loads(
     ]
 
 
-def plan_requests(
-    arrival_s: np.ndarray,
-    input_len: np.ndarray,
-    output_len: np.ndarray,
-    cached_len: np.ndarray | None,
-    req: PlanRequest,
-    progress: Progress | None = None,
-    stop: Callable[[], bool] | None = None,
-) -> Plan:
-    """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
-    the plan then covers the requests simulated so far, marked incomplete."""
-    server = server_for(req)
-    name = req.trace_name or "the trace"
-    if len(arrival_s) == 0:
-        raise InputError(f"{name} holds no request", "Plan from a trace with requests.")
-    arrays = (arrival_s, input_len, output_len, cached_len)
-    kv, notes = _provisional_kv(req, server), []
-    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
-    if replicas != req.replicas:
-        notes.append(overload_warning(asked, req.replicas, replicas))
+def _simulation(pool: _PoolFit, replicas: int) -> Simulation:
+    first = pool.runs[0].result
+    return Simulation(
+        num_requests=first.num_requests,
+        dropped_requests=first.dropped_requests,
+        duration_s=first.duration_s,
+        steps=first.steps,
+        mean_queue_s=first.mean_queue_s,
+        p99_queue_s=first.p99_queue_s,
+        simulated_kv_tokens=pool.kv_tokens,
+        pool_rounds=pool.rounds,
+        typical_request_tokens=first.typical_request_tokens,
+        loads=[LoadSummary(**run.summary()) for run in pool.runs],
+        replicas=replicas,
+    )
+
+
+def _note_incomplete(plan: Plan, runs: list[LoadRun], req: PlanRequest) -> None:
     first = runs[0].result
-    if first.dropped_requests == first.num_requests:
-        raise InputError(
-            f"{name}: all {first.num_requests} requests are longer than {req.cfg.name}'s "
-            f"context ({server.context_len}) or its KV pool ({kv} tokens)",
-            "Plan for a model with a longer context, or a larger GPU.",
-        )
-    kv_ms = server.cost.kv_read_ms_per_token
-    for rounds in range(1, POOL_ROUNDS + 1):
-        if progress is not None:
-            progress("optimise", 0.0)
-        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
-        choice, memory = _choose_and_size(
-            req,
-            server,
-            fit,
-            runs[0].result.peak_kv_demand_tokens,
-            runs[0].result.typical_request_tokens,
-        )
-        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
-        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
-            break
-        kv = memory.kv_tokens
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
-    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in runs]
-    first = runs[0].result
-    summary = {
-        "num_requests": first.num_requests,
-        "dropped_requests": first.dropped_requests,
-        "duration_s": first.duration_s,
-        "steps": first.steps,
-        "mean_queue_s": first.mean_queue_s,
-        "p99_queue_s": first.p99_queue_s,
-        "simulated_kv_tokens": kv,
-        "pool_rounds": rounds,
-        "typical_request_tokens": first.typical_request_tokens,
-        "loads": [run.summary() for run in runs],
-        "replicas": replicas,
-    }
-    whole = first.tally().histograms(kv_ms)
-    plan = _finish(req, server, choice, memory, fit, held, whole, summary, "requests", replicas)
-    plan.warnings[:0] = notes
-    if first.completed_fraction < 1.0 or len(runs) < len(req.loads):
-        plan.status = "incomplete"
-        done = ", ".join(f"{run.load:g}x" for run in runs)
-        plan.warnings.insert(
-            0,
-            f"incomplete: simulation stopped after {first.completed_fraction:.0%} of the "
-            "requests; sizes fit only the traffic simulated so far"
-            if first.completed_fraction < 1.0
-            else f"incomplete: stopped with only the {done} load simulated; sizes fit only it",
-        )
-    if first.dropped_requests:
-        plan.warnings.append(
-            f"{first.dropped_requests} requests were longer than the context or the KV pool "
-            "and were dropped; the typical length and peak KV demand count only the rest"
-        )
-    if progress is not None:
-        progress("optimise", 1.0)
-    return plan
+    if first.completed_fraction >= 1.0 and len(runs) == len(req.loads):
+        return
+    plan.status = "incomplete"
+    done = ", ".join(f"{run.load:g}x" for run in runs)
+    plan.warnings.insert(
+        0,
+        f"incomplete: simulation stopped after {first.completed_fraction:.0%} of the "
+        "requests; sizes fit only the traffic simulated so far"
+        if first.completed_fraction < 1.0
+        else f"incomplete: stopped with only the {done} load simulated; sizes fit only it",
+    )
 
 
 def plan_batches(
@@ -315,10 +257,12 @@ def plan_batches(
         progress("optimise", 0.0)
     fit = [Scenario(1.0, decode, extend)]
     choice, memory = _choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
-    summary = dict.fromkeys(("num_requests", "dropped_requests", "mean_queue_s", "p99_queue_s"), 0)
-    summary["steps"] = int(decode_counts.sum() + extend_counts.sum())
-    summary["duration_s"] = float(decode_s.sum() + extend_s.sum())
-    plan = _finish(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
+    summary = Simulation(
+        num_requests=0, dropped_requests=0, mean_queue_s=0.0, p99_queue_s=0.0,
+        steps=int(decode_counts.sum() + extend_counts.sum()),
+        duration_s=float(decode_s.sum() + extend_s.sum()),
+    )
+    plan = finish_plan(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
     plan.warnings.append(
         f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request; "
         "no arrival times, so no held-out check and no load scenarios"
@@ -347,71 +291,30 @@ def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray
     return unique, merged, over
 
 
-def _finish(
-    req: PlanRequest,
-    server: Server,
-    choice: RobustChoice,
-    memory: MemoryPlan,
-    fit: list[Scenario],
-    held: list[Scenario],
-    whole: tuple[Histogram, Histogram],
-    summary: dict[str, Any],
-    trace_kind: str,
-    replicas: int,
-) -> Plan:
-    default = server.default
-    decode_bs, tokens = choice.decode_bs, choice.tokens
-    if req.profile is not None:
-        predicted, measured = predicted_graph_bytes(req.profile, req.cfg, req.gpu)
-        memory = replace(memory, graph_bytes_predicted=predicted, graph_bytes_measured=measured)
-    check_plan_safety(tokens, server.chunk, server.context_len, memory)
-    scores = ScoreSet.build(req, server, choice, memory, fit, held)
-    # vLLM's list holds token sizes too; other engines' decode flags take its decode part.
-    flag_decode = decode_part(decode_bs, choice.cover) if req.engine == "vllm" else decode_bs
-    values = FlagValues(
-        tuple(flag_decode),
-        tuple(tokens),
-        memory.mem_fraction_static,
-        memory.gpu_memory_utilization,
-        memory.trtllm_free_gpu_memory_fraction,
-        memory.kv_tokens,
-        memory.kv_bytes,
-        server.chunk,
+def _limits(req: PlanRequest, server: Server) -> Limits:
+    return Limits(
         server.max_running,
-        req.tp_size,
+        min(server.chunk, server.context_len),
+        req.budget_graphs,
+        req.budget_memory_bytes,
     )
-    inputs = {
-        "trace": req.trace_name,
-        "trace_kind": trace_kind,
-        "model": req.cfg.name,
-        "gpu": req.gpu.name,
-        "engine": req.engine,
-        "engine_version": server.version,
-        "profile": req.profile_name,
-        "tp_size": req.tp_size,
-        "chunked_prefill_size": server.chunk,
-        "max_running_requests": server.max_running,
-        "context_len": server.context_len,
-        "loads": list(req.loads) if trace_kind == "requests" else [1.0],
-        "replicas": replicas,
-        "compare_plan": req.compare_name,
-    }
-    plan = Plan(
-        inputs=inputs,
-        decode=KindPlan(decode_bs, max(decode_bs, default=0), whole[0], list(default.decode_bs)),
-        piecewise=KindPlan(
-            tokens, max(tokens, default=0), whole[1], list(default.piecewise_tokens)
-        ),
-        memory=memory,
-        comparison=scores.headline,
-        comparison_fit=scores.headline_fit,
-        scenarios=score_rows(scores),
-        flags=all_flags(values, server.version if req.engine == "sglang" else None),
-        simulation=summary | {"peak_kv_demand_tokens": memory.peak_kv_demand_tokens},
-        basis=plan_basis(server, choice, fit, held, replicas, req),
+
+
+def _choose_and_size(
+    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
+) -> tuple[RobustChoice, MemoryPlan]:
+    choice = choose_robust(
+        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
     )
-    plan.warnings.extend(server.cost.warnings)
-    plan.warnings.extend(replication_warnings(req))
-    plan.warnings.extend(ceiling_warnings(whole[0], default))
-    plan.warnings.extend(plan_warnings(scores, req))
-    return plan
+    memory = plan_memory(
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
+        chunked_prefill_size=server.chunk,
+        max_running_requests=server.max_running,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical,
+        default_mem_fraction_static=server.default_fraction,
+        tp_size=req.tp_size,
+    )
+    return choice, memory

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from cgtool.plan_document import EagerAssumption, PlanBasis
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
@@ -26,31 +25,32 @@ def plan_basis(
     held: list[Scenario],
     replicas: int,
     req: PlanRequest,
-) -> dict[str, Any]:
+) -> PlanBasis:
     held_steps = sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in held)
     checked = "held-out" if held_steps else "in-sample (nothing was held out)"
-    return {
-        "statement": (
-            f"Step times and gains are predictions of the {server.cost.source} cost model, not "
+    source = server.cost.source
+    return PlanBasis(
+        statement=(
+            f"Step times and gains are predictions of the {source} cost model, not "
             f"measurements; sizes hold up across the eager-cost assumptions below and are "
             f"scored {checked} on the last {1 - HELD_OUT_SPLIT:.0%} of the requests by arrival"
             if held_steps
-            else f"Step times and gains are predictions of the {server.cost.source} cost model, "
+            else f"Step times and gains are predictions of the {source} cost model, "
             "not measurements, scored on the steps they were fitted on (no held-out check)"
         ),
-        "cost_model": server.cost.source,
-        "eager_assumptions": [{"name": a.name, "basis": a.basis} for a in server.assumptions],
-        "held_out_share": 1 - HELD_OUT_SPLIT if held_steps else 0.0,
-        "fit_steps": sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in fit),
-        "held_out_steps": held_steps,
-        "max_bs_reason": choice.max_bs_reason,
-        "largest_batch_fitted": choice.reached,
-        "worst_regret": choice.worst_regret,
-        "token_grid": "multiples of 16 up to 1024 tokens, of 64 above",
-        "min_bin_share": MIN_BIN_SHARE,
-        "replicas": replicas,
-        "replicas_asked": req.replicas,
-    }
+        cost_model=source,
+        eager_assumptions=[EagerAssumption(a.name, a.basis) for a in server.assumptions],
+        held_out_share=1 - HELD_OUT_SPLIT if held_steps else 0.0,
+        fit_steps=sum(int(sc.decode.counts.sum() + sc.extend.counts.sum()) for sc in fit),
+        held_out_steps=held_steps,
+        max_bs_reason=choice.max_bs_reason,
+        largest_batch_fitted=choice.reached,
+        worst_regret=choice.worst_regret,
+        token_grid="multiples of 16 up to 1024 tokens, of 64 above",
+        min_bin_share=MIN_BIN_SHARE,
+        replicas=replicas,
+        replicas_asked=req.replicas,
+    )
 
 
 def replication_warnings(req: PlanRequest) -> list[str]:

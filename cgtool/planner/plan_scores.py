@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
+from cgtool.plan_document import ScenarioScore, ScheduleScore
 from cgtool.planner.memory import MemoryPlan
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score
-from cgtool.planner.scoring import ScheduleScore
 from cgtool.planner.server import Server
 
 # Below this share of decode steps on a graph, the plan says how many run eagerly.
@@ -75,10 +74,10 @@ class ScoreSet:
         return {k[1:]: v for k, v in self.scores.items() if k[0] == part}
 
 
-def score_rows(scores: ScoreSet) -> list[dict[str, Any]]:
+def score_rows(scores: ScoreSet) -> list[ScenarioScore]:
     """plan.json's `scenarios`: one row per part, load, eager assumption and schedule."""
     return [
-        {"part": part, "load": load, "eager": eager} | asdict(score)
+        ScenarioScore(part=part, load=load, eager=eager, **asdict(score))  # type: ignore[arg-type]
         for (part, load, eager, _), score in scores.scores.items()
     ]
 

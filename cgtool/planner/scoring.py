@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cgtool.plan_document import ScheduleScore
 from cgtool.planner.cost import CostModel
 
 
@@ -53,20 +54,6 @@ class Histogram:
             "counts": self.counts.tolist(),
             "time_s": self.time_s.tolist(),
         }
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleScore:
-    schedule: str  # "plan" or "default"
-    expected_step_ms: float
-    decode_coverage: float  # share of decode steps that replay a graph
-    extend_coverage: float
-    padding_waste: float  # share of rows (decode) and tokens (extend) computed only as padding
-    num_graphs: int
-    graph_bytes: int
-    capture_s: float
-    kv_tokens: int
-    comm_ms: float = 0.0  # tensor-parallel collectives inside expected_step_ms
 
 
 def _kind_totals(

@@ -9,34 +9,35 @@ the planner's assumption for batch traces.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from cgtool.config import ModelConfig, load_model_config
 from cgtool.gpus import GpuSpec, gpu_spec
+from cgtool.plan_document import Plan, StepHistogram
 from cgtool.planner.cost import CostModel, roofline_cost
-from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS, Plan, PlanRequest
+from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS
 from cgtool.planner.profile_fit import profile_cost
-from cgtool.planner.scoring import Histogram, padded_sizes
+from cgtool.planner.request import PlanRequest
+from cgtool.planner.scoring import padded_sizes
 from cgtool.verify.steps import KindSteps, Step, StepPopulation, kind_steps
 
 
-def plan_model(plan: dict[str, Any]) -> tuple[ModelConfig, GpuSpec, int]:
-    inputs = plan["inputs"]
-    return load_model_config(inputs["model"]), gpu_spec(inputs["gpu"]), int(inputs.get("tp_size", 1))
+def plan_model(plan: Plan) -> tuple[ModelConfig, GpuSpec, int]:
+    inputs = plan.inputs
+    return load_model_config(inputs.model), gpu_spec(inputs.gpu), inputs.tp_size
 
 
-def population_from_histograms(plan: dict[str, Any]) -> StepPopulation:
-    def of(kind: str, context: int) -> KindSteps:
-        hist = plan[kind]["histogram"]
-        return kind_steps(hist["sizes"], hist["counts"], [context] * len(hist["sizes"]))
+def population_from_histograms(plan: Plan) -> StepPopulation:
+    def of(hist: StepHistogram, context: int) -> KindSteps:
+        return kind_steps(hist.sizes, hist.counts, [context] * len(hist.sizes))
 
-    return StepPopulation(of("decode", BATCH_TRACE_CONTEXT_TOKENS), of("piecewise", 0), "histogram")
+    return StepPopulation(of(plan.decode.histogram, BATCH_TRACE_CONTEXT_TOKENS),
+                          of(plan.piecewise.histogram, 0), "histogram")
 
 
 def population_from_trace(
-    plan: dict[str, Any], trace: Path, trace_format: str = "cgtool"
+    plan: Plan, trace: Path, trace_format: str = "cgtool"
 ) -> tuple[StepPopulation, list[str]]:
     """Re-simulate `trace` as the plan did; the warnings say where the result differs."""
     from cgtool.planner.convert import load_trace
@@ -57,12 +58,12 @@ def population_from_trace(
     return _with_context(again, request, source="trace"), notes + _differs(plan, again)
 
 
-def _plan_request(plan: dict[str, Any], trace_name: str) -> tuple[PlanRequest, list[str]]:
+def _plan_request(plan: Plan, trace_name: str) -> tuple[PlanRequest, list[str]]:
     cfg, gpu, tp = plan_model(plan)
-    inputs = plan["inputs"]
+    inputs = plan.inputs
     profile, notes = None, []
-    if inputs.get("profile"):
-        path = Path(inputs["profile"])
+    if inputs.profile:
+        path = Path(inputs.profile)
         if path.is_file():
             from cgtool.verify.profile import load_profile
 
@@ -70,12 +71,12 @@ def _plan_request(plan: dict[str, Any], trace_name: str) -> tuple[PlanRequest, l
         else:
             notes.append(f"the plan's profile {path} is not here: steps re-simulated with the roofline")
     request = PlanRequest(
-        cfg=cfg, gpu=gpu, engine=inputs["engine"], engine_version=inputs.get("engine_version"),
-        trace_name=trace_name, profile=profile, profile_name=inputs.get("profile"), tp_size=tp,
-        chunked_prefill_size=inputs.get("chunked_prefill_size"),
-        max_running_requests=inputs.get("max_running_requests"),
+        cfg=cfg, gpu=gpu, engine=inputs.engine, engine_version=inputs.engine_version,
+        trace_name=trace_name, profile=profile, profile_name=inputs.profile, tp_size=tp,
+        chunked_prefill_size=inputs.chunked_prefill_size,
+        max_running_requests=inputs.max_running_requests,
         # The plan's load scenarios and replicas (plans before 1.1 had neither: 1x, one server).
-        loads=tuple(inputs.get("loads") or (1.0,)), replicas=int(inputs.get("replicas") or 1),
+        loads=tuple(inputs.loads), replicas=inputs.replicas,
     )
     return request, notes
 
@@ -83,38 +84,42 @@ def _plan_request(plan: dict[str, Any], trace_name: str) -> tuple[PlanRequest, l
 def _with_context(again: Plan, request: PlanRequest, source: str) -> StepPopulation:
     unit = roofline_cost(request.cfg, request.gpu, max_bs=1, max_tokens=1, tp_size=request.tp_size)
     decode, extend = again.decode.histogram, again.piecewise.histogram
-    steps = np.maximum(decode.counts * decode.sizes, 1)
-    context = decode.attention_ms / unit.kv_read_ms_per_token / steps
+    assert decode.attention_ms is not None and extend.attention_ms is not None  # a fresh plan's
+    d_sizes, d_counts = np.asarray(decode.sizes, np.int64), np.asarray(decode.counts, np.int64)
+    e_sizes, e_counts = np.asarray(extend.sizes, np.int64), np.asarray(extend.counts, np.int64)
+    steps = np.maximum(d_counts * d_sizes, 1)
+    context = np.asarray(decode.attention_ms, np.float64) / unit.kv_read_ms_per_token / steps
     if source == "histogram":
-        context = np.full(len(decode.sizes), BATCH_TRACE_CONTEXT_TOKENS)
-    n = extend.sizes.astype(np.float64)
-    pairs = extend.attention_ms / unit.attention_ms_per_pair / np.maximum(extend.counts, 1)
+        context = np.full(len(d_sizes), BATCH_TRACE_CONTEXT_TOKENS)
+    n = e_sizes.astype(np.float64)
+    pairs = np.asarray(extend.attention_ms) / unit.attention_ms_per_pair / np.maximum(e_counts, 1)
     # One request of n new tokens after a prefix p does n*p + n(n+1)/2 query-key pairs: the
     # prefix that gives the simulated steps' mean attention work.
     prefix = np.maximum((pairs - n * (n + 1) / 2) / np.maximum(n, 1), 0)
     return StepPopulation(
-        kind_steps(decode.sizes, decode.counts, np.rint(context)),
-        kind_steps(extend.sizes, extend.counts, np.rint(prefix)),
+        kind_steps(d_sizes, d_counts, np.rint(context)),
+        kind_steps(e_sizes, e_counts, np.rint(prefix)),
         source,
     )
 
 
-def _differs(plan: dict[str, Any], again: Plan) -> list[str]:
-    def same(kind: str, hist: Histogram) -> bool:
-        saved = plan[kind]["histogram"]
-        return saved["sizes"] == hist.sizes.tolist() and saved["counts"] == hist.counts.tolist()
+def _differs(plan: Plan, again: Plan) -> list[str]:
+    def same(saved: StepHistogram, hist: StepHistogram) -> bool:
+        return saved.sizes == hist.sizes and saved.counts == hist.counts
 
-    if same("decode", again.decode.histogram) and same("piecewise", again.piecewise.histogram):
+    if same(plan.decode.histogram, again.decode.histogram) and same(
+        plan.piecewise.histogram, again.piecewise.histogram
+    ):
         return []
     return [("the trace simulates to other steps than the plan's histograms: is it the trace "
             "the plan was made from?")]
 
 
-def plan_cost(plan: dict[str, Any], max_bs: int, max_tokens: int) -> CostModel:
+def plan_cost(plan: Plan, max_bs: int, max_tokens: int) -> CostModel:
     """The cost model the plan predicted with: its profile when that file is here, else the
     roofline."""
     cfg, gpu, tp = plan_model(plan)
-    profile = plan["inputs"].get("profile")
+    profile = plan.inputs.profile
     if profile and Path(profile).is_file():
         from cgtool.verify.profile import load_profile
 

@@ -1,7 +1,7 @@
 """`verify.json`: what a verification measured beside what the plan predicted.
 
 Written atomically and read back through the same validating converter as reports and
-plans (`cgtool.results`), so a damaged file is one sentence naming the field.
+plans (`cgtool.document_io`), so a damaged file is one sentence naming the field.
 """
 
 from __future__ import annotations
@@ -11,18 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cgtool.results import (
+from cgtool.document_io import (
     FORMAT_VERSION,
-    Environment,
-    ModelInfo,
     Provenance,
-    _check_header,
-    _convert,
-    _read_json,
-    resolve_document,
+    check_header,
+    convert,
+    read_json,
     utc_now_iso,
     write_json_atomic,
 )
+from cgtool.results import Environment, ModelInfo, resolve_document
 
 VERIFY_SCHEMA = "cgtool.verify"
 VERIFY_FILENAME = "verify.json"
@@ -137,8 +135,8 @@ class VerifyResult:
 
     @classmethod
     def from_dict(cls, data: Any, source: str = VERIFY_FILENAME) -> VerifyResult:
-        _check_header(data, VERIFY_SCHEMA, source)
-        return _convert(cls, data, source, "")
+        check_header(data, VERIFY_SCHEMA, source)
+        return convert(cls, data, source, "")
 
     def set(self, name: str) -> SetResult | None:
         return next((s for s in self.sets if s.name == name), None)
@@ -153,7 +151,7 @@ def load_verify(path: Path) -> VerifyResult:
     if path.is_dir() and (path / VERIFY_FILENAME).is_file():
         path = path / VERIFY_FILENAME
     path = resolve_document(path)
-    return VerifyResult.from_dict(_read_json(path), str(path))
+    return VerifyResult.from_dict(read_json(path), str(path))
 
 
 def is_verify_document(path: Path) -> bool:

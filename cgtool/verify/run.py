@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cgtool.errors import InputError
+from cgtool.plan_document import Plan
 from cgtool.planner.cost import CostModel
 from cgtool.provenance import collect_provenance
 from cgtool.results import load_plan
@@ -24,7 +24,7 @@ from cgtool.verify.summary import ratio_interval, summarise_set
 
 @dataclass(frozen=True)
 class VerifyInputs:
-    plan: dict[str, Any]
+    plan: Plan
     plan_path: Path
     trace: Path | None
     population: StepPopulation
@@ -71,11 +71,12 @@ def prepare(
     if not steps:
         raise InputError(f"{plan_path}: the plan's histograms hold no step", "Re-plan from a trace with requests.")
     sizes = [s.size for s in steps]
-    max_bs = max([plan["inputs"].get("max_running_requests", 1)] + sizes + plan["decode"]["capture_bs"]
-                 + plan["decode"]["default_capture_bs"])
-    max_tokens = max([plan["inputs"].get("chunked_prefill_size", 1)] + sizes
-                     + plan["piecewise"]["capture_num_tokens"] + plan["piecewise"]["default_capture_num_tokens"])
-    fraction = mem_fraction_static or float(plan["memory"]["mem_fraction_static"])
+    inputs, decode, piecewise = plan.inputs, plan.decode, plan.piecewise
+    max_bs = max([inputs.max_running_requests or 1] + sizes + decode.capture_bs
+                 + decode.default_capture_bs)
+    max_tokens = max([inputs.chunked_prefill_size or 1] + sizes + piecewise.capture_num_tokens
+                     + piecewise.default_capture_num_tokens)
+    fraction = mem_fraction_static or plan.memory.mem_fraction_static
     return VerifyInputs(
         plan=plan, plan_path=Path(plan_path), trace=trace, population=population, steps=steps,
         cost=plan_cost(plan, max_bs, max_tokens), mem_fraction_static=fraction,
@@ -86,20 +87,21 @@ def prepare(
 
 def session_options(inputs: VerifyInputs) -> SessionOptions:
     plan = inputs.plan
+    decode, piecewise, asked = plan.decode, plan.piecewise, plan.inputs
     sets = (
-        GraphSet("plan", plan["decode"]["capture_bs"], plan["piecewise"]["capture_num_tokens"]),
-        GraphSet("default", plan["decode"]["default_capture_bs"],
-                 plan["piecewise"]["default_capture_num_tokens"]),
+        GraphSet("plan", decode.capture_bs, piecewise.capture_num_tokens),
+        GraphSet("default", decode.default_capture_bs, piecewise.default_capture_num_tokens),
     )
     extend_sizes = [s.size for s in inputs.steps if s.kind == "extend"]
+    # Plans before 1.1 name no limits: the largest extend sampled and the largest graph.
     return SessionOptions(
-        model=plan["inputs"]["model"],
+        model=asked.model,
         mem_fraction_static=inputs.mem_fraction_static,
         steps=inputs.steps,
         sets=sets,
-        chunked_prefill_size=int(plan["inputs"].get("chunked_prefill_size", max(extend_sizes, default=1))),
-        max_running_requests=int(plan["inputs"].get("max_running_requests", plan["decode"]["max_bs"])),
-        context_len=int(plan["inputs"].get("context_len", 0)),
+        chunked_prefill_size=asked.chunked_prefill_size or max(extend_sizes, default=1),
+        max_running_requests=asked.max_running_requests or decode.max_bs,
+        context_len=asked.context_len or 0,
         repeats=inputs.repeats,
         seed=inputs.seed,
     )

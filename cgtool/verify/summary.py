@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from cgtool.plan_document import Plan
 from cgtool.planner.cost import CostModel
 from cgtool.verify.population import predicted_ms
 from cgtool.verify.result import KindTiming, Ratio, SetResult, SizeTiming, VerifyResult
@@ -61,7 +61,7 @@ def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
 
 
 def summarise_set(
-    measured: SetMeasurement, steps: list[Step], cost: CostModel, plan: dict[str, Any]
+    measured: SetMeasurement, steps: list[Step], cost: CostModel, plan: Plan
 ) -> SetResult:
     weights = np.array([s.weight for s in steps])
     times = np.array(measured.step_ms, dtype=np.float64)  # [repeats, steps]
@@ -72,7 +72,8 @@ def summarise_set(
         predicted.append(ms)
         graphs.append(graph)
     predicted_arr, per_step = np.array(predicted), times.mean(axis=0)
-    row = next(r for r in plan["comparison"] if r["schedule"] == measured.name)
+    row = plan.row(measured.name)
+    assert row is not None, f"plan.json has no {measured.name} row"
     repeats = [weighted_mean(t, weights) for t in times]
     return SetResult(
         name=measured.name,  # type: ignore[arg-type]
@@ -82,12 +83,12 @@ def summarise_set(
         capture_s=measured.capture_s,
         compile_s=measured.compile_s,
         graph_bytes=measured.graph_bytes,
-        predicted_graph_bytes=int(row["graph_bytes"]),
-        predicted_capture_s=float(row["capture_s"]),
+        predicted_graph_bytes=row.graph_bytes,
+        predicted_capture_s=row.capture_s,
         mean_step_ms=float(np.mean(repeats)),
         repeat_step_ms=repeats,
         predicted_step_ms=weighted_mean(predicted_arr, weights),
-        plan_expected_step_ms=float(row["expected_step_ms"]),
+        plan_expected_step_ms=row.expected_step_ms,
         kinds=_kinds(steps, weights, per_step, predicted_arr),
         sizes=_sizes(steps, per_step, predicted_arr, graphs),
     )

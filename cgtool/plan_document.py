@@ -1,0 +1,240 @@
+"""plan.json as typed dataclasses: what `cgtool plan` returns, writes, and every reader reads.
+
+The planner builds this document directly (cgtool.planner.plan) and readers (reports,
+`check`, `verify`, `capture --plan`) get the same type back from `load_plan`, so a plan
+has one shape in memory and on disk. It is the document rather than the planner's working
+objects because it must also load plans written by older versions: fields they lack are
+optional here, and the planner's own results (MemoryPlan, the simulator's histograms) stay
+internal to the planner, which copies them in when it finishes.
+
+`Plan.from_dict` checks the header and every field through cgtool.document_io, so a damaged
+file is one sentence naming the file and the field; `to_dict` writes the plan.json layout of
+docs/formats.md, keys in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cgtool.document_io import (
+    Provenance,
+    check_header,
+    convert,
+    fail,
+    utc_now_iso,
+    write_json_atomic,
+)
+
+PLAN_SCHEMA = "cgtool.plan"
+PLAN_VERSION = "1.2"  # 1.2 adds the histograms' attention_ms
+PLAN_FILENAME = "plan.json"
+
+
+@dataclass(slots=True, kw_only=True)
+class PlanInputs:
+    """What the plan was made from. Fields with defaults are absent from older plans."""
+
+    trace: str
+    trace_kind: str | None = None  # "requests" or "batches"
+    model: str
+    gpu: str
+    engine: str
+    engine_version: str | None = None
+    profile: str | None = None  # the --profile file, or None for the roofline
+    tp_size: int = 1
+    chunked_prefill_size: int | None = None
+    max_running_requests: int | None = None
+    context_len: int | None = None
+    loads: list[float] = field(default_factory=lambda: [1.0])
+    replicas: int = 1
+    compare_plan: str | None = None
+
+
+@dataclass(slots=True)
+class StepHistogram:
+    """Simulated steps of one kind: how often each size ran and for how long."""
+
+    sizes: list[int]  # ascending
+    counts: list[int]
+    time_s: list[float]
+    # Summed attention ms per size (context reads, query-key work); absent before 1.2.
+    attention_ms: list[float] | None = None
+
+
+@dataclass(slots=True)
+class DecodePlan:
+    capture_bs: list[int]
+    max_bs: int
+    histogram: StepHistogram
+    default_capture_bs: list[int]
+
+
+@dataclass(slots=True)
+class PiecewisePlan:
+    capture_num_tokens: list[int]
+    max_tokens: int
+    histogram: StepHistogram
+    default_capture_num_tokens: list[int]
+
+
+@dataclass(slots=True, kw_only=True)
+class PlanMemory:
+    """cgtool.planner.memory.MemoryPlan as written; every byte figure is one GPU's."""
+
+    gpu_memory_bytes: int
+    weights_bytes: int
+    graph_bytes: int
+    activation_bytes: int
+    margin_bytes: int
+    kv_bytes: int
+    kv_tokens: int
+    mem_fraction_static: float  # SGLang
+    gpu_memory_utilization: float | None = None  # vLLM; absent from 1.0 plans
+    trtllm_free_gpu_memory_fraction: float | None = None  # TensorRT-LLM; absent from 1.0 plans
+    default_mem_fraction_static: float
+    default_kv_tokens: int | None = None
+    peak_kv_demand_tokens: int | None = None
+    reachable_batch: int | None = None
+    warnings: list[str]
+    graph_bytes_measured: int | None = None  # with --profile
+    graph_bytes_predicted: int | None = None
+    tp_size: int = 1
+    kv_heads_per_rank: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleScore:
+    """A capture schedule scored on simulated steps (cgtool.planner.scoring scores it)."""
+
+    schedule: str  # "plan", "default", or "current" (--compare-plan)
+    expected_step_ms: float
+    decode_coverage: float  # share of decode steps that replay a graph
+    extend_coverage: float
+    padding_waste: float  # share of rows (decode) and tokens (extend) computed only as padding
+    num_graphs: int
+    graph_bytes: int
+    capture_s: float
+    kv_tokens: int
+    comm_ms: float = 0.0  # tensor-parallel collectives inside expected_step_ms
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScenarioScore(ScheduleScore):
+    """One row of `scenarios`: a score on one part, load and eager-cost assumption."""
+
+    part: Literal["fit", "held_out"]
+    load: float
+    eager: str
+
+
+@dataclass(slots=True)
+class LoadSummary:
+    load: float
+    duration_s: float
+    steps: int
+    mean_queue_s: float
+    p99_queue_s: float
+    peak_kv_demand_tokens: int
+    largest_decode_batch: int
+    overloaded: bool
+
+
+@dataclass(slots=True, kw_only=True)
+class Simulation:
+    """The first load's simulation; fields that are None are not written (batch traces and
+    older plans have none of them)."""
+
+    num_requests: int
+    dropped_requests: int
+    duration_s: float
+    steps: int
+    mean_queue_s: float
+    p99_queue_s: float
+    simulated_kv_tokens: int | None = None
+    pool_rounds: int | None = None
+    typical_request_tokens: int | None = None
+    loads: list[LoadSummary] | None = None
+    replicas: int | None = None
+    peak_kv_demand_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class EagerAssumption:
+    name: str
+    basis: str
+
+
+@dataclass(slots=True)
+class PlanBasis:
+    """What the plan's figures rest on and how they were checked."""
+
+    statement: str
+    cost_model: str
+    eager_assumptions: list[EagerAssumption]
+    held_out_share: float
+    fit_steps: int
+    held_out_steps: int
+    max_bs_reason: str
+    largest_batch_fitted: int
+    worst_regret: float
+    token_grid: str
+    min_bin_share: float
+    replicas: int
+    replicas_asked: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Plan:
+    status: Literal["complete", "incomplete"] = "complete"
+    created: str = field(default_factory=utc_now_iso)
+    provenance: Provenance | None = None  # None only in plans written before it existed
+    inputs: PlanInputs
+    decode: DecodePlan
+    piecewise: PiecewisePlan
+    memory: PlanMemory
+    comparison: list[ScheduleScore]  # held-out at the first load (fit when none is held out)
+    comparison_fit: list[ScheduleScore] = field(default_factory=list)
+    scenarios: list[ScenarioScore] = field(default_factory=list)
+    basis: PlanBasis | None = None  # None only in 1.0 plans
+    flags: dict[str, list[str]]  # by engine: sglang (always), vllm, trtllm
+    simulation: Simulation
+    warnings: list[str] = field(default_factory=list)
+
+    def row(self, schedule: str) -> ScheduleScore | None:
+        """The comparison row of "plan" or "default"."""
+        return next((r for r in self.comparison if r.schedule == schedule), None)
+
+    def all_warnings(self) -> list[str]:
+        return self.memory.warnings + self.warnings
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dataclasses.asdict(self)
+        for name in ("provenance", "basis"):
+            if body[name] is None:
+                del body[name]
+        for kind in ("decode", "piecewise"):
+            if body[kind]["histogram"]["attention_ms"] is None:
+                del body[kind]["histogram"]["attention_ms"]
+        body["simulation"] = {k: v for k, v in body["simulation"].items() if v is not None}
+        # Scenario rows lead with what they are scored on, as the planner wrote them.
+        lead = ("part", "load", "eager")
+        body["scenarios"] = [{k: row[k] for k in lead} | row for row in body["scenarios"]]
+        return {"schema": PLAN_SCHEMA, "version": PLAN_VERSION} | body
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = PLAN_FILENAME) -> Plan:
+        check_header(data, PLAN_SCHEMA, source)
+        for name in ("status", "created"):  # defaults for the planner, required in a file
+            if name not in data:
+                fail(source, name, "is missing")
+        plan = convert(cls, data, source, "")
+        if "sglang" not in plan.flags:
+            fail(source, "flags.sglang", "is missing")
+        return plan
+
+
+def write_plan(plan: Plan, path: Path) -> None:
+    write_json_atomic(path, plan.to_dict())
