@@ -4,8 +4,8 @@ The planner builds this document directly (cgtool.planner.plan) and readers (rep
 `check`, `verify`, `capture --plan`) get the same type back from `load_plan`, so a plan
 has one shape in memory and on disk. It is the document rather than the planner's working
 objects because it must also load plans written by older versions: fields they lack are
-optional here, and the planner's own results (MemoryPlan, the simulator's histograms) stay
-internal to the planner, which copies them in when it finishes.
+optional here. The memory plan is built as this document's PlanMemory; the simulator's
+numpy histograms stay internal to the planner, which copies them in when it finishes.
 
 `Plan.from_dict` checks the header and every field through cgtool.document_io, so a damaged
 file is one sentence naming the file and the field; `to_dict` writes the plan.json layout of
@@ -82,7 +82,8 @@ class PiecewisePlan:
 
 @dataclass(slots=True, kw_only=True)
 class PlanMemory:
-    """cgtool.planner.memory.MemoryPlan as written; every byte figure is one GPU's."""
+    """The memory plan (cgtool.planner.memory.plan_memory builds it); every byte figure is
+    one GPU's. Figures a 1.0 plan lacks are optional here; the planner fills them all."""
 
     gpu_memory_bytes: int
     weights_bytes: int

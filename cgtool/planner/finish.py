@@ -1,12 +1,12 @@
 """A chosen plan as the plan.json document: scored, its flags spelled out, its notes added.
 
-The planner works with its own results (MemoryPlan, numpy histograms, the robust choice);
+The planner works with its own results (numpy histograms, the robust choice);
 this is where they are copied into cgtool.plan_document.Plan, the one shape readers see.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from cgtool.plan_document import (
     DecodePlan,
@@ -18,7 +18,7 @@ from cgtool.plan_document import (
     StepHistogram,
 )
 from cgtool.planner.flags import FlagValues, all_flags
-from cgtool.planner.memory import MemoryPlan, check_plan_safety
+from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan_notes import (
     ceiling_warnings,
     decode_part,
@@ -38,7 +38,7 @@ def finish_plan(
     req: PlanRequest,
     server: Server,
     choice: RobustChoice,
-    memory: MemoryPlan,
+    memory: PlanMemory,
     fit: list[Scenario],
     held: list[Scenario],
     whole: tuple[Histogram, Histogram],
@@ -61,7 +61,7 @@ def finish_plan(
                           list(default.decode_bs)),
         piecewise=PiecewisePlan(tokens, max(tokens, default=0), _recorded(whole[1]),
                                 list(default.piecewise_tokens)),
-        memory=PlanMemory(**asdict(memory)),
+        memory=memory,
         comparison=scores.headline,
         comparison_fit=scores.headline_fit,
         scenarios=score_rows(scores),
@@ -82,7 +82,7 @@ def _recorded(hist: Histogram) -> StepHistogram:
 
 
 def _flags(
-    req: PlanRequest, server: Server, choice: RobustChoice, memory: MemoryPlan
+    req: PlanRequest, server: Server, choice: RobustChoice, memory: PlanMemory
 ) -> dict[str, list[str]]:
     # vLLM's list holds token sizes too; other engines' decode flags take its decode part.
     decode_bs = choice.decode_bs

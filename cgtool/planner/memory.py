@@ -10,10 +10,10 @@ from the same KV budget.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 
 from cgtool.config import ModelConfig
 from cgtool.errors import CgtoolError
+from cgtool.plan_document import PlanMemory
 from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
 from cgtool.units import BF16_BYTES, FP32_BYTES, GIB, MIB
@@ -30,33 +30,6 @@ COMM_RESERVE_BYTES_PER_RANK = GIB // 8
 _ACTIVATION_SLACK = 2.0
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm 0.33 CacheConfig default
 TRTLLM_DEFAULT_FREE_FRACTION = 0.9  # TensorRT-LLM KvCacheConfig default
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPlan:
-    gpu_memory_bytes: int
-    weights_bytes: int
-    graph_bytes: int
-    activation_bytes: int
-    margin_bytes: int
-    kv_bytes: int
-    kv_tokens: int
-    mem_fraction_static: float  # SGLang
-    gpu_memory_utilization: float  # vLLM
-    trtllm_free_gpu_memory_fraction: float  # TensorRT-LLM
-    default_mem_fraction_static: float  # what the engine release picks by itself
-    default_kv_tokens: int
-    peak_kv_demand_tokens: int
-    reachable_batch: int  # requests of typical length the pool holds at once
-    warnings: list[str] = field(default_factory=list)
-    graph_bytes_measured: int | None = None  # from a capture report, beside graph_bytes_predicted
-    graph_bytes_predicted: int | None = None
-    # Every byte figure above is of one GPU of tp_size; kv_tokens is the server's pool.
-    tp_size: int = 1
-    kv_heads_per_rank: int = 0  # replicated when the model has fewer KV heads than ranks
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def margin_bytes(gpu_memory_bytes: int, tp_size: int = 1) -> int:
@@ -161,7 +134,7 @@ def plan_memory(
     typical_request_tokens: int,
     default_mem_fraction_static: float,
     tp_size: int = 1,
-) -> MemoryPlan:
+) -> PlanMemory:
     """Recommend the static fraction that leaves activations, graphs and the margin free, on
     each GPU of `tp_size` (graph_bytes is one rank's)."""
     shard = rank_shapes(cfg, tp_size)
@@ -182,7 +155,7 @@ def plan_memory(
     kv_bytes = kv_tokens * shard.kv_bytes_per_token(BF16_BYTES)
     free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
     reachable = min(max_running_requests, kv_tokens // max(typical_request_tokens, 1))
-    plan = MemoryPlan(
+    plan = PlanMemory(
         gpu_memory_bytes=gpu_memory_bytes,
         weights_bytes=weights,
         graph_bytes=graph_bytes,
@@ -203,13 +176,14 @@ def plan_memory(
         reachable_batch=int(reachable),
         tp_size=tp_size,
         kv_heads_per_rank=kv_heads_per_rank(cfg, tp_size),
+        warnings=[],
     )
     plan.warnings.extend(_pool_warnings(plan, typical_request_tokens, max_running_requests))
     return plan
 
 
 def _pool_warnings(
-    plan: MemoryPlan, typical_request_tokens: int, max_running_requests: int
+    plan: PlanMemory, typical_request_tokens: int, max_running_requests: int
 ) -> list[str]:
     notes = []
     if plan.peak_kv_demand_tokens > plan.kv_tokens:
@@ -232,7 +206,7 @@ def sglang_default_max_running(kv_tokens: int, context_len: int) -> int:
 
 
 def check_plan_safety(
-    tokens: list[int], chunked_prefill_size: int, context_len: int, memory: MemoryPlan
+    tokens: list[int], chunked_prefill_size: int, context_len: int, memory: PlanMemory
 ) -> None:
     """Refuse plans that would break a server: token bins it can never use or that exceed what
     it allows, and a static fraction that leaves less than the stated margin free."""

@@ -8,7 +8,7 @@ held-out split (cgtool.planner.scenarios) under every eager-cost assumption
 same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
 
 The result is the plan.json document itself (cgtool.plan_document.Plan): cgtool.planner.finish
-copies the planner's working results (MemoryPlan, histograms, scores) into it.
+copies the planner's working results (histograms, scores) into it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.plan_document import LoadSummary, Plan, Simulation
+from cgtool.plan_document import LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.planner.finish import finish_plan
-from cgtool.planner.memory import MemoryPlan, plan_memory
+from cgtool.planner.memory import plan_memory
 from cgtool.planner.optimiser import Limits
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
@@ -139,7 +139,7 @@ class _PoolFit:
     kv_tokens: int  # the pool the runs admitted against
     rounds: int
     choice: RobustChoice
-    memory: MemoryPlan
+    memory: PlanMemory
     fit: list[Scenario]
 
 
@@ -302,7 +302,7 @@ def _limits(req: PlanRequest, server: Server) -> Limits:
 
 def _choose_and_size(
     req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, MemoryPlan]:
+) -> tuple[RobustChoice, PlanMemory]:
     choice = choose_robust(
         fit, list(server.assumptions), server.default, _limits(req, server), req.engine
     )

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cgtool.plan_document import ScenarioScore, ScheduleScore
-from cgtool.planner.memory import MemoryPlan
+from cgtool.plan_document import PlanMemory, ScenarioScore, ScheduleScore
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score
 from cgtool.planner.server import Server
@@ -28,7 +27,7 @@ class ScoreSet:
         req: PlanRequest,
         server: Server,
         choice: RobustChoice,
-        memory: MemoryPlan,
+        memory: PlanMemory,
         fit: list[Scenario],
         held: list[Scenario],
     ) -> ScoreSet:
