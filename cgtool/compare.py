@@ -91,9 +91,10 @@ class Comparison:
         return not self.regressions
 
 
-def size_label(kind: str, size: int, rank: int = 0) -> str:
+def size_label(kind: str, size: int, rank: int = 0, hidden_mode: str = "null") -> str:
     unit = f"bs {size}" if kind == "decode" else f"{size} tokens"
-    return f"{kind} {unit}" + (f" rank {rank}" if rank else "")
+    mode = f" hidden {hidden_mode}" if hidden_mode != "null" else ""
+    return f"{kind} {unit}{mode}" + (f" rank {rank}" if rank else "")
 
 
 def compare_reports(

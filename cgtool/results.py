@@ -66,6 +66,7 @@ class CaptureSettings:
     context_len: int
     enable_cudagraph_gc: bool
     tp_size: int = 1
+    hidden_states: list[str] = field(default_factory=lambda: ["null"])  # decode modes, upward
 
 
 @dataclass(slots=True)
@@ -89,10 +90,13 @@ class SizeResult:
     eager_ci95_ms: float | None = None  # half-width of the 95% confidence interval of eager_ms
     replay_ci95_ms: float | None = None
     max_diff_at: int | None = None  # token (piecewise) or request (decode) of max_abs_diff
+    hidden_mode: str = "null"  # the decode graph's hidden-state mode (piecewise: always null)
 
     @property
-    def key(self) -> tuple[str, int, int]:
-        return (self.kind, self.size, self.rank)
+    def key(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
+        # A null row keeps the key it had before modes existed, so old reports still compare.
+        base = (self.kind, self.size, self.rank)
+        return base if self.hidden_mode == "null" else (*base, self.hidden_mode)
 
 
 @dataclass(slots=True)
@@ -220,7 +224,7 @@ def load_plan(path: Path) -> Plan:
 
 
 def _check_sizes(sizes: list[SizeResult], source: str) -> None:
-    seen: set[tuple[str, int, int]] = set()
+    seen: set[tuple] = set()
     for i, row in enumerate(sizes):
         where = f"sizes[{i}]"
         if row.size < 1:

@@ -16,6 +16,7 @@ from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
     from cgtool.capture.options import CaptureOptions, SessionState
+    from cgtool.hidden_states import HiddenMode
     from cgtool.results import CaptureReport
 
 
@@ -103,6 +104,7 @@ def capture(
     profile_sizes: Annotated[str | None, typer.Option(help="With --profile, sizes that get a Chrome trace, e.g. decode:1,piecewise:512 (default: each kind's smallest and largest).")] = None,
     out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
+    hidden_states: Annotated[str, typer.Option("--hidden-states", help="Decode graphs' hidden-state mode: null, last or full; an upward list such as null,full recaptures at each, as SGLang does.")] = "null",
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
@@ -116,6 +118,7 @@ def capture(
     validate_tp(model, tp, None)
     capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
+    hidden_modes = parse_capture_modes(hidden_states, kind)
     import torch
 
     from cgtool.capture.options import CaptureOptions
@@ -130,9 +133,22 @@ def capture(
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
-        profile_sizes=profiled,
+        profile_sizes=profiled, hidden_modes=hidden_modes,
     )
     _run_and_save(opts)
+
+
+def parse_capture_modes(text: str, kind: Kind) -> tuple[HiddenMode, ...]:
+    """--hidden-states as modes; only decode graphs return hidden states beside the logits."""
+    from cgtool.hidden_states import HiddenMode, parse_hidden_modes
+
+    modes = parse_hidden_modes(text)
+    if kind == Kind.piecewise and modes != (HiddenMode.NULL,):
+        raise CgtoolError(
+            f"--hidden-states {text} applies to decode graphs, and --kind piecewise captures none",
+            "Use --kind decode or both, or leave --hidden-states at null.",
+        )
+    return modes
 
 
 def _run_and_save(opts: CaptureOptions) -> None:

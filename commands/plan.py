@@ -16,6 +16,7 @@ from cgtool.commands.trace import load_trace_hinted
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.gpus import GpuSpec, gpu_spec
+from cgtool.hidden_states import parse_hidden_modes
 from cgtool.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.planner.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
@@ -93,6 +94,10 @@ ComparePlanOpt = Annotated[
 ]
 OutOpt = Annotated[Path | None, typer.Option(help="Write plan.json and figures to this folder.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")]
+HiddenStatesOpt = Annotated[str, typer.Option(
+    "--hidden-states",
+    help="Decode graphs' hidden-state mode: null, last or full (last and full add a static output to the graph memory).",
+)]
 
 
 @cli_errors
@@ -114,9 +119,12 @@ def plan(
     compare_plan: ComparePlanOpt = None,
     out: OutOpt = None,
     json_out: JsonOpt = False,
+    hidden_states: HiddenStatesOpt = "null",
 ) -> None:
     """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
     _check_engine(engine, engine_version)  # before the trace is read: that takes seconds
+    # An upward list ends captured at its highest mode: that is the memory to plan for.
+    hidden_mode = max(parse_hidden_modes(hidden_states))
     loads = parse_loads(load)
     if replicas < 1:
         raise InputError(
@@ -142,6 +150,7 @@ def plan(
         replicas=replicas,
         compare=compare,
         compare_name=None if compare_plan is None else str(compare_plan),
+        hidden_mode=hidden_mode,
     )
     stop = StopRequest()
     result = _plan_or_exit(trace, trace_format, request, stop)

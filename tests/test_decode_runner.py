@@ -1,3 +1,4 @@
+import dataclasses
 import gc
 
 import pytest
@@ -6,6 +7,7 @@ from replay_check import assert_replay_equals_eager
 
 from cgtool.batch import ForwardMode
 from cgtool.config import load_model_config
+from cgtool.hidden_states import HiddenMode
 from cgtool.runners.decode import DecodeGraphRunner
 
 
@@ -99,3 +101,66 @@ def test_replay_follows_new_inputs_not_the_captured_ones(gpu_bench):
     assert not torch.equal(out_a, out_b)
     eager_b = gpu_bench.runner.model.compute_logits(gpu_bench.runner.forward_eager(b))
     assert_replay_equals_eager(out_b, eager_b)
+
+
+HIDDEN = load_model_config("tiny").hidden_size
+
+
+@pytest.mark.parametrize("mode, shape", [
+    (HiddenMode.NULL, None), (HiddenMode.LAST, (8, HIDDEN)), (HiddenMode.FULL, (8, HIDDEN)),
+])
+def test_hidden_state_buffer_is_allocated_once_at_max_bs_for_its_mode(mode, shape):
+    runner = DecodeGraphRunner(_FakeModelRunner(), [1, 2, 8], hidden_mode=mode)
+    assert (None if runner.hidden_states is None else tuple(runner.hidden_states.shape)) == shape
+    logits_bytes = runner.logits.numel() * 4
+    inputs_bytes = 4 * 8 * 8 + 8 * 4  # four int64 inputs and the int32 seq_lens
+    extra = 0 if shape is None else 8 * HIDDEN * runner.hidden_states.element_size()
+    assert runner.static_buffer_bytes == logits_bytes + inputs_bytes + extra
+
+
+def test_recapture_goes_upward_keeps_the_old_graphs_and_refuses_downgrades(monkeypatch):
+    runner = DecodeGraphRunner(_FakeModelRunner(), [1, 2])
+    monkeypatch.setattr(runner, "_record", lambda bs: runner.graphs.__setitem__(bs, f"{runner.hidden_mode.name}:{bs}"))
+    runner.capture()
+    runner.recapture(HiddenMode.FULL)
+    assert runner.graphs == {2: "FULL:2", 1: "FULL:1"}
+    assert runner.retired_graphs == ["NULL:2", "NULL:1"]  # alive: they share the pool
+    assert runner.hidden_states.shape == (2, HIDDEN)
+    with pytest.raises(ValueError, match="upward only"):
+        runner.recapture(HiddenMode.LAST)
+
+
+def _cpu_runner():
+    from cgtool.attention import make_backend
+    from cgtool.engine import ModelRunner
+    from cgtool.kv import KVPool
+    from cgtool.model.loader import build_model
+
+    cfg = load_model_config("tiny")
+    torch.manual_seed(0)
+    model = build_model(cfg, device="cpu", dtype=torch.float32, max_positions=64)
+    pool = KVPool(cfg, num_slots=512, max_reqs=8, max_context_len=64, dtype=torch.float32, device="cpu")
+    return ModelRunner(model, pool, make_backend("torch", cfg.num_heads, cfg.head_dim))
+
+
+@pytest.mark.parametrize("mode", list(HiddenMode))
+def test_what_capture_records_returns_the_modes_outputs_as_eager_does(mode):
+    from cgtool.engine import decode_batch
+
+    model_runner = _cpu_runner()
+    rows = [model_runner.kv_pool.alloc_request(8)[0] for _ in range(3)]
+    batch = decode_batch(model_runner.kv_pool, rows, [4, 6, 2], [5, 9, 11])
+    runner = DecodeGraphRunner(model_runner, [1, 4], hidden_mode=mode)
+    # The torch reference backend reads lengths on the host, which a captured batch leaves
+    # empty (Triton reads them on the device): give them to it from the static buffer.
+    static_batch = runner.static_batch
+    runner.static_batch = lambda bs: dataclasses.replace(
+        static_batch(bs), seq_lens_cpu=runner.seq_lens[:bs].tolist())
+    eager = [t.clone() for t in runner.eager_outputs(batch)]
+    bs = runner.load_inputs(batch)  # padded to 4, as replay does
+    runner.forward_static(bs)
+    static = runner._outputs(runner.logits, runner.hidden_states, batch.batch_size)
+    assert len(static) == len(eager) == (1 if mode is HiddenMode.NULL else 2)
+    for got, expected in zip(static, eager):
+        torch.testing.assert_close(got, expected)
+    assert static[0].shape == (3, model_runner.model.cfg.vocab_size)

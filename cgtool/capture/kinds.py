@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -39,32 +40,51 @@ def capture_decode(
     on_progress: ProgressCallback,
     state: SessionState,
 ) -> None:
+    """Capture at the first hidden-state mode, then recapture at each higher one as the
+    runtime does; every mode's sizes get their own rows."""
     from cgtool.runners.decode import DecodeGraphRunner
 
-    runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc)
+    first, *upward = opts.hidden_modes
+    runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc, hidden_mode=first)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     with state.phase("capture"), _sglang_mem_usage(state, "decode"):
         costs = _capture_sizes("decode", runner, runner.capture_bs, pool, on_progress, state, opts)
+    calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
+    if calls:
+        state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
+    _count_kernels(state, "decode", calls, opts, on_progress, first.flag)
+    for mode in upward:
+        with state.phase("capture"), _sglang_mem_usage(state, f"decode:{mode.flag}"):
+            costs = _capture_sizes("decode", runner, runner.capture_bs, pool, on_progress, state,
+                                   opts, record_all=partial(runner.recapture, mode))
+        calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
+        # Kernel tables and traces stay the first mode's: a recapture adds one copy per graph.
+        _count_kernels(state, "decode", calls, replace(opts, profile=False), on_progress, mode.flag)
+
+
+def _measure_decode(
+    bench: Workbench, runner: DecodeGraphRunner, costs: dict[int, CaptureCost], bandwidth: float,
+    on_progress: ProgressCallback, state: SessionState, opts: CaptureOptions,
+) -> list[tuple[int, Callable[[], object], Callable[[], object]]]:
+    """Replay against eager on every output of the runner's mode (logits, hidden states)."""
     calls = []
+    mode = runner.hidden_mode.flag
     with state.phase("measure"):
         for i, (bs, cost) in enumerate(costs.items()):
             _progress(on_progress, "decode", "measure", bs, i, len(costs))
             batch = bench.decode_batch(bs)
-            eager = partial(_decode_eager, bench, batch)
-            replay = partial(runner.replay, batch)
+            eager = partial(runner.eager_outputs, batch)
+            replay = partial(runner.replay_outputs, batch)
             check = _measured(state, "decode", bs, partial(
-                check_replay, eager=lambda f=eager: [f()], replay=lambda f=replay: [f()],
-                dtype=opts.dtype, timed_eager=eager, timed_replay=replay,
+                check_replay, eager=eager, replay=replay, dtype=opts.dtype,
             ))
             if check is None:
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
             roofline_ms = (_weights_read(bench, bs) + kv_read) / bandwidth * 1e3
-            _record(state, "decode", bs, cost, check, roofline_ms)
+            _record(state, "decode", bs, cost, check, roofline_ms, mode)
             calls.append((bs, replay, eager))
-        if calls:
-            state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
-    _count_kernels(state, "decode", calls, opts, on_progress)
+    return calls
 
 
 def _weights_read(bench: Workbench, tokens: int) -> float:
@@ -73,10 +93,6 @@ def _weights_read(bench: Workbench, tokens: int) -> float:
     if bench.cfg.moe is None:
         return float(bench.weights_bytes)
     return float(bench.cfg.weight_bytes_read(tokens))
-
-
-def _decode_eager(bench: Workbench, batch: Any) -> torch.Tensor:
-    return bench.runner.model.compute_logits(bench.runner.forward_eager(batch))
 
 
 def capture_piecewise(
@@ -152,7 +168,7 @@ def _sglang_mem_usage(state: SessionState, kind: str) -> Iterator[None]:
 
 def _count_kernels(
     state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
-    opts: CaptureOptions, on_progress: ProgressCallback,
+    opts: CaptureOptions, on_progress: ProgressCallback, hidden_mode: str = "null",
 ) -> None:
     """Kernels per forward of every size from one profiler pass over the replays; with
     --profile, their tables, and a Chrome trace of each --profile-sizes size."""
@@ -162,7 +178,7 @@ def _count_kernels(
     with state.phase("profile"):
         kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
         for row in state.sizes:  # this process's rows: ranks are stamped when gathered
-            if row.kind == kind and row.size in kernels:
+            if row.kind == kind and row.hidden_mode == hidden_mode and row.size in kernels:
                 row.kernels_per_forward = kernels_per_call(kernels[row.size])
         if not opts.profile:
             return
@@ -181,19 +197,22 @@ def _count_kernels(
 def _capture_sizes(
     kind: str, runner: DecodeGraphRunner | PiecewiseGraphRunner, sizes: list[int], pool: Any,
     on_progress: ProgressCallback, state: SessionState, opts: CaptureOptions,
+    record_all: Callable[[Callable[..., bool]], None] | None = None,
 ) -> dict[int, CaptureCost]:
-    """The runner's loop records the sizes (largest first, GC frozen); around each this adds
-    progress, the TP barrier, the cost and, with --profile, the first size's memory history."""
+    """The runner's loop (`record_all`, by default its capture) records the sizes (largest
+    first, GC frozen); around each this adds progress, the TP barrier, the cost and, with
+    --profile, the memory history of the kind's first size."""
     costs: dict[int, CaptureCost] = {}
 
     def step(index: int, size: int, record: Callable[[], None]) -> bool:
         _progress(on_progress, kind, "capture", size, index, len(sizes))
         barrier()  # with TP, every rank records the same size together (NCCL needs it)
-        with _memory_history(state, opts, kind, first=index == 0):
+        first = index == 0 and kind not in state.memory_snapshots  # not again on a recapture
+        with _memory_history(state, opts, kind, first=first):
             _capture_size(kind, record, size, pool, state, costs, runner.forward_static)
         return True
 
-    runner.capture(step)
+    (record_all or runner.capture)(step)
     return costs
 
 
@@ -265,7 +284,7 @@ def _note_out_of_memory(
 
 def _record(
     state: SessionState, kind: str, size: int, cost: CaptureCost, check: ReplayCheck,
-    roofline_ms: float,
+    roofline_ms: float, hidden_mode: str = "null",
 ) -> None:
     state.sizes.append(
         SizeResult(
@@ -285,6 +304,7 @@ def _record(
             eager_ci95_ms=check.eager.ci95_ms,
             replay_ci95_ms=check.replay.ci95_ms,
             max_diff_at=check.worst_token,
+            hidden_mode=hidden_mode,
         )
     )
 

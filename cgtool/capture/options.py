@@ -13,6 +13,7 @@ import torch
 
 from cgtool.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
+from cgtool.hidden_states import HiddenMode
 from cgtool.results import CaptureTotals, KernelRow, SizeResult
 from cgtool.runners.sizes import capture_sizes
 
@@ -36,6 +37,8 @@ class CaptureOptions:
     tp_size: int = 1  # tensor-parallel ranks, one GPU each (run through cgtool.capture.tp)
     # With --profile, the sizes of each kind that get a Chrome trace of their replay.
     profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Decode graphs' hidden-state modes, upward: the first is captured, each next one recaptured.
+    hidden_modes: tuple[HiddenMode, ...] = (HiddenMode.NULL,)
 
     def __post_init__(self) -> None:
         # Kinds not captured keep an empty list; the captured ones follow the one rule.

@@ -96,6 +96,7 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
         context_len=opts.context_len,
         enable_cudagraph_gc=opts.enable_cudagraph_gc,
         tp_size=opts.tp_size,
+        hidden_states=[mode.flag for mode in opts.hidden_modes],
     )
 
 

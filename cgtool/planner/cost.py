@@ -10,12 +10,13 @@ on a set of steps is cgtool.planner.scoring's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from cgtool.config import ModelConfig
 from cgtool.gpus import GpuSpec
+from cgtool.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.planner.memory import activation_bytes_per_token
 from cgtool.planner.parallel import (
     allreduces_per_forward,
@@ -65,6 +66,9 @@ class CostModel:
     decode_comm_ms: np.ndarray
     extend_comm_ms: np.ndarray
     warnings: tuple[str, ...] = field(default=())
+    # Static hidden-state output per captured decode request (0 at hidden-state mode NULL):
+    # allocated outside the pool at the largest size, as the logits are.
+    decode_hidden_row_bytes: float = 0.0
 
     @property
     def max_bs(self) -> int:
@@ -78,13 +82,16 @@ class CostModel:
         self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]
     ) -> int:
         """Both kinds capture into one pool, largest first: the pool is the larger of the two
-        largest sizes' needs, and every graph adds its own objects on top."""
+        largest sizes' needs, and every graph adds its own objects on top; a hidden-state mode
+        adds its static output at the largest decode size."""
         pool = max(
             float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0,
             float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0,
         )
+        hidden = max(decode_bs, default=0) * self.decode_hidden_row_bytes
         return int(
             pool + len(decode_bs) * self.decode_graph_bytes + len(tokens) * self.extend_graph_bytes
+            + hidden
         )
 
     def capture_s(
@@ -93,6 +100,20 @@ class CostModel:
         return float(
             self.decode_capture_s[list(decode_bs)].sum() + self.extend_capture_s[list(tokens)].sum()
         )
+
+
+def with_hidden_states(cost: CostModel, cfg: ModelConfig, mode: HiddenMode) -> CostModel:
+    """The cost model of decode graphs captured at `mode`: the final hidden state is whole on
+    every tensor-parallel rank, so its buffer is not sharded."""
+    if mode is HiddenMode.NULL:
+        return cost
+    row = decode_hidden_buffer_bytes(mode, 1, cfg.hidden_size, BF16_BYTES)
+    note = (
+        f"hidden-state mode {mode.flag}: each captured decode request adds {row:,} B of static "
+        "hidden-state output (allocated at the largest batch size), counted in the graph memory "
+        "and --mem-fraction-static"
+    )
+    return replace(cost, decode_hidden_row_bytes=float(row), warnings=(*cost.warnings, note))
 
 
 def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:

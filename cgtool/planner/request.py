@@ -8,6 +8,7 @@ from typing import Any
 from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
+from cgtool.hidden_states import HiddenMode
 from cgtool.planner.parallel import check_tp_size
 from cgtool.planner.scenarios import DEFAULT_LOADS
 
@@ -33,6 +34,7 @@ class PlanRequest:
     # An existing plan's (decode sizes, token sizes, KV tokens) to score beside the new one.
     compare: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     compare_name: str | None = None
+    hidden_mode: HiddenMode = HiddenMode.NULL  # decode graphs' hidden-state mode (--hidden-states)
 
     def __post_init__(self) -> None:
         check_tp_size(self.cfg, self.tp_size, self.gpu)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cgtool.planner.cost import CostModel, roofline_cost
+from cgtool.planner.cost import CostModel, roofline_cost, with_hidden_states
 from cgtool.planner.eager import EagerAssumption, eager_range
 from cgtool.planner.memory import (
     kv_tokens_at,
@@ -50,7 +50,7 @@ def server_for(req: PlanRequest) -> Server:
     # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
     max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
     max_tokens = max(chunk, default.max_tokens)
-    cost = _cost_model(req, max_bs, max_tokens)
+    cost = with_hidden_states(_cost_model(req, max_bs, max_tokens), req.cfg, req.hidden_mode)
     return Server(
         version,
         chunk,
