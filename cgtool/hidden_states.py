@@ -4,6 +4,7 @@ the logits, and the static output buffer each mode needs. Torch-free: the planne
 from __future__ import annotations
 
 from enum import IntEnum
+from itertools import pairwise
 
 from cgtool.errors import InputError
 
@@ -31,7 +32,7 @@ def parse_hidden_modes(text: str, flag: str = "--hidden-states") -> tuple[Hidden
         modes.append(HiddenMode[name.upper()])
     if not modes:
         raise InputError(f"{flag} '{text}' names no mode", remedy)
-    if any(b <= a for a, b in zip(modes, modes[1:])):
+    if any(b <= a for a, b in pairwise(modes)):
         raise InputError(
             f"{flag} '{text}' goes down or repeats: the runtime only recaptures upward", remedy
         )

@@ -25,6 +25,7 @@ from cgtool.document_io import (
     write_json_atomic,
 )
 from cgtool.errors import InputError
+from cgtool.hidden_states import HiddenMode
 from cgtool.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 
 REPORT_SCHEMA = "cgtool.report"
@@ -174,9 +175,10 @@ class CaptureReport:
         return report
 
     def sizes_of(self, kind: str, rank: int = 0) -> list[SizeResult]:
-        """This kind's sizes on one rank, largest first (the order they were captured in)."""
+        """This kind's sizes on one rank in the order they were captured in: by hidden-state
+        mode upward (a recapture follows the first capture), each largest first."""
         rows = (s for s in self.sizes if s.kind == kind and s.rank == rank)
-        return sorted(rows, key=lambda s: -s.size)
+        return sorted(rows, key=lambda s: (HiddenMode[s.hidden_mode.upper()], -s.size))
 
     def kinds(self) -> list[str]:
         return [k for k in ("decode", "piecewise") if any(s.kind == k for s in self.sizes)]
@@ -229,6 +231,8 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
         where = f"sizes[{i}]"
         if row.size < 1:
             fail(source, f"{where}.size", f"must be at least 1, got {row.size}")
+        if row.hidden_mode.upper() not in HiddenMode.__members__:
+            fail(source, f"{where}.hidden_mode", f"is {row.hidden_mode!r}, not null, last or full")
         if row.key in seen:
             fail(source, where, f"repeats {row.kind} size {row.size} rank {row.rank}")
         seen.add(row.key)

@@ -112,8 +112,9 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
                     if row.roofline_ms and row.replay_ms else None)
         if row.status != "ok":
             marked.add(len(rows))
+        mode = "" if row.hidden_mode == "null" else f" hidden {row.hidden_mode}"
         rows.append([
-            str(row.size), row.status, _num(row.capture_s, 2), mib_number(row.retained_bytes),
+            f"{row.size}{mode}", row.status, _num(row.capture_s, 2), mib_number(row.retained_bytes),
             mib_number(cumulative), mib_number(row.peak_bytes), mib_number(row.non_torch_bytes),
             _num(row.eager_ms, 3), _num(row.replay_ms, 3), _num(row.speedup, 2, "x"),
             _num(roofline, 0), str(row.kernels_per_forward),

@@ -100,3 +100,27 @@ def test_options_refuse_a_size_below_one_naming_the_flag():
     with pytest.raises(EnvironmentProblem, match="decode: capture sizes must be positive") as info:
         CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[0, 4], capture_num_tokens=[])
     assert info.value.remedy == "Fix --bs."
+
+
+def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
+    from functools import partial
+
+    from cgtool.hidden_states import HiddenMode
+
+    recorded = []
+    monkeypatch.setattr(capture_kinds, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
+    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    state = SessionState()
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
+    runner = DecodeGraphRunner(_CpuModelRunner(), [1, 2])
+
+    def record(bs):
+        recorded.append((runner.hidden_mode.name, bs))
+        runner.graphs[bs] = object()
+
+    monkeypatch.setattr(runner, "_record", record)
+    capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts)
+    costs = capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts,
+                                         record_all=partial(runner.recapture, HiddenMode.FULL))
+    assert recorded == [("NULL", 2), ("NULL", 1), ("FULL", 2), ("FULL", 1)]
+    assert sorted(costs) == [1, 2] and len(runner.retired_graphs) == 2

@@ -83,6 +83,9 @@ def test_capture_saves_its_sizes_and_exits_1_when_incomplete_0_when_complete(tmp
     (["--bs", "abc"], "--bs 'abc' is not a list of integers"),
     (["--tokens", "0"], "--tokens '0' must list positive integers"),
     (["--tp", "3", "--model", "llama-3.1-8b"], "--tp 3 does not divide"),
+    (["--hidden-states", "half"], "--hidden-states 'half' is not a hidden-state mode"),
+    (["--hidden-states", "full,null"], "only recaptures upward"),
+    (["--hidden-states", "full", "--kind", "piecewise"], "applies to decode graphs"),
 ])
 def test_arguments_are_checked_before_the_gpu(args, expected):
     result = runner.invoke(app, ["capture", *args])

@@ -128,6 +128,7 @@ def test_a_malformed_trace_line_names_file_and_line(tmp_path):
         (["--budget-memory", "lots"], "--budget-memory"),
         (["--gpu", "H900"], "--gpu"),
         (["--model", "nope-7b"], "nope-7b"),
+        (["--hidden-states", "some"], "--hidden-states 'some'"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args, words):
@@ -351,3 +352,16 @@ def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
     data = json.loads(result.stdout)
     assert any(r["schedule"] == "current" for r in data["scenarios"])
     assert data["inputs"]["compare_plan"].endswith("plan.json")
+
+
+def test_hidden_states_grow_the_graph_memory_and_shrink_the_fraction_with_a_note():
+    plans = {}
+    for mode in ("null", "last", "full"):
+        result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json", "--hidden-states", mode)
+        assert result.exit_code == 0, result.output
+        plans[mode] = json.loads(result.stdout)
+    graph = {mode: plan["memory"]["graph_bytes"] for mode, plan in plans.items()}
+    assert graph["null"] < graph["last"] <= graph["full"]
+    assert plans["full"]["memory"]["mem_fraction_static"] <= plans["null"]["memory"]["mem_fraction_static"]
+    assert not any("hidden-state mode" in w for w in plans["null"]["warnings"])
+    assert any("hidden-state mode full" in w for w in plans["full"]["warnings"])

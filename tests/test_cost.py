@@ -8,7 +8,8 @@ import torch
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
-from cgtool.planner.cost import roofline_cost
+from cgtool.hidden_states import HiddenMode
+from cgtool.planner.cost import roofline_cost, with_hidden_states
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")
@@ -129,3 +130,16 @@ def test_mla_decode_reads_the_latent_kv():
     ratio = cost.kv_read_ms_per_token / per_gqa_token
     assert ratio == pytest.approx(ds.kv_bytes_per_token(2) / CFG.kv_bytes_per_token(2))
     assert ds.kv_bytes_per_token(2) == 27 * 576 * 2
+
+
+@pytest.mark.parametrize("mode", [HiddenMode.LAST, HiddenMode.FULL])
+def test_a_hidden_state_mode_adds_its_static_output_at_the_largest_decode_size(roofline, mode):
+    with_mode = with_hidden_states(roofline, CFG, mode)
+    added = with_mode.graph_bytes([1, 8, 32], [64]) - roofline.graph_bytes([1, 8, 32], [64])
+    assert added == 32 * CFG.hidden_size * 2  # bf16 rows, one per request of the largest graph
+    assert with_mode.graph_bytes([], [64]) == roofline.graph_bytes([], [64])
+    assert f"hidden-state mode {mode.flag}" in with_mode.warnings[-1]
+
+
+def test_null_hidden_state_mode_leaves_the_cost_model_as_it_was(roofline):
+    assert with_hidden_states(roofline, CFG, HiddenMode.NULL) is roofline

@@ -367,3 +367,29 @@ def test_plan_provenance_is_optional_but_checked_when_present(tmp_path):
         load_plan(_write(tmp_path, data, "plan.json"))
     del data["provenance"]
     assert load_plan(_write(tmp_path, data, "plan.json")).provenance is None
+
+
+def test_a_recaptured_mode_adds_rows_listed_after_the_first_modes():
+    data = _raw(REPORT)
+    decode = [row for row in data["sizes"] if row["kind"] == "decode"][:2]
+    for row in decode:
+        data["sizes"].append({**copy.deepcopy(row), "hidden_mode": "full"})
+    data["settings"]["hidden_states"] = ["null", "full"]
+    report = CaptureReport.from_dict(data)
+    modes = [(s.hidden_mode, s.size) for s in report.sizes_of("decode")]
+    assert modes[:36] == [("null", s) for _, s in modes[:36]]
+    assert modes[36:] == [("full", decode[0]["size"]), ("full", decode[1]["size"])]
+    assert report.settings.hidden_states == ["null", "full"]
+
+
+def test_a_report_without_modes_reads_as_null(tmp_path):
+    report = load_report(REPORT)
+    assert report.settings.hidden_states == ["null"]
+    assert {s.hidden_mode for s in report.sizes} == {"null"}
+
+
+def test_an_unknown_hidden_mode_is_named(tmp_path):
+    data = _raw(REPORT)
+    data["sizes"][1]["hidden_mode"] = "most"
+    with pytest.raises(InputError, match=r"sizes\[1\]\.hidden_mode.*'most'"):
+        load_report(_write(tmp_path, data))
