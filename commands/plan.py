@@ -123,8 +123,6 @@ def plan(
 ) -> None:
     """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
     _check_engine(engine, engine_version)  # before the trace is read: that takes seconds
-    # An upward list ends captured at its highest mode: that is the memory to plan for.
-    hidden_mode = max(parse_hidden_modes(hidden_states))
     loads = parse_loads(load)
     if replicas < 1:
         raise InputError(
@@ -150,7 +148,7 @@ def plan(
         replicas=replicas,
         compare=compare,
         compare_name=None if compare_plan is None else str(compare_plan),
-        hidden_mode=hidden_mode,
+        hidden_mode=max(parse_hidden_modes(hidden_states)),  # an upward list ends at its highest
     )
     stop = StopRequest()
     result = _plan_or_exit(trace, trace_format, request, stop)
