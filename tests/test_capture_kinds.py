@@ -124,3 +124,26 @@ def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
                                          record_all=partial(runner.recapture, HiddenMode.FULL))
     assert recorded == [("NULL", 2), ("NULL", 1), ("FULL", 2), ("FULL", 1)]
     assert sorted(costs) == [1, 2] and len(runner.retired_graphs) == 2
+
+
+def test_a_size_out_of_memory_on_recapture_fails_as_that_modes_row(monkeypatch):
+    from functools import partial
+
+    from cgtool.hidden_states import HiddenMode
+
+    monkeypatch.setattr(capture_kinds, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
+    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
+    state = SessionState()
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
+    runner = DecodeGraphRunner(_CpuModelRunner(), [1, 2])
+
+    def record(bs):
+        if runner.hidden_mode is HiddenMode.FULL and bs == 2:
+            raise torch.OutOfMemoryError(OOM_TEXT)
+        runner.graphs[bs] = object()
+
+    monkeypatch.setattr(runner, "_record", record)
+    capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts,
+                                 record_all=partial(runner.recapture, HiddenMode.FULL))
+    assert [(r.size, r.status, r.hidden_mode) for r in state.sizes] == [(2, "failed", "full")]

@@ -77,7 +77,7 @@ def _measure_decode(
             replay = partial(runner.replay_outputs, batch)
             check = _measured(state, "decode", bs, partial(
                 check_replay, eager=eager, replay=replay, dtype=opts.dtype,
-            ))
+            ), mode)
             if check is None:
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
@@ -209,7 +209,9 @@ def _capture_sizes(
         barrier()  # with TP, every rank records the same size together (NCCL needs it)
         first = index == 0 and kind not in state.memory_snapshots  # not again on a recapture
         with _memory_history(state, opts, kind, first=first):
-            _capture_size(kind, record, size, pool, state, costs, runner.forward_static)
+            # Read at each size: a recapture sets the runner's new mode once its loop starts.
+            mode = runner.hidden_mode.flag if hasattr(runner, "hidden_mode") else "null"
+            _capture_size(kind, record, size, pool, state, costs, runner.forward_static, mode)
         return True
 
     (record_all or runner.capture)(step)
@@ -218,14 +220,14 @@ def _capture_sizes(
 
 def _capture_size(
     kind: str, record: Callable[[], None], size: int, pool: Any, state: SessionState,
-    costs: dict[int, CaptureCost], forward_static: Callable[[int], object],
+    costs: dict[int, CaptureCost], forward_static: Callable[[int], object], hidden_mode: str = "null",
 ) -> None:
     """A size that runs out of memory is marked failed and the smaller ones are still tried:
     the report then names the largest size that fits, which is what the remedy needs."""
     try:
         costs[size] = measure_capture(record, pool)
     except torch.OutOfMemoryError as oom:
-        _note_out_of_memory(state, kind, size, str(oom))
+        _note_out_of_memory(state, kind, size, str(oom), hidden_mode=hidden_mode)
     except RuntimeError as error:
         if not is_capture_error(error):
             raise
@@ -251,19 +253,21 @@ def _memory_history(state: SessionState, opts: CaptureOptions, kind: str, first:
 
 
 def _measured(
-    state: SessionState, kind: str, size: int, measure: Callable[[], ReplayCheck]
+    state: SessionState, kind: str, size: int, measure: Callable[[], ReplayCheck],
+    hidden_mode: str = "null",
 ) -> ReplayCheck | None:
     """The eager run beside the replay needs activation memory the graph does not: on a
     nearly full GPU it can fail where the capture fitted."""
     try:
         return measure()
     except torch.OutOfMemoryError as oom:
-        _note_out_of_memory(state, kind, size, str(oom), doing="measuring")
+        _note_out_of_memory(state, kind, size, str(oom), doing="measuring", hidden_mode=hidden_mode)
         return None
 
 
 def _note_out_of_memory(
-    state: SessionState, kind: str, size: int, message: str, doing: str = "capturing"
+    state: SessionState, kind: str, size: int, message: str, doing: str = "capturing",
+    hidden_mode: str = "null",
 ) -> None:
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
@@ -274,7 +278,7 @@ def _note_out_of_memory(
             "With --tp a size that does not fit ends the run on every rank: lower the largest "
             "size (--bs / --tokens) or --mem-fraction-static.",
         )
-    state.sizes.append(_failed_row(kind, size))
+    state.sizes.append(_failed_row(kind, size, hidden_mode))
     if state.failed is None:
         state.failed = CaptureFailure(kind, size, free, oom_request_bytes(message), total)
         state.incomplete_reason = (
@@ -309,11 +313,11 @@ def _record(
     )
 
 
-def _failed_row(kind: str, size: int) -> SizeResult:
+def _failed_row(kind: str, size: int, hidden_mode: str = "null") -> SizeResult:
     return SizeResult(
         kind=kind, size=size, capture_s=0.0, retained_bytes=0, peak_bytes=0,  # type: ignore[arg-type]
         non_torch_bytes=0, eager_ms=None, replay_ms=None, speedup=None,
-        kernels_per_forward=0, max_abs_diff=None, status="failed",
+        kernels_per_forward=0, max_abs_diff=None, status="failed", hidden_mode=hidden_mode,
     )
 
 
