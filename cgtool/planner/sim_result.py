@@ -152,10 +152,12 @@ def build_result(
 def _queue_delays_s(tallies: RunTallies, arrival_s: np.ndarray) -> np.ndarray:
     if not tallies.admitted_upto:
         return np.zeros(len(arrival_s))
-    ends, clocks_ms = np.array(tallies.admitted_upto), np.array(tallies.admitted_at_ms)
+    ends = np.array(tallies.admitted_upto, dtype=np.int64)
+    clocks_ms = np.array(tallies.admitted_at_ms, dtype=np.float64)
     admitted = min(int(ends[-1]), len(arrival_s))  # fewer than all when the run was stopped
-    run_of = np.searchsorted(ends, np.arange(admitted), side="right")
-    return clocks_ms[run_of] / 1e3 - arrival_s[:admitted]
+    # Admission run i took requests [ends[i-1], ends[i]) at clocks_ms[i].
+    at_ms = np.repeat(clocks_ms, np.diff(ends, prepend=0))[:admitted]
+    return at_ms / 1e3 - arrival_s[:admitted]
 
 
 def _before_split(tallies: RunTallies, split_s: float | None) -> StepTally | None:

@@ -37,12 +37,22 @@ class StepCost:
     attention_ms_per_pair: float  # extend attention, per (query, key) token pair
 
 
+# Polling `progress` and `stop` costs a call: it is done once per this many admitted requests.
+POLL_EVERY_REQUESTS = 32768
+# Past the last request: an arrival that never comes and a request that never fits, so the
+# loop tests no index against the number of requests.
+_NEVER_MS = math.inf
+_NEVER_FITS = 1 << 62
+
+
 @dataclass(slots=True)
 class _Requests:
+    """Per request, in arrival order, as lists (indexing a list is several times faster than
+    indexing an array); `arrival_ms` and `footprint` end with one sentinel each."""
+
     arrival_ms: list[float]
-    prompt: list[int]  # input_len
     new: list[int]  # prompt tokens to compute (input minus cached)
-    cached: list[int]
+    cached: np.ndarray  # read for split prompts only, which are rare
     decode_steps: list[int]  # output tokens after the first
     footprint: list[int]  # KV tokens reserved from admission to finish
     cum_new: list[int]  # prefix sums, so a run of requests is admitted at once
@@ -52,7 +62,8 @@ class _Requests:
 
 def _prepare(
     arrival_s, input_len, output_len, cached_len, limit_tokens: int
-) -> tuple[_Requests, int, np.ndarray]:
+) -> tuple[_Requests, int, np.ndarray, np.ndarray]:
+    """(the loop's lists, requests dropped, arrival s and footprint of those kept)."""
     arrival = np.asarray(arrival_s, dtype=np.float64)
     prompt = np.asarray(input_len, dtype=np.int64)
     output = np.asarray(output_len, dtype=np.int64)
@@ -64,25 +75,31 @@ def _prepare(
     decode_steps = np.maximum(output - 1, 0)
     footprint = prompt + decode_steps + 1
     keep = (footprint <= limit_tokens) & (prompt >= 1)
-    order = np.argsort(arrival[keep], kind="stable")
-    arrival, prompt, cached, decode_steps, footprint = (
-        a[keep][order] for a in (arrival, prompt, cached, decode_steps, footprint)
-    )
+    dropped = len(keep) - int(np.count_nonzero(keep))
+    columns = (arrival, prompt, cached, decode_steps, footprint)
+    if dropped:
+        columns = tuple(a[keep] for a in columns)
+    if np.any(columns[0][1:] < columns[0][:-1]):  # traces are mostly in order already
+        order = np.argsort(columns[0], kind="stable")
+        columns = tuple(a[order] for a in columns)
+    arrival, prompt, cached, decode_steps, footprint = columns
     cached = np.clip(cached, 0, prompt - 1)  # the last prompt token is always computed
     new = prompt - cached
     pairs = new * cached + new * (new + 1) / 2.0  # causal attention over prefix and chunk
+    arrival_ms, footprints = (arrival * 1e3).tolist(), footprint.tolist()
+    arrival_ms.append(_NEVER_MS)
+    footprints.append(_NEVER_FITS)
     requests = _Requests(
-        (arrival * 1e3).tolist(),
-        prompt.tolist(),
+        arrival_ms,
         new.tolist(),
-        cached.tolist(),
+        cached,
         decode_steps.tolist(),
-        footprint.tolist(),
+        footprints,
         np.concatenate([[0], np.cumsum(new)]).tolist(),
         np.concatenate([[0], np.cumsum(footprint)]).tolist(),
         np.concatenate([[0.0], np.cumsum(pairs)]).tolist(),
     )
-    return requests, int((~keep).sum()), arrival
+    return requests, dropped, arrival, footprint
 
 
 def _run(
@@ -95,16 +112,13 @@ def _run(
     stop: Callable[[], bool] | None = None,
     split_ms: float = math.inf,
 ) -> RunTallies:
-    # One flat loop over local variables: it runs once per arrival and once per completion
-    # (millions of times for a large trace), and attribute lookups or method calls would
-    # double its time.
-    n, arrival_ms, prompt, new, cached = (
-        len(reqs.arrival_ms),
-        reqs.arrival_ms,
-        reqs.prompt,
-        reqs.new,
-        reqs.cached,
-    )
+    # One flat loop over local variables, longer than a screen on purpose: it turns once per
+    # arrival and once per completion (millions of times for a large trace), and a helper
+    # function, an attribute lookup or a counter updated on every turn costs time on each
+    # (`python -m cProfile scripts/bench_plan.py` shows it). Invariants that save work:
+    # the running requests are the heap plus the split prompt; a decode run stops at or
+    # before the first completion, so the completions it reaches finish exactly at `step`.
+    n, arrival_ms, new, cached = len(reqs.decode_steps), reqs.arrival_ms, reqs.new, reqs.cached
     decode_steps, footprint = reqs.decode_steps, reqs.footprint
     cum_new, cum_footprint, cum_pairs = reqs.cum_new, reqs.cum_footprint, reqs.cum_pairs
     decode_ms, extend_ms = cost.decode_ms.tolist(), cost.extend_ms.tolist()
@@ -129,104 +143,130 @@ def _run(
         t.extend_elapsed_ms,
         t.extend_attention_ms,
     )
-    admitted_upto, admitted_at, sqrt, ceil = t.admitted_upto, t.admitted_at_ms, math.sqrt, math.ceil
+    admitted_upto, admitted_at = t.admitted_upto.append, t.admitted_at_ms.append
+    sqrt, ceil = math.sqrt, math.ceil
     heap: list[int] = []  # finish step * n + request, for decoding requests
     push, pop = heapq.heappush, heapq.heappop
     clock = 0.0
     head = arrived = 0  # the queue is requests [head, arrived)
     split, split_done = -1, 0  # a prompt spread over several extend steps
-    running = kv_used = step = context_base = loops = steps = peak_kv = 0
-    # decode context = context_base + len(heap) * step
-    while head < n or split >= 0 or heap:
-        loops += 1
+    kv_used = step = context_base = peak_kv = 0
+    poll_at = POLL_EVERY_REQUESTS
+    # A decoding request holds footprint - (finish - step) tokens of context at `step`, so
+    # the decode context is context_base + len(heap) * step, context_base summing
+    # footprint - finish over the heap.
+    while True:
         if clock >= split_ms:
             split_ms = math.inf  # once: the tallies so far are the fit part
             t.before_split = (
                 decode_counts[:], decode_elapsed[:], decode_context[:],
                 extend_counts[:], extend_elapsed[:], extend_attention[:],
             )
-        if not loops % 65536:
-            if progress is not None:
-                progress(head / n)
-            if stop is not None and stop():
-                break
-        if arrived < n and arrival_ms[arrived] <= clock:
-            arrived = bisect_right(arrival_ms, clock, arrived)
+        if arrival_ms[arrived] <= clock:
+            arrived += 1  # one arrival since the last step is the usual case: no search
+            if arrival_ms[arrived] <= clock:
+                arrived = bisect_right(arrival_ms, clock, arrived)
         if split >= 0 or (
-            head < arrived and running < max_running and kv_used + footprint[head] <= kv_capacity
+            head < arrived and len(heap) < max_running and kv_used + footprint[head] <= kv_capacity
         ):
             # ---- extend: the split prompt first, then whole queued prompts, then a new split
-            tokens, pairs, finished_split, first = 0, 0.0, -1, head
-            if split >= 0:
-                tokens = min(new[split] - split_done, chunk)
-                pairs = tokens * (cached[split] + split_done) + tokens * (tokens + 1) / 2.0
-                split_done += tokens
-                if split_done == new[split]:
-                    finished_split, split = split, -1
-            budget = chunk - tokens
-            if split < 0 and budget > 0 and head < arrived:
-                if arrived - head == 1:  # the usual case at moderate load: no search needed
-                    whole_fits = (
-                        new[head] <= budget
+            if head >= poll_at:
+                poll_at = head + POLL_EVERY_REQUESTS
+                if progress is not None:
+                    progress(head / n)
+                if stop is not None and stop():
+                    break
+            if split < 0 and arrived - head == 1 and new[head] <= chunk:
+                # The usual case below saturation: one queued prompt, admitted whole (the
+                # test above found room for it).
+                tokens, pairs = new[head], cum_pairs[head + 1] - cum_pairs[head]
+                kv_used += footprint[head]
+                if kv_used > peak_kv:
+                    peak_kv = kv_used
+                if decode_steps[head]:
+                    finish = step + decode_steps[head]
+                    push(heap, finish * n + head)
+                    context_base += footprint[head] - finish
+                else:
+                    kv_used -= footprint[head]
+                head += 1
+                admitted_upto(head)
+                admitted_at(clock)
+            else:
+                first, finished_split = head, -1
+                running = len(heap) + (split >= 0)
+                tokens, pairs = 0, 0.0
+                if split >= 0:
+                    tokens = min(new[split] - split_done, chunk)
+                    pairs = tokens * (int(cached[split]) + split_done) + tokens * (tokens + 1) / 2.0
+                    split_done += tokens
+                    if split_done == new[split]:
+                        finished_split, split = split, -1
+                budget = chunk - tokens
+                if split < 0 and budget > 0 and head < arrived:
+                    if kv_used + footprint[head] > kv_capacity or running >= max_running:
+                        last = head
+                    elif arrived - head == 1:
+                        last = head + 1 if new[head] <= budget else head
+                    else:
+                        # Searched among the queued (up to `arrived`) only.
+                        last = min(
+                            bisect_right(
+                                cum_footprint,
+                                cum_footprint[head] + kv_capacity - kv_used,
+                                head,
+                                arrived + 1,
+                            )
+                            - 1,
+                            bisect_right(cum_new, cum_new[head] + budget, head, arrived + 1) - 1,
+                            head + max_running - running,
+                        )
+                    if last > head:
+                        kv_used += cum_footprint[last] - cum_footprint[head]
+                        running += last - head
+                        tokens += cum_new[last] - cum_new[head]
+                        pairs += cum_pairs[last] - cum_pairs[head]
+                        budget = chunk - tokens
+                        head = last
+                    if (
+                        budget > 0
+                        and head < arrived
                         and running < max_running
                         and kv_used + footprint[head] <= kv_capacity
-                    )
-                    last = head + 1 if whole_fits else head
-                else:
-                    last = min(
-                        bisect_right(
-                            cum_footprint, cum_footprint[head] + kv_capacity - kv_used, head
-                        )
-                        - 1,
-                        bisect_right(cum_new, cum_new[head] + budget, head) - 1,
-                        head + max_running - running,
-                        arrived,
-                    )
-                if last > head:
-                    kv_used += cum_footprint[last] - cum_footprint[head]
-                    running += last - head
-                    tokens += cum_new[last] - cum_new[head]
-                    pairs += cum_pairs[last] - cum_pairs[head]
-                    budget = chunk - tokens
-                    head = last
-                if (
-                    budget > 0
-                    and head < arrived
-                    and running < max_running
-                    and kv_used + footprint[head] <= kv_capacity
-                ):
-                    # The next prompt is longer than what is left of the budget: split it.
-                    tokens += budget
-                    pairs += budget * cached[head] + budget * (budget + 1) / 2.0
-                    split, split_done = head, budget
-                    kv_used += footprint[head]
-                    running += 1
-                    head += 1
-            if head > first:
-                admitted_upto.append(head)
-                admitted_at.append(clock)
+                    ):
+                        # The next prompt is longer than what is left of the budget: split it.
+                        tokens += budget
+                        pairs += budget * int(cached[head]) + budget * (budget + 1) / 2.0
+                        split, split_done = head, budget
+                        kv_used += footprint[head]
+                        head += 1
+                if head > first:
+                    admitted_upto(head)
+                    admitted_at(clock)
+                if kv_used > peak_kv:
+                    peak_kv = kv_used
+                if finished_split >= 0:
+                    if decode_steps[finished_split]:
+                        finish = step + decode_steps[finished_split]
+                        push(heap, finish * n + finished_split)
+                        context_base += footprint[finished_split] - finish
+                    else:
+                        kv_used -= footprint[finished_split]
+                for index in range(first, head - (split >= first)):
+                    if decode_steps[index]:
+                        finish = step + decode_steps[index]
+                        push(heap, finish * n + index)
+                        context_base += footprint[index] - finish
+                    else:
+                        kv_used -= footprint[index]
+            # Requests admitted in this step decode from the next one: the heap is not read
+            # before then, so they were pushed above, before the step's time is tallied.
             attention = pairs * pair_ms
             elapsed = extend_ms[tokens] + attention
             extend_counts[tokens] += 1
             extend_elapsed[tokens] += elapsed
             extend_attention[tokens] += attention
             clock += elapsed
-            steps += 1
-            peak_kv = max(peak_kv, kv_used)
-            if finished_split >= 0:
-                if decode_steps[finished_split]:
-                    push(heap, (step + decode_steps[finished_split]) * n + finished_split)
-                    context_base += prompt[finished_split] + 1 - step
-                else:
-                    running -= 1
-                    kv_used -= footprint[finished_split]
-            for index in range(first, head - (split >= first)):
-                if decode_steps[index]:
-                    push(heap, (step + decode_steps[index]) * n + index)
-                    context_base += prompt[index] + 1 - step
-                else:
-                    running -= 1
-                    kv_used -= footprint[index]
             continue
         if not heap:
             if arrived >= n:
@@ -235,39 +275,38 @@ def _run(
             continue
         # ---- decode: every running request, until the next completion or admissible arrival
         batch = len(heap)
-        run = heap[0] // n - step
+        finish = heap[0] // n
+        run = finish - step
         context0 = context_base + batch * step
         first_ms = decode_ms[batch] + kv_ms * context0
         growth_ms = kv_ms * batch
-        if (
-            head == arrived < n
-            and running < max_running
-            and kv_used + footprint[head] <= kv_capacity
-        ):
-            # Steps until the arrival: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
-            wait = arrival_ms[head] - clock
-            b = first_ms - growth_ms / 2
-            until = (
-                ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
-                if growth_ms > 0
-                else ceil(wait / first_ms)
-            )
-            if until < run:
-                run = max(until, 1)
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+        if head == arrived and batch < max_running and kv_used + footprint[head] <= kv_capacity:
+            wait = arrival_ms[head] - clock
+            if elapsed >= wait:  # the arrival comes first (or with the completion)
+                # Steps until it: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
+                b = first_ms - growth_ms / 2
+                until = (
+                    ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
+                    if growth_ms > 0
+                    else ceil(wait / first_ms)
+                )
+                if until < run:
+                    run = until if until > 1 else 1
+                    elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
         decode_context[batch] += run * context0 + batch * run * (run - 1) // 2
         clock += elapsed
         step += run
-        steps += run
-        while heap and heap[0] // n <= step:
-            key = pop(heap)
-            index = key % n
-            context_base -= prompt[index] + 1 - (key // n - decode_steps[index])
-            running -= 1
-            kv_used -= footprint[index]
-    t.clock_ms, t.steps, t.peak_kv, t.head = clock, steps, peak_kv, head
+        if step == finish:
+            below = (step + 1) * n  # keys of the requests finishing at this step
+            while heap and heap[0] < below:
+                index = pop(heap) % n
+                kv_used -= footprint[index]
+                context_base -= footprint[index] - step
+    t.clock_ms, t.peak_kv, t.head = clock, peak_kv, head
+    t.steps = sum(decode_counts) + sum(extend_counts)
     return t
 
 
@@ -293,7 +332,9 @@ def simulate(
     steps taken before the clock reaches it are also tallied apart (`before_split`): no request
     arriving at or after `split_s` can be in them."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
-    reqs, dropped, arrival = _prepare(arrival_s, input_len, output_len, cached_len, limit)
+    reqs, dropped, arrival, footprint = _prepare(
+        arrival_s, input_len, output_len, cached_len, limit
+    )
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
         raise ValueError("cost tables are shorter than the limits they must cover")
     collecting = gc.isenabled()
@@ -308,4 +349,4 @@ def simulate(
             gc.enable()
     if progress is not None:
         progress(1.0)
-    return build_result(tallies, arrival, reqs.footprint, dropped, split_s)
+    return build_result(tallies, arrival, footprint, dropped, split_s)
