@@ -3,8 +3,9 @@ same tallies up to a held-out split."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -108,8 +109,11 @@ class RunTallies:
     extend_counts: list[int]
     extend_elapsed_ms: list[float]
     extend_attention_ms: list[float]
-    admitted_upto: list[int]  # admission runs: requests before this index were admitted ...
-    admitted_at_ms: list[float]  # ... at this clock (the earlier runs' requests excepted)
+    # Admission runs: requests before admitted_upto[i] were admitted at admitted_at_ms[i] (the
+    # earlier runs' requests excepted). One entry per extend step: typed arrays, which take
+    # no Python object per entry and turn into numpy arrays without a copy.
+    admitted_upto: array = field(default_factory=lambda: array("q"))
+    admitted_at_ms: array = field(default_factory=lambda: array("d"))
     clock_ms: float = 0.0
     steps: int = 0
     peak_kv: int = 0
@@ -152,8 +156,8 @@ def build_result(
 def _queue_delays_s(tallies: RunTallies, arrival_s: np.ndarray) -> np.ndarray:
     if not tallies.admitted_upto:
         return np.zeros(len(arrival_s))
-    ends = np.array(tallies.admitted_upto, dtype=np.int64)
-    clocks_ms = np.array(tallies.admitted_at_ms, dtype=np.float64)
+    ends = np.frombuffer(tallies.admitted_upto, dtype=np.int64)
+    clocks_ms = np.frombuffer(tallies.admitted_at_ms, dtype=np.float64)
     admitted = min(int(ends[-1]), len(arrival_s))  # fewer than all when the run was stopped
     # Admission run i took requests [ends[i-1], ends[i]) at clocks_ms[i].
     at_ms = np.repeat(clocks_ms, np.diff(ends, prepend=0))[:admitted]

@@ -130,8 +130,6 @@ def _run(
         [0] * (chunk + 1),
         [0.0] * (chunk + 1),
         [0.0] * (chunk + 1),
-        [],
-        [],
     )
     decode_counts, decode_elapsed, decode_context = (
         t.decode_counts,
