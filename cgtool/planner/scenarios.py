@@ -47,7 +47,7 @@ def parse_loads(text: str) -> tuple[float, ...]:
 def replica_share(arrays: tuple[np.ndarray, ...], replicas: int) -> tuple[np.ndarray, ...]:
     """One replica's requests (every `replicas`-th by arrival time), arrays in arrival order."""
     arrival = np.asarray(arrays[0], dtype=np.float64)
-    if replicas == 1 and not np.any(arrival[1:] < arrival[:-1]):
+    if replicas == 1 and np.all(arrival[1:] >= arrival[:-1]):
         return tuple(None if a is None else np.asarray(a) for a in arrays)  # all of it, in order
     order = np.argsort(arrival, kind="stable")
     pick = order[::replicas]

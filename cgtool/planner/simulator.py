@@ -79,7 +79,7 @@ def _prepare(
     columns = (arrival, prompt, cached, decode_steps, footprint)
     if dropped:
         columns = tuple(a[keep] for a in columns)
-    if np.any(columns[0][1:] < columns[0][:-1]):  # traces are mostly in order already
+    if not np.all(columns[0][1:] >= columns[0][:-1]):  # traces are mostly in order already
         order = np.argsort(columns[0], kind="stable")
         columns = tuple(a[order] for a in columns)
     arrival, prompt, cached, decode_steps, footprint = columns
@@ -115,7 +115,7 @@ def _run(
     # One flat loop over local variables, longer than a screen on purpose: it turns once per
     # arrival and once per completion (millions of times for a large trace), and a helper
     # function, an attribute lookup or a counter updated on every turn costs time on each
-    # (`python -m cProfile scripts/bench_plan.py` shows it). Invariants that save work:
+    # (scripts/bench_plan.py measures the whole). Invariants that save work:
     # the running requests are the heap plus the split prompt; a decode run stops at or
     # before the first completion, so the completions it reaches finish exactly at `step`.
     n, arrival_ms, new, cached = len(reqs.decode_steps), reqs.arrival_ms, reqs.new, reqs.cached
@@ -175,11 +175,11 @@ def _run(
                 if stop is not None and stop():
                     break
             if split < 0 and arrived - head == 1 and new[head] <= chunk:
-                # The usual case below saturation: one queued prompt, admitted whole (the
-                # test above found room for it).
+                # The usual case below saturation, taken without the searches below: one
+                # queued prompt, admitted whole (the test above found room for it).
                 tokens, pairs = new[head], cum_pairs[head + 1] - cum_pairs[head]
                 kv_used += footprint[head]
-                if kv_used > peak_kv:
+                if kv_used > peak_kv:  # noqa: PLR1730 - a compare costs less than a call
                     peak_kv = kv_used
                 if decode_steps[head]:
                     finish = step + decode_steps[head]
@@ -241,8 +241,7 @@ def _run(
                 if head > first:
                     admitted_upto(head)
                     admitted_at(clock)
-                if kv_used > peak_kv:
-                    peak_kv = kv_used
+                peak_kv = max(peak_kv, kv_used)
                 if finished_split >= 0:
                     if decode_steps[finished_split]:
                         finish = step + decode_steps[finished_split]
@@ -290,7 +289,7 @@ def _run(
                     else ceil(wait / first_ms)
                 )
                 if until < run:
-                    run = until if until > 1 else 1
+                    run = until if until > 1 else 1  # noqa: FURB136 - no call: hot
                     elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
@@ -325,10 +324,10 @@ def simulate(
 ) -> SimulationResult:
     """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
 
-    `stop` is polled every 65,536 loop turns; when it returns True the run ends there and the
-    result covers the steps simulated so far (`completed_fraction` < 1). With `split_s`, the
-    steps taken before the clock reaches it are also tallied apart (`before_split`): no request
-    arriving at or after `split_s` can be in them."""
+    `stop` is polled every POLL_EVERY_REQUESTS admitted requests; when it returns True the
+    run ends there and the result covers the steps simulated so far (`completed_fraction` < 1).
+    With `split_s`, the steps taken before the clock reaches it are also tallied apart
+    (`before_split`): no request arriving at or after `split_s` can be in them."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
     reqs, dropped, arrival, footprint = _prepare(
         arrival_s, input_len, output_len, cached_len, limit
