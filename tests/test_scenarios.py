@@ -31,6 +31,14 @@ def test_each_replica_takes_every_nth_request_by_arrival():
     assert cached is None
 
 
+@pytest.mark.parametrize("arrival", [[0.0, 1.0, 1.0, 2.0], [2.0, 1.0, 0.0, 1.0]])
+def test_one_replica_takes_every_request_in_arrival_order(arrival):
+    lengths = np.array(arrival) * 10
+    share_arrival, share_len, cached = replica_share((np.array(arrival), lengths, None), 1)
+    assert share_arrival.tolist() == sorted(arrival)
+    assert share_len.tolist() == [a * 10 for a in sorted(arrival)] and cached is None
+
+
 def test_the_split_is_the_arrival_of_the_first_held_out_request():
     assert split_time(np.arange(10.0)) == 7.0
     assert split_time(np.array([5.0])) == np.inf  # one request: nothing to hold out

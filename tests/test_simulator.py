@@ -279,3 +279,32 @@ def test_the_typical_request_length_counts_only_requests_kept():
     result = run([0, 1, 2], [100, 100, 10**6], [10, 10, 10], kv=5000)
     assert result.dropped_requests == 1
     assert result.typical_request_tokens == 110
+
+
+def _fields(result):
+    return {
+        name: value.tolist() if isinstance(value, np.ndarray) else value
+        for name, value in vars(result).items()
+        if name != "before_split"
+    }
+
+
+def test_the_order_requests_are_given_in_does_not_change_the_result():
+    rng = np.random.default_rng(7)
+    n = 3000
+    arrival = np.cumsum(rng.exponential(0.05, n))
+    inp, out = rng.integers(1, 1500, n), rng.integers(0, 200, n)
+    inp[::50] = 9000  # longer than the pool: dropped
+    shuffle = rng.permutation(n)
+    kwargs = {"cost": flat_cost(max_bs=16, chunk=512, kv_ms=1e-4), "max_running": 16,
+              "chunk": 512, "kv": 8000}
+    in_order = run(arrival, inp, out, **kwargs)
+    shuffled = run(arrival[shuffle], inp[shuffle], out[shuffle], **kwargs)
+    assert in_order.dropped_requests == n // 50
+    assert _fields(shuffled) == _fields(in_order)
+
+
+def test_queue_delay_is_the_wait_from_arrival_to_admission():
+    # One request at a time: the second waits for the first (10 ms prefill, 4 decode steps).
+    result = run([0.0, 0.001], [100, 100], [5, 5], max_running=1)
+    assert result.mean_queue_s == pytest.approx((0.0 + (0.014 - 0.001)) / 2)
