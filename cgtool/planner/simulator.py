@@ -148,11 +148,10 @@ def _run(
     clock = 0.0
     head = arrived = 0  # the queue is requests [head, arrived)
     split, split_done = -1, 0  # a prompt spread over several extend steps
-    kv_used = step = context_base = peak_kv = 0
+    kv_used = step = context = peak_kv = 0
     poll_at = POLL_EVERY_REQUESTS
-    # A decoding request holds footprint - (finish - step) tokens of context at `step`, so
-    # the decode context is context_base + len(heap) * step, context_base summing
-    # footprint - finish over the heap.
+    # `context`: tokens the decoding requests hold at `step`. One admitted at `step` holds its
+    # prompt and first output (footprint - decode steps); it holds its footprint at `finish`.
     while True:
         if clock >= split_ms:
             split_ms = math.inf  # once: the tallies so far are the fit part
@@ -182,9 +181,8 @@ def _run(
                 if kv_used > peak_kv:  # noqa: PLR1730 - a compare costs less than a call
                     peak_kv = kv_used
                 if decode_steps[head]:
-                    finish = step + decode_steps[head]
-                    push(heap, finish * n + head)
-                    context_base += footprint[head] - finish
+                    push(heap, (step + decode_steps[head]) * n + head)
+                    context += footprint[head] - decode_steps[head]
                 else:
                     kv_used -= footprint[head]
                 head += 1
@@ -244,16 +242,14 @@ def _run(
                 peak_kv = max(peak_kv, kv_used)
                 if finished_split >= 0:
                     if decode_steps[finished_split]:
-                        finish = step + decode_steps[finished_split]
-                        push(heap, finish * n + finished_split)
-                        context_base += footprint[finished_split] - finish
+                        push(heap, (step + decode_steps[finished_split]) * n + finished_split)
+                        context += footprint[finished_split] - decode_steps[finished_split]
                     else:
                         kv_used -= footprint[finished_split]
                 for index in range(first, head - (split >= first)):
                     if decode_steps[index]:
-                        finish = step + decode_steps[index]
-                        push(heap, finish * n + index)
-                        context_base += footprint[index] - finish
+                        push(heap, (step + decode_steps[index]) * n + index)
+                        context += footprint[index] - decode_steps[index]
                     else:
                         kv_used -= footprint[index]
             # Requests admitted in this step decode from the next one: the heap is not read
@@ -274,8 +270,7 @@ def _run(
         batch = len(heap)
         finish = heap[0] // n
         run = finish - step
-        context0 = context_base + batch * step
-        first_ms = decode_ms[batch] + kv_ms * context0
+        first_ms = decode_ms[batch] + kv_ms * context
         growth_ms = kv_ms * batch
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         if head == arrived and batch < max_running and kv_used + footprint[head] <= kv_capacity:
@@ -293,15 +288,16 @@ def _run(
                     elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
-        decode_context[batch] += run * context0 + batch * run * (run - 1) // 2
+        decode_context[batch] += run * context + batch * run * (run - 1) // 2
+        context += batch * run
         clock += elapsed
         step += run
         if step == finish:
             below = (step + 1) * n  # keys of the requests finishing at this step
             while heap and heap[0] < below:
-                index = pop(heap) % n
-                kv_used -= footprint[index]
-                context_base -= footprint[index] - step
+                held = footprint[pop(heap) % n]
+                kv_used -= held
+                context -= held
     t.clock_ms, t.peak_kv, t.head = clock, peak_kv, head
     t.steps = sum(decode_counts) + sum(extend_counts)
     return t
