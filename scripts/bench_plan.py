@@ -117,6 +117,8 @@ def main() -> None:
         return
 
     arrays = synthesise(args.requests, args.rate, args.seed)
+    # Other jobs on the machine take cores from the two simulations: the load says how many.
+    load_before = os.getloadavg()
     marks: dict[str, float] = {"start": time.perf_counter()}
 
     def progress(stage: str, fraction: float) -> None:
@@ -154,6 +156,8 @@ def main() -> None:
     for run in sim["loads"]:
         table.add_row(f"{run['load']:g}x: simulated steps", f"{run['steps']:,}")
     table.add_row("requests per wall second", f"{args.requests / (end - marks['start']):,.0f}")
+    for when, load in (("before", load_before), ("after", os.getloadavg())):
+        table.add_row(f"load average {when} (1, 5, 15 min)", ", ".join(f"{x:.2f}" for x in load))
     held = {
         (r["load"], r["eager"], r["schedule"]): r for r in plan.scenarios if r["part"] == "held_out"
     }
