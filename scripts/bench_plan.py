@@ -68,8 +68,8 @@ def heldout(loads: str) -> None:
         plan = plan_requests(
             trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len, request
         )
-        rows = {(r["part"], r["load"], r["eager"], r["schedule"]): r for r in plan.scenarios}
-        largest = {run["load"]: run["largest_decode_batch"] for run in plan.simulation["loads"]}
+        rows = {(r.part, r.load, r.eager, r.schedule): r for r in plan.scenarios}
+        largest = {run.load: run.largest_decode_batch for run in plan.simulation.loads or []}
         for part, load, eager, name in rows:
             if part != "held_out" or name != "plan":
                 continue
@@ -77,15 +77,15 @@ def heldout(loads: str) -> None:
             fp, fd = rows[("fit", load, eager, "plan")], rows[("fit", load, eager, "default")]
             table.add_row(
                 path.name,
-                str(plan.basis["replicas"]),
+                str(plan.inputs.replicas),
                 f"{load:g}x",
                 eager,
-                f"{p['expected_step_ms'] / d['expected_step_ms']:.3f}",
-                f"{fp['expected_step_ms'] / fd['expected_step_ms']:.3f}",
-                f"{p['decode_coverage']:.1%}",
-                str(plan.decode.max_size),
+                f"{p.expected_step_ms / d.expected_step_ms:.3f}",
+                f"{fp.expected_step_ms / fd.expected_step_ms:.3f}",
+                f"{p.decode_coverage:.1%}",
+                str(plan.decode.max_bs),
                 str(largest[load]),
-                f"{p['num_graphs']} / {d['num_graphs']}",
+                f"{p.num_graphs} / {d.num_graphs}",
             )
         for warning in plan.warnings:
             if warning.startswith("overloaded"):
@@ -152,18 +152,16 @@ def main() -> None:
     table.add_row(
         "CPU: forked processes (other loads)", f"{forked.ru_utime + forked.ru_stime:.2f} s"
     )
-    table.add_row("KV pool rounds", str(sim["pool_rounds"]))
-    for run in sim["loads"]:
-        table.add_row(f"{run['load']:g}x: simulated steps", f"{run['steps']:,}")
+    table.add_row("KV pool rounds", str(sim.pool_rounds))
+    for run in sim.loads or []:
+        table.add_row(f"{run.load:g}x: simulated steps", f"{run.steps:,}")
     table.add_row("requests per wall second", f"{args.requests / (end - marks['start']):,.0f}")
     for when, load in (("before", load_before), ("after", os.getloadavg())):
         table.add_row(f"load average {when} (1, 5, 15 min)", ", ".join(f"{x:.2f}" for x in load))
-    held = {
-        (r["load"], r["eager"], r["schedule"]): r for r in plan.scenarios if r["part"] == "held_out"
-    }
+    held = {(r.load, r.eager, r.schedule): r for r in plan.scenarios if r.part == "held_out"}
     for (load, eager, name), row in held.items():
         if name == "plan":
-            ratio = row["expected_step_ms"] / held[(load, eager, "default")]["expected_step_ms"]
+            ratio = row.expected_step_ms / held[(load, eager, "default")].expected_step_ms
             table.add_row(f"held-out plan / default, {load:g}x, {eager} eager", f"{ratio:.3f}")
     rows = {row.schedule: row for row in plan.comparison}
     table.add_row(
