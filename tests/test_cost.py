@@ -90,7 +90,7 @@ def test_tp_adds_collective_launches_that_eager_pays_and_graphs_hide(roofline):
 
 
 def test_expected_experts_matches_uniform_routing_by_simulation():
-    from cgtool.config import expected_experts
+    from cgtool.config_parts import expected_experts
 
     gen = torch.Generator().manual_seed(0)
     num_experts, top_k = 128, 8

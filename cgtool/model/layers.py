@@ -10,7 +10,8 @@ import math
 import torch
 from torch import nn
 
-from cgtool.config import ModelConfig, RopeScaling
+from cgtool.config import ModelConfig
+from cgtool.config_parts import RopeScaling
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.fused import apply_rope, fused_add_rms_norm, rms_norm, silu_and_mul
 from cgtool.model.parallel import ColumnParallelLinear, RowParallelLinear, split

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.config import ModelConfig, MoeConfig
+from cgtool.config import ModelConfig
+from cgtool.config_parts import MoeConfig
 from cgtool.model.fused import silu_and_mul_ref
 from cgtool.model.layers import SwiGLU
 
