@@ -2,7 +2,8 @@
 
 Request lines: {"arrival": 12.5, "input_len": 812, "output_len": 230, "cached_len": 0}
 (seconds from the trace's start; tokens; cached_len optional, the prompt prefix a radix
-cache already holds). Batch lines: {"mode": "decode", "batch_size": 37} or
+cache already holds; images optional, one [height, width] in pixels per image the request
+carries). Batch lines: {"mode": "decode", "batch_size": 37} or
 {"mode": "extend", "num_tokens": 1904}, each with an optional "count" of how many steps
 it stands for. A file holds one kind; other keys are ignored.
 """
@@ -27,12 +28,14 @@ from cgtool.planner.trace_fields import (
     json_object,
     read_lines,
     seconds,
+    show,
     whole_number,
 )
 
 REQUEST_REMEDY = (
     "Each request line needs arrival (seconds, >= 0), input_len (>= 1), output_len (>= 0) "
-    "and optionally cached_len (< input_len); see docs/traces.md"
+    "and optionally cached_len (< input_len) and images ([[height, width], ...] in pixels); "
+    "see docs/traces.md"
 )
 BATCH_REMEDY = (
     'Each batch line is {"mode": "decode", "batch_size": N} or {"mode": "extend", '
@@ -51,6 +54,8 @@ class RequestTrace:
     input_len: np.ndarray  # [n] int64, >= 1
     output_len: np.ndarray  # [n] int64, >= 0
     cached_len: np.ndarray  # [n] int64, 0 <= cached_len < input_len
+    # [n] object: each a tuple of (height, width) pixel pairs; None when no request has images.
+    images: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -63,6 +68,7 @@ class RequestTrace:
             self.input_len[keep],
             self.output_len[keep],
             self.cached_len[keep],
+            None if self.images is None else self.images[keep],
         )
 
 
@@ -95,16 +101,27 @@ def request_trace(
     input_len: list[int] | np.ndarray,
     output_len: list[int] | np.ndarray,
     cached_len: list[int] | np.ndarray,
+    images: list[tuple[tuple[int, int], ...]] | np.ndarray | None = None,
 ) -> RequestTrace:
-    """Build a RequestTrace from columns, sorting by arrival (stable, so ties keep file order)."""
+    """Build a RequestTrace from columns, sorting by arrival (stable, so ties keep file order).
+
+    `images` holds each request's (height, width) pairs; a trace where no request has one
+    keeps None, so traces without images cost nothing extra.
+    """
     arrival = np.asarray(arrival_s, dtype=np.float64)
     order = np.argsort(arrival, kind="stable")
+    image_column = None
+    if images is not None and any(len(pairs) for pairs in images):
+        image_column = np.empty(len(arrival), dtype=object)
+        image_column[:] = [tuple(pairs) for pairs in images]
+        image_column = image_column[order]
     return RequestTrace(
         source,
         arrival[order],
         np.asarray(input_len, dtype=np.int64)[order],
         np.asarray(output_len, dtype=np.int64)[order],
         np.asarray(cached_len, dtype=np.int64)[order],
+        image_column,
     )
 
 
@@ -159,6 +176,8 @@ def _read_valid_fast(lines: list[str], source: str) -> RequestTrace | BatchTrace
         return None
     if "mode" in records[0]:
         return None  # batch files are small: the line-by-line reader is fast enough
+    if any("images" in record for record in records):
+        return None  # image lists are checked pair by pair on the line-by-line path
     arrival_s = _number_column(records, "arrival", np.float64)
     input_len = _number_column(records, "input_len", np.int64)
     output_len = _number_column(records, "output_len", np.int64)
@@ -218,7 +237,9 @@ def _record(text: str, path: str | Path, line_no: int) -> dict:
     return json_object(text, path, line_no, LINE_REMEDY)
 
 
-def _request_row(record: dict, path: str | Path, line_no: int) -> tuple[float, int, int, int]:
+def _request_row(
+    record: dict, path: str | Path, line_no: int
+) -> tuple[float, int, int, int, tuple[tuple[int, int], ...]]:
     arrival_s = seconds(record.get("arrival"), path, line_no, "arrival", REQUEST_REMEDY)
     input_len = whole_number(record.get("input_len"), path, line_no, "input_len", 1, REQUEST_REMEDY)
     output_len = whole_number(
@@ -238,7 +259,36 @@ def _request_row(record: dict, path: str | Path, line_no: int) -> tuple[float, i
                 "a server always computes the last prompt token",
                 REQUEST_REMEDY,
             )
-    return arrival_s, input_len, output_len, cached_len
+    return arrival_s, input_len, output_len, cached_len, _images(record, path, line_no)
+
+
+def _images(record: dict, path: str | Path, line_no: int) -> tuple[tuple[int, int], ...]:
+    value = record.get("images")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise field_error(
+            path,
+            line_no,
+            "images",
+            f"is {show(value)}, not a list of [height, width] pairs",
+            REQUEST_REMEDY,
+        )
+    pairs = []
+    for index, pair in enumerate(value):
+        field = f"images[{index}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise field_error(
+                path,
+                line_no,
+                field,
+                f"is {show(pair)}, not a [height, width] pair",
+                REQUEST_REMEDY,
+            )
+        height = whole_number(pair[0], path, line_no, f"{field} height", 1, REQUEST_REMEDY)
+        width = whole_number(pair[1], path, line_no, f"{field} width", 1, REQUEST_REMEDY)
+        pairs.append((height, width))
+    return tuple(pairs)
 
 
 def _batch_row(record: dict, path: str | Path, line_no: int) -> tuple[str, int, int]:
@@ -282,10 +332,16 @@ def _request_lines(trace: RequestTrace) -> list[str]:
     columns = zip(
         arrival, trace.input_len.tolist(), trace.output_len.tolist(), trace.cached_len.tolist()
     )
-    return [
-        f'{{"arrival": {a}, "input_len": {i}, "output_len": {o}, "cached_len": {c}}}\n'
+    lines = [
+        f'{{"arrival": {a}, "input_len": {i}, "output_len": {o}, "cached_len": {c}'
         for a, i, o, c in columns
     ]
+    if trace.images is not None:
+        lines = [
+            line + (f', "images": {json.dumps([list(p) for p in pairs])}' if pairs else "")
+            for line, pairs in zip(lines, trace.images)
+        ]
+    return [line + "}\n" for line in lines]
 
 
 def _batch_lines(trace: BatchTrace) -> list[str]:
