@@ -143,3 +143,37 @@ def parse_image_sizes(
             )
         sizes.append((height, width))
     return sizes
+
+
+# SGLang turns ViT graphs on with this environment variable (seed 001, "CUDA Graph for
+# Vision Transformers"); graphs are then captured per patch count as images arrive.
+SGLANG_VIT_GRAPH_ENV = "SGLANG_VIT_ENABLE_CUDA_GRAPH=1"
+
+
+@dataclass(frozen=True, slots=True)
+class VitShapes:
+    """Images of a trace by patch count, and the counts worth a graph of their own."""
+
+    histogram: dict[int, int]  # patches -> images, most frequent first
+    recommended: tuple[int, ...]  # patch counts, most frequent first
+    refused: int  # images the processor refuses (aspect ratio)
+
+
+def vit_capture_shapes(
+    images: list[tuple[int, int]], preset: VisionPreset, min_share: float
+) -> VitShapes:
+    """Patch counts of `images`, keeping those that serve at least `min_share` of them
+    (the planner passes the token bins' MIN_BIN_SHARE, so rare sizes get no graph)."""
+    counts: dict[int, int] = {}
+    refused = 0
+    for height, width in images:
+        try:
+            patches = patch_count(height, width, preset)
+        except InputError:
+            refused += 1
+            continue
+        counts[patches] = counts.get(patches, 0) + 1
+    histogram = dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    total = sum(histogram.values())
+    kept = tuple(p for p, n in histogram.items() if n >= min_share * total)
+    return VitShapes(histogram, kept, refused)

@@ -2,12 +2,14 @@ import pytest
 
 from cgtool.errors import InputError
 from cgtool.vision import (
+    SGLANG_VIT_GRAPH_ENV,
     load_vision_preset,
     merged_tokens,
     parse_image_sizes,
     patch_count,
     patch_grid,
     snap_image,
+    vit_capture_shapes,
 )
 
 QWEN = load_vision_preset("qwen2.5-vl-7b")
@@ -87,3 +89,20 @@ def test_parse_image_sizes_refuses_a_grid_size_below_min_pixels():
 def test_parse_image_sizes_refuses_zero_pixels():
     with pytest.raises(InputError, match="0x448 has no pixels"):
         parse_image_sizes("0x448", QWEN)
+
+
+def test_vit_capture_shapes_counts_patches_and_drops_rare_shapes():
+    images = [(448, 448)] * 6 + [(450, 450)] * 2 + [(896, 896)] * 3 + [(672, 448)] + [(5, 2000)]
+    shapes = vit_capture_shapes(images, QWEN, min_share=0.2)
+    # 450x450 snaps to 448x448: both are 1,024 patches.
+    assert shapes.histogram == {1024: 8, 4096: 3, 1536: 1}
+    assert shapes.recommended == (1024, 4096)  # 1536 serves 1 of 12 images, under 20%
+    assert shapes.refused == 1  # 5x2000 is past the processor's 200:1 ratio
+
+
+def test_vit_capture_shapes_of_no_images_recommends_nothing():
+    assert vit_capture_shapes([], QWEN, min_share=0.005).recommended == ()
+
+
+def test_the_sglang_switch_is_the_seed_documents_variable():
+    assert SGLANG_VIT_GRAPH_ENV == "SGLANG_VIT_ENABLE_CUDA_GRAPH=1"
