@@ -16,6 +16,11 @@ from cgtool.config import ModelConfig
 from cgtool.config_parts import MoeConfig
 from cgtool.model.fused import silu_and_mul_ref
 from cgtool.model.layers import SwiGLU
+from cgtool.model.moe_triton import fused_experts
+
+# "torch" runs the reference; "triton" the fused kernel (moe_triton), which reads only the
+# routed experts. The reference stays the default until the kernel is checked on the GPU.
+MOE_BACKENDS = ("torch", "triton")
 
 
 def route(router_logits: torch.Tensor, moe: MoeConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,8 +51,11 @@ class Experts(nn.Module):
     """All routed experts of one layer, stacked as SGLang's FusedMoE and HF transformers 5
     keep them; checkpoints name them one by one (experts.{e}.gate_proj), see the loader."""
 
-    def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, backend: str = "torch") -> None:
         super().__init__()
+        if backend not in MOE_BACKENDS:
+            raise ValueError(f"moe backend {backend!r}: expected one of {MOE_BACKENDS}")
+        self.backend = backend
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
         # nn.Linear's default range, so random experts are scaled like the rest of the model
@@ -55,17 +63,19 @@ class Experts(nn.Module):
         nn.init.uniform_(self.down_proj, -(intermediate**-0.5), intermediate**-0.5)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.backend == "triton":
+            return fused_experts(x, self.gate_up_proj, self.down_proj, weights, ids)
         return experts_ref(x, self.gate_up_proj, self.down_proj, weights, ids)
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, moe_backend: str = "torch") -> None:
         super().__init__()
         assert cfg.moe is not None
         self.moe = moe = cfg.moe
         width = moe.expert_intermediate_size
         self.gate = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)
-        self.experts = Experts(moe.num_experts, cfg.hidden_size, width)
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, width, moe_backend)
         self.shared_experts = (
             SwiGLU(cfg.hidden_size, moe.num_shared_experts * width) if moe.num_shared_experts else None
         )

@@ -1,0 +1,165 @@
+"""The fused Triton MoE against the torch reference that runs every expert.
+
+Without a GPU the kernels run in Triton's interpreter (conftest sets TRITON_INTERPRET) on
+small fp32 shapes; the interpreter's tl.dot mishandles bf16, so bf16 and capture are
+checked by the gpu-marked tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cgtool.model.moe import Experts, experts_ref
+from cgtool.model.moe_triton import align_block_size, block_m_for, fused_experts, max_padded_pairs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# (num_experts, top_k, num_tokens): one token; counts not a multiple of the 16-row block;
+# top_k equal to the expert count; enough pairs per expert for a 64-row block.
+CASES = [(4, 1, 1), (8, 2, 1), (8, 2, 5), (16, 4, 33), (6, 6, 3), (4, 2, 130)]
+
+
+def _routing(num_tokens, num_experts, top_k, seed=0, device=DEVICE):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(num_tokens, num_experts, generator=gen, device=device)
+    weights, ids = logits.softmax(-1).topk(top_k, dim=-1)
+    return weights, ids
+
+
+def _experts(num_experts, hidden, inter, dtype, seed=1, device=DEVICE):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    gate_up = torch.randn(num_experts, 2 * inter, hidden, generator=gen, device=device) * hidden**-0.5
+    down = torch.randn(num_experts, hidden, inter, generator=gen, device=device) * inter**-0.5
+    return gate_up.to(dtype), down.to(dtype)
+
+
+# ---------------------------------------------------------------- alignment
+
+
+@pytest.mark.parametrize("num_experts,top_k,num_tokens", CASES)
+def test_align_puts_every_pair_once_in_a_block_of_its_expert(num_experts, top_k, num_tokens):
+    _, ids = _routing(num_tokens, num_experts, top_k)
+    block_m = block_m_for(ids.numel(), num_experts)
+    sorted_pair_ids, block_experts, num_padded = align_block_size(ids, num_experts, block_m)
+    used = int(num_padded.item())
+    assert used % block_m == 0 and used <= sorted_pair_ids.numel()
+    pairs = sorted_pair_ids[:used].long()
+    real = pairs < ids.numel()
+    assert sorted(pairs[real].tolist()) == list(range(ids.numel()))
+    assert (sorted_pair_ids[used:] == ids.numel()).all()  # past the total: padding only
+    expert_of_row = block_experts.long().repeat_interleave(block_m)[:used]
+    assert torch.equal(ids.flatten()[pairs[real]], expert_of_row[real])
+
+
+def test_align_shapes_depend_on_the_token_count_not_the_routing():
+    num_experts, top_k, num_tokens, block_m = 8, 2, 9, 16
+    spread = _routing(num_tokens, num_experts, top_k)[1]
+    skewed = torch.stack([torch.zeros(num_tokens), torch.ones(num_tokens)], dim=1).long().to(DEVICE)
+    shapes = [
+        [t.shape for t in align_block_size(ids, num_experts, block_m)] for ids in (spread, skewed)
+    ]
+    assert shapes[0] == shapes[1]
+    assert shapes[0][0][0] == max_padded_pairs(num_tokens * top_k, num_experts, block_m)
+
+
+def test_max_padded_pairs_bounds_one_partial_block_per_routed_expert():
+    # 1 token, top 8 of 128 experts: 8 experts at most, each padded to one 16-row block.
+    assert max_padded_pairs(8, 128, 16) == 8 * 16
+    # More pairs than experts: each of the 4 experts pads by at most 15 rows.
+    assert max_padded_pairs(100, 4, 16) == 160
+
+
+def test_block_m_follows_the_mean_rows_an_expert_gets_within_bounds():
+    assert block_m_for(8, 128) == 16
+    assert block_m_for(4 * 40, 4) == 64
+    assert block_m_for(2048 * 8, 128) == 64
+
+
+# ---------------------------------------------------------------- kernel vs reference
+
+
+@pytest.mark.parametrize("num_experts,top_k,num_tokens", CASES)
+def test_fused_experts_match_the_reference(num_experts, top_k, num_tokens):
+    # hidden 48 and 2 * 40 gate/up rows: partial K and N tiles of the 64-wide blocks.
+    hidden, inter = 48, 40
+    x = torch.randn(num_tokens, hidden, device=DEVICE)
+    gate_up, down = _experts(num_experts, hidden, inter, torch.float32)
+    weights, ids = _routing(num_tokens, num_experts, top_k)
+    out = fused_experts(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, experts_ref(x, gate_up, down, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_experts_when_every_token_picks_the_same_experts():
+    num_experts, hidden, inter, num_tokens = 8, 32, 16, 20
+    x = torch.randn(num_tokens, hidden, device=DEVICE)
+    gate_up, down = _experts(num_experts, hidden, inter, torch.float32)
+    ids = torch.tensor([[5, 2]], device=DEVICE).expand(num_tokens, 2).contiguous()
+    weights = torch.rand(num_tokens, 2, device=DEVICE)
+    out = fused_experts(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, experts_ref(x, gate_up, down, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_experts_module_takes_the_kernel_only_when_asked():
+    torch.manual_seed(0)
+    ref = Experts(6, 32, 16).to(DEVICE)
+    fused = Experts(6, 32, 16, backend="triton").to(DEVICE)
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(7, 32, device=DEVICE)
+    weights, ids = _routing(7, 6, 2)
+    assert ref.backend == "torch"
+    torch.testing.assert_close(fused(x, weights, ids), ref(x, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_moe_backend_is_refused_by_name():
+    with pytest.raises(ValueError, match="'cutlass'"):
+        Experts(4, 16, 8, backend="cutlass")
+
+
+def test_fused_experts_trace_as_one_opaque_node():
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    compiled = torch.compile(fused_experts, backend=record, fullgraph=True)
+    x = torch.randn(3, 32, device=DEVICE)
+    gate_up, down = _experts(4, 32, 16, torch.float32)
+    weights, ids = _routing(3, 4, 2)
+    out = compiled(x, gate_up, down, weights, ids)
+    torch.testing.assert_close(out, experts_ref(x, gate_up, down, weights, ids), rtol=1e-5, atol=1e-5)
+    targets = [node.target for node in graphs[0].graph.nodes if node.op == "call_function"]
+    assert targets == [torch.ops.cgtool.fused_experts]
+
+
+# ---------------------------------------------------------------- GPU: bf16 and capture
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,top_k", [(64, 6), (128, 8)])
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 256, 2048])
+def test_fused_experts_match_the_reference_in_bf16_at_preset_shapes(num_experts, top_k, num_tokens):
+    hidden, inter = 2048, 768  # qwen3-30b-a3b's hidden and expert widths
+    x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    gate_up, down = _experts(num_experts, hidden, inter, torch.bfloat16, device="cuda")
+    weights, ids = _routing(num_tokens, num_experts, top_k, device="cuda")
+    out = fused_experts(x, gate_up, down, weights, ids)
+    expected = experts_ref(x.float(), gate_up.float(), down.float(), weights, ids)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_fused_experts_replay_a_captured_graph_for_new_routing():
+    num_experts, top_k, num_tokens, hidden, inter = 128, 8, 16, 256, 128
+    x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
+    gate_up, down = _experts(num_experts, hidden, inter, torch.bfloat16, device="cuda")
+    weights, ids = _routing(num_tokens, num_experts, top_k, device="cuda")
+    fused_experts(x, gate_up, down, weights, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, gate_up, down, weights, ids)
+    new_weights, new_ids = _routing(num_tokens, num_experts, top_k, seed=7, device="cuda")
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    graph.replay()
+    torch.testing.assert_close(out, fused_experts(x, gate_up, down, weights, ids), rtol=0, atol=0)
