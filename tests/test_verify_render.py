@@ -32,3 +32,11 @@ def test_html_page_embeds_a_figure_per_kind(tmp_path):
     assert names == ["verify.html", "verify_decode_step_ms.png", "verify_extend_step_ms.png"]
     page = (tmp_path / "verify.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "Verification on the GPU" in page
+
+
+def test_piped_output_keeps_every_cell_whole(capsys):
+    from cgtool.commands.common import make_console
+
+    print_verify(make_console(), synthetic_result())  # stdout is captured: not a terminal
+    text = capsys.readouterr().out
+    assert "…" not in text and "Measured vs predicted" in text
