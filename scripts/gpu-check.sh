@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
-# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|decode|piecewise|both|prefill|compile|all|tp|verify]...
+# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe]...
+# `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
@@ -40,6 +41,20 @@ if want tests; then
   # GPU_TESTS narrows the run to some files or tests (default: every gpu-marked test).
   timeout -k 10 "${TESTS_TIMEOUT:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 \
     | tee "$OUT/gpu-tests.log" | grep -vE " PASSED| SKIPPED" | tail -40
+fi
+if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
+  echo "[$(date +%H:%M:%S)] hidden-states null,full"
+  timeout -k 10 "${HIDDEN_TIMEOUT:-240}" cgtool capture --model llama-3.1-8b --kind decode --hidden-states null,full \
+    --out "$OUT/runs/hidden-llama-3.1-8b" >"$OUT/runs/hidden-llama-3.1-8b.log" 2>&1
+  echo "[$(date +%H:%M:%S)] hidden-states exit $?"; tail -25 "$OUT/runs/hidden-llama-3.1-8b.log"
+fi
+if [[ " $stages " == *" moe "* ]]; then  # issue 19: MoE/MLA presets, decode at the issue's sizes
+  for m in ${MOE_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
+    echo "[$(date +%H:%M:%S)] moe $m ${MOE_ARGS:-}"
+    timeout -k 10 "${MOE_TIMEOUT:-200}" cgtool capture --model "$m" --kind "${MOE_KIND:-decode}" --bs 1,8,64,256 \
+      ${MOE_ARGS:-} --out "$OUT/runs/moe-$m" >"$OUT/runs/moe-$m.log" 2>&1
+    echo "[$(date +%H:%M:%S)] moe $m exit $?"; tail -25 "$OUT/runs/moe-$m.log"
+  done
 fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \
