@@ -68,6 +68,7 @@ class CaptureSettings:
     enable_cudagraph_gc: bool
     tp_size: int = 1
     hidden_states: list[str] = field(default_factory=lambda: ["null"])  # decode modes, upward
+    moe_backend: str = "triton"  # MoE models' experts: "triton" (fused kernel) or "torch" (reference)
 
 
 @dataclass(slots=True)
@@ -92,6 +93,8 @@ class SizeResult:
     replay_ci95_ms: float | None = None
     max_diff_at: int | None = None  # token (piecewise) or request (decode) of max_abs_diff
     hidden_mode: str = "null"  # the decode graph's hidden-state mode (piecewise: always null)
+    # MoE decode: distinct routed experts per MoE layer for this batch (mean over layers)
+    experts_active: float | None = None
 
     @property
     def key(self) -> tuple[str, int, int] | tuple[str, int, int, str]:

@@ -26,6 +26,11 @@ class Kind(str, Enum):
     both = "both"
 
 
+class MoeBackend(str, Enum):
+    triton = "triton"
+    torch = "torch"
+
+
 class Compiler(str, Enum):
     eager = "eager"
     inductor = "inductor"
@@ -105,6 +110,7 @@ def capture(
     out: Annotated[Path, typer.Option(help="Folder for report.json, sizes.csv, figures and report.html.")] = Path("cgtool-capture"),
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
     hidden_states: Annotated[str, typer.Option("--hidden-states", help="Decode graphs' hidden-state mode: null, last or full; an upward list such as null,full recaptures at each, as SGLang does.")] = "null",
+    moe_backend: Annotated[MoeBackend, typer.Option(help="MoE models' experts: the fused Triton kernel, which reads only the routed experts, or the torch reference, which runs every expert on every token.")] = MoeBackend.triton,
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
@@ -133,7 +139,7 @@ def capture(
         mem_fraction_static=mem_fraction_static, context_len=context_len, compiler=compiler.value,
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
-        profile_sizes=profiled, hidden_modes=hidden_modes,
+        profile_sizes=profiled, hidden_modes=hidden_modes, moe_backend=moe_backend.value,
     )
     _run_and_save(opts)
 

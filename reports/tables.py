@@ -103,6 +103,9 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
     columns = ["batch size" if kind == "decode" else "tokens", "status", "capture s",
                "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
                "replay ms", "speedup", "roofline %", "kernels", "max |diff|"]
+    moe = any(row.experts_active is not None for row in report.sizes_of(kind))
+    if moe:
+        columns.append("experts")  # distinct routed experts per MoE layer, mean over layers
     rows: list[list[str]] = []
     marked: set[int] = set()
     cumulative = 0
@@ -119,7 +122,7 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
             _num(row.eager_ms, 3), _num(row.replay_ms, 3), _num(row.speedup, 2, "x"),
             _num(roofline, 0), str(row.kernels_per_forward),
             "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}",
-        ])
+        ] + ([_num(row.experts_active, 1)] if moe else []))
     return TableData(f"{kind} graphs", columns, rows, marked)
 
 

@@ -11,7 +11,14 @@ from cgtool.commands.main import app
 from cgtool.config import load_model_config
 from cgtool.config_parts import MoeConfig
 from cgtool.model.loader import build_model
-from cgtool.model.moe import experts_ref, route
+from cgtool.model.moe import (
+    Experts,
+    SparseMoE,
+    count_active_experts,
+    experts_ref,
+    route,
+    use_moe_backend,
+)
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "azure-conv-first-1000.jsonl"
 
@@ -65,3 +72,37 @@ def test_unsupported_moe_variant_exits_2_naming_the_field(tmp_path):
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert result.exit_code == 2
     assert len(lines) == 1 and "'decoder_sparse_step'" in lines[0] and "Traceback" not in result.output
+
+
+def _tiny_moe_model(arch, tmp_path):
+    make_hf_model(arch, tmp_path)
+    cfg = load_model_config(str(tmp_path))
+    return cfg, build_model(cfg, device="cpu", dtype=torch.float32, max_positions=32)
+
+
+def test_use_moe_backend_switches_every_experts_layer_and_refuses_unknown(tmp_path):
+    _, model = _tiny_moe_model("qwen3_moe", tmp_path)
+    experts = [m for m in model.modules() if isinstance(m, Experts)]
+    assert experts and {e.backend for e in experts} == {"torch"}
+    use_moe_backend(model, "triton")
+    assert {e.backend for e in experts} == {"triton"}
+    with pytest.raises(ValueError, match="'cuda'"):
+        use_moe_backend(model, "cuda")
+
+
+def test_count_active_experts_counts_each_layers_distinct_routed_experts(tmp_path):
+    cfg, model = _tiny_moe_model("deepseek_v2", tmp_path)
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    x = torch.randn(7, cfg.hidden_size, generator=torch.Generator().manual_seed(2))
+    # the ids route() picks for x, counted apart from the module
+    routed = [route(F.linear(x, layer.gate.weight), layer.moe)[1].unique().numel() for layer in layers]
+    tokens = torch.randint(0, cfg.vocab_size, (7,), generator=torch.Generator().manual_seed(1))
+    with count_active_experts(model) as counts:
+        model.model.embed_tokens(tokens)  # no MoE layer runs: nothing counted
+        assert counts == []
+        for layer in layers:
+            layer(x)
+    assert counts == routed and len(counts) == len(layers)
+    assert all(cfg.moe.top_k <= c <= cfg.moe.num_experts for c in counts)
+    layers[0](torch.randn(3, cfg.hidden_size))  # counting has stopped
+    assert len(counts) == len(layers) and all(layer.active_counts is None for layer in layers)

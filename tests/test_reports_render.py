@@ -202,3 +202,14 @@ def test_a_report_stopped_before_its_first_size_still_renders(tmp_path):
     written = render_report(report, tmp_path)
     assert (tmp_path / "sizes.csv").read_text().splitlines()[1:] == []
     assert any(path.name == "report.html" for path in written)
+
+
+def test_size_table_adds_an_experts_column_only_for_moe_rows():
+    report = load_report(REPORT_DIR)
+    assert "experts" not in size_rows(report, "decode").columns
+    for i, row in enumerate(report.sizes_of("decode")):
+        row.experts_active = 6.0 + i / 4
+    table = size_rows(report, "decode")
+    assert table.columns[-1] == "experts"
+    assert [r[-1] for r in table.rows[:2]] == ["6.0", "6.2"]
+    assert "experts" not in size_rows(report, "piecewise").columns

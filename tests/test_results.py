@@ -393,3 +393,14 @@ def test_an_unknown_hidden_mode_is_named(tmp_path):
     data["sizes"][1]["hidden_mode"] = "most"
     with pytest.raises(InputError, match=r"sizes\[1\]\.hidden_mode.*'most'"):
         load_report(_write(tmp_path, data))
+
+
+def test_experts_active_round_trips_and_is_absent_for_dense_reports(tmp_path):
+    assert {s.experts_active for s in load_report(REPORT).sizes} == {None}
+    data = _raw(REPORT)
+    data["sizes"][0]["experts_active"] = 5.75
+    data["settings"]["moe_backend"] = "torch"
+    report = load_report(_write(tmp_path, data))
+    assert report.sizes[0].experts_active == 5.75
+    assert report.settings.moe_backend == "torch"
+    assert CaptureReport.from_dict(report.to_dict()).sizes[0].experts_active == 5.75

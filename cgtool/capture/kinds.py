@@ -24,6 +24,7 @@ from cgtool.capture.timing import host_launch_ms, kernels_per_call, profile_kern
 from cgtool.capture.workbench import Workbench
 from cgtool.distributed import barrier, current_tp
 from cgtool.errors import EnvironmentProblem
+from cgtool.model.moe import count_active_experts
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 
@@ -82,9 +83,19 @@ def _measure_decode(
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
             roofline_ms = (_weights_read(bench, bs) + kv_read) / bandwidth * 1e3
-            _record(state, "decode", bs, cost, check, roofline_ms, mode)
+            _record(state, "decode", bs, cost, check, roofline_ms, mode, _experts_active(bench, eager))
             calls.append((bs, replay, eager))
     return calls
+
+
+def _experts_active(bench: Workbench, eager: Callable[[], object]) -> float | None:
+    """Distinct experts a MoE layer routed this batch to, averaged over the MoE layers: one
+    more eager forward, with counting on (it syncs, so it stays out of the timed calls)."""
+    if bench.cfg.moe is None:
+        return None
+    with count_active_experts(bench.runner.model) as counts:
+        eager()
+    return sum(counts) / len(counts) if counts else None
 
 
 def _weights_read(bench: Workbench, tokens: int) -> float:
@@ -288,7 +299,7 @@ def _note_out_of_memory(
 
 def _record(
     state: SessionState, kind: str, size: int, cost: CaptureCost, check: ReplayCheck,
-    roofline_ms: float, hidden_mode: str = "null",
+    roofline_ms: float, hidden_mode: str = "null", experts_active: float | None = None,
 ) -> None:
     state.sizes.append(
         SizeResult(
@@ -309,6 +320,7 @@ def _record(
             replay_ci95_ms=check.replay.ci95_ms,
             max_diff_at=check.worst_token,
             hidden_mode=hidden_mode,
+            experts_active=experts_active,
         )
     )
 

@@ -39,6 +39,7 @@ class CaptureOptions:
     profile_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Decode graphs' hidden-state modes, upward: the first is captured, each next one recaptured.
     hidden_modes: tuple[HiddenMode, ...] = (HiddenMode.NULL,)
+    moe_backend: str = "triton"  # MoE experts: the fused Triton kernel, or the dense torch reference
 
     def __post_init__(self) -> None:
         # Kinds not captured keep an empty list; the captured ones follow the one rule.

@@ -97,6 +97,7 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
         enable_cudagraph_gc=opts.enable_cudagraph_gc,
         tp_size=opts.tp_size,
         hidden_states=[mode.flag for mode in opts.hidden_modes],
+        moe_backend=opts.moe_backend,
     )
 
 
@@ -163,6 +164,7 @@ def _load(
         seed=opts.seed,
         kv_tokens=opts.max_total_tokens,
         tp=tp,
+        moe_backend=opts.moe_backend,
     )
     return bench, copy_bandwidth_bytes_s()
 

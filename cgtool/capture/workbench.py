@@ -15,6 +15,7 @@ from cgtool.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
 from cgtool.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
 from cgtool.model.loader import build_model
+from cgtool.model.moe import use_moe_backend
 from cgtool.model.parallel import kv_head_range, local_config
 
 
@@ -54,6 +55,7 @@ def build_workbench(
     seed: int,
     kv_tokens: int | None = None,
     tp: TensorParallel = SINGLE,
+    moe_backend: str = "triton",
 ) -> Workbench:
     """`kv_tokens` fixes the pool size; by default it follows `mem_fraction_static` as SGLang's does.
 
@@ -70,6 +72,7 @@ def build_workbench(
         cfg, device="cuda", dtype=dtype, max_positions=max_context, weights_dir=weights_dir, seed=seed,
         tp=tp,
     )
+    use_moe_backend(model, moe_backend)
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     local = local_config(cfg, tp)
     if tp.size > 1:

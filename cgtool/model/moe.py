@@ -8,6 +8,9 @@ kernel is tested against.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -19,7 +22,8 @@ from cgtool.model.layers import SwiGLU
 from cgtool.model.moe_triton import fused_experts
 
 # "torch" runs the reference; "triton" the fused kernel (moe_triton), which reads only the
-# routed experts. The reference stays the default until the kernel is checked on the GPU.
+# routed experts. Models are built with the reference (it runs anywhere); capture switches a
+# model on the GPU to the kernel with `use_moe_backend`.
 MOE_BACKENDS = ("torch", "triton")
 
 
@@ -79,12 +83,40 @@ class SparseMoE(nn.Module):
         self.shared_experts = (
             SwiGLU(cfg.hidden_size, moe.num_shared_experts * width) if moe.num_shared_experts else None
         )
+        # While `count_active_experts` runs: how many distinct experts each forward routed to.
+        self.active_counts: list[int] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Router logits in fp32 as DeepSeek computes them: near-ties between experts must not
         # flip with the activation dtype.
         weights, ids = route(F.linear(x.float(), self.gate.weight.float()), self.moe)
+        if self.active_counts is not None:
+            self.active_counts.append(int(ids.unique().numel()))  # a host sync: never while capturing
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
+
+
+def use_moe_backend(model: nn.Module, backend: str) -> None:
+    """Runs every MoE layer of `model` on `backend` (see MOE_BACKENDS)."""
+    if backend not in MOE_BACKENDS:
+        raise ValueError(f"moe backend {backend!r}: expected one of {MOE_BACKENDS}")
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.backend = backend
+
+
+@contextmanager
+def count_active_experts(model: nn.Module) -> Iterator[list[int]]:
+    """Within the block, each MoE layer's forward appends how many distinct experts its tokens
+    were routed to; the list holds them all, in call order. Eager forwards only: counting syncs."""
+    counts: list[int] = []
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    for layer in layers:
+        layer.active_counts = counts
+    try:
+        yield counts
+    finally:
+        for layer in layers:
+            layer.active_counts = None
