@@ -182,8 +182,31 @@ def _run_and_save(opts: CaptureOptions) -> None:
         if partial is not None:
             _save(partial, out, state)
         raise
+    except Exception as error:  # noqa: BLE001 - a kernel or driver failure cgtool did not foresee
+        _save_after_crash(error, opts, state)
+        raise typer.Exit(1) from None
     _save(report, out, state)
     raise typer.Exit(capture_exit_code(report))
+
+
+def _save_after_crash(error: Exception, opts: CaptureOptions, state: SessionState) -> None:
+    """Keeps what was measured and the traceback, and says so in one line: an unforeseen
+    error (a kernel that does not fit the GPU, a driver fault) is a failed run, not bad input."""
+    import traceback
+
+    from cgtool.capture.session import partial_report
+
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    reason = f"{type(error).__name__}: {first_line}".rstrip(": ")
+    partial = partial_report(opts, state, f"stopped by {reason}")
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    log = opts.out_dir / "error.log"
+    log.write_text("".join(traceback.format_exception(error)))
+    if partial is not None:
+        _save(partial, opts.out_dir, state)
+    where = f" during {state.stopped_in}" if state.stopped_in else ""
+    err_console.print(f"error: capture stopped{where} by {reason} (traceback in {log}); "
+                      "please report it with that file.", highlight=False, soft_wrap=True)
 
 
 def parse_profile_sizes(

@@ -100,3 +100,35 @@ def test_profiler_cycle_warning_is_silenced():
         warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
         warnings.warn("another warning", UserWarning)
     assert [str(w.message) for w in caught] == ["another warning"]
+
+
+def test_an_unforeseen_error_keeps_the_measured_sizes_and_the_traceback(tmp_path, monkeypatch):
+    # A Triton kernel too large for the GPU's shared memory stopped a capture with a traceback
+    # and no report (H100, 2026-11-23); now it is a failed run with what was measured.
+    from cgtool.capture import session
+
+    measured = load_report(FIXTURES / "h100-llama-3.1-8b")
+
+    def crash(opts, on_progress, state):
+        state.sizes = measured.sizes[:3]
+        state.stopped_in = "compile piecewise"
+        raise RuntimeError("out of resource: shared memory, Required: 786432\nsecond line")
+
+    def partial(opts, state, reason):
+        measured.sizes, measured.status = state.sizes, "incomplete"
+        measured.incomplete_reason = reason
+        return measured
+
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(session, "run_capture", crash)
+    monkeypatch.setattr(session, "partial_report", partial)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["capture", "--model", "llama-3.1-8b", "--out", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert ("capture stopped during compile piecewise by RuntimeError: out of resource: shared "
+            "memory, Required: 786432") in " ".join(result.output.split())
+    saved = load_report(out)
+    assert saved.incomplete_reason.startswith("stopped by RuntimeError: out of resource")
+    assert [s.size for s in saved.sizes] == [s.size for s in measured.sizes[:3]]
+    assert "second line" in (out / "error.log").read_text()  # the whole traceback, for a bug report
