@@ -133,3 +133,43 @@ def test_extend_padding_rows_are_zero_and_harmless():
     out, ref = run_extend(pool, rows, [5, 0], [9, 3], 4, num_padding=5)
     assert out[12:].eq(0).all()
     assert_attention_close(out[:12], ref[:12], atol=1e-4)
+
+
+def tiny_mla_config(context: int = 64) -> ModelConfig:
+    """deepseek-v2-lite's attention in miniature: dense MLP, two layers, rank 32, rope 16."""
+    import dataclasses
+
+    from cgtool.config import load_model_config
+
+    mla = MlaConfig(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)
+    return dataclasses.replace(
+        load_model_config("deepseek-v2-lite"), name="tiny-mla", vocab_size=128, hidden_size=64,
+        intermediate_size=96, num_layers=2, num_heads=4, head_dim=48, max_context_len=context,
+        moe=None, mla=mla,
+    )
+
+
+def mla_runner(backend: str, dtype: torch.dtype, device: str, context: int = 64):
+    from cgtool.attention import make_backend
+    from cgtool.engine import ModelRunner
+    from cgtool.model.loader import build_model
+
+    cfg = tiny_mla_config(context)
+    torch.manual_seed(0)
+    model = build_model(cfg, device=device, dtype=dtype, max_positions=context)
+    pool = KVPool(cfg, num_slots=8 * context, max_reqs=8, max_context_len=context, dtype=dtype,
+                  device=device)
+    return ModelRunner(model, pool, make_backend(backend, cfg.num_heads, cfg.head_dim))
+
+
+def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_reference():
+    runners = {name: mla_runner(name, torch.float32, "cpu") for name in ("torch", "triton")}
+    logits = {}
+    for name, runner in runners.items():
+        pool = runner.kv_pool
+        rows = [pool.alloc_request(n)[0] for n in (9, 3)]
+        prefill = extend_batch(pool, rows, [0, 0], [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10]])
+        step = decode_batch(pool, rows, [8, 2], [11, 12])
+        logits[name] = [runner.model.compute_logits(runner.forward_eager(b)) for b in (prefill, step)]
+    for got, expected in zip(logits["triton"], logits["torch"]):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
