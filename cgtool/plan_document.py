@@ -104,6 +104,12 @@ class PlanMemory:
     graph_bytes_predicted: int | None = None
     tp_size: int = 1
     kv_heads_per_rank: int | None = None
+    # SGLang's attention backend and its graph-time buffers at the largest decode size, both
+    # part of graph_bytes (cgtool.planner.engine_buffers); absent for other engines and in
+    # older plans.
+    attention_backend: str | None = None
+    attention_buffer_bytes: int | None = None
+    static_input_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

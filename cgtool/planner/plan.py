@@ -21,6 +21,7 @@ import numpy as np
 
 from cgtool.errors import InputError
 from cgtool.plan_document import LoadSummary, Plan, PlanMemory, Simulation
+from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.memory import plan_memory
 from cgtool.planner.optimiser import Limits
@@ -317,4 +318,12 @@ def _choose_and_size(
         default_mem_fraction_static=server.default_fraction,
         tp_size=req.tp_size,
     )
+    if server.attention_backend is not None:
+        buffers = engine_graph_buffers(
+            req.cfg, server.attention_backend, max(choice.decode_bs, default=0),
+            server.context_len, req.tp_size,
+        )
+        memory.attention_backend = buffers.attention_backend
+        memory.attention_buffer_bytes = buffers.attention_bytes
+        memory.static_input_bytes = buffers.static_input_bytes
     return choice, memory
