@@ -120,8 +120,10 @@ def _engine_buffer_rows(memory: PlanMemory) -> list[list[str]]:
     if memory.attention_backend is None or memory.attention_buffer_bytes is None:
         return []
     return [
-        [f"  of which {memory.attention_backend} graph buffers", mib(memory.attention_buffer_bytes), ""],
-        ["  of which static inputs + fp32 logits", mib(memory.static_input_bytes), ""],
+        [f"  of which {memory.attention_backend} graph buffers", mib(memory.attention_buffer_bytes),
+         mib(memory.default_attention_buffer_bytes)],
+        ["  of which static inputs + fp32 logits", mib(memory.static_input_bytes),
+         mib(memory.default_static_input_bytes)],
     ]
 
 

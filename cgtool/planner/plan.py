@@ -319,11 +319,15 @@ def _choose_and_size(
         tp_size=req.tp_size,
     )
     if server.attention_backend is not None:
-        buffers = engine_graph_buffers(
-            req.cfg, server.attention_backend, max(choice.decode_bs, default=0),
-            server.context_len, req.tp_size,
+        ours, default = (
+            engine_graph_buffers(
+                req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
+                req.tp_size,
+            )
+            for sizes in (choice.decode_bs, server.default.decode_bs)
         )
-        memory.attention_backend = buffers.attention_backend
-        memory.attention_buffer_bytes = buffers.attention_bytes
-        memory.static_input_bytes = buffers.static_input_bytes
+        memory.attention_backend = server.attention_backend
+        memory.attention_buffer_bytes, memory.static_input_bytes = ours.attention_bytes, ours.static_input_bytes
+        memory.default_attention_buffer_bytes = default.attention_bytes
+        memory.default_static_input_bytes = default.static_input_bytes
     return choice, memory
