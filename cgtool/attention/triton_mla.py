@@ -33,6 +33,9 @@ MIN_DOT = 16
 # Keys per step: a [32, 512] bf16 latent tile is 32 KiB of shared memory per pipeline stage.
 DECODE_BLOCK_N = 32
 EXTEND_BLOCK_M, EXTEND_BLOCK_N = 32, 32
+# A [32, 512] fp32 accumulator plus its [32, 576] query is ~200 registers a thread at 4 warps;
+# 8 warps halve that. Not tuned on the GPU yet.
+EXTEND_WARPS = 8
 
 
 @triton.jit
@@ -245,5 +248,5 @@ def mla_extend_attention(
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),
         req_to_token.stride(0),
         RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=EXTEND_BLOCK_M,
-        BLOCK_N=EXTEND_BLOCK_N, num_warps=4, num_stages=2,
+        BLOCK_N=EXTEND_BLOCK_N, num_warps=EXTEND_WARPS, num_stages=2,
     )
