@@ -44,6 +44,9 @@ class KVPool:
         self.v_buffers = self.k_buffers if cfg.kv_buffers_per_layer == 1 else [
             torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_layers)
         ]
+        # Attention reads a V row's first value_dim values: MLA's latent values are its
+        # compressed KV (kv_lora_rank), the rotated key (rope) after them is key only.
+        self.value_dim = cfg.mla.kv_lora_rank if cfg.mla else cfg.head_dim
         # [max_reqs, max_context_len]: each request's positions → KV slots
         self.req_to_token = torch.zeros((max_reqs, max_context_len), dtype=torch.int32, device=device)
         self.num_slots = num_slots
@@ -53,8 +56,13 @@ class KVPool:
         self._next_req = DUMMY_REQ + 1
 
     @property
+    def is_latent(self) -> bool:
+        """One latent buffer per layer, read as both K and V (MLA)."""
+        return self.v_buffers is self.k_buffers
+
+    @property
     def nbytes(self) -> int:
-        buffers = self.k_buffers if self.v_buffers is self.k_buffers else self.k_buffers + self.v_buffers
+        buffers = self.k_buffers if self.is_latent else self.k_buffers + self.v_buffers
         return sum(b.numel() * b.element_size() for b in buffers)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -62,7 +70,7 @@ class KVPool:
         # host work (tens of µs a call, two calls a layer in every eager step).
         loc = loc if loc.dtype == torch.int64 else loc.long()
         self.k_buffers[layer_id].index_copy_(0, loc, k)
-        if self.v_buffers is not self.k_buffers:
+        if not self.is_latent:
             self.v_buffers[layer_id].index_copy_(0, loc, v)
 
     def alloc_request(self, seq_len: int) -> tuple[int, torch.Tensor]:

@@ -80,6 +80,12 @@ class PiecewisePlan:
     default_capture_num_tokens: list[int]
 
 
+_ENGINE_BUFFER_FIELDS = (
+    "attention_backend", "attention_buffer_bytes", "static_input_bytes",
+    "default_attention_buffer_bytes", "default_static_input_bytes",
+)
+
+
 @dataclass(slots=True, kw_only=True)
 class PlanMemory:
     """The memory plan (cgtool.planner.memory.plan_memory builds it); every byte figure is
@@ -104,6 +110,14 @@ class PlanMemory:
     graph_bytes_predicted: int | None = None
     tp_size: int = 1
     kv_heads_per_rank: int | None = None
+    # SGLang's attention backend and its graph-time buffers at the largest decode size, both
+    # part of graph_bytes (cgtool.planner.engine_buffers); absent for other engines and in
+    # older plans.
+    attention_backend: str | None = None
+    attention_buffer_bytes: int | None = None
+    static_input_bytes: int | None = None
+    default_attention_buffer_bytes: int | None = None  # the same at the default's largest size
+    default_static_input_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +234,9 @@ class Plan:
             if body[kind]["histogram"]["attention_ms"] is None:
                 del body[kind]["histogram"]["attention_ms"]
         body["simulation"] = {k: v for k, v in body["simulation"].items() if v is not None}
+        for name in _ENGINE_BUFFER_FIELDS:  # SGLang plans only
+            if body["memory"][name] is None:
+                del body["memory"][name]
         # Scenario rows lead with what they are scored on, as the planner wrote them.
         lead = ("part", "load", "eager")
         body["scenarios"] = [{k: row[k] for k in lead} | row for row in body["scenarios"]]

@@ -94,6 +94,11 @@ ComparePlanOpt = Annotated[
 ]
 OutOpt = Annotated[Path | None, typer.Option(help="Write plan.json and figures to this folder.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")]
+AttentionBackendOpt = Annotated[str | None, typer.Option(
+    "--attention-backend",
+    help="SGLang's attention backend whose graph buffers the plan counts: flashinfer, fa3 or "
+    "triton (default: the one SGLang picks for the model and GPU).",
+)]
 HiddenStatesOpt = Annotated[str, typer.Option(
     "--hidden-states",
     help="Decode graphs' hidden-state mode: null, last or full (last and full add a static output to the graph memory).",
@@ -120,6 +125,7 @@ def plan(
     out: OutOpt = None,
     json_out: JsonOpt = False,
     hidden_states: HiddenStatesOpt = "null",
+    attention_backend: AttentionBackendOpt = None,
 ) -> None:
     """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
     _check_engine(engine, engine_version)  # before the trace is read: that takes seconds
@@ -149,6 +155,7 @@ def plan(
         compare=compare,
         compare_name=None if compare_plan is None else str(compare_plan),
         hidden_mode=max(parse_hidden_modes(hidden_states)),  # an upward list ends at its highest
+        attention_backend=attention_backend,
     )
     stop = StopRequest()
     result = _plan_or_exit(trace, trace_format, request, stop)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from cgtool.plan_document import Plan, ScheduleScore
+from cgtool.plan_document import Plan, PlanMemory, ScheduleScore
 from cgtool.planner.memory import TRTLLM_DEFAULT_FREE_FRACTION, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
-from cgtool.reports.tables import TableData, gib
+from cgtool.reports.tables import TableData, gib, mib
 
 T = TypeVar("T")
 ENGINE_NAMES = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}
@@ -90,6 +90,7 @@ def plan_memory_rows(plan: Plan) -> TableData:
     rows = shards + [
         ["weights", gib(memory.weights_bytes), gib(memory.weights_bytes)],
         ["graphs", gib(memory.graph_bytes), _opt(default["graph_bytes"], gib)],
+        *_engine_buffer_rows(memory),
         ["activations (eager peak)", gib(memory.activation_bytes), gib(memory.activation_bytes)],
         ["margin kept free" + (" (+ NCCL)" if tp > 1 else ""), gib(memory.margin_bytes),
          _opt(default["margin_bytes"], gib)],
@@ -112,6 +113,18 @@ def plan_memory_rows(plan: Plan) -> TableData:
         rows.append(["report's graphs: predicted, measured", gib(predicted),
                      f"{gib(measured)} ({error:+.0%} off)"])
     return TableData(title, ["", "plan", "engine default"], rows)
+
+
+def _engine_buffer_rows(memory: PlanMemory) -> list[list[str]]:
+    """The part of the plan's graph memory that SGLang allocates at its largest decode size."""
+    if memory.attention_backend is None or memory.attention_buffer_bytes is None:
+        return []
+    return [
+        [f"  of which {memory.attention_backend} graph buffers", mib(memory.attention_buffer_bytes),
+         mib(memory.default_attention_buffer_bytes)],
+        ["  of which static inputs + fp32 logits", mib(memory.static_input_bytes),
+         mib(memory.default_static_input_bytes)],
+    ]
 
 
 def _default_memory(plan: Plan) -> dict[str, float | None]:

@@ -10,6 +10,7 @@ from cgtool.commands.main import app
 from cgtool.commands.plan import parse_bytes
 from cgtool.errors import InputError
 from cgtool.plan_document import Plan
+from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table
 
 runner = CliRunner()
@@ -129,6 +130,8 @@ def test_a_malformed_trace_line_names_file_and_line(tmp_path):
         (["--gpu", "H900"], "--gpu"),
         (["--model", "nope-7b"], "nope-7b"),
         (["--hidden-states", "some"], "--hidden-states 'some'"),
+        (["--attention-backend", "fa4"], "--attention-backend 'fa4'"),
+        (["--attention-backend", "fa3", "--engine", "vllm"], "--attention-backend fa3"),
     ],
 )
 def test_bad_options_exit_2_with_one_line(args, words):
@@ -365,3 +368,26 @@ def test_hidden_states_grow_the_graph_memory_and_shrink_the_fraction_with_a_note
     assert plans["full"]["memory"]["mem_fraction_static"] <= plans["null"]["memory"]["mem_fraction_static"]
     assert not any("hidden-state mode" in w for w in plans["null"]["warnings"])
     assert any("hidden-state mode full" in w for w in plans["full"]["warnings"])
+
+
+def test_attention_backend_buffers_are_in_graph_memory_plan_json_and_the_table():
+    plans = {}
+    for backend in ("fa3", "triton"):
+        result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json",
+                        "--attention-backend", backend)
+        assert result.exit_code == 0, result.output
+        plans[backend] = Plan.from_dict(json.loads(result.stdout))
+    fa3, triton = plans["fa3"].memory, plans["triton"].memory
+    assert (fa3.attention_backend, triton.attention_backend) == ("fa3", "triton")
+    assert plans["fa3"].decode.capture_bs == plans["triton"].decode.capture_bs
+    # Same sizes: the graph memory differs by the backends' buffers, and the fraction follows.
+    assert triton.graph_bytes - fa3.graph_bytes == triton.attention_buffer_bytes - fa3.attention_buffer_bytes
+    assert triton.attention_buffer_bytes > fa3.attention_buffer_bytes
+    assert triton.mem_fraction_static <= fa3.mem_fraction_static
+    table = "\n".join(" ".join(row) for row in plan_memory_rows(plans["triton"]).rows)
+    assert "triton graph buffers" in table and "static inputs + fp32 logits" in table
+
+
+def test_default_attention_backend_is_sglangs_for_the_model_and_gpu():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "A100-80GB", "--json")
+    assert json.loads(result.stdout)["memory"]["attention_backend"] == "flashinfer"

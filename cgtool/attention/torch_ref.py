@@ -16,7 +16,7 @@ from cgtool.kv import KVPool
 def attend_one_request(
     q: torch.Tensor,  # [new, heads, head_dim]
     k: torch.Tensor,  # [seq_len, kv_heads, head_dim]
-    v: torch.Tensor,
+    v: torch.Tensor,  # [seq_len, kv_heads, value_dim]
     prefix_len: int,
     scale: float,
 ) -> torch.Tensor:
@@ -46,7 +46,7 @@ class TorchAttentionBackend:
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
     ) -> None:
         q = q.view(q.shape[0], self.num_heads, self.head_dim)
-        out = out.view(q.shape)
+        out = out.view(q.shape[0], self.num_heads, kv_pool.value_dim)
         if batch.forward_mode.is_decode():
             prefix_lens = [n - 1 for n in batch.seq_lens_cpu]
             new_lens = [1] * batch.batch_size
@@ -58,7 +58,7 @@ class TorchAttentionBackend:
         for req, prefix, new in zip(req_rows, prefix_lens, new_lens):
             slots = kv_pool.req_to_token[req, : prefix + new].long()
             k = kv_pool.k_buffers[layer_id][slots]
-            v = kv_pool.v_buffers[layer_id][slots]
+            v = kv_pool.v_buffers[layer_id][slots][..., : kv_pool.value_dim]
             out[start : start + new] = attend_one_request(q[start : start + new], k, v, prefix, self.scale)
             start += new
         out[start:].zero_()  # padded tokens of a replayed graph

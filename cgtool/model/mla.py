@@ -4,9 +4,9 @@ Each token caches one latent of kv_lora_rank + qk_rope_head_dim values per layer
 normalised compressed KV and the rotated shared key. Absorbing kv_b_proj's key half into the
 query and its value half into the output makes attention a multi-query attention of one
 latent head, keys the whole latent and values its first kv_lora_rank values, which is how
-SGLang's MLA backends decode. The latent goes through cgtool's attention op as both K and V:
-the output's first kv_lora_rank values are the attention over the compressed KV, the rest
-is discarded.
+SGLang's MLA backends decode. The latent goes through cgtool's attention op as both K and V
+(the pool stores it once); the op's output per head is kv_lora_rank wide: the attention over
+the compressed KV. With the triton backend, cgtool.attention.triton_mla's kernels run it.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ class LatentAttention(nn.Module):
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [n, heads, rank]
         q = torch.cat([q_latent, q_pe], dim=-1) * self.q_scale  # [n, heads, rank + rope]
         latent = torch.cat([compressed, k_pe.view(n, -1)], dim=-1)  # [n, rank + rope]
-        out = torch.empty_like(q).view(n, -1)
+        out = q.new_empty(n, heads * m.kv_lora_rank)
         attention(q.view(n, -1), latent, latent, out, self.layer_id)
-        o_latent = out.view(n, heads, -1)[..., : m.kv_lora_rank]
+        o_latent = out.view(n, heads, m.kv_lora_rank)
         o = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [heads, n, v]
         return self.o_proj(o.transpose(0, 1).reshape(n, heads * m.v_head_dim))

@@ -69,6 +69,10 @@ class CostModel:
     # Static hidden-state output per captured decode request (0 at hidden-state mode NULL):
     # allocated outside the pool at the largest size, as the logits are.
     decode_hidden_row_bytes: float = 0.0
+    # The engine's own graph-time buffers (cgtool.planner.engine_buffers), allocated outside
+    # the pool at the largest decode size: bytes per request of that size, plus a constant.
+    decode_static_row_bytes: float = 0.0
+    decode_static_bytes: float = 0.0
 
     @property
     def max_bs(self) -> int:
@@ -83,15 +87,17 @@ class CostModel:
     ) -> int:
         """Both kinds capture into one pool, largest first: the pool is the larger of the two
         largest sizes' needs, and every graph adds its own objects on top; a hidden-state mode
-        adds its static output at the largest decode size."""
+        adds its static output, and the engine its static buffers, at the largest decode size."""
         pool = max(
             float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0,
             float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0,
         )
-        hidden = max(decode_bs, default=0) * self.decode_hidden_row_bytes
+        max_bs = max(decode_bs, default=0)
+        hidden = max_bs * (self.decode_hidden_row_bytes + self.decode_static_row_bytes)
+        static = self.decode_static_bytes if decode_bs else 0.0
         return int(
             pool + len(decode_bs) * self.decode_graph_bytes + len(tokens) * self.extend_graph_bytes
-            + hidden
+            + hidden + static
         )
 
     def capture_s(

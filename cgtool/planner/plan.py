@@ -21,6 +21,7 @@ import numpy as np
 
 from cgtool.errors import InputError
 from cgtool.plan_document import LoadSummary, Plan, PlanMemory, Simulation
+from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.memory import plan_memory
 from cgtool.planner.optimiser import Limits
@@ -317,4 +318,16 @@ def _choose_and_size(
         default_mem_fraction_static=server.default_fraction,
         tp_size=req.tp_size,
     )
+    if server.attention_backend is not None:
+        ours, default = (
+            engine_graph_buffers(
+                req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
+                req.tp_size,
+            )
+            for sizes in (choice.decode_bs, server.default.decode_bs)
+        )
+        memory.attention_backend = server.attention_backend
+        memory.attention_buffer_bytes, memory.static_input_bytes = ours.attention_bytes, ours.static_input_bytes
+        memory.default_attention_buffer_bytes = default.attention_bytes
+        memory.default_static_input_bytes = default.static_input_bytes
     return choice, memory

@@ -9,6 +9,7 @@ from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
 from cgtool.hidden_states import HiddenMode
+from cgtool.planner.engine_buffers import check_attention_backend
 from cgtool.planner.parallel import check_tp_size
 from cgtool.planner.scenarios import DEFAULT_LOADS
 
@@ -35,9 +36,11 @@ class PlanRequest:
     compare: tuple[tuple[int, ...], tuple[int, ...], int] | None = None
     compare_name: str | None = None
     hidden_mode: HiddenMode = HiddenMode.NULL  # decode graphs' hidden-state mode (--hidden-states)
+    attention_backend: str | None = None  # SGLang's --attention-backend; None: SGLang's choice
 
     def __post_init__(self) -> None:
         check_tp_size(self.cfg, self.tp_size, self.gpu)
+        check_attention_backend(self.attention_backend, self.engine)
         if not self.loads or any(not (load > 0) for load in self.loads):
             raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
         if self.replicas < 1:

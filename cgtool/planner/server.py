@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cgtool.planner.cost import CostModel, roofline_cost, with_hidden_states
 from cgtool.planner.eager import EagerAssumption, eager_range
+from cgtool.planner.engine_buffers import default_attention_backend, with_engine_buffers
 from cgtool.planner.memory import (
     kv_tokens_at,
     sglang_default_max_running,
@@ -36,6 +37,7 @@ class Server:
     default_kv_tokens: int
     cost: CostModel  # the roofline's (low eager) or the profile's
     assumptions: tuple[EagerAssumption, ...]
+    attention_backend: str | None = None  # SGLang's, whose graph buffers the cost counts
 
 
 def server_for(req: PlanRequest) -> Server:
@@ -51,6 +53,9 @@ def server_for(req: PlanRequest) -> Server:
     max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
     max_tokens = max(chunk, default.max_tokens)
     cost = with_hidden_states(_cost_model(req, max_bs, max_tokens), req.cfg, req.hidden_mode)
+    backend = _attention_backend(req)
+    if backend is not None:
+        cost = with_engine_buffers(cost, req.cfg, backend, req.cfg.max_context_len, req.tp_size)
     return Server(
         version,
         chunk,
@@ -61,7 +66,15 @@ def server_for(req: PlanRequest) -> Server:
         kv_tokens,
         cost,
         tuple(eager_range(cost, req.cfg, req.tp_size)),
+        backend,
     )
+
+
+def _attention_backend(req: PlanRequest) -> str | None:
+    """SGLang's attention backend: the one asked for, else the one SGLang picks itself."""
+    if req.engine != "sglang":
+        return None
+    return req.attention_backend or default_attention_backend(req.cfg, req.gpu)
 
 
 def _cost_model(req: PlanRequest, max_bs: int, max_tokens: int) -> CostModel:

@@ -1,0 +1,175 @@
+"""Triton MLA decode and extend kernels over a latent pool, against the torch reference.
+
+Runs in Triton's interpreter without a GPU (conftest sets TRITON_INTERPRET) on fp32/fp16
+pools; bf16 and capture are in test_mla_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_triton_decode import assert_attention_close
+
+from cgtool.attention.torch_ref import TorchAttentionBackend
+from cgtool.attention.triton_backend import TritonAttentionBackend
+from cgtool.config import ModelConfig
+from cgtool.config_parts import MlaConfig
+from cgtool.engine import decode_batch, extend_batch
+from cgtool.kv import KVPool
+
+
+def latent_config(num_heads: int, rank: int, rope: int, context: int) -> ModelConfig:
+    """A one-layer MLA config whose kernels see `num_heads` query heads over one latent head."""
+    return ModelConfig(
+        name="mla-kernel-test", architecture="DeepseekV2ForCausalLM", vocab_size=16,
+        hidden_size=64, intermediate_size=16, num_layers=1, num_heads=num_heads, num_kv_heads=1,
+        head_dim=rank + rope, max_context_len=context,
+        mla=MlaConfig(kv_lora_rank=rank, qk_nope_head_dim=16, qk_rope_head_dim=rope, v_head_dim=16),
+    )
+
+
+def latent_pool(
+    capacities: list[int], num_heads: int, rank: int, rope: int, dtype: torch.dtype, device: str,
+) -> tuple[KVPool, list[int]]:
+    """One-layer latent pool whose requests own `capacities` slots scattered at random; every
+    other slot (slot 0 too) holds NaN, so reading a row past seq_lens shows."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    cfg = latent_config(num_heads, rank, rope, max(capacities))
+    num_slots = sum(capacities) + 64
+    pool = KVPool(cfg, num_slots, len(capacities) + 2, max(capacities), dtype, device)
+    owned = torch.randperm(num_slots - 1, generator=gen, device=device)[: sum(capacities)] + 1
+    buf = pool.k_buffers[0]
+    buf.fill_(float("nan"))
+    buf[owned] = torch.randn(buf[owned].shape, generator=gen, device=device).to(dtype)
+    rows = list(range(len(capacities), 0, -1))  # reversed, so req_pool_indices is no identity
+    for row, slots in zip(rows, owned.split(capacities)):
+        pool.req_to_token[row, : len(slots)] = slots.int()
+    return pool, rows
+
+
+def latent_q(num_tokens: int, num_heads: int, width: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(1)
+    # Twice unit scale peaks the softmax, so a dropped or doubled chunk shows in an atol check.
+    return (torch.randn((num_tokens, num_heads * width), generator=gen, device=device) * 2).to(dtype)
+
+
+def run_both(
+    pool: KVPool, batch, num_tokens: int, num_heads: int, num_kv_splits: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(triton output, reference output): [num_tokens, heads * rank] each."""
+    width = pool.k_buffers[0].shape[-1]
+    device = str(pool.req_to_token.device)
+    q = latent_q(num_tokens, num_heads, width, pool.k_buffers[0].dtype, device)
+    out = q.new_full((num_tokens, num_heads * pool.value_dim), float("nan"))
+    ref = torch.full_like(out, float("nan"))
+    TritonAttentionBackend(num_heads, width, num_kv_splits).forward(q, out, 0, batch, pool)
+    TorchAttentionBackend(num_heads, width).forward(q, ref, 0, batch, pool)
+    return out, ref
+
+
+def run_decode(pool, rows, seq_lens, num_heads, num_kv_splits=None):
+    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
+    return run_both(pool, batch, len(rows), num_heads, num_kv_splits)
+
+
+def run_extend(pool, rows, prefix_lens, new_lens, num_heads, num_padding=0):
+    batch = extend_batch(pool, rows, prefix_lens, [[0] * n for n in new_lens])
+    return run_both(pool, batch, sum(new_lens) + num_padding, num_heads)
+
+
+@pytest.mark.parametrize("seq_lens", [[1], [1, 200, 33, 7], [64, 65, 500]])
+def test_decode_over_deepseek_latent_of_576_matches_reference(seq_lens):
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, seq_lens, 16)
+    assert out.shape == (len(seq_lens), 16 * 512)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+@pytest.mark.parametrize(("num_heads", "rank", "rope"), [(20, 48, 16), (3, 96, 8), (16, 40, 24)])
+def test_decode_with_odd_widths_and_head_counts_matches_reference(num_heads, rank, rope):
+    # 20 heads leave a partial block of 16; rank 48 and 40 and rope 24 are no powers of two.
+    seq_lens = [5, 130, 31]
+    pool, rows = latent_pool(seq_lens, num_heads, rank, rope, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, seq_lens, num_heads)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_decode_with_several_key_blocks_per_chunk_matches_reference():
+    # 16 chunks of 1100 keys are 96 each: three blocks of 32 per chunk, the merge over all.
+    seq_lens = [1100, 40, 1]
+    pool, rows = latent_pool(seq_lens, 16, 64, 16, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, seq_lens, 16, num_kv_splits=16)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_decode_reads_only_rows_before_seq_len():
+    pool, rows = latent_pool([256, 256], 16, 64, 16, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, [40, 129], 16)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_decode_matches_reference_in_fp16():
+    seq_lens = [100, 300, 5]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float16, "cpu")
+    out, ref = run_decode(pool, rows, seq_lens, 16)
+    assert_attention_close(out, ref, atol=5e-3)
+
+
+@pytest.mark.parametrize(("rank", "rope"), [(512, 64), (48, 16)])
+def test_extend_over_the_latent_matches_reference_for_mixed_prefixes(rank, rope):
+    # 40 new tokens span two query blocks of 32; prefixes 3 and 70 are not block-aligned.
+    prefix_lens, new_lens = [0, 70, 3], [40, 1, 20]
+    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
+    pool, rows = latent_pool(capacities, 4, rank, rope, torch.float32, "cpu")
+    out, ref = run_extend(pool, rows, prefix_lens, new_lens, 4)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_extend_padding_rows_are_zero_and_harmless():
+    pool, rows = latent_pool([14, 3], 4, 48, 16, torch.float32, "cpu")
+    out, ref = run_extend(pool, rows, [5, 0], [9, 3], 4, num_padding=5)
+    assert out[12:].eq(0).all()
+    assert_attention_close(out[:12], ref[:12], atol=1e-4)
+
+
+def tiny_mla_config(context: int = 64) -> ModelConfig:
+    """deepseek-v2-lite's attention in miniature: dense MLP, two layers, rank 32, rope 16."""
+    import dataclasses
+
+    from cgtool.config import load_model_config
+
+    mla = MlaConfig(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)
+    return dataclasses.replace(
+        load_model_config("deepseek-v2-lite"), name="tiny-mla", vocab_size=128, hidden_size=64,
+        intermediate_size=96, num_layers=2, num_heads=4, head_dim=48, max_context_len=context,
+        moe=None, mla=mla,
+    )
+
+
+def mla_runner(backend: str, dtype: torch.dtype, device: str, context: int = 64):
+    from cgtool.attention import make_backend
+    from cgtool.engine import ModelRunner
+    from cgtool.model.loader import build_model
+
+    cfg = tiny_mla_config(context)
+    torch.manual_seed(0)
+    model = build_model(cfg, device=device, dtype=dtype, max_positions=context)
+    pool = KVPool(cfg, num_slots=8 * context, max_reqs=8, max_context_len=context, dtype=dtype,
+                  device=device)
+    return ModelRunner(model, pool, make_backend(backend, cfg.num_heads, cfg.head_dim))
+
+
+def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_reference():
+    runners = {name: mla_runner(name, torch.float32, "cpu") for name in ("torch", "triton")}
+    logits = {}
+    for name, runner in runners.items():
+        pool = runner.kv_pool
+        rows = [pool.alloc_request(n)[0] for n in (9, 3)]
+        prefill = extend_batch(pool, rows, [0, 0], [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10]])
+        step = decode_batch(pool, rows, [8, 2], [11, 12])
+        logits[name] = [runner.model.compute_logits(runner.forward_eager(b)) for b in (prefill, step)]
+    for got, expected in zip(logits["triton"], logits["torch"]):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
