@@ -9,8 +9,7 @@ from typing import Any
 from cgtool.errors import InputError
 from cgtool.plan_document import Plan
 from cgtool.results import CaptureReport, SizeResult
-
-_MIB = 1 << 20
+from cgtool.units import MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,9 +28,9 @@ class Metric:
 REPORT_METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("retained_mem", "retained_bytes", "graph_pool_bytes", "bytes", False, _MIB),
-        Metric("peak_mem", "peak_bytes", "peak_bytes", "bytes", False, _MIB),
-        Metric("non_torch_mem", "non_torch_bytes", "non_torch_bytes", "bytes", False, _MIB),
+        Metric("retained_mem", "retained_bytes", "graph_pool_bytes", "bytes", False, MIB),
+        Metric("peak_mem", "peak_bytes", "peak_bytes", "bytes", False, MIB),
+        Metric("non_torch_mem", "non_torch_bytes", "non_torch_bytes", "bytes", False, MIB),
         Metric("capture_s", "capture_s", "capture_s", "s", True, 0.05),
         Metric("replay_ms", "replay_ms", None, "ms", True, 0.02),
         Metric("eager_ms", "eager_ms", None, "ms", True, 0.02),
@@ -40,7 +39,7 @@ REPORT_METRICS: dict[str, Metric] = {
 PLAN_METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("graph_bytes", None, "graph_bytes", "bytes", False, _MIB),
+        Metric("graph_bytes", None, "graph_bytes", "bytes", False, MIB),
         # A simulated figure, deterministic for the same trace: judged like memory.
         Metric("expected_step_ms", None, "expected_step_ms", "ms", False, 0.0),
         Metric("kv_tokens", None, "kv_tokens", "tokens", False, 0.0, higher_is_worse=False),

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cgtool.errors import CgtoolError
-
-_MIB = 1 << 20
+from cgtool.units import MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,27 +38,27 @@ GPU_SPECS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
         GpuSpec(
-            "H100-80GB", 81559 * _MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM"), *_NVLINK4
+            "H100-80GB", 81559 * MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM"), *_NVLINK4
         ),
-        GpuSpec("H100-PCIe", 81559 * _MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5),
-        GpuSpec("H200", 143771 * _MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4),
+        GpuSpec("H100-PCIe", 81559 * MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5),
+        GpuSpec("H200", 143771 * MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4),
         GpuSpec(
-            "A100-80GB", 81920 * _MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB"), *_NVLINK3
+            "A100-80GB", 81920 * MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB"), *_NVLINK3
         ),
         # The 40 GB entry takes the SXM part's link; its PCIe card is nearer _PCIE4.
         GpuSpec(
             "A100-40GB",
-            40960 * _MIB,
+            40960 * MIB,
             1.555e12,
             312e12,
             ("A100-SXM4-40GB", "A100-PCIE-40GB"),
             *_NVLINK3,
         ),
-        GpuSpec("L40S", 46068 * _MIB, 0.864e12, 362e12, ("L40S",), *_PCIE4),
-        GpuSpec("L4", 23034 * _MIB, 0.300e12, 121e12, ("L4",), *_PCIE4),
-        GpuSpec("A10", 23028 * _MIB, 0.600e12, 125e12, ("A10",), *_PCIE4),
-        GpuSpec("RTX-4090", 24564 * _MIB, 1.008e12, 165e12, ("RTX 4090",), *_PCIE4),
-        GpuSpec("B200", 183359 * _MIB, 8.0e12, 2250e12, ("B200",), *_NVLINK5),
+        GpuSpec("L40S", 46068 * MIB, 0.864e12, 362e12, ("L40S",), *_PCIE4),
+        GpuSpec("L4", 23034 * MIB, 0.300e12, 121e12, ("L4",), *_PCIE4),
+        GpuSpec("A10", 23028 * MIB, 0.600e12, 125e12, ("A10",), *_PCIE4),
+        GpuSpec("RTX-4090", 24564 * MIB, 1.008e12, 165e12, ("RTX 4090",), *_PCIE4),
+        GpuSpec("B200", 183359 * MIB, 8.0e12, 2250e12, ("B200",), *_NVLINK5),
     )
 }
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from cgtool.compare import size_label
 from cgtool.errors import InputError
 from cgtool.results import CaptureReport, CaptureTotals, SizeResult
+from cgtool.units import MIB
 
-_MIB = 1 << 20
-POOL_TOLERANCE_BYTES = 2 * _MIB  # one segment of the caching allocator's large-block pool
-FREE_TOLERANCE_BYTES = 64 * _MIB
+POOL_TOLERANCE_BYTES = 2 * MIB  # one segment of the caching allocator's large-block pool
+FREE_TOLERANCE_BYTES = 64 * MIB
 FREE_TOLERANCE_FRACTION = 0.05
 
 
@@ -99,4 +99,4 @@ def _totals_by_rank(report: CaptureReport) -> list[tuple[int, CaptureTotals]]:
 
 
 def _mib(num_bytes: float) -> str:
-    return f"{num_bytes / _MIB:,.0f} MiB"
+    return f"{num_bytes / MIB:,.0f} MiB"

@@ -26,23 +26,10 @@ from cgtool.planner.schedules import resolve_version
 from cgtool.planner.trace import RequestTrace
 from cgtool.reports.plan_view import plan_view
 from cgtool.results import load_plan
+from cgtool.units import BYTE_UNITS
 from cgtool.verify.profile import load_profile
 
 FALLBACK_GPU = "H100-80GB"
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "m": 10**6,
-    "mb": 10**6,
-    "g": 10**9,
-    "gb": 10**9,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
 
 # Options of `plan` alone; those shared with other commands live in commands/common.py.
 TraceOpt = Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")]
@@ -208,12 +195,12 @@ def parse_bytes(text: str, option: str = "--budget-memory") -> int:
         value = float(match.group(1)) if match else float("nan")
     except ValueError:
         value = float("nan")
-    if not match or unit not in _UNITS or not value >= 0:
+    if not match or unit not in BYTE_UNITS or not value >= 0:
         raise InputError(
             f"{option} '{text}' is not an amount of memory",
             "Write it like 8GiB, 512MiB or 8000000000.",
         )
-    return int(value * _UNITS[unit])
+    return int(value * BYTE_UNITS[unit])
 
 
 def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:

@@ -14,8 +14,7 @@ from cgtool.capture.options import CaptureFailure, CaptureProgress
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import phase_rows, size_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
-
-_GIB = 1 << 30
+from cgtool.units import GIB, MIB
 
 
 class CaptureProgressBar:
@@ -42,7 +41,7 @@ class CaptureProgressBar:
         self.progress.__exit__(None, None, None)
 
     def update(self, event: CaptureProgress) -> None:
-        free = f"avail mem {event.free_bytes / _GIB:.2f} GiB"
+        free = f"avail mem {event.free_bytes / GIB:.2f} GiB"
         if event.phase in ("load", "compile", "profile"):
             what = {"load": "loading model and KV pool", "compile": f"compiling {event.kind} pieces",
                     "profile": f"counting {event.kind} kernels"}[event.phase]
@@ -74,7 +73,7 @@ def remedies(report: CaptureReport, failed: CaptureFailure | None) -> list[str]:
         step = math.ceil(failed.shortfall_bytes / failed.total_bytes * 1000) / 1000
         lines.append(
             f"or lower --mem-fraction-static by at least {step:.3f} (to {fraction - step:.3f}): "
-            f"the failed allocation needed {failed.shortfall_bytes / (1 << 20):,.0f} MiB more"
+            f"the failed allocation needed {failed.shortfall_bytes / MIB:,.0f} MiB more"
         )
     else:
         lines.append(f"or lower --mem-fraction-static below {fraction} to leave the graphs more room")

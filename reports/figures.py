@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from cgtool.results import CaptureReport, SizeResult
+from cgtool.units import MIB
 
-_MIB = 1 << 20
 EAGER_COLOUR, GRAPH_COLOUR, FAILED_COLOUR, MEMORY_COLOUR = "#d1495b", "#00798c", "#edae49", "#30638e"
 
 
@@ -79,7 +79,7 @@ def _speedup(ax: Axes, rows: list[SizeResult], kind: str) -> None:
 
 def _memory(ax: Axes, rows: list[SizeResult], kind: str) -> None:
     sizes = _size_axis(ax, rows, kind)
-    retained = [r.retained_bytes / _MIB for r in rows]
+    retained = [r.retained_bytes / MIB for r in rows]
     # Captured largest first, so the pool at size s holds every size >= s.
     cumulative = [sum(retained[i:]) for i in range(len(retained))]
     ax.vlines(sizes, 0, retained, color=MEMORY_COLOUR, linewidth=3, label="retained by this size")

@@ -12,8 +12,7 @@ from matplotlib.figure import Figure
 
 from cgtool.plan_document import Plan, StepHistogram
 from cgtool.reports.plan_tables import gpus_label
-
-_GIB = 1 << 30
+from cgtool.units import GIB
 
 
 def histogram_figure(
@@ -64,9 +63,9 @@ def _memory_figure(plan: Plan, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 2.2))
     left = 0.0
     for label, value, color in parts:
-        ax.barh(0, value / _GIB, left=left, color=color, label=f"{label} {value / _GIB:.1f} GiB")
-        left += value / _GIB
-    static = memory.mem_fraction_static * memory.gpu_memory_bytes / _GIB
+        ax.barh(0, value / GIB, left=left, color=color, label=f"{label} {value / GIB:.1f} GiB")
+        left += value / GIB
+    static = memory.mem_fraction_static * memory.gpu_memory_bytes / GIB
     ax.axvline(
         static,
         color="black",
@@ -74,7 +73,7 @@ def _memory_figure(plan: Plan, path: Path) -> Path:
         ls="--",
         label=f"mem-fraction-static {memory.mem_fraction_static:.3f}",
     )
-    ax.set_xlim(0, memory.gpu_memory_bytes / _GIB)
+    ax.set_xlim(0, memory.gpu_memory_bytes / GIB)
     ax.set_yticks([])
     ax.set_title(f"Memory {'per GPU of' if plan.inputs.tp_size > 1 else 'on'} {gpus_label(plan)} (GiB)")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=4, fontsize=8, frameon=False)

@@ -11,16 +11,15 @@ from rich.table import Table
 from cgtool.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
 from cgtool.config import ModelConfig
 from cgtool.results import CaptureReport
+from cgtool.units import BF16_BYTES, GIB, MIB
 
 
 def gib(num_bytes: float) -> str:
-    return f"{num_bytes / (1 << 30):.2f} GiB"
+    return f"{num_bytes / GIB:.2f} GiB"
 
 
 # --- Capture reports and `check` comparisons (plans: reports/plan_tables.py) -----------------------------------
 # Each table is built once as TableData and rendered by rich (here), HTML and markdown.
-
-_MIB = 1 << 20
 
 
 @dataclass(slots=True)
@@ -35,7 +34,7 @@ class TableData:
 
 def mib_number(num_bytes: float | None) -> str:
     """MiB without the unit, for a column whose header names it."""
-    return "-" if num_bytes is None else f"{num_bytes / _MIB:,.1f}"
+    return "-" if num_bytes is None else f"{num_bytes / MIB:,.1f}"
 
 
 def mib(num_bytes: float | None) -> str:
@@ -94,7 +93,7 @@ def models_rows(configs: list[ModelConfig]) -> TableData:
                "bf16 weights GiB"]
     rows = [[cfg.name, cfg.architecture, str(cfg.num_layers), str(cfg.hidden_size),
              f"{cfg.num_heads}/{cfg.num_kv_heads}", f"{cfg.param_count() / 1e9:.2f}",
-             f"{cfg.weight_bytes(2) / (1 << 30):.2f}"] for cfg in configs]
+             f"{cfg.weight_bytes(BF16_BYTES) / GIB:.2f}"] for cfg in configs]
     return TableData("Model presets", columns, rows)
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from cgtool.units import BYTE_UNITS
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryReading:
@@ -59,11 +61,10 @@ def device_info() -> dict[str, Any]:
 
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+) (B|KiB|MiB|GiB|TiB)")
-_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
 def oom_request_bytes(message: str) -> int:
     """The allocation PyTorch's out-of-memory message names (0 if it names none): at least
     this much more was needed."""
     match = _TRIED.search(message)
-    return int(float(match.group(1)) * _UNIT[match.group(2)]) if match else 0
+    return int(float(match.group(1)) * BYTE_UNITS[match.group(2).lower()]) if match else 0

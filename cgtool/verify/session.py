@@ -16,12 +16,12 @@ import torch
 from cgtool.config import ModelConfig
 from cgtool.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.runners.pool import SizeStep
+from cgtool.units import GIB
 from cgtool.verify.result import Rehearsal
 from cgtool.verify.steps import Step
 from cgtool.verify.summary import SetMeasurement
 
 Phase = Callable[[str], None]
-_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -76,12 +76,12 @@ def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
         live.append(runners)
         out.sets.append(measured)
         phase(f"captured {graph_set.name} in {measured.capture_s:.1f} s "
-              f"(+{measured.compile_s:.1f} s compile), {measured.graph_bytes / _GIB:.2f} GiB"
+              f"(+{measured.compile_s:.1f} s compile), {measured.graph_bytes / GIB:.2f} GiB"
               + (f", out of memory at {', '.join(measured.failed_sizes)}" if oom else ""))
         if is_plan:
             out.rehearsal = oom or _rehearse(runner, opts)
             phase(f"rehearsal {out.rehearsal.status}: headroom "
-                  f"{out.rehearsal.headroom_bytes / _GIB:.2f} GiB")
+                  f"{out.rehearsal.headroom_bytes / GIB:.2f} GiB")
             if out.rehearsal.status == "oom":
                 return out
     phase(f"replay {len(opts.steps)} sampled steps x {opts.repeats} repeats through both sets")
@@ -234,7 +234,7 @@ def _out_of_memory(opts: SessionOptions, what: str, message: str) -> Rehearsal:
 
 def _remedy(fraction: float, missing_bytes: int, total: int) -> str:
     # What the failed allocation lacked, plus 1 GiB of slack, taken from the KV share.
-    lower = fraction - (max(missing_bytes, 0) + _GIB) / total
+    lower = fraction - (max(missing_bytes, 0) + GIB) / total
     lower = max(0.0, int(lower * 100) / 100)
     return f"Lower --mem-fraction-static to {lower:.2f} or below (the plan says {fraction:.3f})."
 
@@ -292,4 +292,4 @@ def _timed_steps(fns: list[Callable[[], object]]) -> list[float]:
 
 
 def _free_gib() -> float:
-    return torch.cuda.mem_get_info()[0] / _GIB
+    return torch.cuda.mem_get_info()[0] / GIB
