@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
 from pathlib import Path
 
 from cgtool.errors import InputError
@@ -49,39 +48,25 @@ def convert_sglang_log(
     excluded) and decode steps from 'Decode batch' lines, each standing for
     `decode_log_interval` steps, as the scheduler logs only one in that many."""
     rows: list[tuple[str, int, int]] = []
-    skipped: Counter[str] = Counter()
-    read = 0
     for line_no, text in enumerate(read_lines(path, "SGLang server log"), 1):
         prefill = _SGLANG_PREFILL.search(text)
         decode = None if prefill else _SGLANG_DECODE.search(text)
         if prefill:
-            read += 1
             tokens = whole_number_text(
                 prefill.group(2), path, line_no, "#new-token", 0, SGLANG_REMEDY
             )
-            row = ("extend", tokens, 1)
+            rows.append(("extend", tokens, 1))
         elif decode:
-            read += 1
             size = whole_number_text(
                 decode.group(1), path, line_no, "#running-req", 0, SGLANG_REMEDY
             )
-            row = ("decode", size, decode_log_interval)
-        else:
-            continue
-        if row[1] == 0:
-            skipped[EMPTY_BATCH] += 1
-        else:
-            rows.append(row)
-    if not rows:
-        raise InputError(f"{path} holds no 'Prefill batch' or 'Decode batch' line", SGLANG_REMEDY)
-    return ConvertResult(batch_trace(str(path), rows), read, dict(skipped))
+            rows.append(("decode", size, decode_log_interval))
+    return _batch_result(path, rows, "'Prefill batch' or 'Decode batch' line", SGLANG_REMEDY)
 
 
 def convert_vllm_metrics(path: str | Path) -> ConvertResult:
     """Steps from every CUDAGraph Stats table in a vLLM log, summed over tables."""
     rows: list[tuple[str, int, int]] = []
-    skipped: Counter[str] = Counter()
-    read = 0
     config_mode: str | None = None
     columns: dict[str, int] | None = None  # set while inside a table
     for line_no, text in enumerate(read_lines(path, "vLLM log"), 1):
@@ -94,15 +79,19 @@ def convert_vllm_metrics(path: str | Path) -> ConvertResult:
         elif "Unpadded Tokens" in cells:
             columns = _vllm_header(cells, path, line_no)
         elif columns is not None and not _is_separator(cells):
-            read += 1
-            row = _vllm_row(cells, columns, config_mode, path, line_no)
-            if row[1] == 0:
-                skipped[EMPTY_BATCH] += 1
-            else:
-                rows.append(row)
-    if not rows:
-        raise InputError(f"{path} holds no CUDAGraph Stats table", VLLM_REMEDY)
-    return ConvertResult(batch_trace(str(path), rows), read, dict(skipped))
+            rows.append(_vllm_row(cells, columns, config_mode, path, line_no))
+    return _batch_result(path, rows, "CUDAGraph Stats table", VLLM_REMEDY)
+
+
+def _batch_result(
+    path: str | Path, rows: list[tuple[str, int, int]], wanted: str, remedy: str
+) -> ConvertResult:
+    """Every (kind, size, steps) row read counts; rows of size 0 are left out as empty batches."""
+    kept = [row for row in rows if row[1] > 0]
+    if not kept:
+        raise InputError(f"{path} holds no {wanted}", remedy)
+    skipped = {EMPTY_BATCH: len(rows) - len(kept)} if len(kept) < len(rows) else {}
+    return ConvertResult(batch_trace(str(path), kept), len(rows), skipped)
 
 
 def _table_cells(text: str) -> list[str] | None:
