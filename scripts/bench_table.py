@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 GIB = 1 << 30
+MIB = 1 << 20
 
 
 def decode_lines(name: str, report: dict) -> list[str]:
-    rows = {r["size"]: r for r in report["sizes"] if r["kind"] == "decode"}
+    rows = _rows(report, "decode")
     if not rows:
         return []
     ok = [r for r in rows.values() if r["status"] == "ok"]
     one = rows.get(1)
-    lines = [f"## {name} decode ({report['environment']['gpu_name']}, {report['created'][:10]})"]
+    lines = [_heading(name, "decode", report)]
     bw = report["totals"].get("copy_bandwidth_bytes_s") or 0
     lines.append(f"copy bandwidth {bw / 1e12:.2f} TB/s; sizes {len(rows)}, verified ok {len(ok)}")
-    capture_s = sum(r["capture_s"] for r in rows.values())
-    retained = sum(r["retained_bytes"] for r in rows.values())
-    lines.append(f"capture of all sizes {capture_s:.2f} s; retained graph memory {retained / GIB:.3f} GiB")
+    lines.append(
+        f"capture of all sizes {_sum(rows, 'capture_s'):.2f} s; "
+        f"retained graph memory {_sum(rows, 'retained_bytes') / GIB:.3f} GiB"
+    )
     if one and one["replay_ms"]:
         pct = 100 * one["roofline_ms"] / one["replay_ms"]
         lines.append(
@@ -28,42 +31,54 @@ def decode_lines(name: str, report: dict) -> list[str]:
             f"speedup {one['speedup']:.2f}x, roofline {one['roofline_ms']:.3f} ms ({pct:.0f}% of roofline)"
         )
     lines.append("bs  eager_ms  replay_ms  speedup  retained_MiB  capture_s")
-    for bs in sorted(rows):
-        r = rows[bs]
-        if r["replay_ms"] is None:
-            lines.append(f"{bs:<4}{r['status']}")
-            continue
-        lines.append(
-            f"{bs:<4}{r['eager_ms']:>8.3f}  {r['replay_ms']:>9.3f}  {r['speedup']:>6.2f}x  "
-            f"{r['retained_bytes'] / (1 << 20):>12.1f}  {r['capture_s']:>9.3f}"
-        )
-    return lines
+    return lines + _size_lines(rows, 4, lambda r: (
+        f"{_timings(r)}  {r['retained_bytes'] / MIB:>12.1f}  {r['capture_s']:>9.3f}"
+    ))
 
 
 def piecewise_lines(name: str, report: dict) -> list[str]:
-    rows = {r["size"]: r for r in report["sizes"] if r["kind"] == "piecewise"}
+    rows = _rows(report, "piecewise")
     if not rows:
         return []
-    lines = [f"## {name} piecewise ({report['environment']['gpu_name']}, {report['created'][:10]})"]
-    capture_s = sum(r["capture_s"] for r in rows.values())
-    retained = sum(r["retained_bytes"] for r in rows.values())
-    non_torch = sum(r["non_torch_bytes"] for r in rows.values())
+    lines = [_heading(name, "piecewise", report)]
     lines.append(
-        f"sizes {len(rows)}; capture {capture_s:.2f} s (total session {report['totals']['capture_s']:.1f} s "
-        f"incl. compile); retained {retained / GIB:.3f} GiB; non-torch {non_torch / GIB:.3f} GiB"
+        f"sizes {len(rows)}; capture {_sum(rows, 'capture_s'):.2f} s "
+        f"(total session {report['totals']['capture_s']:.1f} s incl. compile); "
+        f"retained {_sum(rows, 'retained_bytes') / GIB:.3f} GiB; "
+        f"non-torch {_sum(rows, 'non_torch_bytes') / GIB:.3f} GiB"
     )
     lines.append("tokens  eager_ms  replay_ms  speedup  %roofline  retained_MiB")
-    for n in sorted(rows):
-        r = rows[n]
-        if r["replay_ms"] is None:
-            lines.append(f"{n:<8}{r['status']}")
-            continue
-        pct = 100 * r["roofline_ms"] / r["replay_ms"] if r["roofline_ms"] else float("nan")
-        lines.append(
-            f"{n:<8}{r['eager_ms']:>8.3f}  {r['replay_ms']:>9.3f}  {r['speedup']:>6.2f}x  "
-            f"{pct:>8.0f}%  {r['retained_bytes'] / (1 << 20):>12.1f}"
-        )
-    return lines
+    return lines + _size_lines(rows, 8, lambda r: (
+        f"{_timings(r)}  {_roofline_pct(r):>8.0f}%  {r['retained_bytes'] / MIB:>12.1f}"
+    ))
+
+
+def _rows(report: dict, kind: str) -> dict[int, dict]:
+    return {r["size"]: r for r in report["sizes"] if r["kind"] == kind}
+
+
+def _heading(name: str, kind: str, report: dict) -> str:
+    return f"## {name} {kind} ({report['environment']['gpu_name']}, {report['created'][:10]})"
+
+
+def _sum(rows: dict[int, dict], field: str) -> float:
+    return sum(r[field] for r in rows.values())
+
+
+def _timings(r: dict) -> str:
+    return f"{r['eager_ms']:>8.3f}  {r['replay_ms']:>9.3f}  {r['speedup']:>6.2f}x"
+
+
+def _roofline_pct(r: dict) -> float:
+    return 100 * r["roofline_ms"] / r["replay_ms"] if r["roofline_ms"] else float("nan")
+
+
+def _size_lines(rows: dict[int, dict], width: int, cells: Callable[[dict], str]) -> list[str]:
+    """One line a size, smallest first; a size with no replay shows its status instead."""
+    return [
+        f"{size:<{width}}{rows[size]['status'] if rows[size]['replay_ms'] is None else cells(rows[size])}"
+        for size in sorted(rows)
+    ]
 
 
 def main() -> None:
