@@ -17,3 +17,11 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    """The planner's roofline cost model of Llama 3.1 8B on an H100 (tests/planner_fixture.py)."""
+    from planner_fixture import roofline_8b
+
+    return roofline_8b()

@@ -25,12 +25,21 @@ AZURE = """TIMESTAMP,ContextTokens,GeneratedTokens
 """
 
 
-def test_convert_writes_a_trace_and_says_what_it_left_out(tmp_path):
+@pytest.fixture
+def azure_csv(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text(AZURE)
+    return source
+
+
+def _convert_azure(source: Path, out: Path, *extra: str):
+    return runner.invoke(app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), *extra])
+
+
+def test_convert_writes_a_trace_and_says_what_it_left_out(tmp_path, azure_csv):
     out = tmp_path / "trace.jsonl"
     result = runner.invoke(
-        app, ["trace", "convert", str(source), "--format", "azure", "-o", str(out)]
+        app, ["trace", "convert", str(azure_csv), "--format", "azure", "-o", str(out)]
     )
     assert result.exit_code == 0, result.output
     assert "Read 4 azure records" in result.stdout
@@ -41,26 +50,18 @@ def test_convert_writes_a_trace_and_says_what_it_left_out(tmp_path):
     assert trace.arrival_s.tolist() == [0.0, 1.5, 3.0]
 
 
-def test_convert_drops_requests_longer_than_the_models_context(tmp_path):
-    source = tmp_path / "azure.csv"
-    source.write_text(AZURE)
+def test_convert_drops_requests_longer_than_the_models_context(tmp_path, azure_csv):
     out = tmp_path / "trace.jsonl"
     # the tiny preset has a 2,048-token context: 3,000 and 1,500 + 600 do not fit
-    result = runner.invoke(
-        app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), "--model", "tiny"]
-    )
+    result = _convert_azure(azure_csv, out, "--model", "tiny")
     assert result.exit_code == 0, result.output
     assert "dropped 2 longer than tiny's context (2,048 tokens)" in result.stdout
     assert read_trace(out).input_len.tolist() == [374]
 
 
-def test_convert_limit_keeps_the_earliest_requests(tmp_path):
-    source = tmp_path / "azure.csv"
-    source.write_text(AZURE)
+def test_convert_limit_keeps_the_earliest_requests(tmp_path, azure_csv):
     out = tmp_path / "trace.jsonl"
-    result = runner.invoke(
-        app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), "--limit", "2"]
-    )
+    result = _convert_azure(azure_csv, out, "--limit", "2")
     assert result.exit_code == 0, result.output
     assert read_trace(out).input_len.tolist() == [374, 3000]
 
@@ -119,11 +120,9 @@ def test_stats_reports_requests_over_the_context_as_dropped(tmp_path):
     )
 
 
-def test_stats_reads_a_source_format_directly(tmp_path):
-    source = tmp_path / "azure.csv"
-    source.write_text(AZURE)
+def test_stats_reads_a_source_format_directly(azure_csv):
     data = json.loads(
-        runner.invoke(app, ["trace", "stats", str(source), "-f", "azure", "--json"]).stdout
+        runner.invoke(app, ["trace", "stats", str(azure_csv), "-f", "azure", "--json"]).stdout
     )
     assert data["num_requests"] == 3
 
@@ -153,25 +152,19 @@ def test_bad_trace_is_one_line_on_stderr_and_exit_2(tmp_path, content, expected)
     assert "Traceback" not in result.output
 
 
-def test_unknown_format_and_self_overwrite_are_refused(tmp_path):
-    source = tmp_path / "azure.csv"
-    source.write_text(AZURE)
+def test_unknown_format_and_self_overwrite_are_refused(tmp_path, azure_csv):
     result = runner.invoke(
-        app, ["trace", "convert", str(source), "-f", "excel", "-o", str(tmp_path / "o")]
+        app, ["trace", "convert", str(azure_csv), "-f", "excel", "-o", str(tmp_path / "o")]
     )
     assert result.exit_code == 2 and "unknown trace format 'excel'" in result.stderr
-    result = runner.invoke(app, ["trace", "convert", str(source), "-f", "azure", "-o", str(source)])
+    result = _convert_azure(azure_csv, azure_csv)
     assert result.exit_code == 2 and "is the source file itself" in result.stderr
-    assert source.read_text() == AZURE
+    assert azure_csv.read_text() == AZURE
 
 
-def test_every_request_over_the_context_is_an_error_not_an_empty_file(tmp_path):
-    source = tmp_path / "azure.csv"
-    source.write_text(AZURE)
+def test_every_request_over_the_context_is_an_error_not_an_empty_file(tmp_path, azure_csv):
     out = tmp_path / "o.jsonl"
-    result = runner.invoke(
-        app, ["trace", "convert", str(source), "-f", "azure", "-o", str(out), "--context-len", "10"]
-    )
+    result = _convert_azure(azure_csv, out, "--context-len", "10")
     assert result.exit_code == 2 and "all 3 requests" in result.stderr
     assert not out.exists()
 

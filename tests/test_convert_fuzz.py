@@ -8,33 +8,16 @@ Generated cases per run, stated on each test: 100 + 150 + 100 + 150 + 100 + 150 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz, fuzz_file
+from hypothesis import given
 from hypothesis import strategies as st
 
 from cgtool.errors import InputError
 from cgtool.planner.convert_logs import convert_sglang_log, convert_vllm_metrics
 from cgtool.planner.convert_public import convert_azure, convert_burstgpt, convert_mooncake
-
-_WORKDIR = Path(tempfile.mkdtemp(prefix="cgtool-convert-fuzz-"))
-
-
-def fuzz(max_examples: int) -> settings:
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        database=None,  # leave nothing behind in the repository
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
-
-def fuzz_file(text: str, name: str) -> Path:
-    path = _WORKDIR / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def expect_error(convert, path: Path, line: int, field: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from text_files import write_text as write
 
 from cgtool.errors import InputError
 from cgtool.planner.convert_logs import convert_sglang_log, convert_vllm_metrics
@@ -19,12 +20,6 @@ SGLANG_LOG = """\
 [2025-09-03 05:49:06] Prefill batch [125], #new-seq: 2, #new-token: 900, #cached-token: 128, token usage: 0.72, #running-req: 18, #queue-req: 0,
 [2025-09-03 05:49:07] INFO:     127.0.0.1:54504 - "POST /v1/chat/completions HTTP/1.1" 200 OK
 """
-
-
-def write(tmp_path, name: str, text: str):
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def test_sglang_log_gives_extend_tokens_and_decode_sizes(tmp_path):

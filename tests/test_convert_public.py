@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from text_files import write_text as write
 
 from cgtool.errors import InputError
 from cgtool.planner.convert_public import convert_azure, convert_burstgpt, convert_mooncake
@@ -15,12 +16,6 @@ REAL_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 AZURE_REAL = REAL_TRACES / "AzureLLMInferenceTrace_conv.csv"
 MOONCAKE_REAL = REAL_TRACES / "mooncake_fast25_conversation_trace.jsonl"
 needs_real = pytest.mark.skipif(not REAL_TRACES.is_dir(), reason="../shared/traces is not here")
-
-
-def write(tmp_path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 # ---- Azure ---------------------------------------------------------------------------

@@ -1,24 +1,14 @@
-import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from planner_fixture import CFG, H100
 
 from cgtool.config import load_model_config
 from cgtool.gpus import gpu_spec
 from cgtool.hidden_states import HiddenMode
 from cgtool.planner.cost import roofline_cost, with_hidden_states
-
-CFG = load_model_config("llama-3.1-8b")
-H100 = gpu_spec("H100-80GB")
-REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def roofline():
-    return roofline_cost(CFG, H100, max_bs=512, max_tokens=8192)
 
 
 def test_decode_cannot_beat_streaming_the_weights_once(roofline):

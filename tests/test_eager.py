@@ -1,23 +1,10 @@
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from planner_fixture import CFG, H100, REPORT
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
-from cgtool.planner.cost import roofline_cost
 from cgtool.planner.eager import eager_range
 from cgtool.planner.profile_fit import profile_cost
-
-CFG = load_model_config("llama-3.1-8b")
-H100 = gpu_spec("H100-80GB")
-REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def roofline():
-    return roofline_cost(CFG, H100, max_bs=512, max_tokens=8192)
 
 
 def test_roofline_plans_against_a_low_and_a_high_eager_cost(roofline):

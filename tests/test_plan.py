@@ -4,6 +4,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from planner_fixture import CFG, H100, REPORT
 
 from cgtool.config import load_model_config
 from cgtool.errors import CgtoolError
@@ -14,12 +15,9 @@ from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
 
-CFG = load_model_config("llama-3.1-8b")
-H100 = gpu_spec("H100-80GB")
 # The public traces sit beside the checkout (../shared/traces); tests that need them skip without.
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces is not here")
-REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
 
 
 def synthetic(n=4000, rate=6.0, seed=0):

@@ -1,17 +1,12 @@
 import copy
-import json
-from pathlib import Path
 
 import pytest
+from planner_fixture import CFG, H100, REPORT
 
 from cgtool.config import load_model_config
 from cgtool.errors import InputError
 from cgtool.gpus import gpu_spec
 from cgtool.planner.profile_fit import predicted_graph_bytes, profile_cost
-
-CFG = load_model_config("llama-3.1-8b")
-H100 = gpu_spec("H100-80GB")
-REPORT = json.loads((Path(__file__).parent / "data/planner/report-h100-llama8b.json").read_text())
 
 
 def test_profile_reproduces_measured_sizes_and_interpolates_between():

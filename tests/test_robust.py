@@ -1,9 +1,7 @@
 import numpy as np
 import pytest
+from planner_fixture import CFG, H100, roofline_8b
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
-from cgtool.planner.cost import roofline_cost
 from cgtool.planner.eager import eager_range
 from cgtool.planner.grid import MIN_BIN_SHARE, token_grid_up
 from cgtool.planner.optimiser import Limits
@@ -19,9 +17,7 @@ from cgtool.planner.robust import (
 from cgtool.planner.schedules import default_schedule
 from cgtool.planner.scoring import Histogram
 
-CFG = load_model_config("llama-3.1-8b")
-H100 = gpu_spec("H100-80GB")
-COST = roofline_cost(CFG, H100, max_bs=512, max_tokens=8192)
+COST = roofline_8b()
 RANGE = eager_range(COST, CFG)
 DEFAULT = default_schedule("sglang", None, gpu_memory_bytes=H100.memory_bytes)
 LIMITS = Limits(512, 8192)

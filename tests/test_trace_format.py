@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from text_files import write_lines
 
 from cgtool.errors import InputError
 from cgtool.planner import trace as trace_module
@@ -17,12 +18,6 @@ from cgtool.planner.trace import (
     request_trace,
     write_trace,
 )
-
-
-def write_lines(tmp_path, lines: list[str], name: str = "t.jsonl"):
-    path = tmp_path / name
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
 
 
 def test_read_sorts_requests_by_arrival_and_defaults_cached_len_to_zero(tmp_path):

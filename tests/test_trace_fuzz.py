@@ -12,11 +12,11 @@ import json
 import math
 import re
 import string
-import tempfile
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from fuzzing import fuzz, fuzz_file
+from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -24,28 +24,6 @@ from cgtool.commands.main import app
 from cgtool.errors import InputError
 from cgtool.planner.convert import FORMATS, load_trace
 from cgtool.planner.trace import RequestTrace, read_trace
-
-
-def fuzz(max_examples: int) -> settings:
-    # No example database: the suite leaves nothing behind in the repository.
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
-
-_WORKDIR = Path(tempfile.mkdtemp(prefix="cgtool-fuzz-"))
-
-
-def fuzz_file(content: bytes | str, name: str = "trace.jsonl") -> Path:
-    path = _WORKDIR / name
-    if isinstance(content, str):
-        path.write_text(content, encoding="utf-8")
-    else:
-        path.write_bytes(content)
-    return path
 
 
 def assert_names_place(

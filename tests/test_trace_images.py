@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from text_files import write_lines
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
@@ -10,12 +11,6 @@ from cgtool.errors import InputError
 from cgtool.planner.trace import RequestTrace, read_trace, write_trace
 
 runner = CliRunner()
-
-
-def write_lines(tmp_path, lines: list[str]):
-    path = tmp_path / "t.jsonl"
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return path
 
 
 def test_images_follow_their_requests_when_sorted_by_arrival(tmp_path):
