@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 _WORKDIR = Path(tempfile.mkdtemp(prefix="cgtool-fuzz-"))
 
@@ -27,3 +28,17 @@ def fuzz_file(content: bytes | str, name: str = "trace.jsonl") -> Path:
     else:
         path.write_bytes(content)
     return path
+
+
+def spoil_one_record(
+    records: list[dict], data: st.DataObject, bad: dict[str, st.SearchStrategy], optional: str
+) -> tuple[int, str]:
+    """Give one record a bad value, or take away a required field; returns (index, field).
+    `optional` may be missing, so it only ever gets a bad value."""
+    index = data.draw(st.integers(0, len(records) - 1))
+    field = data.draw(st.sampled_from(sorted(bad)))
+    if field != optional and data.draw(st.booleans()):
+        del records[index][field]  # missing
+    else:
+        records[index][field] = data.draw(bad[field])
+    return index, field

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fuzzing import fuzz, fuzz_file
+from fuzzing import fuzz, fuzz_file, spoil_one_record
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -189,12 +189,7 @@ MOONCAKE_BAD = {
 @fuzz(150)  # 150 generated files
 @given(mooncake_records(), st.data())
 def test_one_bad_mooncake_value_names_its_line_and_field(records, data):
-    index = data.draw(st.integers(0, len(records) - 1))
-    field = data.draw(st.sampled_from(sorted(MOONCAKE_BAD)))
-    if field != "hash_ids" and data.draw(st.booleans()):
-        del records[index][field]
-    else:
-        records[index][field] = data.draw(MOONCAKE_BAD[field])
+    index, field = spoil_one_record(records, data, MOONCAKE_BAD, optional="hash_ids")
     expect_error(convert_mooncake, fuzz_file(jsonl(records), "mooncake.jsonl"), index + 1, field)
 
 

@@ -15,7 +15,7 @@ import string
 from pathlib import Path
 
 import numpy as np
-from fuzzing import fuzz, fuzz_file
+from fuzzing import fuzz, fuzz_file, spoil_one_record
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -127,12 +127,7 @@ def test_valid_request_files_read_back_exactly(records):
 @fuzz(200)  # 200 generated files
 @given(request_records(), st.data())
 def test_one_bad_value_or_missing_field_names_its_line_and_field(records, data):
-    line = data.draw(st.integers(0, len(records) - 1))
-    field = data.draw(st.sampled_from(sorted(REQUEST_FIELDS)))
-    if field != "cached_len" and data.draw(st.booleans()):
-        del records[line][field]  # missing
-    else:
-        records[line][field] = data.draw(REQUEST_FIELDS[field])
+    line, field = spoil_one_record(records, data, REQUEST_FIELDS, optional="cached_len")
     path = fuzz_file(to_jsonl(records))
     try:
         read_trace(path)
