@@ -42,3 +42,15 @@ def spoil_one_record(
     else:
         records[index][field] = data.draw(bad[field])
     return index, field
+
+
+def spoil_one_cell(
+    rows: list[list[str]], data: st.DataObject, bad: dict[int, tuple[str, st.SearchStrategy]]
+) -> tuple[int, str]:
+    """Put a bad cell in one column of one row; `bad` maps a column to its header and the bad
+    cells it may get. Returns (row index, header)."""
+    index = data.draw(st.integers(0, len(rows) - 1))
+    column = data.draw(st.sampled_from(sorted(bad)))
+    name, cells = bad[column]
+    rows[index][column] = data.draw(cells)
+    return index, name

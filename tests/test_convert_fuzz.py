@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fuzzing import fuzz, fuzz_file, spoil_one_record
+from fuzzing import fuzz, fuzz_file, spoil_one_cell, spoil_one_record
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -74,21 +74,23 @@ def test_valid_azure_files_convert_every_row(rows):
     assert trace.arrival_s[0] == 0 and (trace.arrival_s[1:] >= trace.arrival_s[:-1]).all()
 
 
+AZURE_BAD = {
+    0: (
+        "TIMESTAMP",
+        st.one_of(
+            LETTERS, st.just(""), st.just("2023-13-45 10:00:00"), st.just("2023-11-16 24:00:00")
+        ),
+    ),
+    1: ("ContextTokens", BAD_COUNT_CELL),
+    2: ("GeneratedTokens", BAD_COUNT_CELL),
+}
+
+
 @fuzz(150)  # 150 generated files
 @given(azure_rows(), st.data())
 def test_one_bad_azure_cell_names_its_line_and_column(rows, data):
-    index = data.draw(st.integers(0, len(rows) - 1))
-    column = data.draw(st.integers(0, 2))
-    names = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
-    bad = data.draw(
-        st.one_of(
-            LETTERS, st.just(""), st.just("2023-13-45 10:00:00"), st.just("2023-11-16 24:00:00")
-        )
-        if column == 0
-        else BAD_COUNT_CELL
-    )
-    rows[index][column] = bad
-    expect_error(convert_azure, fuzz_file(azure_text(rows), "azure.csv"), index + 2, names[column])
+    index, name = spoil_one_cell(rows, data, AZURE_BAD)
+    expect_error(convert_azure, fuzz_file(azure_text(rows), "azure.csv"), index + 2, name)
 
 
 @fuzz(100)  # 100 generated files
@@ -121,15 +123,19 @@ def burst_text(rows: list[list[str]]) -> str:
     return BURST_HEADER + "\n" + "".join(",".join(row) + "\n" for row in rows)
 
 
+BURST_BAD = {
+    0: ("Timestamp", BAD_SECONDS_CELL),
+    2: ("Request tokens", BAD_COUNT_CELL),
+    3: ("Response tokens", BAD_COUNT_CELL),
+}
+
+
 @fuzz(150)  # 150 generated files
 @given(burst_rows(), st.data())
 def test_one_bad_burstgpt_cell_names_its_line_and_column(rows, data):
-    index = data.draw(st.integers(0, len(rows) - 1))
-    column = data.draw(st.sampled_from([0, 2, 3]))
-    names = {0: "Timestamp", 2: "Request tokens", 3: "Response tokens"}
-    rows[index][column] = data.draw(BAD_SECONDS_CELL if column == 0 else BAD_COUNT_CELL)
+    index, name = spoil_one_cell(rows, data, BURST_BAD)
     expect_error(
-        convert_burstgpt, fuzz_file(burst_text(rows), "burst.csv"), index + 2, names[column]
+        convert_burstgpt, fuzz_file(burst_text(rows), "burst.csv"), index + 2, name
     )
 
 
@@ -267,17 +273,17 @@ def test_valid_vllm_tables_keep_every_step(rows):
     )
 
 
+VLLM_BAD = {
+    0: ("Unpadded Tokens", BAD_COUNT_CELL),
+    3: ("Runtime Mode", LETTERS.filter(lambda t: t not in ("FULL", "PIECEWISE", "NONE"))),
+    4: ("Count", BAD_COUNT_CELL),
+}
+
+
 @fuzz(100)  # 100 generated logs
 @given(vllm_rows(), st.data())
 def test_one_bad_vllm_cell_names_its_line_and_column(rows, data):
-    index = data.draw(st.integers(0, len(rows) - 1))
-    column = data.draw(st.sampled_from([0, 3, 4]))
-    names = {0: "Unpadded Tokens", 3: "Runtime Mode", 4: "Count"}
-    if column == 3:
-        bad = data.draw(LETTERS.filter(lambda t: t not in ("FULL", "PIECEWISE", "NONE")))
-    else:
-        bad = data.draw(BAD_COUNT_CELL)
-    rows[index][column] = bad
+    index, name = spoil_one_cell(rows, data, VLLM_BAD)
     expect_error(
-        convert_vllm_metrics, fuzz_file(vllm_text(rows), "vllm.log"), index + 3, names[column]
+        convert_vllm_metrics, fuzz_file(vllm_text(rows), "vllm.log"), index + 3, name
     )
