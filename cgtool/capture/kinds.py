@@ -27,6 +27,7 @@ from cgtool.errors import EnvironmentProblem
 from cgtool.model.moe import count_active_experts
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
+from cgtool.units import BF16_BYTES, GIB
 
 if TYPE_CHECKING:
     from cgtool.runners.decode import DecodeGraphRunner
@@ -81,7 +82,7 @@ def _measure_decode(
             ), mode)
             if check is None:
                 continue
-            kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
+            kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(BF16_BYTES)
             roofline_ms = (_weights_read(bench, bs) + kv_read) / bandwidth * 1e3
             _record(state, "decode", bs, cost, check, roofline_ms, mode, _experts_active(bench, eager))
             calls.append((bs, replay, eager))
@@ -282,19 +283,18 @@ def _note_out_of_memory(
 ) -> None:
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
+    what = f"out of memory {doing} {kind} size {size} (free {free / GIB:.2f} GiB)"
     if current_tp().size > 1:
         # The other ranks have issued collectives this one never will: no size can follow.
         raise EnvironmentProblem(
-            f"out of memory {doing} {kind} size {size} (free {free / (1 << 30):.2f} GiB)",
+            what,
             "With --tp a size that does not fit ends the run on every rank: lower the largest "
             "size (--bs / --tokens) or --mem-fraction-static.",
         )
     state.sizes.append(_failed_row(kind, size, hidden_mode))
     if state.failed is None:
         state.failed = CaptureFailure(kind, size, free, oom_request_bytes(message), total)
-        state.incomplete_reason = (
-            f"out of memory {doing} {kind} size {size} (free {free / (1 << 30):.2f} GiB)"
-        )
+        state.incomplete_reason = what
 
 
 def _record(
