@@ -11,6 +11,7 @@ from typing import Any
 
 from cgtool.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
 from cgtool.errors import ConfigError
+from cgtool.units import BF16_BYTES
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -129,7 +130,7 @@ class ModelConfig:
         array of expected counts): what a forward that reaches that many experts reads."""
         return self.dense_param_count() + self.num_moe_layers * experts * self.expert_params
 
-    def weight_bytes_read(self, tokens: Any, dtype_bytes: int = 2) -> Any:
+    def weight_bytes_read(self, tokens: Any, dtype_bytes: int = BF16_BYTES) -> Any:
         """Weight bytes a forward over `tokens` rows streams (a number or an array): all of a
         dense model; of a MoE model the dense part and the experts its tokens route to."""
         if self.moe is None:
@@ -137,10 +138,10 @@ class ModelConfig:
         hit = expected_experts(self.moe.num_experts, self.moe.top_k, tokens)
         return self.params_with_experts(hit) * dtype_bytes
 
-    def weight_bytes(self, dtype_bytes: int = 2) -> int:
+    def weight_bytes(self, dtype_bytes: int = BF16_BYTES) -> int:
         return self.param_count() * dtype_bytes
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+    def kv_bytes_per_token(self, dtype_bytes: int = BF16_BYTES) -> int:
         return self.kv_buffers_per_layer * self.num_layers * self.kv_size * dtype_bytes
 
     def config_hash(self) -> str:
