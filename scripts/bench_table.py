@@ -7,8 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-GIB = 1 << 30
-MIB = 1 << 20
+from cgtool.units import GIB, MIB
 
 
 def decode_lines(name: str, report: dict) -> list[str]:

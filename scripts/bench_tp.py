@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-GIB = 1 << 30
+from cgtool.units import GIB
 
 
 def capture(model: str, tp: int, kind: str, bs: str, tokens: str, out: Path, reuse: bool) -> dict:
