@@ -1,7 +1,5 @@
-import os
-import subprocess
-import sys
 
+from cli_run import piped
 from typer.testing import CliRunner
 
 from cgtool import __version__
@@ -32,17 +30,8 @@ def test_models_lists_presets_with_params_and_bytes():
     assert "Qwen3ForCausalLM" in result.output
 
 
-def _piped(*args: str) -> str:
-    # stdout a pipe, as in a CI log or `| cat`: Rich would fall back to 80 columns.
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *args],
-                          check=False, capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 def test_models_piped_keeps_every_cell_whole():
-    out = _piped("models")
+    out = piped("models").stdout
     assert "…" not in out
     for preset in preset_names():
         assert f" {preset} " in out

@@ -4,23 +4,17 @@ import stat
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_run import cgtool
 
-from cgtool.commands.main import app
 from cgtool.commands.plan import parse_bytes
 from cgtool.errors import InputError
 from cgtool.plan_document import Plan
 from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table
 
-runner = CliRunner()
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "azure-conv-first-1000.jsonl"
 REPORT = Path(__file__).parent / "data" / "planner" / "report-h100-llama8b.json"
-
-
-def cgtool(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def test_plan_prints_flags_and_the_comparison():

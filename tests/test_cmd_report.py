@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import piped
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
@@ -86,17 +84,9 @@ def test_unknown_major_version_exits_2_naming_the_file(tmp_path):
     assert "Traceback" not in result.output
 
 
-def _piped(*args: str) -> str:
-    # stdout a pipe, as in a CI log: Rich would fall back to 80 columns and cut cells.
-    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *args], check=False,
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
 def test_capture_tables_piped_keep_every_cell_whole(tmp_path):
-    out = _piped("report", str(FIXTURES / "h100-llama-3.1-8b"), "--out", str(tmp_path))
+    folder = str(FIXTURES / "h100-llama-3.1-8b")
+    out = piped("report", folder, "--out", str(tmp_path), timeout_s=300).stdout
     assert "…" not in out
     header = next(line for line in out.splitlines() if line.split()[:2] == ["batch", "capture"])
     assert "cumulative" in header and "non-torch" in header and "roofline" in header
@@ -104,7 +94,7 @@ def test_capture_tables_piped_keep_every_cell_whole(tmp_path):
 
 
 def test_plan_tables_piped_keep_every_cell_whole(tmp_path):
-    out = _piped("plan", "--trace", str(EXAMPLE), "--gpu", "H100-80GB")
+    out = piped("plan", "--trace", str(EXAMPLE), "--gpu", "H100-80GB", timeout_s=300).stdout
     tables = out[out.index("Plan vs"):out.index("The same sizes for")]
     assert "…" not in tables
     assert "TRT-LLM free_gpu_memory_fraction" in tables

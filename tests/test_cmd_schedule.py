@@ -1,15 +1,7 @@
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
-
-from cgtool.commands.main import app
-
-runner = CliRunner()
-
-
-def cgtool(*args):
-    return runner.invoke(app, [str(a) for a in args])
+from cli_run import cgtool
 
 
 def test_schedule_names_the_release_it_reproduces():
