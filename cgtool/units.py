@@ -6,6 +6,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 BF16_BYTES = 2  # weights, activations and the KV cache
 FP32_BYTES = 4  # logits
+INT64_BYTES = 8  # positions and indices in SGLang's graph buffers
+INT32_BYTES = 4
+UINT8_BYTES = 1  # masks
 
 # Lower-cased unit names to bytes: decimal for "GB" and bare letters, binary for "GiB". Read by
 # the --budget-memory parser and by the parser of PyTorch's out-of-memory message.

@@ -19,10 +19,10 @@ from cgtool.config import ModelConfig
 from cgtool.errors import InputError
 from cgtool.gpus import GpuSpec
 from cgtool.planner.cost import CostModel
+from cgtool.units import FP32_BYTES, INT32_BYTES, INT64_BYTES, UINT8_BYTES
 
 SOURCE_VERSION = "sglang 0.5.4"
 ATTENTION_BACKENDS = ("flashinfer", "fa3", "triton")
-_INT32, _INT64, _UINT8, _FP32 = 4, 8, 1, 4
 _HOPPER = ("H100-80GB", "H100-PCIe", "H200")
 _BLACKWELL = ("B200",)
 # utils/common.py is_fa3_default_architecture (sglang 0.5.4): MHA models that get FA3 on Hopper.
@@ -103,9 +103,9 @@ def static_input_bytes(cfg: ModelConfig, max_bs: int) -> int:
     [seq_lens.sum() + T] with seq_lens at its fill value 1, so [2B]; next_token_logits_buffer
     fp32 [T, vocab]."""
     tokens = max_bs
-    ints = (3 + 3) * tokens * _INT64 + 2 * max_bs * _INT32 + _INT32
-    mask = (max_bs + tokens) * _UINT8
-    return ints + mask + tokens * cfg.vocab_size * _FP32
+    ints = (3 + 3) * tokens * INT64_BYTES + 2 * max_bs * INT32_BYTES + INT32_BYTES
+    mask = (max_bs + tokens) * UINT8_BYTES
+    return ints + mask + tokens * cfg.vocab_size * FP32_BYTES
 
 
 def _flashinfer_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: int) -> int:
@@ -116,10 +116,10 @@ def _flashinfer_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: 
     kv_indices int32 [max_bs * context_len], qo_indptr and kv_indptr int32 [max_bs + 1],
     kv_lens int32 [max_bs], and no mask."""
     del tp_size  # index tables are per request, not per head
-    indices = max_bs * context_len * _INT32
+    indices = max_bs * context_len * INT32_BYTES
     if cfg.mla is not None:
-        return indices + (2 * (max_bs + 1) + max_bs) * _INT32
-    return indices + max_bs * context_len * _UINT8 + 2 * (max_bs + 1) * _INT32
+        return indices + (2 * (max_bs + 1) + max_bs) * INT32_BYTES
+    return indices + max_bs * context_len * UINT8_BYTES + 2 * (max_bs + 1) * INT32_BYTES
 
 
 def _fa3_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: int) -> int:
@@ -129,7 +129,7 @@ def _fa3_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: int) ->
     strided_indices int64 [ceil(context_len / page_size)]."""
     del cfg, tp_size
     pages = -(-context_len // PAGE_SIZE)
-    return (max_bs + 2 * (max_bs + 1) + max_bs * pages) * _INT32 + pages * _INT64
+    return (max_bs + 2 * (max_bs + 1) + max_bs * pages) * INT32_BYTES + pages * INT64_BYTES
 
 
 def _triton_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: int) -> int:
@@ -140,8 +140,8 @@ def _triton_bytes(cfg: ModelConfig, max_bs: int, context_len: int, tp_size: int)
     width: the latent's kv_lora_rank for MLA."""
     heads = cfg.num_heads // tp_size
     v_head_dim = cfg.mla.kv_lora_rank if cfg.mla is not None else cfg.head_dim
-    partials = max_bs * heads * TRITON_MAX_KV_SPLITS * (v_head_dim + 1) * _FP32
-    return partials + max_bs * _INT32 + max_bs * context_len * (_INT64 + _UINT8)
+    partials = max_bs * heads * TRITON_MAX_KV_SPLITS * (v_head_dim + 1) * FP32_BYTES
+    return partials + max_bs * INT32_BYTES + max_bs * context_len * (INT64_BYTES + UINT8_BYTES)
 
 
 _ATTENTION_BYTES = {"flashinfer": _flashinfer_bytes, "fa3": _fa3_bytes, "triton": _triton_bytes}
