@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.common import DEFAULT_MODEL, ModelOption, cli_errors, console, err_console
 from cgtool.commands.signals import exit_code, signal_name, terminate_as_interrupt
 from cgtool.errors import CgtoolError
 
@@ -59,9 +59,12 @@ def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
 
 
 def choose_fraction(flag: float | None, plan: Path | None) -> float:
-    """--mem-fraction-static when given, else the plan's, else 0.85; says which on stderr."""
+    """--mem-fraction-static when given, else the plan's, else cgtool's default; says which
+    on stderr."""
+    from cgtool.capture.options import DEFAULT_MEM_FRACTION_STATIC
+
     if flag is not None or plan is None:
-        value = 0.85 if flag is None else flag
+        value = DEFAULT_MEM_FRACTION_STATIC if flag is None else flag
         if plan is not None:
             err_console.print(f"--mem-fraction-static {value:g} from the flag (overrides the plan's)", highlight=False)
         return value
@@ -92,14 +95,14 @@ def choose_sizes(
 
 @cli_errors
 def capture(
-    model: Annotated[str, typer.Option(help="Preset name (see `cgtool models`) or a HF model folder.")] = "llama-3.1-8b",
+    model: ModelOption = DEFAULT_MODEL,
     kind: Annotated[Kind, typer.Option(help="Which graphs to capture.")] = Kind.both,
     bs: Annotated[str | None, typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
     max_bs: Annotated[int, typer.Option(help="Largest decode batch size for SGLang's default list.")] = 256,
     tokens: Annotated[str | None, typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
     max_tokens: Annotated[int, typer.Option(help="Largest token count for SGLang's default piecewise list.")] = 4096,
     plan: Annotated[Path | None, typer.Option(help="Take the sizes from a plan.json written by `cgtool plan`.")] = None,
-    mem_fraction_static: Annotated[float | None, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag (default: the plan's with --plan, else 0.85).")] = None,
+    mem_fraction_static: Annotated[float | None, typer.Option(help="Share of GPU memory for weights + KV pool, as SGLang's flag (default: the plan's with --plan, else 0.85, SGLang's usual start).")] = None,
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
     max_total_tokens: Annotated[int | None, typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
@@ -115,7 +118,7 @@ def capture(
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
-        raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85.")
+        raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85, or leave it out.")
     from cgtool.capture.tp import validate_tp
     from cgtool.config import load_model_config
 

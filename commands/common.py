@@ -43,6 +43,17 @@ class OutputFormat(str, Enum):
 
 # Only for commands that read no trace: plan, trace and verify spend `--format` on the trace's
 # format and print JSON with `--json`.
+DEFAULT_MODEL = "llama-3.1-8b"
+# --model for plan, capture and verify: one declaration, one default.
+ModelOption = Annotated[str, typer.Option(
+    help="Model preset (see `cgtool models`) or a Hugging Face folder with config.json.")]
+
+# Shared by plan and schedule.
+TpOpt = Annotated[int, typer.Option(
+    "--tp", help="Tensor-parallel GPUs per server: memory and step time are per GPU.")]
+EngineVersionOpt = Annotated[str | None, typer.Option(
+    help="Engine release whose flags and defaults to use (default: the newest cgtool knows).")]
+
 FORMAT_HELP = "Print the tables as rich tables, CSV blocks or JSON (see docs/formats.md)."
 FormatOption = Annotated[OutputFormat, typer.Option("--format", help=FORMAT_HELP)]
 

@@ -10,7 +10,15 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.common import (
+    DEFAULT_MODEL,
+    EngineVersionOpt,
+    ModelOption,
+    TpOpt,
+    cli_errors,
+    console,
+    err_console,
+)
 from cgtool.commands.signals import StopRequest, exit_code, signal_name
 from cgtool.commands.trace import load_trace_hinted
 from cgtool.config import load_model_config
@@ -36,7 +44,6 @@ TraceOpt = Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines,
 TraceFormatOpt = Annotated[
     str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")
 ]
-ModelOpt = Annotated[str, typer.Option(help="Model preset or HF folder with config.json.")]
 GpuOpt = Annotated[
     str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
 ]
@@ -44,21 +51,11 @@ ProfileOpt = Annotated[
     Path | None,
     typer.Option(help="Capture report.json or verify.json: measured step times and graph memory."),
 ]
-TpOpt = Annotated[
-    int,
-    typer.Option(
-        "--tp", help="Tensor-parallel GPUs per server: memory and step time are planned per GPU."
-    ),
-]
 BudgetGraphsOpt = Annotated[
     int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
 ]
 BudgetMemoryOpt = Annotated[str | None, typer.Option(help="Graph memory budget, e.g. 2GiB.")]
 EngineOpt = Annotated[str, typer.Option(help="Engine to plan for: sglang or vllm.")]
-EngineVersionOpt = Annotated[
-    str | None,
-    typer.Option(help="Engine release whose flags and defaults to use (default: newest known)."),
-]
 ChunkOpt = Annotated[
     int | None, typer.Option(min=1, help="Prefill token budget per step (default: the engine's).")
 ]
@@ -96,7 +93,7 @@ HiddenStatesOpt = Annotated[str, typer.Option(
 def plan(
     trace: TraceOpt,
     trace_format: TraceFormatOpt = "cgtool",
-    model: ModelOpt = "llama-3.1-8b",
+    model: ModelOption = DEFAULT_MODEL,
     gpu: GpuOpt = "auto",
     profile: ProfileOpt = None,
     tp: TpOpt = 1,

@@ -8,7 +8,14 @@ from typing import Annotated
 
 import typer
 
-from cgtool.commands.common import FORMAT_HELP, OutputFormat, cli_errors, console
+from cgtool.commands.common import (
+    FORMAT_HELP,
+    EngineVersionOpt,
+    OutputFormat,
+    TpOpt,
+    cli_errors,
+    console,
+)
 from cgtool.commands.plan import resolve_gpu
 from cgtool.errors import InputError
 from cgtool.planner.schedules import ENGINES, default_schedule
@@ -19,9 +26,7 @@ from cgtool.reports.schedule_view import schedule_rows
 @cli_errors
 def schedule(
     engine: Annotated[str, typer.Option(help=f"Engine: {', '.join(ENGINES)}.")] = "sglang",
-    engine_version: Annotated[
-        str | None, typer.Option(help="Engine release (default: the newest cgtool knows).")
-    ] = None,
+    engine_version: EngineVersionOpt = None,
     max_bs: Annotated[
         int | None,
         typer.Option(help="Largest decode batch size (default: the engine's for the GPU)."),
@@ -36,13 +41,15 @@ def schedule(
             "`cgtool plan`: this machine's, else H100-80GB)."
         ),
     ] = "auto",
-    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel GPUs per server.")] = 1,
+    tp: TpOpt = 1,
     given: Annotated[OutputFormat | None, typer.Option("--format", help=FORMAT_HELP)] = None,
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the schedule as JSON (the same as --format json).")] = False,
 ) -> None:
     """Print an engine's default capture schedule (SGLang, vLLM, TensorRT-LLM)."""
     output = _one_format(given, json_out)
+    if tp < 1:
+        raise InputError(f"--tp {tp} is not a number of GPUs", "Use --tp 1 or more.")
     spec, _ = resolve_gpu(gpu)  # the same GPU `cgtool plan` picks
     result = default_schedule(
         engine,

@@ -78,3 +78,9 @@ def test_tp_sets_sglangs_larger_tier_and_a100s_keep_vllms_small_defaults():
     assert tp4["max_bs"] == 512
     a100 = json.loads(cgtool("schedule", "--engine", "vllm", "--gpu", "A100-80GB", "--json").stdout)
     assert a100["chunked_prefill_size"] == 2048
+
+
+def test_tp_below_one_is_refused_in_one_line():
+    result = cgtool("schedule", "--tp", "0")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == ["error: --tp 0 is not a number of GPUs. Use --tp 1 or more."]

@@ -18,13 +18,16 @@ from cgtool.results import CaptureTotals, KernelRow, SizeResult
 from cgtool.runners.sizes import capture_sizes
 
 
+DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
+
+
 @dataclass(frozen=True)
 class CaptureOptions:
     model: str
     kinds: tuple[str, ...]
     capture_bs: list[int]
     capture_num_tokens: list[int]
-    mem_fraction_static: float = 0.85
+    mem_fraction_static: float = DEFAULT_MEM_FRACTION_STATIC
     context_len: int = 1024  # tokens already in the KV cache of each decode request
     compiler: str = "eager"
     enable_cudagraph_gc: bool = False
