@@ -158,7 +158,7 @@ def engine_graph_buffers(
     release = _RELEASES[resolve_version("sglang", version)]
     shape = _Shape(cfg, max_bs, context_len, gpu, tp_size)
     attention = _ATTENTION_BYTES[backend](shape, release)
-    return EngineGraphBuffers(backend, attention, static_input_bytes(cfg, max_bs, release))
+    return EngineGraphBuffers(backend, attention, _static_input_bytes(cfg, max_bs, release))
 
 
 def with_engine_buffers(
@@ -177,13 +177,14 @@ def with_engine_buffers(
     return replace(cost, decode_static_row_bytes=row, decode_static_bytes=float(four - 4 * row))
 
 
-def static_input_bytes(cfg: ModelConfig, max_bs: int, release: _Release) -> int:
-    """The decode runner's static inputs, T = max_num_token = max_bs tokens: input_ids,
-    out_cache_loc, positions int64 [T]; mrope_positions int64 [3, T]; req_pool_indices and
-    seq_lens [B]; custom_mask bool [seq_lens at their fill value 1, summed, + T] = [2B];
-    next_token_logits_buffer fp32 [T, vocab] (0.5.23: graph_shared_output.py
-    GraphSharedOutput.get_logits_buffer, max_decode_logits_rows = max_bs without speculation).
-    0.5.4: req_pool_indices int32, and no input_embeds or global_num_tokens."""
+def _static_input_bytes(cfg: ModelConfig, max_bs: int, release: _Release) -> int:
+    """The decode runner's static inputs, T = max_num_token = max_bs: input_ids, out_cache_loc,
+    positions int64 [T]; mrope_positions int64 [3, T]; custom_mask bool [seq_lens at their fill
+    value 1, summed, + T] = [2B]; seq_lens [B] (int32, 0.5.23 int64); num_token_non_padded
+    int32 [1] (0.5.23: only under EP); req_pool_indices [B] int32 in 0.5.4, then int64 beside
+    input_embeds and the two global_num_tokens (see _Release); next_token_logits_buffer fp32
+    [T, vocab] (0.5.23: graph_shared_output.py GraphSharedOutput.get_logits_buffer, whose rows
+    are max_decode_logits_rows = max_bs without speculative decoding)."""
     tokens = max_bs
     total = (3 + 3) * tokens * INT64_BYTES + (max_bs + tokens) * UINT8_BYTES
     total += tokens * cfg.vocab_size * FP32_BYTES
