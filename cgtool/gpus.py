@@ -19,6 +19,7 @@ class GpuSpec:
     # latency of one small all-reduce. Estimates: their sources are beside the table.
     link_bytes_s: float = 0.0
     link_latency_s: float = 0.0
+    sm_count: int = 0  # streaming multiprocessors (datasheet); sizes SGLang's SM-wide buffers
 
 
 # GPU-to-GPU links (per direction; estimates, not measured here). NVLink 4 (H100/H200 SXM)
@@ -38,12 +39,14 @@ GPU_SPECS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
         GpuSpec(
-            "H100-80GB", 81559 * MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM"), *_NVLINK4
+            "H100-80GB", 81559 * MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM"), *_NVLINK4,
+            sm_count=132,
         ),
-        GpuSpec("H100-PCIe", 81559 * MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5),
-        GpuSpec("H200", 143771 * MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4),
+        GpuSpec("H100-PCIe", 81559 * MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5, sm_count=114),
+        GpuSpec("H200", 143771 * MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4, sm_count=132),
         GpuSpec(
-            "A100-80GB", 81920 * MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB"), *_NVLINK3
+            "A100-80GB", 81920 * MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB"), *_NVLINK3,
+            sm_count=108,
         ),
         # The 40 GB entry takes the SXM part's link; its PCIe card is nearer _PCIE4.
         GpuSpec(
@@ -53,12 +56,13 @@ GPU_SPECS: dict[str, GpuSpec] = {
             312e12,
             ("A100-SXM4-40GB", "A100-PCIE-40GB"),
             *_NVLINK3,
+            sm_count=108,
         ),
-        GpuSpec("L40S", 46068 * MIB, 0.864e12, 362e12, ("L40S",), *_PCIE4),
-        GpuSpec("L4", 23034 * MIB, 0.300e12, 121e12, ("L4",), *_PCIE4),
-        GpuSpec("A10", 23028 * MIB, 0.600e12, 125e12, ("A10",), *_PCIE4),
-        GpuSpec("RTX-4090", 24564 * MIB, 1.008e12, 165e12, ("RTX 4090",), *_PCIE4),
-        GpuSpec("B200", 183359 * MIB, 8.0e12, 2250e12, ("B200",), *_NVLINK5),
+        GpuSpec("L40S", 46068 * MIB, 0.864e12, 362e12, ("L40S",), *_PCIE4, sm_count=142),
+        GpuSpec("L4", 23034 * MIB, 0.300e12, 121e12, ("L4",), *_PCIE4, sm_count=58),
+        GpuSpec("A10", 23028 * MIB, 0.600e12, 125e12, ("A10",), *_PCIE4, sm_count=72),
+        GpuSpec("RTX-4090", 24564 * MIB, 1.008e12, 165e12, ("RTX 4090",), *_PCIE4, sm_count=128),
+        GpuSpec("B200", 183359 * MIB, 8.0e12, 2250e12, ("B200",), *_NVLINK5, sm_count=148),
     )
 }
 

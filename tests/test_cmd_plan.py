@@ -7,8 +7,11 @@ import pytest
 from cli_run import cgtool
 
 from cgtool.commands.plan import parse_bytes
+from cgtool.config import load_model_config
 from cgtool.errors import InputError
+from cgtool.gpus import gpu_spec
 from cgtool.plan_document import Plan
+from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table
 
@@ -385,3 +388,24 @@ def test_attention_backend_buffers_are_in_graph_memory_plan_json_and_the_table()
 def test_default_attention_backend_is_sglangs_for_the_model_and_gpu():
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "A100-80GB", "--json")
     assert json.loads(result.stdout)["memory"]["attention_backend"] == "flashinfer"
+
+
+@pytest.mark.parametrize("version", ["0.5.4", "0.5.10", "0.5.23"])
+def test_attention_backend_buffers_are_planned_for_each_checked_sglang_release(version):
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json",
+                    "--engine-version", version, "--attention-backend", "triton")
+    assert result.exit_code == 0, result.output
+    plan = Plan.from_dict(json.loads(result.stdout))
+    cfg = load_model_config("llama-3.1-8b")
+    expected = engine_graph_buffers(cfg, "triton", max(plan.decode.capture_bs),
+                                    cfg.max_context_len, gpu_spec("H100-80GB"), version)
+    assert plan.memory.attention_backend == "triton"
+    assert plan.memory.attention_buffer_bytes == expected.attention_bytes
+    assert plan.memory.static_input_bytes == expected.static_input_bytes
+
+
+def test_attention_backend_for_an_unchecked_sglang_release_exits_2_in_one_line():
+    result = cgtool("plan", "--trace", EXAMPLE, "--engine-version", "0.5.3.dev",
+                    "--attention-backend", "fa3")
+    assert result.exit_code == 2
+    assert "--engine-version" in result.output and len(result.output.strip().splitlines()) == 1

@@ -322,7 +322,7 @@ def _choose_and_size(
         ours, default = (
             engine_graph_buffers(
                 req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
-                req.tp_size,
+                req.gpu, server.version, req.tp_size,
             )
             for sizes in (choice.decode_bs, server.default.decode_bs)
         )

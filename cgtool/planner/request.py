@@ -40,7 +40,7 @@ class PlanRequest:
 
     def __post_init__(self) -> None:
         check_tp_size(self.cfg, self.tp_size, self.gpu)
-        check_attention_backend(self.attention_backend, self.engine)
+        check_attention_backend(self.attention_backend, self.engine, self.engine_version)
         if not self.loads or any(not (load > 0) for load in self.loads):
             raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
         if self.replicas < 1:

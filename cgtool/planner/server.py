@@ -53,9 +53,11 @@ def server_for(req: PlanRequest) -> Server:
     max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
     max_tokens = max(chunk, default.max_tokens)
     cost = with_hidden_states(_cost_model(req, max_bs, max_tokens), req.cfg, req.hidden_mode)
-    backend = _attention_backend(req)
+    backend = _attention_backend(req, version)
     if backend is not None:
-        cost = with_engine_buffers(cost, req.cfg, backend, req.cfg.max_context_len, req.tp_size)
+        cost = with_engine_buffers(
+            cost, req.cfg, backend, req.cfg.max_context_len, req.gpu, version, req.tp_size
+        )
     return Server(
         version,
         chunk,
@@ -70,11 +72,11 @@ def server_for(req: PlanRequest) -> Server:
     )
 
 
-def _attention_backend(req: PlanRequest) -> str | None:
+def _attention_backend(req: PlanRequest, version: str) -> str | None:
     """SGLang's attention backend: the one asked for, else the one SGLang picks itself."""
     if req.engine != "sglang":
         return None
-    return req.attention_backend or default_attention_backend(req.cfg, req.gpu)
+    return req.attention_backend or default_attention_backend(req.cfg, req.gpu, version)
 
 
 def _cost_model(req: PlanRequest, max_bs: int, max_tokens: int) -> CostModel:
