@@ -91,7 +91,7 @@ class Comparison:
 
 
 def size_label(kind: str, size: int, rank: int = 0, hidden_mode: str = "null") -> str:
-    unit = f"bs {size}" if kind == "decode" else f"{size} tokens"
+    unit = {"decode": f"bs {size}", "vit": f"{size} patches"}.get(kind, f"{size} tokens")
     mode = f" hidden {hidden_mode}" if hidden_mode != "null" else ""
     return f"{kind} {unit}{mode}" + (f" rank {rank}" if rank else "")
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cgtool.document_io import (
-    FORMAT_VERSION,
     Provenance,
     check_created,
     check_header,
@@ -30,8 +29,12 @@ from cgtool.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 
 REPORT_SCHEMA = "cgtool.report"
 REPORT_FILENAME = "report.json"
+REPORT_VERSION = "1.1"  # 1.1 adds ViT graphs: the kind "vit" and settings.image_sizes
 
-Kind = Literal["decode", "piecewise"]
+Kind = Literal["decode", "piecewise", "vit"]
+KINDS: tuple[Kind, ...] = ("decode", "piecewise", "vit")
+# What a row's `size` counts, by kind: the label of its column and axis.
+SIZE_UNITS: dict[str, str] = {"decode": "batch size", "piecewise": "tokens", "vit": "patches"}
 SizeStatus = Literal["ok", "unsafe", "failed"]
 
 
@@ -69,11 +72,13 @@ class CaptureSettings:
     tp_size: int = 1
     hidden_states: list[str] = field(default_factory=lambda: ["null"])  # decode modes, upward
     moe_backend: str = "triton"  # MoE models' experts: "triton" (fused kernel) or "torch" (reference)
+    image_sizes: list[list[int]] = field(default_factory=list)  # vit: [height, width] pixels
 
 
 @dataclass(slots=True)
 class SizeResult:
-    """One captured graph: `size` is the batch size (decode) or token count (piecewise)."""
+    """One captured graph: `size` is the batch size (decode), token count (piecewise) or
+    patch count of one image (vit)."""
 
     kind: Kind
     size: int
@@ -163,7 +168,7 @@ class CaptureReport:
             del body["rank_totals"]  # TP=1 reports stay as they were
         if body["provenance"] is None:
             del body["provenance"]
-        head = {"schema": REPORT_SCHEMA, "version": FORMAT_VERSION}
+        head = {"schema": REPORT_SCHEMA, "version": REPORT_VERSION}
         order = ("status", "incomplete_reason", "created", "provenance", "environment", "model",
                  "settings")
         return head | {k: body.pop(k) for k in order if k in body} | body
@@ -184,7 +189,7 @@ class CaptureReport:
         return sorted(rows, key=lambda s: (HiddenMode[s.hidden_mode.upper()], -s.size))
 
     def kinds(self) -> list[str]:
-        return [k for k in ("decode", "piecewise") if any(s.kind == k for s in self.sizes)]
+        return [k for k in KINDS if any(s.kind == k for s in self.sizes)]
 
 
 def write_report(report: CaptureReport, path: Path) -> None:

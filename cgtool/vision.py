@@ -17,6 +17,10 @@ from importlib import resources
 from cgtool.errors import InputError
 
 DEFAULT_VISION_PRESET = "qwen2.5-vl-7b"
+# `cgtool capture --kind vit` without --image-sizes: a small and a large square, a wide
+# image whose last windows are short (20x30 merge units in windows of 4x4), and 1344 px, a
+# common upper bound on served image sides. Four grids, four patch counts.
+DEFAULT_VIT_IMAGE_SIZES = "448x448,560x840,896x896,1344x1344"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,11 @@ class VisionPreset:
     def factor(self) -> int:
         """Both sides of a resized image are multiples of this many pixels."""
         return self.patch_size * self.spatial_merge_size
+
+
+def vision_preset_names() -> list[str]:
+    folder = resources.files("cgtool") / "presets" / "vision"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
 
 
 def load_vision_preset(name: str = DEFAULT_VISION_PRESET) -> VisionPreset:
@@ -143,6 +152,28 @@ def parse_image_sizes(
             )
         sizes.append((height, width))
     return sizes
+
+
+def capture_grids(
+    sizes: list[tuple[int, int]], preset: VisionPreset, flag: str = "--image-sizes"
+) -> list[tuple[int, int]]:
+    """Patch grids (rows, columns) of snapped image sizes, one per patch count: a ViT graph
+    is keyed by its patch count, and one count with two grids would need two graphs."""
+    grids: dict[int, tuple[int, int]] = {}
+    sizes_by_count: dict[int, tuple[int, int]] = {}
+    for height, width in sizes:
+        grid = patch_grid(height, width, preset)
+        count = grid[0] * grid[1]
+        if count in grids and grids[count] != grid:
+            first = sizes_by_count[count]
+            raise InputError(
+                f"{flag} {first[0]}x{first[1]} and {height}x{width} both give {count} patches "
+                "in different grids, and a ViT graph is keyed by its patch count",
+                "Keep one of the two.",
+            )
+        grids[count] = grid
+        sizes_by_count.setdefault(count, (height, width))
+    return list(grids.values())
 
 
 # SGLang turns ViT graphs on with this environment variable (seed 001, "CUDA Graph for

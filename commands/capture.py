@@ -24,6 +24,7 @@ class Kind(str, Enum):
     decode = "decode"
     piecewise = "piecewise"
     both = "both"
+    vit = "vit"
 
 
 class MoeBackend(str, Enum):
@@ -96,7 +97,7 @@ def choose_sizes(
 @cli_errors
 def capture(
     model: ModelOption = DEFAULT_MODEL,
-    kind: Annotated[Kind, typer.Option(help="Which graphs to capture.")] = Kind.both,
+    kind: Annotated[Kind, typer.Option(help="Which graphs to capture: the LM's decode and piecewise graphs (both), or a vision tower's (vit).")] = Kind.both,
     bs: Annotated[str | None, typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
     max_bs: Annotated[int, typer.Option(help="Largest decode batch size for SGLang's default list.")] = 256,
     tokens: Annotated[str | None, typer.Option(help="Piecewise token counts, e.g. 64,128,256.")] = None,
@@ -114,6 +115,7 @@ def capture(
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
     hidden_states: Annotated[str, typer.Option("--hidden-states", help="Decode graphs' hidden-state mode: null, last or full; an upward list such as null,full recaptures at each, as SGLang does.")] = "null",
     moe_backend: Annotated[MoeBackend, typer.Option(help="MoE models' experts: the fused Triton kernel, which reads only the routed experts, or the torch reference, which runs every expert on every token.")] = MoeBackend.triton,
+    image_sizes: Annotated[str | None, typer.Option(help="With --kind vit: image sizes in pixels, HEIGHTxWIDTH, each a size the processor produces (multiples of 28), one graph each (default: 448x448,560x840,896x896,1344x1344).")] = None,
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
@@ -123,11 +125,18 @@ def capture(
     from cgtool.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
-    load_model_config(model)
-    validate_tp(model, tp, None)
-    capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
-    profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens)
     hidden_modes = parse_capture_modes(hidden_states, kind)
+    if kind == Kind.vit:
+        model, sizes, patches = vit_inputs(model, image_sizes, tp)
+        capture_bs, capture_tokens = [], []
+    else:
+        if image_sizes is not None:
+            raise CgtoolError("--image-sizes applies to --kind vit", "Add --kind vit, or drop --image-sizes.")
+        sizes, patches = (), []
+        load_model_config(model)
+        validate_tp(model, tp, None)
+        capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
+    profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens, patches)
     import torch
 
     from cgtool.capture.options import CaptureOptions
@@ -143,6 +152,7 @@ def capture(
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
         profile_sizes=profiled, hidden_modes=hidden_modes, moe_backend=moe_backend.value,
+        image_sizes=sizes,
     )
     _run_and_save(opts)
 
@@ -152,12 +162,43 @@ def parse_capture_modes(text: str, kind: Kind) -> tuple[HiddenMode, ...]:
     from cgtool.hidden_states import HiddenMode, parse_hidden_modes
 
     modes = parse_hidden_modes(text)
-    if kind == Kind.piecewise and modes != (HiddenMode.NULL,):
+    if kind in (Kind.piecewise, Kind.vit) and modes != (HiddenMode.NULL,):
         raise CgtoolError(
-            f"--hidden-states {text} applies to decode graphs, and --kind piecewise captures none",
+            f"--hidden-states {text} applies to decode graphs, and --kind {kind.value} captures none",
             "Use --kind decode or both, or leave --hidden-states at null.",
         )
     return modes
+
+
+def vit_inputs(
+    model: str, image_sizes: str | None, tp: int
+) -> tuple[str, tuple[tuple[int, int], ...], list[int]]:
+    """--kind vit's vision preset, image sizes and their patch counts, checked on the host.
+
+    --model names a vision preset (cgtool/presets/vision/), not a language model: the ViT
+    session loads the vision tower alone, as its graphs are separate from the LM's. Left at
+    its default (the LM preset every command shares), it is the default vision preset."""
+    from cgtool.vision import (
+        DEFAULT_VISION_PRESET,
+        DEFAULT_VIT_IMAGE_SIZES,
+        capture_grids,
+        load_vision_preset,
+        parse_image_sizes,
+        vision_preset_names,
+    )
+
+    model = DEFAULT_VISION_PRESET if model == DEFAULT_MODEL else model
+    if model not in vision_preset_names():
+        raise CgtoolError(
+            f"--kind vit captures a vision tower, and --model {model} is not a vision preset",
+            f"Use one of {', '.join(vision_preset_names())} (see `cgtool models`).",
+        )
+    if tp != 1:
+        raise CgtoolError("--kind vit runs on one GPU, not --tp " + str(tp), "Drop --tp.")
+    preset = load_vision_preset(model)
+    sizes = parse_image_sizes(image_sizes or DEFAULT_VIT_IMAGE_SIZES, preset)
+    patches = [rows * cols for rows, cols in capture_grids(sizes, preset)]
+    return model, tuple(sizes), patches
 
 
 def _run_and_save(opts: CaptureOptions) -> None:
@@ -166,12 +207,18 @@ def _run_and_save(opts: CaptureOptions) -> None:
     from cgtool.capture.options import SessionState
     from cgtool.capture.session import partial_report, run_capture
     from cgtool.capture.tp import merge_rank_partials, run_capture_tp
+    from cgtool.capture.vit import run_vit_capture
     from cgtool.reports.capture_view import CaptureProgressBar
 
     state, tp, out = SessionState(), opts.tp_size, opts.out_dir
     try:
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
-            report = run_capture_tp(opts, bar.update) if tp > 1 else run_capture(opts, bar.update, state)
+            if opts.kinds == ("vit",):
+                report = run_vit_capture(opts, bar.update, state)
+            elif tp > 1:
+                report = run_capture_tp(opts, bar.update)
+            else:
+                report = run_capture(opts, bar.update, state)
     except KeyboardInterrupt as interrupt:
         reason = f"interrupted by {signal_name(interrupt)}"
         partial = (merge_rank_partials(interrupt.rank_partials, tp, reason)  # type: ignore[attr-defined]
@@ -213,10 +260,11 @@ def _save_after_crash(error: Exception, opts: CaptureOptions, state: SessionStat
 
 
 def parse_profile_sizes(
-    text: str | None, capture_bs: list[int], capture_tokens: list[int]
+    text: str | None, capture_bs: list[int], capture_tokens: list[int],
+    vit_patches: list[int] | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """`decode:1,piecewise:512` into sizes by kind; each named size must be captured."""
-    captured = {"decode": capture_bs, "piecewise": capture_tokens}
+    captured = {"decode": capture_bs, "piecewise": capture_tokens, "vit": vit_patches or []}
     if text is None:
         return {k: tuple(sorted({min(v), max(v)})) for k, v in captured.items() if v}
     chosen: dict[str, list[int]] = {}
@@ -225,7 +273,7 @@ def parse_profile_sizes(
         if kind not in captured or not size.isdigit() or int(size) not in captured[kind]:
             raise CgtoolError(
                 f"--profile-sizes: {item!r} is not a captured size",
-                "Name sizes as decode:BS or piecewise:TOKENS from --bs / --tokens.",
+                "Name sizes as decode:BS, piecewise:TOKENS or vit:PATCHES from --bs / --tokens / --image-sizes.",
             )
         chosen.setdefault(kind, []).append(int(size))
     return {k: tuple(v) for k, v in chosen.items()}

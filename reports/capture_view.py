@@ -48,7 +48,7 @@ class CaptureProgressBar:
             self._line(f"{what} ({free})")
             return
         key = (event.kind, event.phase)
-        label = "bs" if event.kind == "decode" else "tokens"
+        label = {"decode": "bs", "piecewise": "tokens"}.get(event.kind, "patches")
         description = f"{event.phase} {event.kind} {label}={event.size} ({free})"
         if key not in self.tasks:
             self.tasks[key] = self.progress.add_task(description, total=event.total)
@@ -64,6 +64,8 @@ def remedies(report: CaptureReport, failed: CaptureFailure | None) -> list[str]:
     fitted = [s.size for s in report.sizes if s.kind == failed.kind and s.status != "failed"]
     flag = "--cuda-graph-max-bs" if failed.kind == "decode" else "--piecewise-cuda-graph-max-tokens"
     lines = []
+    if failed.kind == "vit":  # no server flag bounds ViT graphs: each image size is one graph
+        return [f"drop the image sizes of {failed.size} patches and more from --image-sizes"]
     if fitted:
         lines.append(f"lower {flag} to {max(fitted)}, the largest size that fitted")
     else:

@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from cgtool.results import CaptureReport, SizeResult
+from cgtool.results import SIZE_UNITS, CaptureReport, SizeResult
 from cgtool.units import MIB
 
 EAGER_COLOUR, GRAPH_COLOUR, FAILED_COLOUR, MEMORY_COLOUR = "#d1495b", "#00798c", "#edae49", "#30638e"
@@ -36,7 +36,7 @@ def write_report_figures(report: CaptureReport, out_dir: Path) -> list[Path]:
 
 
 def _x_label(kind: str) -> str:
-    return "batch size" if kind == "decode" else "tokens"
+    return SIZE_UNITS[kind]
 
 
 def _values(rows: list[SizeResult], get: Callable[[SizeResult], float | None]) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cgtool.capture.ranks import rank_spread
 from cgtool.reports.tables import TableData, mib_number
-from cgtool.results import CaptureReport
+from cgtool.results import SIZE_UNITS, CaptureReport
 
 
 def rank_tables(report: CaptureReport) -> list[TableData]:
@@ -23,7 +23,7 @@ def _ms(value: float | None, unit: str = " ms", digits: int = 3) -> str:
 
 
 def rank_size_rows(report: CaptureReport, kind: str) -> TableData:
-    columns = ["batch size" if kind == "decode" else "tokens", "rank", "status", "capture s",
+    columns = [SIZE_UNITS[kind], "rank", "status", "capture s",
                "retained MiB", "peak MiB", "non-torch MiB", "eager ms", "replay ms", "max |diff|"]
     rows, marked = [], set()
     for head in report.sizes_of(kind):

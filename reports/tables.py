@@ -10,7 +10,7 @@ from rich.table import Table
 
 from cgtool.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
 from cgtool.config import ModelConfig
-from cgtool.results import CaptureReport
+from cgtool.results import SIZE_UNITS, CaptureReport
 from cgtool.units import BF16_BYTES, GIB, MIB
 
 
@@ -99,7 +99,7 @@ def models_rows(configs: list[ModelConfig]) -> TableData:
 
 def size_rows(report: CaptureReport, kind: str) -> TableData:
     # Units live in the headers so that cells stay short numbers that never wrap.
-    columns = ["batch size" if kind == "decode" else "tokens", "status", "capture s",
+    columns = [SIZE_UNITS[kind], "status", "capture s",
                "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
                "replay ms", "speedup", "roofline %", "kernels", "max |diff|"]
     moe = any(row.experts_active is not None for row in report.sizes_of(kind))

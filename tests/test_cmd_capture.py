@@ -132,3 +132,46 @@ def test_an_unforeseen_error_keeps_the_measured_sizes_and_the_traceback(tmp_path
     assert saved.incomplete_reason.startswith("stopped by RuntimeError: out of resource")
     assert [s.size for s in saved.sizes] == [s.size for s in measured.sizes[:3]]
     assert "second line" in (out / "error.log").read_text()  # the whole traceback, for a bug report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the order against the GPU check")
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--image-sizes", "448x448x3"], "--image-sizes '448x448x3' is not HEIGHTxWIDTH"),
+    (["--image-sizes", "448x450"], "--image-sizes 448x450 is not a size the qwen2.5-vl-7b processor"),
+    (["--image-sizes", "448x896,896x448"], "both give 2048 patches"),
+    (["--model", "qwen2.5-7b"], "--model qwen2.5-7b is not a vision preset"),
+    (["--tp", "2"], "--kind vit runs on one GPU"),
+    (["--hidden-states", "full"], "--kind vit captures none"),
+    (["--profile-sizes", "vit:999"], "'vit:999' is not a captured size"),
+])
+def test_vit_arguments_are_checked_before_the_gpu(args, expected):
+    result = runner.invoke(app, ["capture", "--kind", "vit", *args])
+    assert result.exit_code == 2
+    assert expected in result.stderr and "CUDA GPU" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_image_sizes_without_kind_vit_is_exit_2():
+    result = runner.invoke(app, ["capture", "--image-sizes", "448x448"])
+    assert result.exit_code == 2 and "--image-sizes applies to --kind vit" in result.stderr
+
+
+def test_kind_vit_resolves_the_vision_preset_and_default_sizes(tmp_path, monkeypatch):
+    # The session is replaced by a stand-in that records its options; the options reach it as
+    # a GPU run would get them.
+    from cgtool.capture import session, vit
+
+    seen = {}
+
+    def fake_run(opts, on_progress, state):
+        seen["opts"] = opts
+        raise CgtoolError("stop here", "Nothing to do.")
+
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(vit, "run_vit_capture", fake_run)
+    result = runner.invoke(app, ["capture", "--kind", "vit", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "stop here" in result.stderr
+    opts = seen["opts"]
+    assert opts.model == "qwen2.5-vl-7b" and opts.kinds == ("vit",)
+    assert len(opts.image_sizes) >= 4 and opts.capture_bs == [] and opts.capture_num_tokens == []
+    assert opts.profile_sizes["vit"] == (1024, 9216)  # 448x448 and 1344x1344

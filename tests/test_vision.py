@@ -106,3 +106,25 @@ def test_vit_capture_shapes_of_no_images_recommends_nothing():
 
 def test_the_sglang_switch_is_the_seed_documents_variable():
     assert SGLANG_VIT_GRAPH_ENV == "SGLANG_VIT_ENABLE_CUDA_GRAPH=1"
+
+
+def test_default_vit_image_sizes_are_four_grids_the_processor_produces():
+    from cgtool.vision import DEFAULT_VIT_IMAGE_SIZES, capture_grids
+
+    sizes = parse_image_sizes(DEFAULT_VIT_IMAGE_SIZES, QWEN)
+    grids = capture_grids(sizes, QWEN)
+    assert len(grids) == len(sizes) >= 4
+    assert (40, 60) in grids  # 20x30 merge units: short windows at the edges
+
+
+def test_capture_grids_are_the_patch_grids_once_each():
+    from cgtool.vision import capture_grids
+
+    assert capture_grids([(448, 448), (448, 896), (448, 448)], QWEN) == [(32, 32), (32, 64)]
+
+
+def test_two_sizes_with_one_patch_count_in_different_grids_are_refused():
+    from cgtool.vision import capture_grids
+
+    with pytest.raises(InputError, match="448x896 and 896x448 both give 2048 patches"):
+        capture_grids([(448, 896), (896, 448)], QWEN)

@@ -32,6 +32,7 @@ from cgtool.units import BF16_BYTES, GIB
 if TYPE_CHECKING:
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
+    from cgtool.runners.vit import VitGraphRunner
 
 
 def capture_decode(
@@ -207,7 +208,7 @@ def _count_kernels(
 
 
 def _capture_sizes(
-    kind: str, runner: DecodeGraphRunner | PiecewiseGraphRunner, sizes: list[int], pool: Any,
+    kind: str, runner: DecodeGraphRunner | PiecewiseGraphRunner | VitGraphRunner, sizes: list[int], pool: Any,
     on_progress: ProgressCallback, state: SessionState, opts: CaptureOptions,
     record_all: Callable[[Callable[..., bool]], None] | None = None,
 ) -> dict[int, CaptureCost]:

@@ -14,7 +14,7 @@ import torch
 from cgtool.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
 from cgtool.hidden_states import HiddenMode
-from cgtool.results import CaptureTotals, KernelRow, SizeResult
+from cgtool.results import CaptureTotals, KernelRow, ModelInfo, SizeResult
 from cgtool.runners.sizes import capture_sizes
 
 
@@ -43,6 +43,8 @@ class CaptureOptions:
     # Decode graphs' hidden-state modes, upward: the first is captured, each next one recaptured.
     hidden_modes: tuple[HiddenMode, ...] = (HiddenMode.NULL,)
     moe_backend: str = "triton"  # MoE experts: the fused Triton kernel, or the dense torch reference
+    # ViT graphs (--kind vit): image sizes in pixels (height, width), already on the patch grid.
+    image_sizes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         # Kinds not captured keep an empty list; the captured ones follow the one rule.
@@ -89,6 +91,7 @@ class SessionState:
     failed: CaptureFailure | None = None  # the first (largest) size that ran out of memory
     runners: list[object] = field(default_factory=list)
     cfg: ModelConfig | None = None
+    model: ModelInfo | None = None  # set instead of cfg for a model that is no LM (vision tower)
     rank_totals: list[CaptureTotals] = field(default_factory=list)  # every rank's, on rank 0
     totals: CaptureTotals | None = None  # filled as soon as the model and KV pool exist
     phase_s: dict[str, float] = field(default_factory=dict)  # seconds spent in each phase

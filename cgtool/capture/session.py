@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from cgtool import __version__
 from cgtool.capture.kinds import capture_decode, capture_piecewise
-from cgtool.capture.memory import device_info, read_memory
+from cgtool.capture.memory import MemoryReading, device_info, read_memory
 from cgtool.capture.options import (
     CaptureOptions,
     CaptureProgress,
@@ -92,12 +94,13 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
         capture_num_tokens=opts.capture_num_tokens,
         compiler=opts.compiler,  # type: ignore[arg-type]
         mem_fraction_static=opts.mem_fraction_static,
-        attention_backend="triton",
+        attention_backend="sdpa" if opts.kinds == ("vit",) else "triton",
         context_len=opts.context_len,
         enable_cudagraph_gc=opts.enable_cudagraph_gc,
         tp_size=opts.tp_size,
         hidden_states=[mode.flag for mode in opts.hidden_modes],
         moe_backend=opts.moe_backend,
+        image_sizes=[list(size) for size in opts.image_sizes],
     )
 
 
@@ -126,27 +129,29 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         capture_piecewise(bench, opts, pool, bandwidth, on_progress, state)
     if "decode" in opts.kinds and state.incomplete_reason is None:
         capture_decode(bench, opts, pool, bandwidth, on_progress, state)
+    totals = totals_after_capture(pool, before, state)
+    if tp.size > 1:
+        gather_ranks(state, totals)
+    return build_report(opts, cfg, state, totals)
+
+
+def totals_after_capture(pool: Any, before: MemoryReading, state: SessionState) -> CaptureTotals:
+    """The session's totals once every kind is captured: `state.totals` (set after loading)
+    with the pool's growth, the peak and what the runners and the allocator added."""
     torch.cuda.empty_cache()
     after = read_memory(pool)
     pool_growth = after.pool_bytes - before.pool_bytes
     static = sum(r.static_buffer_bytes for r in state.runners)  # type: ignore[attr-defined]
-    totals = CaptureTotals(
-        weights_bytes=bench.weights_bytes,
-        kv_pool_bytes=bench.runner.kv_pool.nbytes,
-        kv_tokens=bench.kv_tokens,
+    return replace(
+        state.totals or zero_totals(),
         graph_pool_bytes=pool_growth,
         peak_bytes=torch.cuda.max_memory_reserved(),
-        free_before_capture_bytes=before.free_bytes,
         free_after_capture_bytes=after.free_bytes,
         capture_s=state.phase_s.get("capture", 0.0),
         non_torch_bytes=after.non_torch_bytes - before.non_torch_bytes,
-        copy_bandwidth_bytes_s=bandwidth,
         static_buffer_bytes=static,
         other_torch_bytes=after.reserved_bytes - before.reserved_bytes - pool_growth - static,
     )
-    if tp.size > 1:
-        gather_ranks(state, totals)
-    return build_report(opts, cfg, state, totals)
 
 
 def _load(
@@ -171,10 +176,11 @@ def _load(
 
 def build_report(
     opts: CaptureOptions,
-    cfg: ModelConfig,
+    cfg: ModelConfig | None,
     state: SessionState,
     totals: CaptureTotals,
 ) -> CaptureReport:
+    """`state.model` names the model when it is no language model (a vision tower)."""
     totals.phase_s = dict(state.phase_s)
     totals.sglang_mem_usage_bytes = dict(state.sglang_mem_usage_bytes)
     totals.eager_host_us_per_kernel = _host_us_per_kernel(state)
@@ -182,7 +188,7 @@ def build_report(
     traces = dict(state.chrome_traces)
     return CaptureReport(
         environment=environment(),
-        model=model_info(cfg, opts.dtype),
+        model=state.model or model_info(cfg, opts.dtype),  # type: ignore[arg-type]
         settings=settings_of(opts),
         sizes=state.sizes,
         totals=totals,
@@ -210,7 +216,7 @@ def _host_us_per_kernel(state: SessionState) -> float | None:
 
 def partial_report(opts: CaptureOptions, state: SessionState, reason: str) -> CaptureReport | None:
     """What was measured before an interruption, marked incomplete; None if nothing was loaded."""
-    if state.cfg is None or not torch.cuda.is_available():
+    if (state.cfg is None and state.model is None) or not torch.cuda.is_available():
         return None
     where = f" during {state.stopped_in}" if state.stopped_in else ""
     state.incomplete_reason = f"{reason}{where}"
