@@ -29,7 +29,7 @@ from cgtool.document_io import (
 )
 
 PLAN_SCHEMA = "cgtool.plan"
-PLAN_VERSION = "1.2"  # 1.2 adds the histograms' attention_ms
+PLAN_VERSION = "1.3"  # 1.2 adds the histograms' attention_ms; 1.3 the optional `vit`
 PLAN_FILENAME = "plan.json"
 
 
@@ -84,6 +84,20 @@ _ENGINE_BUFFER_FIELDS = (
     "attention_backend", "attention_buffer_bytes", "static_input_bytes",
     "default_attention_buffer_bytes", "default_static_input_bytes",
 )
+
+
+@dataclass(slots=True, kw_only=True)
+class VitPlan:
+    """ViT graphs for a trace whose requests carry images (cgtool.planner.vit builds it)."""
+
+    preset: str  # the vision preset whose processor snapped the images
+    env: str  # SGLang's switch for ViT graphs, set in the server's environment
+    num_images: int
+    refused_images: int  # sizes the processor refuses (aspect ratio): no patch count
+    capture_patches: list[int]  # patch counts that get a graph, most frequent first
+    image_sizes: list[list[int]]  # [height, width] px per capture_patches entry: its commonest
+    coverage: float  # share of the trace's images whose patch count has a graph
+    min_share: float  # a patch count gets a graph when it serves this share of the images
 
 
 @dataclass(slots=True, kw_only=True)
@@ -217,6 +231,7 @@ class Plan:
     flags: dict[str, list[str]]  # by engine: sglang (always), vllm, trtllm
     simulation: Simulation
     warnings: list[str] = field(default_factory=list)
+    vit: VitPlan | None = None  # only for a trace with images; absent before 1.3
 
     def row(self, schedule: str) -> ScheduleScore | None:
         """The comparison row of "plan" or "default"."""
@@ -227,7 +242,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)
-        for name in ("provenance", "basis"):
+        for name in ("provenance", "basis", "vit"):
             if body[name] is None:
                 del body[name]
         for kind in ("decode", "piecewise"):

@@ -32,6 +32,7 @@ from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
 from cgtool.planner.trace import RequestTrace
+from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.results import load_plan
 from cgtool.units import BYTE_UNITS
@@ -236,7 +237,7 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRe
             progress.update(tasks[stage], completed=fraction)
 
         if isinstance(loaded, RequestTrace):
-            return plan_requests(
+            result = plan_requests(
                 loaded.arrival_s,
                 loaded.input_len,
                 loaded.output_len,
@@ -245,6 +246,8 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRe
                 report,
                 stop.requested,
             )
+            result.vit = vit_plan(loaded.images)
+            return result
         return plan_batches(
             loaded.decode_batch_size,
             loaded.decode_count,

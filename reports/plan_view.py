@@ -29,9 +29,11 @@ def _sizes(sizes: list[int], limit: int = 40) -> str:
     return shown + (f" … ({len(sizes)} sizes)" if len(sizes) > limit else f"  ({len(sizes)} sizes)")
 
 
-def flag_block(lines: list[str], title: str) -> Text:
+def flag_block(lines: list[str], title: str, launch: str | None = None) -> Text:
     # Plain lines, never wrapped or boxed, so that they paste into a shell as they are.
     text = Text(f"# {title}\n", style="bold", no_wrap=True, overflow="ignore")
+    if launch:
+        text.append(launch + " \\\n", style="")
     text.append(" \\\n".join(line for line in lines if line.startswith("--")), style="")
     for note in (line for line in lines if not line.startswith("--")):
         text.append("\n" + note, style="dim")
@@ -104,6 +106,25 @@ def _size_lines(plan: Plan) -> list[Text]:
     ]
 
 
+def vit_lines(plan: Plan) -> list[Text]:
+    """The trace's images: the ViT graphs to capture, and how to measure them first."""
+    vit = plan.vit
+    if vit is None:
+        return []
+    refused = f", {vit.refused_images:,} refused by the processor" if vit.refused_images else ""
+    sizes = ",".join(f"{h}x{w}" for h, w in vit.image_sizes)
+    lines = [
+        Text(f"ViT graphs for {vit.num_images:,} images{refused} ({vit.preset} processor), "
+             f"serving {vit.coverage:.1%} of them; patch counts: {_sizes(vit.capture_patches)}"),
+    ]
+    if sizes:
+        # Their memory is not in the memory plan above: no capture report measures it yet.
+        lines.append(Text(f"  their memory is not in --mem-fraction-static; measure it: cgtool capture "
+                          f"--kind vit --model {vit.preset} --image-sizes {sizes}",
+                          style="dim", no_wrap=True, overflow="ignore"))
+    return lines
+
+
 def _basis_lines(plan: Plan) -> list[Text]:
     basis = plan.basis
     if basis is None:  # plans written before cgtool 1.1 carry none
@@ -131,9 +152,12 @@ def plan_view(plan: Plan) -> RenderableType:
     overload = [w for w in warnings if w.startswith("overloaded")]
     parts: list[RenderableType] = [_head(plan)]
     parts += [Text(f"warning: {w}", style="bold red") for w in overload]
+    # SGLang's ViT graphs are switched on by an environment variable: it prefixes the launch.
+    launch = f"{plan.vit.env} python -m sglang.launch_server" if plan.vit and engine == "sglang" else None
     parts += [
-        flag_block(plan.flags[engine], f"Recommended flags for {engine_label(plan)}"),
+        flag_block(plan.flags[engine], f"Recommended flags for {engine_label(plan)}", launch),
         *_size_lines(plan),
+        *vit_lines(plan),
         *_basis_lines(plan),
         comparison_table(plan),
     ]
