@@ -80,12 +80,35 @@ def _size_lines(rows: dict[int, dict], width: int, cells: Callable[[dict], str])
     ]
 
 
+def vit_lines(name: str, report: dict) -> list[str]:
+    rows = {r["size"]: r for r in report["sizes"] if r["kind"] == "vit"}
+    if not rows:
+        return []
+    sizes = report["settings"].get("image_sizes") or []
+    lines = [f"## {name} vit ({report['environment']['gpu_name']}, {report['created'][:10]})",
+             "images " + ", ".join(f"{h}x{w}" for h, w in sizes),
+             (f"capture of all shapes {sum(r['capture_s'] for r in rows.values()):.2f} s; graph pool "
+             f"{report['totals']['graph_pool_bytes'] / GIB:.3f} GiB"),
+             "patches  eager_ms  replay_ms  speedup  %roofline  retained_MiB  peak_MiB  capture_s"]
+    for n in sorted(rows):
+        r = rows[n]
+        if r["replay_ms"] is None:
+            lines.append(f"{n:<9}{r['status']}")
+            continue
+        pct = 100 * r["roofline_ms"] / r["replay_ms"] if r["roofline_ms"] else float("nan")
+        lines.append(
+            f"{n:<9}{r['eager_ms']:>8.3f}  {r['replay_ms']:>9.3f}  {r['speedup']:>6.2f}x  {pct:>8.0f}%  "
+            f"{r['retained_bytes'] / (1 << 20):>12.1f}  {r['peak_bytes'] / (1 << 20):>8.1f}  {r['capture_s']:>9.3f}"
+        )
+    return lines
+
+
 def main() -> None:
     runs = Path(sys.argv[1])
     for report_path in sorted(runs.glob("*/report.json")):
         report = json.loads(report_path.read_text())
         name = report["model"]["name"]
-        for line in decode_lines(name, report) + piecewise_lines(name, report):
+        for line in decode_lines(name, report) + piecewise_lines(name, report) + vit_lines(name, report):
             print(line)
         print()
     for compile_json in sorted(runs.glob("compile-*.json")):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
-# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe]...
+# benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
+# `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
@@ -89,6 +90,17 @@ if want compile; then
     python3 scripts/bench_compile.py --model $m --out "$OUT/runs/compile-$m.json" 2>&1 \
       | tee "$OUT/runs/compile-$m.log" | tail -42
   done
+fi
+if [[ " $stages " == *" vit "* ]]; then  # issue 17: ViT graphs per image shape, by name only
+  vstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/runs/vit-phases.log"; }
+  vstamp "vit GPU tests"
+  timeout -k 10 "${VIT_TESTS_TIMEOUT:-300}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+    tests/test_vit_gpu.py >"$OUT/runs/vit-gpu-tests.log" 2>&1
+  vstamp "vit GPU tests exit $?"; tail -5 "$OUT/runs/vit-gpu-tests.log"
+  vstamp "vit capture ${VIT_SIZES:=448x448,560x840,896x896,1344x1344}"
+  timeout -k 10 "${VIT_TIMEOUT:-240}" cgtool capture --model qwen2.5-vl-7b --kind vit --image-sizes "$VIT_SIZES" \
+    --out "$OUT/runs/vit" >"$OUT/runs/vit.log" 2>&1
+  vstamp "vit capture exit $?"; tail -30 "$OUT/runs/vit.log"
 fi
 if [[ " $stages " == *" tp "* ]]; then  # asked for by name only (not in "all"): needs two GPUs
   export NCCL_NVLS_ENABLE=0  # the lent two-GPU machine's notes: leave NVLink multicast off
