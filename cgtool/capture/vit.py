@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -88,7 +89,7 @@ def capture_vit(
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     with state.phase("capture"), _sglang_mem_usage(state, "vit"):
         costs = _capture_sizes("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
-    calls = []
+    calls: list[tuple[int, Callable[[], object], Callable[[], object]]] = []
     with state.phase("measure"):
         for i, (patches, cost) in enumerate(costs.items()):
             _progress(on_progress, "vit", "measure", patches, i, len(costs))

@@ -148,13 +148,13 @@ def _segment_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Segments
 ) -> torch.Tensor:
     """Attention inside each segment only: the segments, padded to one length, are a batch."""
-    if segments.gather is None:
+    if segments.gather is None or segments.scatter is None:
         # 4-D, as SDPA's fused kernels need: a 3-D call takes the math path, which holds the
         # whole [heads, n, n] score matrix (2.5 GiB in bf16 at 9216 patches).
-        out = F.scaled_dot_product_attention(*(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)))
-        return out[0].transpose(0, 1)
-    padded = [t[segments.gather].transpose(1, 2) for t in (q, k, v)]  # [seg, heads, len, hd]
-    out = F.scaled_dot_product_attention(*padded, attn_mask=segments.key_mask)
+        q4, k4, v4 = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        return F.scaled_dot_product_attention(q4, k4, v4)[0].transpose(0, 1)
+    qp, kp, vp = (t[segments.gather].transpose(1, 2) for t in (q, k, v))  # [seg, heads, len, hd]
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=segments.key_mask)
     out = out.transpose(1, 2).flatten(0, 1)  # [seg * len, heads, hd]
     return out.index_select(0, segments.scatter)
 
