@@ -115,7 +115,7 @@ def capture(
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size: start this many ranks, one GPU each (SGLang's --tp-size).")] = 1,
     hidden_states: Annotated[str, typer.Option("--hidden-states", help="Decode graphs' hidden-state mode: null, last or full; an upward list such as null,full recaptures at each, as SGLang does.")] = "null",
     moe_backend: Annotated[MoeBackend, typer.Option(help="MoE models' experts: the fused Triton kernel, which reads only the routed experts, or the torch reference, which runs every expert on every token.")] = MoeBackend.triton,
-    image_sizes: Annotated[str | None, typer.Option(help="With --kind vit: image sizes in pixels, HEIGHTxWIDTH, each a size the processor produces (multiples of 28), one graph each (default: 448x448,560x840,896x896,1344x1344).")] = None,
+    image_sizes: Annotated[str | None, typer.Option(help="With --kind vit: image sizes in pixels, HEIGHTxWIDTH, each a size the processor produces (multiples of 28), one graph each (default: the --plan's, else 448x448,560x840,896x896,1344x1344).")] = None,
 ) -> None:
     """Capture and replay decode and piecewise CUDA graphs on a GPU and measure each size."""
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
@@ -127,7 +127,7 @@ def capture(
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
     hidden_modes = parse_capture_modes(hidden_states, kind)
     if kind == Kind.vit:
-        model, sizes, patches = vit_inputs(model, image_sizes, tp)
+        model, sizes, patches = vit_inputs(model, image_sizes or plan_image_sizes(plan), tp)
         capture_bs, capture_tokens = [], []
     else:
         if image_sizes is not None:
@@ -168,6 +168,16 @@ def parse_capture_modes(text: str, kind: Kind) -> tuple[HiddenMode, ...]:
             "Use --kind decode or both, or leave --hidden-states at null.",
         )
     return modes
+
+
+def plan_image_sizes(plan: Path | None) -> str | None:
+    """The image sizes of a plan's ViT graphs as --image-sizes text (None: no plan, or no images)."""
+    if plan is None:
+        return None
+    from cgtool.results import load_plan
+
+    vit = load_plan(plan).vit
+    return ",".join(f"{h}x{w}" for h, w in vit.image_sizes) if vit and vit.image_sizes else None
 
 
 def vit_inputs(

@@ -175,3 +175,29 @@ def test_kind_vit_resolves_the_vision_preset_and_default_sizes(tmp_path, monkeyp
     assert opts.model == "qwen2.5-vl-7b" and opts.kinds == ("vit",)
     assert len(opts.image_sizes) >= 4 and opts.capture_bs == [] and opts.capture_num_tokens == []
     assert opts.profile_sizes["vit"] == (1024, 9216)  # 448x448 and 1344x1344
+
+
+def test_kind_vit_takes_the_image_sizes_of_a_plan_with_images(tmp_path, monkeypatch):
+    import dataclasses
+
+    from cgtool.capture import session, vit
+    from cgtool.plan_document import VitPlan, write_plan
+    from cgtool.results import load_plan
+
+    plan = load_plan(FIXTURES / "plan-llama-3.1-8b")
+    plan.vit = VitPlan(preset="qwen2.5-vl-7b", env="SGLANG_VIT_ENABLE_CUDA_GRAPH=1", num_images=3,
+                       refused_images=0, capture_patches=[1024, 3072],
+                       image_sizes=[[448, 448], [896, 672]], coverage=1.0, min_share=0.005)
+    write_plan(dataclasses.replace(plan), tmp_path / "plan.json")
+    seen = {}
+
+    def fake_run(opts, on_progress, state):
+        seen["sizes"] = opts.image_sizes
+        raise CgtoolError("stop here", "Nothing to do.")
+
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(vit, "run_vit_capture", fake_run)
+    result = runner.invoke(app, ["capture", "--kind", "vit", "--plan", str(tmp_path / "plan.json"),
+                                 "--out", str(tmp_path / "o")])
+    assert "stop here" in result.stderr, result.output
+    assert seen["sizes"] == ((448, 448), (896, 672))
