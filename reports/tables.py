@@ -12,6 +12,7 @@ from cgtool.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, Met
 from cgtool.config import ModelConfig
 from cgtool.results import SIZE_UNITS, CaptureReport
 from cgtool.units import BF16_BYTES, GIB, MIB
+from cgtool.vision import VisionPreset
 
 
 def gib(num_bytes: float) -> str:
@@ -95,6 +96,15 @@ def models_rows(configs: list[ModelConfig]) -> TableData:
              f"{cfg.num_heads}/{cfg.num_kv_heads}", f"{cfg.param_count() / 1e9:.2f}",
              f"{cfg.weight_bytes(BF16_BYTES) / GIB:.2f}"] for cfg in configs]
     return TableData("Model presets", columns, rows)
+
+
+def vision_models_rows(presets: list[VisionPreset]) -> TableData:
+    columns = ["vision preset (--kind vit)", "blocks", "hidden", "heads", "patch px",
+               "window px", "full-attention blocks", "out hidden"]
+    rows = [[p.name, str(p.depth), str(p.hidden_size), str(p.num_heads), str(p.patch_size),
+             str(p.window_size), " ".join(map(str, p.fullatt_block_indexes)), str(p.out_hidden_size)]
+            for p in presets]
+    return TableData("Vision presets", columns, rows)
 
 
 def size_rows(report: CaptureReport, kind: str) -> TableData:

@@ -18,8 +18,9 @@ from cgtool.compare import compare_plans, compare_reports
 from cgtool.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.plan_document import Plan
 from cgtool.reports.render import printed_tables
-from cgtool.reports.tables import TableData, comparison_rows, models_rows
+from cgtool.reports.tables import TableData, comparison_rows, models_rows, vision_models_rows
 from cgtool.results import load_document
+from cgtool.vision import load_vision_preset, vision_preset_names
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 REPORT = FIXTURES / "h100-llama-3.1-8b"
@@ -29,7 +30,8 @@ runner = CliRunner()
 
 def _models_tables() -> list[TableData]:
     architectures = [[name] for name in SUPPORTED_ARCHITECTURES]
-    return [models_rows([load_preset(name) for name in preset_names()]),
+    vision = vision_models_rows([load_vision_preset(name) for name in vision_preset_names()])
+    return [models_rows([load_preset(name) for name in preset_names()]), vision,
             TableData(ARCHITECTURES_TITLE, ["architecture"], architectures)]
 
 
@@ -72,7 +74,7 @@ def test_the_table_shows_as_many_rows_as_csv_carries(name, report_copy):
     shown = table.splitlines()
     if name == "models":  # the table prints the architectures as one line, not a table
         assert shown[-1] == f"{ARCHITECTURES_TITLE}: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        expected = expected[:1]
+        expected = expected[:2]
     for data in expected:
         assert data.title in table
         # every row's first cell starts one line of the table (each cell read whole)

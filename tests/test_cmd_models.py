@@ -36,3 +36,10 @@ def test_models_piped_keeps_every_cell_whole():
     for preset in preset_names():
         assert f" {preset} " in out
     assert "Qwen3ForCausalLM" in out.splitlines()[-1]  # the architectures line is not wrapped
+
+
+def test_models_lists_the_vision_presets_kind_vit_takes():
+    result = runner.invoke(app, ["models"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    row = next(line.split() for line in result.output.splitlines() if " qwen2.5-vl-7b " in line)
+    assert row[1:6] == ["32", "1280", "16", "14", "112"]
