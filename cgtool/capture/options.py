@@ -17,7 +17,6 @@ from cgtool.hidden_states import HiddenMode
 from cgtool.results import CaptureTotals, KernelRow, ModelInfo, SizeResult
 from cgtool.runners.sizes import capture_sizes
 
-
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
 
 
