@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cgtool.commands.common import DEFAULT_MODEL, ModelOption, cli_errors, console, err_console
+from cgtool.commands.common import DEFAULT_MODEL, cli_errors, console, err_console
 from cgtool.commands.signals import exit_code, signal_name, terminate_as_interrupt
 from cgtool.errors import CgtoolError
 
@@ -96,7 +96,7 @@ def choose_sizes(
 
 @cli_errors
 def capture(
-    model: ModelOption = DEFAULT_MODEL,
+    model: Annotated[str | None, typer.Option(help="Model preset (see `cgtool models`) or a Hugging Face folder with config.json (default: llama-3.1-8b; with --kind vit, a vision preset, default qwen2.5-vl-7b).")] = None,
     kind: Annotated[Kind, typer.Option(help="Which graphs to capture: the LM's decode and piecewise graphs (both), or a vision tower's (vit).")] = Kind.both,
     bs: Annotated[str | None, typer.Option(help="Decode batch sizes, e.g. 1,2,4,8 (default: SGLang's list up to --max-bs).")] = None,
     max_bs: Annotated[int, typer.Option(help="Largest decode batch size for SGLang's default list.")] = 256,
@@ -133,6 +133,7 @@ def capture(
         if image_sizes is not None:
             raise CgtoolError("--image-sizes applies to --kind vit", "Add --kind vit, or drop --image-sizes.")
         sizes, patches = (), []
+        model = model or DEFAULT_MODEL
         load_model_config(model)
         validate_tp(model, tp, None)
         capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
@@ -181,13 +182,13 @@ def plan_image_sizes(plan: Path | None) -> str | None:
 
 
 def vit_inputs(
-    model: str, image_sizes: str | None, tp: int
+    model: str | None, image_sizes: str | None, tp: int
 ) -> tuple[str, tuple[tuple[int, int], ...], list[int]]:
     """--kind vit's vision preset, image sizes and their patch counts, checked on the host.
 
     --model names a vision preset (cgtool/presets/vision/), not a language model: the ViT
     session loads the vision tower alone, as its graphs are separate from the LM's. Left at
-    its default (the LM preset every command shares), it is the default vision preset."""
+    its default, it is the default vision preset."""
     from cgtool.vision import (
         DEFAULT_VISION_PRESET,
         DEFAULT_VIT_IMAGE_SIZES,
@@ -197,7 +198,7 @@ def vit_inputs(
         vision_preset_names,
     )
 
-    model = DEFAULT_VISION_PRESET if model == DEFAULT_MODEL else model
+    model = model or DEFAULT_VISION_PRESET
     if model not in vision_preset_names():
         raise CgtoolError(
             f"--kind vit captures a vision tower, and --model {model} is not a vision preset",

@@ -140,6 +140,7 @@ def test_an_unforeseen_error_keeps_the_measured_sizes_and_the_traceback(tmp_path
     (["--image-sizes", "448x450"], "--image-sizes 448x450 is not a size the qwen2.5-vl-7b processor"),
     (["--image-sizes", "448x896,896x448"], "both give 2048 patches"),
     (["--model", "qwen2.5-7b"], "--model qwen2.5-7b is not a vision preset"),
+    (["--model", "llama-3.1-8b"], "--model llama-3.1-8b is not a vision preset"),  # named, not defaulted
     (["--tp", "2"], "--kind vit runs on one GPU"),
     (["--hidden-states", "full"], "--kind vit captures none"),
     (["--profile-sizes", "vit:999"], "'vit:999' is not a captured size"),
