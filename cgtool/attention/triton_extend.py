@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.attention.triton_softmax import online_softmax_step
 from cgtool.triton_launch import CachedKernel
 
 LOG2_E = 1.4426950408889634  # scores in base 2: exp2 is one instruction
@@ -51,12 +52,7 @@ def _attend_key_block(
         V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
         mask=mask_n[:, None] & mask_d[None, :], other=0.0,
     )  # [BLOCK_N, BLOCK_D]
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return acc, l_i, m_new
+    return online_softmax_step(acc, l_i, m_i, s, v)
 
 
 @triton.jit

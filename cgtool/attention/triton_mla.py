@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from cgtool.attention.triton_decode import _STAGE2, LOG2_E
+from cgtool.attention.triton_softmax import online_softmax_step
 from cgtool.triton_launch import CachedKernel
 
 # Heads of one program: tl.dot needs 16 rows, and 16 heads x 512 fp32 accumulators fit the
@@ -92,12 +93,7 @@ def _mla_decode_stage1(
         )
         s = tl.dot(q_r, tl.trans(kv).to(q_r.dtype)) + tl.dot(q_p, tl.trans(pe).to(q_p.dtype))
         s = tl.where(mask_n[None, :], s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, kv)
 
     tl.store(
         MidOut + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_r[None, :],
@@ -148,12 +144,7 @@ def _mla_extend_kernel(
         # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
         visible = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
         s = tl.where(visible, s * scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, kv)
 
     tl.store(
         O + rows[:, None] * stride_ot + head * stride_oh + offs_r[None, :],
