@@ -70,7 +70,7 @@ def test_replay_refuses_a_buffer_replaced_after_capture(tiny_bench):
 _SYNC_SCRIPT = """
 import torch
 from cgtool.capture.options import CaptureOptions, SessionState
-from cgtool.capture.kinds import _capture_sizes
+from cgtool.capture.per_size import capture_each_size
 from cgtool.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runners.pitfalls import CapturePitfall
@@ -92,7 +92,7 @@ def syncing_forward(positions, hidden, residual):
 layer.forward = syncing_forward
 try:
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
-    _capture_sizes("decode", runner, runner.capture_bs, None, lambda *a: None, SessionState(), opts)
+    capture_each_size("decode", runner, runner.capture_bs, None, lambda *a: None, SessionState(), opts)
 except CapturePitfall as pitfall:
     print("PITFALL", pitfall)
 """

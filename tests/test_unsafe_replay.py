@@ -9,7 +9,7 @@ import torch
 from rich.console import Console
 
 from cgtool.capture.options import SessionState
-from cgtool.capture.kinds import _record
+from cgtool.capture.per_size import record_size
 from cgtool.commands.capture import capture_exit_code
 from cgtool.capture.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
 from cgtool.capture.timing import Timing
@@ -45,8 +45,8 @@ def test_every_row_is_compared_and_the_worst_row_named():
 
 def test_a_size_beyond_tolerance_is_recorded_unsafe_with_its_difference():
     state = SessionState()
-    _record(state, "decode", 8, COST, _check(0.0), 5.0)
-    _record(state, "decode", 16, COST, _check(1.25), 5.0)
+    record_size(state, "decode", 8, COST, _check(0.0), 5.0)
+    record_size(state, "decode", 16, COST, _check(1.25), 5.0)
     assert [(r.size, r.status, r.max_abs_diff) for r in state.sizes] == [(8, "ok", 0.0), (16, "unsafe", 1.25)]
     assert state.sizes[1].max_diff_at == 2 and state.sizes[1].eager_ci95_ms == 0.2
 

@@ -17,18 +17,18 @@ from typing import Any
 
 import torch
 
-from cgtool.capture.kinds import (
-    _capture_sizes,
-    _count_kernels,
-    _measured,
-    _peak_flops,
-    _progress,
-    _record,
-    _sglang_mem_usage,
-)
 from cgtool.capture.measure import check_replay
 from cgtool.capture.memory import read_memory
 from cgtool.capture.options import CaptureOptions, CaptureProgress, ProgressCallback, SessionState
+from cgtool.capture.per_size import (
+    capture_each_size,
+    count_kernels,
+    measured,
+    peak_flops,
+    record_size,
+    report_progress,
+    sglang_mem_usage,
+)
 from cgtool.capture.session import build_report, require_cuda, totals_after_capture, zero_totals
 from cgtool.capture.timing import copy_bandwidth_bytes_s
 from cgtool.model.vit import Segments, VisionLayout, VisionTower, build_vision_tower
@@ -87,12 +87,12 @@ def capture_vit(
     pixels (the merged tokens, in raster order) and time both."""
     runner = VitGraphRunner(tower, grids, opts.enable_cudagraph_gc)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
-    with state.phase("capture"), _sglang_mem_usage(state, "vit"):
-        costs = _capture_sizes("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
+    with state.phase("capture"), sglang_mem_usage(state, "vit"):
+        costs = capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
     calls: list[tuple[int, Callable[[], object], Callable[[], object]]] = []
     with state.phase("measure"):
         for i, (patches, cost) in enumerate(costs.items()):
-            _progress(on_progress, "vit", "measure", patches, i, len(costs))
+            report_progress(on_progress, "vit", "measure", patches, i, len(costs))
             layout = runner.layouts[patches]
             grid = layout.grids[0]
             gen = torch.Generator(device="cuda").manual_seed(opts.seed + patches)
@@ -101,14 +101,14 @@ def capture_vit(
             )
             eager = partial(lambda p, g: [runner.eager(p, g)], pixels, grid)
             replay = partial(lambda p, g: [runner.replay(p, g)], pixels, grid)
-            check = _measured(state, "vit", patches, partial(
+            check = measured(state, "vit", patches, partial(
                 check_replay, eager=eager, replay=replay, dtype=opts.dtype,
             ))
             if check is None:
                 continue
-            _record(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
+            record_size(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
             calls.append((patches, replay, eager))
-    _count_kernels(state, "vit", calls, opts, on_progress)
+    count_kernels(state, "vit", calls, opts, on_progress)
 
 
 def _weights_bytes(tower: VisionTower) -> int:
@@ -128,7 +128,7 @@ def _roofline_ms(tower: VisionTower, layout: VisionLayout, bandwidth: float) -> 
         pairs = _attention_pairs(layout.full if i in full else layout.windows, n)
         flops += 4 * preset.hidden_size * pairs
     bytes_ms = _weights_bytes(tower) / bandwidth * 1e3
-    peak = _peak_flops()
+    peak = peak_flops()
     return max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from cgtool.capture import kinds as capture_kinds
+from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost
 from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import CaptureOptions, SessionState
@@ -36,14 +36,14 @@ def _run_loop(monkeypatch, fits_up_to: int, sizes: list[int]) -> tuple[SessionSt
         fn()
         return CaptureCost(capture_s=0.1, retained_bytes=1, peak_bytes=2, non_torch_bytes=0)
 
-    monkeypatch.setattr(capture_kinds, "measure_capture", fake_measure)
-    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    monkeypatch.setattr(per_size, "measure_capture", fake_measure)
+    monkeypatch.setattr(per_size, "report_progress", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
     state = SessionState()
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=sizes, capture_num_tokens=[])
     runner = DecodeGraphRunner(_CpuModelRunner(), sizes)
     monkeypatch.setattr(runner, "_record", record)
-    costs = capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts)
+    costs = per_size.capture_each_size("decode", runner, runner.capture_bs, None, None, state, opts)
     return state, costs, attempted
 
 
@@ -108,8 +108,8 @@ def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
     from cgtool.hidden_states import HiddenMode
 
     recorded = []
-    monkeypatch.setattr(capture_kinds, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
-    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    monkeypatch.setattr(per_size, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
+    monkeypatch.setattr(per_size, "report_progress", lambda *a: None)
     state = SessionState()
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
     runner = DecodeGraphRunner(_CpuModelRunner(), [1, 2])
@@ -119,8 +119,8 @@ def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
         runner.graphs[bs] = object()
 
     monkeypatch.setattr(runner, "_record", record)
-    capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts)
-    costs = capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts,
+    per_size.capture_each_size("decode", runner, runner.capture_bs, None, None, state, opts)
+    costs = per_size.capture_each_size("decode", runner, runner.capture_bs, None, None, state, opts,
                                          record_all=partial(runner.recapture, HiddenMode.FULL))
     assert recorded == [("NULL", 2), ("NULL", 1), ("FULL", 2), ("FULL", 1)]
     assert sorted(costs) == [1, 2] and len(runner.retired_graphs) == 2
@@ -131,8 +131,8 @@ def test_a_size_out_of_memory_on_recapture_fails_as_that_modes_row(monkeypatch):
 
     from cgtool.hidden_states import HiddenMode
 
-    monkeypatch.setattr(capture_kinds, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
-    monkeypatch.setattr(capture_kinds, "_progress", lambda *a: None)
+    monkeypatch.setattr(per_size, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
+    monkeypatch.setattr(per_size, "report_progress", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
     state = SessionState()
     opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[])
@@ -144,6 +144,6 @@ def test_a_size_out_of_memory_on_recapture_fails_as_that_modes_row(monkeypatch):
         runner.graphs[bs] = object()
 
     monkeypatch.setattr(runner, "_record", record)
-    capture_kinds._capture_sizes("decode", runner, runner.capture_bs, None, None, state, opts,
+    per_size.capture_each_size("decode", runner, runner.capture_bs, None, None, state, opts,
                                  record_all=partial(runner.recapture, HiddenMode.FULL))
     assert [(r.size, r.status, r.hidden_mode) for r in state.sizes] == [(2, "failed", "full")]
