@@ -6,6 +6,7 @@ import torch
 
 from cgtool.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
+from cgtool.kv_store import store_kv
 
 # Slot 0 and request row 0 are never handed out: padded batch entries write and read there.
 DUMMY_SLOT = 0
@@ -66,12 +67,9 @@ class KVPool:
         return sum(b.numel() * b.element_size() for b in buffers)
 
     def store(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # index_copy_ rather than `buffer[loc] = k`: the same copy, without advanced indexing's
-        # host work (tens of µs a call, two calls a layer in every eager step).
-        loc = loc if loc.dtype == torch.int64 else loc.long()
-        self.k_buffers[layer_id].index_copy_(0, loc, k)
-        if not self.is_latent:
-            self.v_buffers[layer_id].index_copy_(0, loc, v)
+        """The tokens' new K and V into their slots `loc`; a latent pool stores K alone."""
+        v_cache = None if self.is_latent else self.v_buffers[layer_id]
+        store_kv(self.k_buffers[layer_id], v_cache, loc, k, None if self.is_latent else v)
 
     def alloc_request(self, seq_len: int) -> tuple[int, torch.Tensor]:
         """Give a request a row and `seq_len` fresh slots (bump allocation; enough for profiling)."""

@@ -1,33 +1,37 @@
-"""Triton launches without Triton's per-call specialisation pass.
+"""Triton launches without Triton's per-call specialisation pass and launch wrapper.
 
 `kernel[grid](...)` re-derives on every call the specialisation of each argument (dtype and
 16-byte alignment of tensors; integers equal to 1, divisible by 16, or past int32) to find
 its compiled kernel: about 60 µs a launch on the H100 host, 12 ms of an eager 8B decode step
 (../shared/notes/eager-host-profile.md). The compiled kernel depends on nothing else, so a
-key built from those same properties finds it again, and launching it costs one C call.
+key built from those same properties finds it again. Its C launcher is then called directly,
+without the wrapper that looks up the device, stream and launch hooks on each launch.
 The first call of each key goes through Triton as usual and compiles.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-_INT32 = range(-(2**31), 2**31)
+_INT32_MIN, _INT32_END = -(2**31), 2**31
 
 
-def _spec(arg: object) -> object:
-    # Stricter than Triton's own key is safe (an extra compile); looser would launch a kernel
-    # specialised for another argument.
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, bool):
-        return arg
-    if isinstance(arg, int):
-        return arg == 1, arg % 16 == 0, arg in _INT32
-    return type(arg)
+def _key(args: tuple[object, ...]) -> tuple[object, ...]:
+    # Triton's own key, no stricter (a stricter one only costs a slow launch) and no looser
+    # (which would launch a kernel specialised for another argument): tensors by dtype and
+    # 16-byte alignment; ints by == 1, divisibility by 16 and int32 range; bools by value;
+    # anything else (floats) by type. One comprehension: a call per argument cost more.
+    return tuple([
+        (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
+        else (a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END) if type(a) is int
+        else a if type(a) is bool
+        else type(a)
+        for a in args
+    ])
 
 
 class CachedKernel:
@@ -42,17 +46,45 @@ class CachedKernel:
         if any(is_constexpr[:num_runtime]):
             raise ValueError(f"{fn.fn.__name__}: constexpr parameters must come last")
         self.constexprs = [p.name for p in params[num_runtime:]]
-        self.compiled: dict[tuple[object, ...], Any] = {}
+        self.compiled: dict[tuple[object, ...], Callable[..., None]] = {}
 
     def launch(self, grid: tuple[int, ...], *args: object, **meta: object) -> None:
         """`args` are the runtime arguments in order; `meta` the constexprs and launch options."""
-        key = (tuple(map(_spec, args)), tuple(sorted(meta.items())))
-        kernel = self.compiled.get(key)
-        if kernel is None:
+        key = (_key(args), tuple(meta.items()))  # call sites pass `meta` in a fixed order
+        launcher = self.compiled.get(key)
+        if launcher is None:
             kernel = self.fn[grid](*args, **meta)
             # Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) returns no kernel.
             if kernel is not None and hasattr(kernel, "function"):
-                self.compiled[key] = kernel
+                self.compiled[key] = _bind(kernel)
             return
-        grid3 = (grid + (1, 1))[:3]
-        kernel[grid3](*args, *(meta[name] for name in self.constexprs))
+        launcher((grid + (1, 1))[:3], *args, *[meta[name] for name in self.constexprs])
+
+
+def _bind(kernel: Any) -> Callable[..., None]:
+    """A launcher of one compiled kernel: its C launcher called as Triton's own per-launch
+    wrapper would call it (that wrapper looks up the device, the stream and the launch hooks
+    on every call). Where this Triton lacks those attributes, or launch hooks are set (a
+    Triton profiler), Triton's wrapper is kept."""
+    run, function = getattr(kernel, "run", None), getattr(kernel, "function", None)
+    packed, raw_stream = getattr(kernel, "packed_metadata", None), _raw_stream()
+    if run is None or packed is None or raw_stream is None or _launch_hooks_set():
+        return lambda grid3, *args: kernel[grid3](*args)
+
+    def launch(grid3: tuple[int, int, int], *args: object) -> None:
+        stream = raw_stream(torch.cuda.current_device())  # the capture stream inside a graph
+        run(grid3[0], grid3[1], grid3[2], stream, function, packed, None, None, None, *args)
+
+    return launch
+
+
+def _raw_stream() -> Callable[[int], int] | None:
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _launch_hooks_set() -> bool:
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None

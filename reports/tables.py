@@ -156,7 +156,7 @@ def totals_rows(report: CaptureReport) -> TableData:
     return TableData("Totals", ["", "value"], rows)
 
 
-PHASES = ("load", "compile", "capture", "measure", "profile", "render")
+PHASES = ("startup", "load", "compile", "capture", "measure", "profile", "render")
 
 
 def phase_rows(report: CaptureReport) -> TableData:

@@ -21,6 +21,7 @@ from cgtool.config import load_model_config
 from cgtool.capture.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size, time_cuda
 from cgtool.triton_launch import CachedKernel
 from cgtool.capture.workbench import build_workbench
+from cgtool.runners.pool import freeze_gc
 
 
 def _old_path() -> ExitStack:
@@ -51,8 +52,9 @@ def host_profile(step, top: int = 25) -> str:
 def measure(step, label: str) -> dict:
     for _ in range(3):
         step()  # compiles each Triton specialisation once
-    timing = time_cuda(step, rel_ci=0.01, max_batches=30, budget_s=5.0)
-    host = sorted(host_launch_ms(step) for _ in range(10))[5]
+    with freeze_gc(enable_cudagraph_gc=False, collect=False):  # as the capture session measures
+        timing = time_cuda(step, rel_ci=0.01, max_batches=30, budget_s=5.0)
+        host = host_launch_ms(step, repeats=11)
     kernels = kernels_per_call(profile_kernels_by_size([(0, step)])[0])
     return {"path": label, "step_ms": timing.mean_ms, "ci95_ms": timing.ci95_ms,
             "host_ms": host, "kernels": kernels, "host_us_per_kernel": host * 1e3 / kernels}

@@ -8,13 +8,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from cgtool.reports.tables import PHASES
 from cgtool.results import load_report
-
-PHASES = ("load", "compile", "capture", "measure", "profile", "render")
 
 
 def main() -> None:
-    print(f"{'run':34} {'wall':>7} " + " ".join(f"{p:>8}" for p in PHASES) + f" {'measure%':>9} {'sizes':>6}")
+    print(f"{'run':34} {'wall':>7} " + " ".join(f"{p:>8}" for p in PHASES)
+          + f" {'other':>8} {'measure%':>9} {'sizes':>6}")
     for arg in sys.argv[1:]:
         folder, _, wall = arg.partition("=")
         report = load_report(Path(folder) / "report.json")
@@ -22,7 +22,8 @@ def main() -> None:
         wall_s = float(wall) if wall else float("nan")
         measured = phases.get("measure", 0.0) + phases.get("profile", 0.0)
         cells = " ".join(f"{phases.get(p, 0.0):8.1f}" for p in PHASES)
-        print(f"{Path(folder).name:34} {wall_s:7.1f} {cells} {100 * measured / wall_s:8.0f}% "
+        other = wall_s - sum(phases.values())  # between phases, and after the report is written
+        print(f"{Path(folder).name:34} {wall_s:7.1f} {cells} {other:8.1f} {100 * measured / wall_s:8.0f}% "
               f"{len(report.sizes):6d}")
 
 

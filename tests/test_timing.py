@@ -25,9 +25,20 @@ def test_a_call_already_timed_replaces_the_sizing_call(monkeypatch):
     batches = _fake_batches(monkeypatch, 20.0)
     calls = []
     result = timing.time_cuda(lambda: calls.append(1), first_ms=20.0)
-    # A 20 ms call makes one-call batches, and the given call is the first sample.
-    assert batches == [1, 1] and len(calls) == 2
-    assert result.batches == 3 and result.mean_ms == 20.0 and result.ci95_ms == 0.0
+    # A 20 ms call makes one-call batches, and the given call is the first sample; two
+    # equal samples already pin the mean.
+    assert batches == [1] and len(calls) == 1
+    assert result.batches == 2 and result.mean_ms == 20.0 and result.ci95_ms == 0.0
+
+
+def test_two_samples_end_it_only_within_half_a_percent(monkeypatch):
+    """At one degree of freedom the 95% interval is 6.4 times the samples' gap: 0.4% apart
+    is within 3% of the mean, 1% apart is not, and a third sample is timed."""
+    for gap, expected in ((0.004, 2), (0.01, 3)):
+        samples = iter([20.0 * (1 + gap), 20.0, 20.0 * (1 + gap / 2)])
+        monkeypatch.setattr(timing, "_one_batch_ms", lambda fn, calls, s=samples: next(s))
+        result = timing.time_cuda(lambda: None, first_ms=20.0)
+        assert result.batches == expected
 
 
 def test_without_a_timed_call_the_first_batch_sizes_the_rest(monkeypatch):
@@ -55,6 +66,6 @@ def test_the_replay_check_compares_the_first_timed_call_of_each_path(monkeypatch
     )
     assert timed == ["eager", "replay"]  # each compared once, eager first
     assert check.safe and check.max_abs_diff == 0.0
-    # 30 ms calls: the compared call plus two one-call batches make three samples per path.
-    assert len(eager_calls) == len(replay_calls) == 2
-    assert check.eager.batches == check.replay.batches == 3
+    # 30 ms calls: the compared call plus one equal one-call batch make two samples per path.
+    assert len(eager_calls) == len(replay_calls) == 1
+    assert check.eager.batches == check.replay.batches == 2

@@ -93,3 +93,51 @@ def test_the_interpreter_returning_no_kernel_is_never_cached():
     kernel.launch((1,), x, x, 16, 1.0, BLOCK=16, EVEN=True)
     kernel.launch((1,), x, x, 16, 1.0, BLOCK=16, EVEN=True)
     assert jit.compiles == 2 and not kernel.compiled
+
+
+class FakeLaunchable(FakeCompiled):
+    """A compiled kernel as Triton 3.x has it: its C launcher `run` and packed metadata."""
+
+    packed_metadata = object()
+
+    def run(self, *args):
+        self.launches.append(("run", args))
+
+
+def _jit_compiling_to(compiled_cls):
+    jit = FakeJit()
+    base = jit.__getitem__
+    jit.__class__ = type("J", (FakeJit,), {
+        "__getitem__": lambda self, g: lambda *a, **m: (base(g)(*a, **m), compiled_cls(self.launches))[1]})
+    return jit
+
+
+def test_a_compiled_kernel_is_launched_through_its_c_launcher_on_the_current_stream(monkeypatch):
+    import cgtool.triton_launch as tl_mod
+
+    monkeypatch.setattr(tl_mod, "_raw_stream", lambda: lambda device: 1000 + device)
+    monkeypatch.setattr(tl_mod, "_launch_hooks_set", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    jit = _jit_compiling_to(FakeLaunchable)
+    kernel = CachedKernel(jit)
+    x = torch.zeros(64)
+    kernel.launch((4,), x, x, 64, 0.5, BLOCK=16, EVEN=True, num_warps=4)
+    kernel.launch((8, 2), x, x, 64, 0.5, BLOCK=16, EVEN=True, num_warps=4)
+    _, args = jit.launches[-1]
+    # grid, stream, function, metadata, no launch metadata and no hooks, then the arguments
+    assert args[:4] == (8, 2, 1, 1003)
+    assert args[4] is FakeLaunchable.function and args[5] is FakeLaunchable.packed_metadata
+    assert args[6:9] == (None, None, None) and args[9:] == (x, x, 64, 0.5, 16, True)
+
+
+def test_with_launch_hooks_set_tritons_own_wrapper_launches(monkeypatch):
+    import cgtool.triton_launch as tl_mod
+
+    monkeypatch.setattr(tl_mod, "_raw_stream", lambda: lambda device: 0)
+    monkeypatch.setattr(tl_mod, "_launch_hooks_set", lambda: True)
+    jit = _jit_compiling_to(FakeLaunchable)
+    kernel = CachedKernel(jit)
+    x = torch.zeros(64)
+    for _ in range(2):
+        kernel.launch((4,), x, x, 64, 0.5, BLOCK=16, EVEN=True)
+    assert jit.launches[-1][0] == "fast"  # through __getitem__, which calls the hooks

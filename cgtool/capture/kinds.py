@@ -19,6 +19,7 @@ from cgtool.capture.per_size import (
     capture_each_size,
     count_kernels,
     measured,
+    measuring,
     peak_flops,
     record_size,
     report_progress,
@@ -52,15 +53,17 @@ def capture_decode(
         costs = capture_each_size("decode", runner, runner.capture_bs, pool, on_progress, state, opts)
     calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
     if calls:
-        state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
-    count_kernels(state, "decode", calls, opts, on_progress, first.flag)
+        with measuring(state):
+            state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
+    count_kernels(state, "decode", calls, opts, on_progress, runner.graph_kernels, first.flag)
     for mode in upward:
         with state.phase("capture"), sglang_mem_usage(state, f"decode:{mode.flag}"):
             costs = capture_each_size("decode", runner, runner.capture_bs, pool, on_progress, state,
                                    opts, record_all=partial(runner.recapture, mode))
         calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
         # Kernel tables and traces stay the first mode's: a recapture adds one copy per graph.
-        count_kernels(state, "decode", calls, replace(opts, profile=False), on_progress, mode.flag)
+        count_kernels(state, "decode", calls, replace(opts, profile=False), on_progress, runner.graph_kernels,
+                      mode.flag)
 
 
 def _measure_decode(
@@ -70,7 +73,7 @@ def _measure_decode(
     """Replay against eager on every output of the runner's mode (logits, hidden states)."""
     calls = []
     mode = runner.hidden_mode.flag
-    with state.phase("measure"):
+    with measuring(state):
         for i, (bs, cost) in enumerate(costs.items()):
             report_progress(on_progress, "decode", "measure", bs, i, len(costs))
             batch = bench.decode_batch(bs)
@@ -116,15 +119,15 @@ def capture_piecewise(
 ) -> None:
     from cgtool.runners.piecewise import PiecewiseGraphRunner
 
-    runner = PiecewiseGraphRunner(
-        bench.runner,
-        capture_num_tokens=opts.capture_num_tokens,
-        compiler=opts.compiler,
-        enable_cudagraph_gc=opts.enable_cudagraph_gc,
-    )
-    state.runners.append(runner)
     report_progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
-    with state.phase("compile"):
+    with state.phase("compile"):  # building the runner imports dynamo: seconds, part of compiling
+        runner = PiecewiseGraphRunner(
+            bench.runner,
+            capture_num_tokens=opts.capture_num_tokens,
+            compiler=opts.compiler,
+            enable_cudagraph_gc=opts.enable_cudagraph_gc,
+        )
+        state.runners.append(runner)
         runner.warmup()
     with state.phase("capture"), sglang_mem_usage(state, "piecewise"):
         costs = capture_each_size(
@@ -132,7 +135,7 @@ def capture_piecewise(
         )
     model = bench.runner.model
     calls = []
-    with state.phase("measure"):
+    with measuring(state):
         for i, (n, cost) in enumerate(costs.items()):
             report_progress(on_progress, "piecewise", "measure", n, i, len(costs))
             batch = bench.extend_batch(n)
@@ -156,7 +159,7 @@ def capture_piecewise(
             roofline_ms = max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
             record_size(state, "piecewise", n, cost, check, roofline_ms)
             calls.append((n, replay, eager))
-    count_kernels(state, "piecewise", calls, opts, on_progress)
+    count_kernels(state, "piecewise", calls, opts, on_progress, runner.graph_kernels, eager_between=True)
 
 
 def _with_last_logits(model: Any, forward: Callable[[], torch.Tensor]) -> list[torch.Tensor]:

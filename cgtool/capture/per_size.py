@@ -24,6 +24,7 @@ from cgtool.distributed import barrier, current_tp
 from cgtool.errors import EnvironmentProblem
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
+from cgtool.runners.pool import freeze_gc
 from cgtool.units import GIB
 
 if TYPE_CHECKING:
@@ -45,32 +46,77 @@ def sglang_mem_usage(state: SessionState, kind: str) -> Iterator[None]:
         state.sglang_mem_usage_bytes[kind] = free_before - torch.cuda.mem_get_info()[0]
 
 
+@contextmanager
+def measuring(state: SessionState) -> Iterator[None]:
+    """The measure phase, with the garbage collector frozen but not run first: a collection
+    over a loaded model's objects pauses the host for tens of milliseconds, which one eager
+    step would otherwise be timed with (issue 14: eager bs 1 ranged 16-46 ms in one run)."""
+    with state.phase("measure"), freeze_gc(enable_cudagraph_gc=False, collect=False):
+        yield
+
+
 def count_kernels(
     state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
-    opts: CaptureOptions, on_progress: ProgressCallback, hidden_mode: str = "null",
+    opts: CaptureOptions, on_progress: ProgressCallback, graph_kernels: Callable[[int], int | None],
+    hidden_mode: str = "null", eager_between: bool = False,
 ) -> None:
-    """Kernels per forward of every size from one profiler pass over the replays; with
-    --profile, their tables, and a Chrome trace of each --profile-sizes size."""
+    """Kernels per replay of every size, read from the graphs; with --profile, from one
+    profiler pass over the replays, with their tables and a Chrome trace of each
+    --profile-sizes size. `eager_between`: the replay also runs kernels outside its graphs
+    (piecewise attention), counted once by profiling the smallest and the largest size."""
     if not calls:
         return
     report_progress(on_progress, kind, "profile", None, 0, 1)
     with state.phase("profile"):
-        kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
+        if opts.profile:
+            counts = _profile_all(state, kind, calls, opts)
+        else:
+            counts = _counts_from_graphs(calls, graph_kernels, eager_between)
         for row in state.sizes:  # this process's rows: ranks are stamped when gathered
-            if row.kind == kind and row.hidden_mode == hidden_mode and row.size in kernels:
-                row.kernels_per_forward = kernels_per_call(kernels[row.size])
-        if not opts.profile:
-            return
-        for size, stats in kernels.items():
-            state.kernel_tables[f"{kind}:{size}"] = [
-                KernelRow(k.name, k.cuda_ms, k.launches) for k in stats[:15]
-            ]
-        for size, replay, _ in calls:
-            if size in opts.profile_sizes.get(kind, ()):
-                name = f"trace_{kind}_{size}.json"
-                opts.out_dir.mkdir(parents=True, exist_ok=True)
-                profile_kernels_by_size([(size, replay)], str(opts.out_dir / name))
-                state.chrome_traces[f"{kind}:{size}"] = name
+            if row.kind == kind and row.hidden_mode == hidden_mode and row.size in counts:
+                row.kernels_per_forward = counts[row.size]
+
+
+def _counts_from_graphs(
+    calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    graph_kernels: Callable[[int], int | None], eager_between: bool,
+) -> dict[int, int]:
+    """Graph kernels plus, where the replay runs some eagerly, that count from profiling the
+    smallest and the largest size; every size is profiled where the two disagree or a graph
+    cannot be read (a torch without keep_graph)."""
+    in_graphs = {size: graph_kernels(size) for size, _, _ in calls}
+    if None in in_graphs.values():
+        return _profiled_counts(calls)
+    if not eager_between:
+        return dict(in_graphs)  # type: ignore[arg-type]
+    probes = [calls[0], calls[-1]] if len(calls) > 1 else calls[:1]
+    profiled = _profiled_counts(probes)
+    between = {profiled[size] - in_graphs[size] for size in profiled}  # type: ignore[operator]
+    if len(between) != 1:
+        return _profiled_counts(calls)
+    extra = between.pop()
+    return {size: n + extra for size, n in in_graphs.items()}  # type: ignore[operator]
+
+
+def _profiled_counts(calls: list[tuple[int, Callable[[], object], Callable[[], object]]]) -> dict[int, int]:
+    kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
+    return {size: kernels_per_call(stats) for size, stats in kernels.items()}
+
+
+def _profile_all(
+    state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    opts: CaptureOptions,
+) -> dict[int, int]:
+    kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
+    for size, stats in kernels.items():
+        state.kernel_tables[f"{kind}:{size}"] = [KernelRow(k.name, k.cuda_ms, k.launches) for k in stats[:15]]
+    for size, replay, _ in calls:
+        if size in opts.profile_sizes.get(kind, ()):
+            name = f"trace_{kind}_{size}.json"
+            opts.out_dir.mkdir(parents=True, exist_ok=True)
+            profile_kernels_by_size([(size, replay)], str(opts.out_dir / name))
+            state.chrome_traces[f"{kind}:{size}"] = name
+    return {size: kernels_per_call(stats) for size, stats in kernels.items()}
 
 
 def capture_each_size(

@@ -19,7 +19,7 @@ from cgtool.capture.options import (
     SessionState,
 )
 from cgtool.capture.ranks import gather_ranks
-from cgtool.capture.timing import copy_bandwidth_bytes_s
+from cgtool.capture.timing import copy_bandwidth_bytes_s, process_age_s
 from cgtool.capture.workbench import Workbench, build_workbench
 from cgtool.config import ModelConfig, load_model_config
 from cgtool.distributed import TensorParallel, current_tp
@@ -108,6 +108,7 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
     """Capture and measure every size; `state` keeps what was gathered if this stops early."""
     from cgtool.runners.pool import get_global_graph_memory_pool
 
+    note_startup(state)
     require_cuda()
     tp = current_tp()
     cfg, weights_dir = resolve_model(opts.model, opts.random_weights)
@@ -133,6 +134,13 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
     if tp.size > 1:
         gather_ranks(state, totals)
     return build_report(opts, cfg, state, totals)
+
+
+def note_startup(state: SessionState) -> None:
+    """The `startup` phase: process start (interpreter, imports) to the session's start."""
+    age = process_age_s()
+    if age is not None:
+        state.phase_s.setdefault("startup", age)
 
 
 def totals_after_capture(pool: Any, before: MemoryReading, state: SessionState) -> CaptureTotals:

@@ -37,10 +37,10 @@ class Timing:
 def time_cuda(
     fn: Callable[[], object],
     rel_ci: float = 0.03,
-    min_batches: int = 3,
+    min_batches: int = 2,
     max_batches: int = 15,
     batch_ms: float = 5.0,
-    budget_s: float = 0.08,
+    budget_s: float = 0.05,
     first_ms: float | None = None,
 ) -> Timing:
     """Time `fn`, already warm, in batches until the 95% interval of the mean is within
@@ -48,7 +48,9 @@ def time_cuda(
 
     One pair of events per batch rather than per call: the events' own cost and the
     synchronisation after each call would otherwise be part of short calls' times. The
-    first batch is one call, which sizes the others; large sizes thus cost three calls.
+    first batch is one call, which sizes the others. Two batches can end it: Student's t
+    at one degree of freedom (12.7) then needs them within 0.5% of each other, which a
+    graph replay usually is, so a large size costs two calls where the spread allows.
     `first_ms`, one call already timed (the call replay was verified with), stands in for it.
     """
     first = _one_batch_ms(fn, 1) if first_ms is None else first_ms
@@ -81,15 +83,18 @@ def timed_call(fn: Callable[[], _T]) -> tuple[_T, float]:
     return result, start.elapsed_time(end)
 
 
-def host_launch_ms(fn: Callable[[], object]) -> float:
+def host_launch_ms(fn: Callable[[], object], repeats: int = 5) -> float:
     """Host time to issue one call, the GPU idle before it: the launch overhead of eager code
-    (the call returns once its kernels are queued, which for one forward fits the queue)."""
+    (the call returns once its kernels are queued, which for one forward fits the queue).
+    The median of `repeats` calls: one call alone can land on a pause of the host."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed * 1e3
+    return statistics.median(times) * 1e3
 
 
 def median_cuda_ms(fn: Callable[[], object], warmup: int = 3, iters: int = 20) -> float:
@@ -195,3 +200,18 @@ def _kernels_in_ranges(events: object, sizes: list[int]) -> dict[int, list[Kerne
         rows = [KernelStat(name, sum(ts), len(ts)) for name, ts in stats.items()]
         result[size] = sorted(rows, key=lambda r: -r.cuda_ms)
     return result
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (interpreter, imports, CUDA set-up so far), read
+    from /proc; None where there is no /proc."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            # Field 22 is the start time in clock ticks after boot; the name (field 2) may hold spaces.
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            up_s = float(uptime.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, up_s - start_ticks / os.sysconf("SC_CLK_TCK"))

@@ -24,12 +24,19 @@ from cgtool.capture.per_size import (
     capture_each_size,
     count_kernels,
     measured,
+    measuring,
     peak_flops,
     record_size,
     report_progress,
     sglang_mem_usage,
 )
-from cgtool.capture.session import build_report, require_cuda, totals_after_capture, zero_totals
+from cgtool.capture.session import (
+    build_report,
+    note_startup,
+    require_cuda,
+    totals_after_capture,
+    zero_totals,
+)
 from cgtool.capture.timing import copy_bandwidth_bytes_s
 from cgtool.model.vit import Segments, VisionLayout, VisionTower, build_vision_tower
 from cgtool.results import CaptureReport, ModelInfo
@@ -47,6 +54,7 @@ def run_vit_capture(
     gathered if this stops early."""
     from cgtool.runners.pool import get_global_graph_memory_pool
 
+    note_startup(state)
     require_cuda()
     preset = load_vision_preset(opts.model)
     grids = capture_grids(list(opts.image_sizes), preset)
@@ -90,7 +98,7 @@ def capture_vit(
     with state.phase("capture"), sglang_mem_usage(state, "vit"):
         costs = capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
     calls: list[tuple[int, Callable[[], object], Callable[[], object]]] = []
-    with state.phase("measure"):
+    with measuring(state):
         for i, (patches, cost) in enumerate(costs.items()):
             report_progress(on_progress, "vit", "measure", patches, i, len(costs))
             layout = runner.layouts[patches]
@@ -108,7 +116,7 @@ def capture_vit(
                 continue
             record_size(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
             calls.append((patches, replay, eager))
-    count_kernels(state, "vit", calls, opts, on_progress)
+    count_kernels(state, "vit", calls, opts, on_progress, runner.graph_kernels)
 
 
 def _weights_bytes(tower: VisionTower) -> int:

@@ -45,7 +45,7 @@ class Attention(nn.Module):
         cfg, n = self.cfg, x.shape[0]
         q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         # Strided views of the qkv output: the rope kernel reads them in place and writes
-        # contiguous q and k, so only v may need a copy (none at one token).
+        # contiguous q and k, and the KV store reads v where it lies (no copy).
         q = q.view(n, cfg.num_heads, cfg.head_dim)
         k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
@@ -53,7 +53,7 @@ class Attention(nn.Module):
         q, k = self.rotary(positions, q, k)
         q, k = q.view(n, cfg.q_size), k.view(n, cfg.kv_size)
         out = torch.empty_like(q)
-        attention(q, k, v.contiguous(), out, self.layer_id)
+        attention(q, k, v, out, self.layer_id)
         return self.o_proj(out)
 
 

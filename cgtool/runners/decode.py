@@ -11,15 +11,9 @@ from cgtool.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.engine import ModelRunner
 from cgtool.hidden_states import HiddenMode, decode_hidden_rows
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runners.graphs import warm_and_record
 from cgtool.runners.pitfalls import StaticInputs
-from cgtool.runners.pool import (
-    SizeStep,
-    freeze_gc,
-    get_global_graph_memory_pool,
-    just_record,
-    keep_graph_if_capture_fails,
-    model_capture_mode,
-)
+from cgtool.runners.pool import SizeStep, freeze_gc, just_record
 from cgtool.runners.sizes import capture_sizes
 
 
@@ -49,6 +43,7 @@ class DecodeGraphRunner:
         self.hidden_states: torch.Tensor | None = None  # [max_bs, hidden] from LAST up
         self._allocate_hidden(hidden_mode)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # kept alive: they share one pool
+        self.kernel_nodes: dict[int, int | None] = {}
         # Graphs of a lower mode, replaced by a recapture: kept alive too, since freeing a graph
         # of the shared pool while capturing into it fails inside PyTorch's allocator.
         self.retired_graphs: list[torch.cuda.CUDAGraph] = []
@@ -134,17 +129,13 @@ class DecodeGraphRunner:
 
     def _record(self, bs: int) -> None:
         batch = self.static_batch(bs)
-        with model_capture_mode(), torch.cuda.stream(self.stream):
-            for _ in range(2):  # SGLang's two warm-ups: kernel loading and cuBLAS set-up stay outside
-                self._forward_into_logits(batch)
-            graph = torch.cuda.CUDAGraph()
-            with (
-                keep_graph_if_capture_fails(graph),
-                torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream),
-            ):
-                self._forward_into_logits(batch)
-        torch.cuda.current_stream().wait_stream(self.stream)
-        self.graphs[bs] = graph
+        recorded = warm_and_record(partial(self._forward_into_logits, batch), self.stream)
+        self.graphs[bs] = recorded.graph
+        self.kernel_nodes[bs] = recorded.kernels
+
+    def graph_kernels(self, bs: int) -> int | None:
+        """Kernels one replay of `bs`'s graph launches, read from the graph at capture."""
+        return self.kernel_nodes.get(bs)
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (

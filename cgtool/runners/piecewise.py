@@ -121,6 +121,14 @@ class PiecewiseGraphRunner:
             raise RuntimeError(f"no piece recorded a CUDA graph for {num_tokens} tokens")
         bisect.insort(self.captured_num_tokens, num_tokens)
 
+    def graph_kernels(self, num_tokens: int) -> int | None:
+        """Kernels the pieces' graphs for `num_tokens` launch in one replay, read from the
+        graphs at capture; the attention between them runs eagerly and is not included."""
+        counts = [p.kernel_nodes[num_tokens] for p in self.backend.pieces if num_tokens in p.kernel_nodes]
+        if not counts or None in counts:
+            return None
+        return sum(counts)  # type: ignore[arg-type]
+
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
             batch.forward_mode.is_extend()

@@ -19,11 +19,8 @@ from torch import fx, nn
 
 from cgtool.attention.op import ATTENTION_OP, attention_impl
 from cgtool.distributed import ALL_REDUCE_OP
-from cgtool.runners.pool import (
-    get_global_graph_memory_pool,
-    is_capture_mode,
-    keep_graph_if_capture_fails,
-)
+from cgtool.runners.graphs import record_graph
+from cgtool.runners.pool import is_capture_mode
 from cgtool.runners.split import SplitGraph, split_graph
 
 COMPILERS = ("eager", "inductor")
@@ -98,6 +95,7 @@ class CapturablePiece(nn.Module):
         self.runnable = runnable
         self.index = index
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # kept alive: they share one pool
+        self.kernel_nodes: dict[int, int | None] = {}
         self.outputs: dict[int, Any] = {}  # weak references into the pool
         self.replay_count = 0
 
@@ -117,18 +115,16 @@ class CapturablePiece(nn.Module):
 
     def _capture(self, num_tokens: int, args: Sequence[Any]) -> Any:
         self.runnable(*args)  # warm-up: lazy kernel loading and cuBLAS workspaces stay outside
-        graph = torch.cuda.CUDAGraph()
         with ExitStack() as stack:
-            stack.enter_context(keep_graph_if_capture_fails(graph))
             if self.index > 0:
                 # torch.cuda.graph empties the allocator's cache on entry: once per forward
                 # (the first piece) is enough, not once per layer. GC is left to the runner's
                 # capture loop (pool.freeze_gc), since torch.cuda.graph no longer collects.
                 stack.enter_context(patch("torch.cuda.empty_cache", lambda: None))
-            pool = get_global_graph_memory_pool()
-            with torch.cuda.graph(graph, pool=pool, stream=torch.cuda.current_stream()):
-                output = self.runnable(*args)
-        self.graphs[num_tokens] = graph
+            recorded = record_graph(lambda: self.runnable(*args), torch.cuda.current_stream())
+        output = recorded.output
+        self.graphs[num_tokens] = recorded.graph
+        self.kernel_nodes[num_tokens] = recorded.kernels
         # Only the stitching graph's own references keep `output` alive now, so its memory
         # goes back to the pool as soon as the last piece reading it has run, and later
         # pieces and smaller sizes record into it. Replays write to the same addresses.

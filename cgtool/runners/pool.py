@@ -55,8 +55,10 @@ def just_record(index: int, size: int, record: Callable[[], None]) -> bool:
 
 
 @contextmanager
-def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
-    """Collect once, then keep the collector off while graphs are recorded.
+def freeze_gc(enable_cudagraph_gc: bool, collect: bool = True) -> Iterator[None]:
+    """Collect once (unless `collect` is False), then keep the collector off while graphs
+    are recorded, or while eager steps are timed (a collection's pause in one step would be
+    timed as the step's).
 
     GC is frozen in one place only, around a runner's whole capture loop, as SGLang and
     nano-vllm do: one collection first frees dead cycles before the largest graph sizes the
@@ -68,7 +70,8 @@ def freeze_gc(enable_cudagraph_gc: bool) -> Iterator[None]:
     gc.collect of its own. --enable-cudagraph-gc keeps the collector on, as SGLang's flag does.
     """
     was_enabled = gc.isenabled()
-    gc.collect()
+    if collect:
+        gc.collect()
     should_freeze = not enable_cudagraph_gc
     if should_freeze:
         gc.freeze()

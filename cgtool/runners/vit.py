@@ -14,15 +14,9 @@ from functools import partial
 import torch
 
 from cgtool.model.vit import VisionLayout, VisionTower, vision_layout
+from cgtool.runners.graphs import warm_and_record
 from cgtool.runners.pitfalls import StaticInputs
-from cgtool.runners.pool import (
-    SizeStep,
-    freeze_gc,
-    get_global_graph_memory_pool,
-    just_record,
-    keep_graph_if_capture_fails,
-    model_capture_mode,
-)
+from cgtool.runners.pool import SizeStep, freeze_gc, just_record
 from cgtool.runners.sizes import capture_sizes
 
 Grid = tuple[int, int]  # (rows, columns) of patches
@@ -54,6 +48,7 @@ class VitGraphRunner:
             )
         self.static_inputs = StaticInputs(block_input=self.block_input, merged=self.merged)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # kept alive: they share one pool
+        self.kernel_nodes: dict[int, int | None] = {}
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
 
@@ -90,17 +85,13 @@ class VitGraphRunner:
                     break
 
     def _record(self, patches: int) -> None:
-        with model_capture_mode(), torch.cuda.stream(self.stream):
-            for _ in range(2):  # warm-ups: kernel loading and cuBLAS set-up stay outside
-                self._encode_into_merged(patches)
-            graph = torch.cuda.CUDAGraph()
-            with (
-                keep_graph_if_capture_fails(graph),
-                torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=self.stream),
-            ):
-                self._encode_into_merged(patches)
-        torch.cuda.current_stream().wait_stream(self.stream)
-        self.graphs[patches] = graph
+        recorded = warm_and_record(partial(self._encode_into_merged, patches), self.stream)
+        self.graphs[patches] = recorded.graph
+        self.kernel_nodes[patches] = recorded.kernels
+
+    def graph_kernels(self, patches: int) -> int | None:
+        """Kernels one replay of the grid's graph launches, read from the graph at capture."""
+        return self.kernel_nodes.get(patches)
 
     def can_run(self, grid: Grid) -> bool:
         layout = self.layouts.get(grid[0] * grid[1])
