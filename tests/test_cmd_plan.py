@@ -90,16 +90,8 @@ def test_profile_report_is_used():
 
 def test_budgets_are_applied():
     result = cgtool(
-        "plan",
-        "--trace",
-        EXAMPLE,
-        "--gpu",
-        "H100-80GB",
-        "--budget-graphs",
-        "5",
-        "--budget-memory",
-        "300MiB",
-        "--json",
+        "plan", "--trace", EXAMPLE, "--gpu", "H100-80GB",
+        "--budget-graphs", "5", "--budget-memory", "300MiB", "--json",
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

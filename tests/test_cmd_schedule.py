@@ -13,16 +13,8 @@ def test_schedule_names_the_release_it_reproduces():
 
 def test_schedule_json_for_a_release_and_limits():
     result = cgtool(
-        "schedule",
-        "--engine",
-        "sglang",
-        "--engine-version",
-        "0.5.4",
-        "--max-bs",
-        "32",
-        "--max-tokens",
-        "1024",
-        "--json",
+        "schedule", "--engine", "sglang", "--engine-version", "0.5.4",
+        "--max-bs", "32", "--max-tokens", "1024", "--json",
     )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -25,7 +25,12 @@ from cgtool.planner.plan_notes import (
     plan_basis,
     replication_warnings,
 )
-from cgtool.planner.plan_scores import ScoreSet, plan_warnings, score_rows
+from cgtool.planner.plan_scores import (
+    ScoreSet,
+    compared_schedules,
+    plan_warnings,
+    score_rows,
+)
 from cgtool.planner.profile_fit import predicted_graph_bytes
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
@@ -53,7 +58,8 @@ def finish_plan(
         predicted, measured = predicted_graph_bytes(req.profile, req.cfg, req.gpu)
         memory = replace(memory, graph_bytes_predicted=predicted, graph_bytes_measured=measured)
     check_plan_safety(tokens, server.chunk, server.context_len, memory)
-    scores = ScoreSet.build(req, server, choice, memory, fit, held)
+    schedules = compared_schedules(req, server, choice, memory)
+    scores = ScoreSet.build(schedules, fit, held, server.assumptions)
     plan = Plan(
         provenance=collect_provenance(),
         inputs=_inputs(req, server, trace_kind, replicas),

@@ -31,10 +31,46 @@ def _ints(values: tuple[int, ...]) -> str:
     return " ".join(str(v) for v in values)
 
 
+# Each engine's spelling of the tensor-parallel size, named only above one GPU.
+_TP_FLAG = {"sglang": "--tp-size", "vllm": "--tensor-parallel-size", "trtllm": "--tp_size"}
+# The limits and memory a plan sets, as (flag, FlagValues field, format) in the order each
+# engine's lines give them; fractions with the three decimals the plan rounds them to.
+_LIMIT_FLAGS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "sglang": (
+        ("--mem-fraction-static", "mem_fraction_static", ".3f"),
+        ("--max-total-tokens", "kv_tokens", ""),
+        ("--chunked-prefill-size", "chunked_prefill_size", ""),
+        ("--max-running-requests", "max_running_requests", ""),
+    ),
+    "vllm": (
+        ("--gpu-memory-utilization", "gpu_memory_utilization", ".3f"),
+        ("--kv-cache-memory-bytes", "kv_bytes", ""),
+        ("--max-num-batched-tokens", "chunked_prefill_size", ""),
+        ("--max-num-seqs", "max_running_requests", ""),
+    ),
+    "trtllm": (
+        ("--max_batch_size", "max_running_requests", ""),
+        ("--max_num_tokens", "chunked_prefill_size", ""),
+        ("--kv_cache_free_gpu_memory_fraction", "trtllm_free_fraction", ".3f"),
+    ),
+}
+
+
+def _tp_lines(engine: str, values: FlagValues) -> list[str]:
+    return [f"{_TP_FLAG[engine]} {values.tp_size}"] if values.tp_size > 1 else []
+
+
+def _limit_lines(engine: str, values: FlagValues) -> list[str]:
+    return [
+        f"{flag} {format(getattr(values, field), spec)}"
+        for flag, field, spec in _LIMIT_FLAGS[engine]
+    ]
+
+
 def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
     release = sglang_release(version)
     decode, tokens = values.decode_bs, values.piecewise_tokens
-    lines = [f"--tp-size {values.tp_size}"] if values.tp_size > 1 else []
+    lines = _tp_lines("sglang", values)
     if release.per_phase_flags:
         if decode:
             lines += [
@@ -65,12 +101,7 @@ def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
             ]
         elif release.piecewise_on_by_default:
             lines.append("--disable-piecewise-cuda-graph")
-    return lines + [
-        f"--mem-fraction-static {values.mem_fraction_static:.3f}",
-        f"--max-total-tokens {values.kv_tokens}",
-        f"--chunked-prefill-size {values.chunked_prefill_size}",
-        f"--max-running-requests {values.max_running_requests}",
-    ]
+    return lines + _limit_lines("sglang", values)
 
 
 def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
@@ -78,18 +109,13 @@ def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
     # vLLM captures one list of token counts for decode and mixed batches alike; a decode
     # step of b requests is b tokens, so the union serves both kinds of step.
     sizes = tuple(sorted(set(values.decode_bs) | set(values.piecewise_tokens)))
-    lines = [f"--tensor-parallel-size {values.tp_size}"] if values.tp_size > 1 else []
+    lines = _tp_lines("vllm", values)
     lines += (
         [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"]
         if sizes
         else ["--enforce-eager"]  # without a list vLLM would capture its own default one
     )
-    return lines + [
-        f"--gpu-memory-utilization {values.gpu_memory_utilization:.3f}",
-        f"--kv-cache-memory-bytes {values.kv_bytes}",
-        f"--max-num-batched-tokens {values.chunked_prefill_size}",
-        f"--max-num-seqs {values.max_running_requests}",
-    ]
+    return lines + _limit_lines("vllm", values)
 
 
 def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
@@ -101,13 +127,11 @@ def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
         if decode
         else "cuda_graph_config: null"  # null turns graphs off
     )
-    return ([f"--tp_size {values.tp_size}"] if values.tp_size > 1 else []) + [
-        f"--max_batch_size {values.max_running_requests}",
-        f"--max_num_tokens {values.chunked_prefill_size}",
-        f"--kv_cache_free_gpu_memory_fraction {values.trtllm_free_fraction:.3f}",
-        "--extra_llm_api_options cgtool-trtllm.yaml",
-        f"# cgtool-trtllm.yaml: {options}",
-    ]
+    return (
+        _tp_lines("trtllm", values)
+        + _limit_lines("trtllm", values)
+        + ["--extra_llm_api_options cgtool-trtllm.yaml", f"# cgtool-trtllm.yaml: {options}"]
+    )
 
 
 def all_flags(values: FlagValues, sglang_version: str | None = None) -> dict[str, list[str]]:

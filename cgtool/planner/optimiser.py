@@ -176,6 +176,14 @@ class Limits:
     budget_memory_bytes: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The steps sizes are chosen for: each kind's steps under every weighted assumption."""
+
+    decode: list[KindSteps]
+    extend: list[KindSteps]
+
+
 def _observed(kinds: list[KindSteps]) -> np.ndarray:
     return np.unique(np.concatenate([k.sizes[k.counts > 0] for k in kinds] + [np.zeros(0, int)]))
 
@@ -193,15 +201,12 @@ def _searched(budget: int | None, default: tuple[int, ...]) -> int:
 
 
 def choose_separate(
-    decode: list[KindSteps],
-    extend: list[KindSteps],
-    cost: CostModel,
-    default: EngineSchedule,
-    limits: Limits,
+    steps: Steps, cost: CostModel, default: EngineSchedule, limits: Limits
 ) -> tuple[list[int], list[int]]:
     """SGLang and TensorRT-LLM: a decode list and a token list, each optimised on its steps
     (summed over the scenarios given, each already weighted), neither worse than the default's
     on the same steps (the default is among those searched)."""
+    decode, extend = steps.decode, steps.extend
     d_cand = candidate_sizes(_observed(decode), default.decode_bs, limits.max_bs)
     e_cand = token_candidates(extend, default.piecewise_tokens, limits.max_tokens)
     d_part = best_shared_partitions(
@@ -255,15 +260,12 @@ def _fit_memory_budget(
 
 
 def choose_shared(
-    decode: list[KindSteps],
-    extend: list[KindSteps],
-    cost: CostModel,
-    default: EngineSchedule,
-    limits: Limits,
+    steps: Steps, cost: CostModel, default: EngineSchedule, limits: Limits
 ) -> tuple[list[int], list[int]]:
     """vLLM: one list of token counts that decode and mixed batches both pad into; each size up
     to the running limit is captured twice, as a full graph (decode) and a piecewise one.
     Sizes above the largest decode batch seen sit on the token grid."""
+    decode, extend = steps.decode, steps.extend
     kinds = decode + extend
     top_decode = int(_observed(decode).max(initial=0))
     tokens = token_candidates(extend, default.decode_bs, limits.max_tokens)

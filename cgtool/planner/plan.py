@@ -119,17 +119,30 @@ def _enough_replicas(
 def _provisional_kv(req: PlanRequest, server: Server) -> int:
     """The pool the plan would recommend with the default's graphs: the first guess."""
     d = server.default
+    return _memory(req, server, d.decode_bs, d.piecewise_tokens, 0, 1).kv_tokens
+
+
+def _memory(
+    req: PlanRequest,
+    server: Server,
+    decode_bs: list[int] | tuple[int, ...],
+    tokens: list[int] | tuple[int, ...],
+    peak_kv: int,
+    typical: int,
+) -> PlanMemory:
+    """plan_memory for these graphs on this server (peak KV demand and typical request size
+    in tokens)."""
     return plan_memory(
         req.cfg,
         req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(d.decode_bs, d.piecewise_tokens),
+        graph_bytes=server.cost.graph_bytes(decode_bs, tokens),
         chunked_prefill_size=server.chunk,
         max_running_requests=server.max_running,
-        peak_kv_demand_tokens=0,
-        typical_request_tokens=1,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical,
         default_mem_fraction_static=server.default_fraction,
         tp_size=req.tp_size,
-    ).kv_tokens
+    )
 
 
 @dataclass(slots=True)
@@ -307,17 +320,7 @@ def _choose_and_size(
     choice = choose_robust(
         fit, list(server.assumptions), server.default, _limits(req, server), req.engine
     )
-    memory = plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(choice.decode_bs, choice.tokens),
-        chunked_prefill_size=server.chunk,
-        max_running_requests=server.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical,
-        default_mem_fraction_static=server.default_fraction,
-        tp_size=req.tp_size,
-    )
+    memory = _memory(req, server, choice.decode_bs, choice.tokens, peak_kv, typical)
     if server.attention_backend is not None:
         ours, default = (
             engine_graph_buffers(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from cgtool.plan_document import PlanMemory, ScenarioScore, ScheduleScore
+from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score
 from cgtool.planner.server import Server
@@ -24,38 +25,22 @@ class ScoreSet:
     @classmethod
     def build(
         cls,
-        req: PlanRequest,
-        server: Server,
-        choice: RobustChoice,
-        memory: PlanMemory,
+        schedules: list[tuple[Schedule, int]],
         fit: list[Scenario],
         held: list[Scenario],
+        assumptions: tuple[EagerAssumption, ...],
     ) -> ScoreSet:
-        d = server.default
-        schedules = [
-            (Schedule("plan", tuple(choice.decode_bs), tuple(choice.tokens)), memory.kv_tokens),
-            (
-                Schedule("default", d.decode_bs, d.piecewise_tokens, d.pads),
-                server.default_kv_tokens,
-            ),
-        ]
-        if req.compare is not None:
-            schedules.append((Schedule("current", req.compare[0], req.compare[1]), req.compare[2]))
+        """Every schedule (with its KV pool) scored on every scenario under every assumption."""
         has_held = any(sc.decode.counts.sum() + sc.extend.counts.sum() for sc in held)
         parts = [("fit", fit)] + ([("held_out", held)] if has_held else [])
         scores = {}
         for part, scenarios in parts:
             for sc in scenarios:
-                for a in server.assumptions:
+                for a in assumptions:
                     for schedule, kv in schedules:
                         key = (part, sc.load, a.name, schedule.name)
                         scores[key] = scenario_score(schedule.name, sc, a, schedule, kv)
-        return cls(
-            scores,
-            "held_out" if has_held else "fit",
-            fit[0].load,
-            server.assumptions[0].name,
-        )
+        return cls(scores, "held_out" if has_held else "fit", fit[0].load, assumptions[0].name)
 
     def pair(self, part: str) -> list[ScheduleScore]:
         key = (part, self.first_load, self.first_eager)
@@ -71,6 +56,21 @@ class ScoreSet:
 
     def of(self, part: str) -> dict[tuple[float, str, str], ScheduleScore]:
         return {k[1:]: v for k, v in self.scores.items() if k[0] == part}
+
+
+def compared_schedules(
+    req: PlanRequest, server: Server, choice: RobustChoice, memory: PlanMemory
+) -> list[tuple[Schedule, int]]:
+    """The plan, the engine's default and an existing plan (--compare-plan), each with the KV
+    pool it runs with."""
+    d = server.default
+    schedules = [
+        (Schedule("plan", tuple(choice.decode_bs), tuple(choice.tokens)), memory.kv_tokens),
+        (Schedule("default", d.decode_bs, d.piecewise_tokens, d.pads), server.default_kv_tokens),
+    ]
+    if req.compare is not None:
+        schedules.append((Schedule("current", req.compare[0], req.compare[1]), req.compare[2]))
+    return schedules
 
 
 def score_rows(scores: ScoreSet) -> list[ScenarioScore]:

@@ -24,7 +24,13 @@ import numpy as np
 
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.grid import MIN_BIN_SHARE, decode_grid, decode_grid_up
-from cgtool.planner.optimiser import KindSteps, Limits, choose_separate, choose_shared
+from cgtool.planner.optimiser import (
+    KindSteps,
+    Limits,
+    Steps,
+    choose_separate,
+    choose_shared,
+)
 from cgtool.planner.schedules import EngineSchedule
 from cgtool.planner.scoring import Histogram, ScheduleScore, padded_sizes, score_schedule
 
@@ -116,9 +122,11 @@ def choose_robust(
     candidates = [Schedule("default", default.decode_bs, default.piecewise_tokens, default.pads)]
     tops: dict[str, int] = {}
     for weights in _weightings(assumptions):
-        decode = _steps(scenarios, weights, assumptions, "decode")
-        extend = _steps(scenarios, weights, assumptions, "extend")
-        d, t = choose(decode, extend, cost, default, limits)
+        steps = Steps(
+            _steps(scenarios, weights, assumptions, "decode"),
+            _steps(scenarios, weights, assumptions, "extend"),
+        )
+        d, t = choose(steps, cost, default, limits)
         if len(weights) == 1:
             tops[next(iter(weights))] = max(d, default=0)
         if engine != "vllm":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cgtool.errors import CgtoolError
 from cgtool.units import GIB, MIB
@@ -90,58 +90,47 @@ class SglangRelease:
     source: str
 
 
+# Each release is written as what changed since the one before it, so a fact stated once
+# holds until a later release changes it.
+_SGLANG_053_DEV = SglangRelease(
+    version="0.5.3.dev",
+    tokens_rule=_tokens_seed000,
+    tiers=_TIERS_054,
+    piecewise_on_by_default=False,
+    max_tokens_is_chunk=False,
+    per_phase_flags=False,
+    tokens_flag_json=True,
+    caps_max_bs_at_running=False,
+    counts_piecewise_reserve=False,
+    source="seed 000 (section 10); a development state no PyPI release carries",
+)
+_SGLANG_054 = replace(
+    _SGLANG_053_DEV,
+    version="0.5.4",
+    tokens_rule=_tokens_054,
+    source="sglang 0.5.4 server_args (same rule in 0.5.3.post2 and 0.5.6); seed 003",
+)
+_SGLANG_0510 = replace(
+    _SGLANG_054,
+    version="0.5.10",
+    tokens_rule=_tokens_0510,
+    tiers=_TIERS_0510,
+    piecewise_on_by_default=True,
+    max_tokens_is_chunk=True,
+    tokens_flag_json=False,
+    counts_piecewise_reserve=True,
+    source="sglang 0.5.10 server_args; seeds 001 and 004",
+)
+_SGLANG_0523 = replace(
+    _SGLANG_0510,
+    version="0.5.23",
+    tiers=_TIERS_0523,
+    per_phase_flags=True,
+    caps_max_bs_at_running=True,
+    source="sglang 0.5.23 arg_groups/memory_hook.py and cuda_graph_hook.py",
+)
 SGLANG_RELEASES: dict[str, SglangRelease] = {
-    r.version: r
-    for r in (
-        SglangRelease(
-            "0.5.3.dev",
-            _tokens_seed000,
-            _TIERS_054,
-            piecewise_on_by_default=False,
-            max_tokens_is_chunk=False,
-            per_phase_flags=False,
-            tokens_flag_json=True,
-            caps_max_bs_at_running=False,
-            counts_piecewise_reserve=False,
-            source="seed 000 (section 10); a development state no PyPI release carries",
-        ),
-        SglangRelease(
-            "0.5.4",
-            _tokens_054,
-            _TIERS_054,
-            piecewise_on_by_default=False,
-            max_tokens_is_chunk=False,
-            per_phase_flags=False,
-            tokens_flag_json=True,
-            caps_max_bs_at_running=False,
-            counts_piecewise_reserve=False,
-            source="sglang 0.5.4 server_args (same rule in 0.5.3.post2 and 0.5.6); seed 003",
-        ),
-        SglangRelease(
-            "0.5.10",
-            _tokens_0510,
-            _TIERS_0510,
-            piecewise_on_by_default=True,
-            max_tokens_is_chunk=True,
-            per_phase_flags=False,
-            tokens_flag_json=False,
-            caps_max_bs_at_running=False,
-            counts_piecewise_reserve=True,
-            source="sglang 0.5.10 server_args; seeds 001 and 004",
-        ),
-        SglangRelease(
-            "0.5.23",
-            _tokens_0510,
-            _TIERS_0523,
-            piecewise_on_by_default=True,
-            max_tokens_is_chunk=True,
-            per_phase_flags=True,
-            tokens_flag_json=False,
-            caps_max_bs_at_running=True,
-            counts_piecewise_reserve=True,
-            source="sglang 0.5.23 arg_groups/memory_hook.py and cuda_graph_hook.py",
-        ),
-    )
+    r.version: r for r in (_SGLANG_053_DEV, _SGLANG_054, _SGLANG_0510, _SGLANG_0523)
 }
 VLLM_VERSIONS = ("0.33",)
 TRTLLM_VERSIONS = ("1.0",)
