@@ -87,4 +87,10 @@ def _launch_hooks_set() -> bool:
         from triton import knobs
     except ImportError:
         return False
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    return hook_is_set(knobs.runtime.launch_enter_hook) or hook_is_set(knobs.runtime.launch_exit_hook)
+
+
+def hook_is_set(hook: object) -> bool:
+    """Triton 3.x keeps each launch hook as a chain, empty unless a tool added one; Triton's
+    wrapper passes the empty chain on, and builds launch metadata for it, at every launch."""
+    return hook is not None and bool(getattr(hook, "calls", True))

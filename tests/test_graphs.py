@@ -85,9 +85,12 @@ def test_decode_graph_kernels_equal_the_profilers_count_of_a_replay(gpu_bench):
     calls = [(bs, partial(runner.replay, gpu_bench.decode_batch(bs)), None) for bs in (8, 1)]
     for _, replay, _ in calls:
         replay()  # warm, as measuring leaves them
+    from cgtool.capture.per_size import _counts_from_graphs
+
     profiled = _profiled_counts(calls)
     assert profiled[1] > 100
-    assert {bs: runner.graph_kernels(bs) for bs in (1, 8)} == profiled
+    assert all(0 <= profiled[bs] - runner.graph_kernels(bs) <= 2 for bs in (1, 8))  # input copies
+    assert _counts_from_graphs(calls, runner.graph_kernels) == profiled
 
 
 @pytest.mark.gpu
@@ -100,6 +103,6 @@ def test_piecewise_counts_from_graphs_equal_profiling_every_size(gpu_bench):
     calls = [(n, partial(runner.replay, gpu_bench.extend_batch(n)), None) for n in (64, 16, 8)]
     for _, replay, _ in calls:
         replay()
-    from_graphs = _counts_from_graphs(calls, runner.graph_kernels, eager_between=True)
+    from_graphs = _counts_from_graphs(calls, runner.graph_kernels)
     assert all(runner.graph_kernels(n) < from_graphs[n] for n in (8, 16, 64))  # attention runs outside
     assert from_graphs == _profiled_counts(calls)

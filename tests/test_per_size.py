@@ -164,27 +164,21 @@ def _counting(monkeypatch, profiled: dict[int, int]) -> list[list[int]]:
 CALLS = [(size, None, None) for size in (64, 16, 8)]  # largest first, as measured
 
 
-def test_kernels_are_read_from_the_graphs_without_profiling(monkeypatch):
-    passes = _counting(monkeypatch, {})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 310, 8: 310}.get, eager_between=False)
-    assert counts == {64: 300, 16: 310, 8: 310} and passes == []
-
-
 def test_kernels_run_outside_the_graphs_are_profiled_at_two_sizes_and_added(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 8: 360})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get, eager_between=True)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get)
     assert passes == [[64, 8]]
     assert counts == {64: 350, 16: 355, 8: 360}
 
 
 def test_probes_that_disagree_on_the_eager_kernels_profile_every_size(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 16: 356, 8: 361})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get, eager_between=True)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get)
     assert passes == [[64, 8], [64, 16, 8]]
     assert counts == {64: 350, 16: 356, 8: 361}
 
 
 def test_a_graph_that_cannot_be_read_falls_back_to_the_profiler(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 16: 355, 8: 360})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: None, 8: 310}.get, eager_between=False)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: None, 8: 310}.get)
     assert passes == [[64, 16, 8]] and counts[16] == 355

@@ -141,3 +141,14 @@ def test_with_launch_hooks_set_tritons_own_wrapper_launches(monkeypatch):
     for _ in range(2):
         kernel.launch((4,), x, x, 64, 0.5, BLOCK=16, EVEN=True)
     assert jit.launches[-1][0] == "fast"  # through __getitem__, which calls the hooks
+
+
+def test_an_empty_hook_chain_is_no_hook_and_a_filled_one_is():
+    from cgtool.triton_launch import hook_is_set
+
+    class Chain:
+        def __init__(self, calls):
+            self.calls = calls
+
+    assert not hook_is_set(None) and not hook_is_set(Chain([]))
+    assert hook_is_set(Chain([print])) and hook_is_set(print)  # a plain callable, as older Tritons kept

@@ -159,7 +159,7 @@ def capture_piecewise(
             roofline_ms = max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
             record_size(state, "piecewise", n, cost, check, roofline_ms)
             calls.append((n, replay, eager))
-    count_kernels(state, "piecewise", calls, opts, on_progress, runner.graph_kernels, eager_between=True)
+    count_kernels(state, "piecewise", calls, opts, on_progress, runner.graph_kernels)
 
 
 def _with_last_logits(model: Any, forward: Callable[[], torch.Tensor]) -> list[torch.Tensor]:

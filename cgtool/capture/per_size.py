@@ -58,12 +58,12 @@ def measuring(state: SessionState) -> Iterator[None]:
 def count_kernels(
     state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
     opts: CaptureOptions, on_progress: ProgressCallback, graph_kernels: Callable[[int], int | None],
-    hidden_mode: str = "null", eager_between: bool = False,
+    hidden_mode: str = "null",
 ) -> None:
     """Kernels per replay of every size, read from the graphs; with --profile, from one
     profiler pass over the replays, with their tables and a Chrome trace of each
-    --profile-sizes size. `eager_between`: the replay also runs kernels outside its graphs
-    (piecewise attention), counted once by profiling the smallest and the largest size."""
+    --profile-sizes size. What a replay runs outside its graphs (piecewise attention, a
+    decode input's dtype cast) is counted once, by profiling the smallest and largest size."""
     if not calls:
         return
     report_progress(on_progress, kind, "profile", None, 0, 1)
@@ -71,7 +71,7 @@ def count_kernels(
         if opts.profile:
             counts = _profile_all(state, kind, calls, opts)
         else:
-            counts = _counts_from_graphs(calls, graph_kernels, eager_between)
+            counts = _counts_from_graphs(calls, graph_kernels)
         for row in state.sizes:  # this process's rows: ranks are stamped when gathered
             if row.kind == kind and row.hidden_mode == hidden_mode and row.size in counts:
                 row.kernels_per_forward = counts[row.size]
@@ -79,16 +79,14 @@ def count_kernels(
 
 def _counts_from_graphs(
     calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
-    graph_kernels: Callable[[int], int | None], eager_between: bool,
+    graph_kernels: Callable[[int], int | None],
 ) -> dict[int, int]:
-    """Graph kernels plus, where the replay runs some eagerly, that count from profiling the
-    smallest and the largest size; every size is profiled where the two disagree or a graph
+    """Graph kernels plus those the replay runs outside them, from profiling the smallest and
+    the largest size; every size is profiled where the two disagree or a graph
     cannot be read (a torch without keep_graph)."""
     in_graphs = {size: graph_kernels(size) for size, _, _ in calls}
     if None in in_graphs.values():
         return _profiled_counts(calls)
-    if not eager_between:
-        return dict(in_graphs)  # type: ignore[arg-type]
     probes = [calls[0], calls[-1]] if len(calls) > 1 else calls[:1]
     profiled = _profiled_counts(probes)
     between = {profiled[size] - in_graphs[size] for size in profiled}  # type: ignore[operator]
