@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from cgtool.attention.backend import HeadsBackend
 from cgtool.batch import ForwardBatch
 from cgtool.kv import KVPool
 
@@ -34,25 +35,26 @@ def attend_one_request(
     return out.transpose(0, 1).to(q.dtype)
 
 
-class TorchAttentionBackend:
+class TorchAttentionBackend(HeadsBackend):
     name = "torch"
 
-    def __init__(self, num_heads: int, head_dim: int) -> None:
-        self.num_heads = num_heads
-        self.head_dim = head_dim
-        self.scale = head_dim**-0.5
-
-    def forward(
+    def _decode(
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
     ) -> None:
-        q = q.view(q.shape[0], self.num_heads, self.head_dim)
-        out = out.view(q.shape[0], self.num_heads, kv_pool.value_dim)
-        if batch.forward_mode.is_decode():
-            prefix_lens = [n - 1 for n in batch.seq_lens_cpu]
-            new_lens = [1] * batch.batch_size
-        else:
-            assert batch.extend_prefix_lens_cpu is not None and batch.extend_seq_lens_cpu is not None
-            prefix_lens, new_lens = batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu
+        prefix_lens = [n - 1 for n in batch.seq_lens_cpu]
+        self._attend(q, out, layer_id, batch, kv_pool, prefix_lens, [1] * batch.batch_size)
+
+    def _extend(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
+    ) -> None:
+        assert batch.extend_prefix_lens_cpu is not None and batch.extend_seq_lens_cpu is not None
+        prefix_lens, new_lens = batch.extend_prefix_lens_cpu, batch.extend_seq_lens_cpu
+        self._attend(q, out, layer_id, batch, kv_pool, prefix_lens, new_lens)
+
+    def _attend(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool,
+        prefix_lens: list[int], new_lens: list[int],
+    ) -> None:
         req_rows = batch.req_pool_indices.tolist()
         start = 0
         for req, prefix, new in zip(req_rows, prefix_lens, new_lens):

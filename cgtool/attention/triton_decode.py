@@ -15,11 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention.triton_softmax import online_softmax_step
+from cgtool.attention.triton_keys import BEFORE_END, attend_key_block
+from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
 from cgtool.triton_launch import CachedKernel
 
-# Scores are computed in base 2: exp2 is a single MUFU instruction, exp is not.
-LOG2_E = 1.4426950408889634
 # tl.dot needs at least 16 rows; smaller GQA groups are padded with masked rows.
 MIN_BLOCK_H = 16
 
@@ -49,6 +48,34 @@ def launch_config() -> tuple[int, int, int]:
 
 
 @triton.jit
+def split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per chunk: whole BLOCK_N multiples, so a short request fills fewer chunks."""
+    return tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+
+
+@triton.jit
+def split_bounds(seq_lens, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(start, end) of request b's keys in chunk `split`; empty when the request is shorter."""
+    seq_len = tl.load(seq_lens + b)
+    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
+    split_start = split * keys
+    return split_start, tl.minimum(split_start + keys, seq_len)
+
+
+@triton.jit
+def store_split(
+    MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_d, mask_h, mask_d,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+):
+    """One chunk's normalised output and base-2 log-sum-exp, for stage 2 to merge."""
+    tl.store(
+        MidOut + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
+        acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :],
+    )
+    tl.store(MidLse + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=mask_h)
+
+
+@triton.jit
 def _decode_stage1(
     Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
@@ -59,11 +86,7 @@ def _decode_stage1(
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-
-    seq_len = tl.load(seq_lens + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    split_start = split * split_len
-    split_end = tl.minimum(split_start + split_len, seq_len)
+    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
     if split_end <= split_start:
         return  # stage 2 skips empty chunks, so nothing needs writing
 
@@ -78,31 +101,16 @@ def _decode_stage1(
     )
     token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
 
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_D)
     for start_n in range(split_start, split_end, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < split_end
-        # int64: slot * stride overflows int32 on pools of a few million tokens.
-        slots = tl.load(token_row + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k = tl.load(
-            K + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-            mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-        )  # [BLOCK_D, BLOCK_N]
-        s = tl.dot(q, k.to(q.dtype)) * scale_log2
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        v = tl.load(
-            V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-            mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-        )  # [BLOCK_N, BLOCK_D]
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v)
-
-    tl.store(
-        MidOut + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
-        acc / l_i[:, None], mask=mask_h[:, None] & mask_d[None, :],
+        acc, l_i, m_i = attend_key_block(
+            acc, l_i, m_i, q, 0, K, V, token_row, start_n, split_end, kv_head, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, BEFORE_END,
+        )
+    store_split(
+        MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_d, mask_h, mask_d,
+        stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
     )
-    tl.store(MidLse + b * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=mask_h)
 
 
 @triton.jit
@@ -115,9 +123,8 @@ def _decode_stage2(
     b = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens + b)
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
     offs_s = tl.arange(0, NUM_SPLITS)
-    used = offs_s * split_len < seq_len  # chunks stage 1 skipped hold garbage
+    used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
@@ -138,54 +145,65 @@ _STAGE2 = CachedKernel(_decode_stage2)
 
 
 def decode_scratch(
-    batch_size: int, num_heads: int, head_dim: int, num_kv_splits: int, device: torch.device
+    batch_size: int, num_heads: int, width: int, num_kv_splits: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs and log-sum-exps of every chunk, for `decode_attention`."""
+    """fp32 partial outputs and log-sum-exps of every chunk.
+
+    Taken per call: inside a capture they come from the graph pool, where every layer (and
+    every graph of the shared pool) reuses the same block.
+    """
+    # Stage 2 spans a request's chunks with one tl.arange, whose length is a power of two.
+    assert num_kv_splits & (num_kv_splits - 1) == 0, "num_kv_splits must be a power of two"
     mid_out = torch.empty(
-        (batch_size, num_heads, num_kv_splits, head_dim), dtype=torch.float32, device=device
-    )  # [bs, heads, num_kv_splits, head_dim]
+        (batch_size, num_heads, num_kv_splits, width), dtype=torch.float32, device=device
+    )  # [bs, heads, num_kv_splits, width]
     mid_lse = torch.empty(
         (batch_size, num_heads, num_kv_splits), dtype=torch.float32, device=device
     )  # [bs, heads, num_kv_splits], base-2 log-sum-exp
     return mid_out, mid_lse
 
 
+def merge_splits(
+    mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, seq_lens: torch.Tensor,
+    block_d: int, block_n: int,
+) -> None:
+    """Stage 2: each head's output from its chunks, weighted by their log-sum-exps.
+
+    It needs only each chunk's bounds, which `block_n` (stage 1's) and seq_lens decide."""
+    _STAGE2.launch(
+        (out.shape[0], out.shape[1]), mid_out, mid_lse, out, seq_lens,
+        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=mid_out.shape[3], BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=mid_out.shape[2],
+        num_warps=4, num_stages=1,
+    )
+
+
 def decode_attention(
     q: torch.Tensor,  # [bs, heads, head_dim]
-    k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
-    v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
+    k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim] each
     out: torch.Tensor,  # [bs, heads, head_dim], written in place
-    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32
-    req_pool_indices: torch.Tensor,  # [bs]
-    seq_lens: torch.Tensor,  # [bs] int32, including the new token
-    sm_scale: float,
-    mid_out: torch.Tensor,  # [bs, heads, num_kv_splits, head_dim] fp32 scratch
-    mid_lse: torch.Tensor,  # [bs, heads, num_kv_splits] fp32 scratch
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    sm_scale: float, num_kv_splits: int,
 ) -> None:
-    """One query per request over keys 0..seq_lens[b]-1; no host synchronisation."""
+    """One query per request over keys 0..seq_lens[b]-1 (the new token included), split
+    into `num_kv_splits` chunks, a power of two; no host synchronisation."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = num_heads // kv_heads
-    num_splits = mid_out.shape[2]
-    assert num_splits & (num_splits - 1) == 0, "num_kv_splits must be a power of two"
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
+    mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device)
     block_d = triton.next_power_of_2(head_dim)
     block_n, num_warps, num_stages = launch_config()
     _STAGE1.launch(
-        (bs, kv_heads, num_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token, req_pool_indices, seq_lens,
-        sm_scale * LOG2_E,
+        (bs, kv_heads, num_kv_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
+        req_pool_indices, seq_lens, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)), BLOCK_N=block_n,
-        NUM_SPLITS=num_splits, num_warps=num_warps, num_stages=num_stages,
+        NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
-    _STAGE2.launch(
-        (bs, num_heads), mid_out, mid_lse, out, seq_lens,
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits,
-        num_warps=4, num_stages=1,
-    )
+    merge_splits(mid_out, mid_lse, out, seq_lens, block_d, block_n)

@@ -12,10 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention.triton_softmax import online_softmax_step
+from cgtool.attention.triton_keys import ALL_VISIBLE, CAUSAL, attend_key_block
+from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
 from cgtool.triton_launch import CachedKernel
-
-LOG2_E = 1.4426950408889634  # scores in base 2: exp2 is one instruction
 
 
 def launch_config(head_dim: int) -> tuple[int, int, int, int]:
@@ -27,32 +26,6 @@ def launch_config(head_dim: int) -> tuple[int, int, int, int]:
     """
     del head_dim  # one tile serves head_dim 64 and 128
     return 128, 64, 4, 2
-
-
-@triton.jit
-def _attend_key_block(
-    acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
-    stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d,
-    BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-):
-    """One online-softmax step over keys start_n..start_n + BLOCK_N - 1."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < kv_end
-    # int64: slot * stride overflows int32 on pools of a few million tokens.
-    slots = tl.load(token_row + offs_n, mask=mask_n, other=0).to(tl.int64)
-    k = tl.load(
-        K + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None],
-        mask=mask_n[None, :] & mask_d[:, None], other=0.0,
-    )  # [BLOCK_D, BLOCK_N]
-    s = tl.dot(q, k.to(q.dtype)) * scale_log2
-    if MASKED:
-        # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
-        s = tl.where(mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None]), s, float("-inf"))
-    v = tl.load(
-        V + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :],
-        mask=mask_n[:, None] & mask_d[None, :], other=0.0,
-    )  # [BLOCK_N, BLOCK_D]
-    return online_softmax_step(acc, l_i, m_i, s, v)
 
 
 @triton.jit
@@ -87,22 +60,20 @@ def _extend_kernel(
         mask=mask_m[:, None] & mask_d[None, :], other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc, l_i, m_i = online_softmax_init(BLOCK_M, BLOCK_D)
     # Whole key blocks before the block's first query are visible to all its queries; the
     # rest, up to the last query's own position, need the causal mask.
     unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
     for start_n in range(0, unmasked_end, BLOCK_N):
-        acc, l_i, m_i = _attend_key_block(
+        acc, l_i, m_i = attend_key_block(
             acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, False,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, ALL_VISIBLE,
         )
     for start_n in range(unmasked_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = _attend_key_block(
+        acc, l_i, m_i = attend_key_block(
             acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, True,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
         )
 
     tl.store(
@@ -116,35 +87,24 @@ _EXTEND = CachedKernel(_extend_kernel)
 
 def extend_attention(
     q: torch.Tensor,  # [num_tokens, heads, head_dim]
-    k_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim], new tokens already stored
-    v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim]
+    k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim], new tokens stored
     out: torch.Tensor,  # [num_tokens, heads, head_dim], written in place
-    req_to_token: torch.Tensor,  # [max_reqs, max_context_len] int32
-    req_pool_indices: torch.Tensor,  # [bs]
-    extend_prefix_lens: torch.Tensor,  # [bs] int32
-    extend_seq_lens: torch.Tensor,  # [bs] int32
-    extend_start_loc: torch.Tensor,  # [bs] int32
-    sm_scale: float,
-    max_extend_len: int,
-    num_real_tokens: int,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
+    sm_scale: float, max_extend_len: int,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
-    `max_extend_len` bounds the grid; rows from `num_real_tokens` on (the padding of a
-    replayed piecewise graph) are written as zeros.
-    """
+    `max_extend_len` (at least 1) bounds the grid; rows past the real tokens are left alone."""
     _, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[1]
-    bs = req_pool_indices.shape[0]
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    out[num_real_tokens:].zero_()
-    if bs == 0 or max_extend_len == 0:
-        return
     block_m, block_n, num_warps, num_stages = launch_config(head_dim)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
     _EXTEND.launch(
-        (num_heads, bs, triton.cdiv(max_extend_len, block_m)), q, k_cache, v_cache, out, req_to_token, req_pool_indices,
+        (num_heads, req_pool_indices.shape[0], triton.cdiv(max_extend_len, block_m)), q, k_cache,
+        v_cache, out, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),

@@ -1,4 +1,4 @@
-"""The online-softmax step every cgtool attention kernel takes per block of keys.
+"""The online softmax every cgtool attention kernel runs over its blocks of keys.
 
 Scores arrive already scaled by log2(e) / sqrt(d), so exp2 stands in for exp. The running
 maximum `m_i`, the running sum `l_i` and the unnormalised output `acc` are rescaled by how
@@ -9,6 +9,18 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+# Scores are computed in base 2: exp2 is a single MUFU instruction, exp is not.
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def online_softmax_init(ROWS: tl.constexpr, COLS: tl.constexpr):
+    """(acc [ROWS, COLS], l_i [ROWS], m_i [ROWS]) before the first block, all fp32."""
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    acc = tl.zeros([ROWS, COLS], dtype=tl.float32)
+    return acc, l_i, m_i
 
 
 @triton.jit

@@ -145,14 +145,10 @@ def _launch_fused_experts(
 
 
 def fused_experts(
-    x: torch.Tensor,  # [n, hidden]
-    gate_up: torch.Tensor,  # [E, 2 * I, hidden]: each expert's gate rows, then its up rows
-    down: torch.Tensor,  # [E, hidden, I]
-    weights: torch.Tensor,  # [n, top_k] fp32
-    ids: torch.Tensor,  # [n, top_k]
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+    ids: torch.Tensor,
 ) -> torch.Tensor:
-    """Σ over each token's top-k experts of weight × expert(x): [n, hidden], as
-    `moe.experts_ref` computes it, reading only the routed experts' weights."""
+    """`moe.experts_ref` of the same arguments, reading only the routed experts' weights."""
     if torch.compiler.is_compiling():
         # One opaque node for dynamo; eager calls skip the custom op's dispatch cost.
         return torch.ops.cgtool.fused_experts(x, gate_up, down, weights, ids)

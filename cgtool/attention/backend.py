@@ -1,0 +1,43 @@
+"""What the attention backends share: the layer's heads, the softmax scale, and the split
+of every forward into decode or extend over the viewed q and out."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from cgtool.batch import ForwardBatch
+from cgtool.kv import KVPool
+
+
+class HeadsBackend(ABC):
+    name: str
+
+    def __init__(self, num_heads: int, head_dim: int) -> None:
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+
+    def forward(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
+    ) -> None:
+        """q [num_tokens, heads * head_dim]; out [num_tokens, heads * value_dim], written in place."""
+        q = q.view(q.shape[0], self.num_heads, self.head_dim)
+        out = out.view(q.shape[0], self.num_heads, kv_pool.value_dim)
+        if batch.forward_mode.is_decode():
+            self._decode(q, out, layer_id, batch, kv_pool)
+        else:
+            self._extend(q, out, layer_id, batch, kv_pool)
+
+    @abstractmethod
+    def _decode(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
+    ) -> None:
+        """One new token per request; q [bs, heads, head_dim], out [bs, heads, value_dim]."""
+
+    @abstractmethod
+    def _extend(
+        self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
+    ) -> None:
+        """Each request's new tokens, packed; rows past them are a replayed graph's padding."""
