@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv
 
 # One program writes this many elements of a token's row (kv_heads * head_dim, or the latent).
 STORE_BLOCK = 1024
@@ -59,7 +59,7 @@ def store_kv_triton(
     """`store_kv`'s kernel, whatever the device (the CPU tests run it in Triton's interpreter)."""
     k, v = _rows(k, k_cache), (None if v is None else _rows(v, k_cache))
     row = k_cache[0].numel()
-    grid = (k.shape[0], triton.cdiv(row, STORE_BLOCK))
+    grid = (k.shape[0], cdiv(row, STORE_BLOCK))
     _STORE_KV.launch(
         grid, k, v if v is not None else k, k_cache, v_cache if v_cache is not None else k_cache, loc,
         k.stride(0), v.stride(0) if v is not None else 0, row,

@@ -94,3 +94,14 @@ def hook_is_set(hook: object) -> bool:
     """Triton 3.x keeps each launch hook as a chain, empty unless a tool added one; Triton's
     wrapper passes the empty chain on, and builds launch metadata for it, at every launch."""
     return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def next_power_of_2(n: int) -> int:
+    """`triton.next_power_of_2` in plain integer arithmetic: Triton's costs microseconds of
+    host time a call (its constexpr wrapper), and eager code makes hundreds a step."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """`triton.cdiv`, likewise."""
+    return -(-a // b)

@@ -152,3 +152,14 @@ def test_an_empty_hook_chain_is_no_hook_and_a_filled_one_is():
 
     assert not hook_is_set(None) and not hook_is_set(Chain([]))
     assert hook_is_set(Chain([print])) and hook_is_set(print)  # a plain callable, as older Tritons kept
+
+
+def test_integer_helpers_equal_tritons_own():
+    import triton
+
+    from cgtool.triton_launch import cdiv, next_power_of_2
+
+    for n in [0, *range(1, 300), 1023, 1024, 1025, 2**20 + 1]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n)
+        for d in (1, 3, 16, 64):
+            assert cdiv(n, d) == triton.cdiv(n, d)

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from cgtool.attention.triton_keys import BEFORE_END, attend_key_block
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # tl.dot needs at least 16 rows; smaller GQA groups are padded with masked rows.
 MIN_BLOCK_H = 16
@@ -33,7 +33,7 @@ MIN_KV_SPLITS, MAX_KV_SPLITS = 16, 64
 
 def num_kv_splits_for(batch_size: int, kv_heads: int) -> int:
     """A power of two fixed by the batch size, so a captured graph's grid stays valid."""
-    wanted = triton.next_power_of_2(triton.cdiv(TARGET_PROGRAMS, batch_size * kv_heads))
+    wanted = next_power_of_2(cdiv(TARGET_PROGRAMS, batch_size * kv_heads))
     return max(MIN_KV_SPLITS, min(MAX_KV_SPLITS, wanted))
 
 
@@ -194,7 +194,7 @@ def decode_attention(
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
     mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device)
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = next_power_of_2(head_dim)
     block_n, num_warps, num_stages = launch_config()
     _STAGE1.launch(
         (bs, kv_heads, num_kv_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
@@ -203,7 +203,7 @@ def decode_attention(
         v_cache.stride(0), v_cache.stride(1), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)), BLOCK_N=block_n,
+        BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
     merge_splits(mid_out, mid_lse, out, seq_lens, block_d, block_n)

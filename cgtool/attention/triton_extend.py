@@ -14,7 +14,7 @@ import triton.language as tl
 
 from cgtool.attention.triton_keys import ALL_VISIBLE, CAUSAL, attend_key_block
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 
 def launch_config(head_dim: int) -> tuple[int, int, int, int]:
@@ -103,11 +103,11 @@ def extend_attention(
     block_m, block_n, num_warps, num_stages = launch_config(head_dim)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
     _EXTEND.launch(
-        (num_heads, req_pool_indices.shape[0], triton.cdiv(max_extend_len, block_m)), q, k_cache,
+        (num_heads, req_pool_indices.shape[0], cdiv(max_extend_len, block_m)), q, k_cache,
         v_cache, out, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )

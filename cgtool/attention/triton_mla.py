@@ -25,7 +25,7 @@ import triton.language as tl
 from cgtool.attention.triton_decode import decode_scratch, merge_splits, split_bounds, store_split
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Heads of one program: tl.dot needs 16 rows, and 16 heads x 512 fp32 accumulators fit the
 # registers of 4 warps.
@@ -156,8 +156,8 @@ def _layout(
     assert q.shape[-1] == latent_cache.shape[-1]
     assert q.stride(-1) == latent_cache.stride(-1) == out.stride(-1) == req_to_token.stride(1) == 1
     rope = latent_cache.shape[-1] - rank
-    block_r = max(MIN_DOT, triton.next_power_of_2(rank))
-    return rank, rope, block_r, max(MIN_DOT, triton.next_power_of_2(rope))
+    block_r = max(MIN_DOT, next_power_of_2(rank))
+    return rank, rope, block_r, max(MIN_DOT, next_power_of_2(rope))
 
 
 def mla_decode_attention(
@@ -172,7 +172,7 @@ def mla_decode_attention(
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device)
     _MLA_STAGE1.launch(
-        (bs, triton.cdiv(num_heads, BLOCK_H), num_kv_splits), q, latent_cache, mid_out, mid_lse,
+        (bs, cdiv(num_heads, BLOCK_H), num_kv_splits), q, latent_cache, mid_out, mid_lse,
         req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
@@ -195,7 +195,7 @@ def mla_extend_attention(
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     # Heads vary fastest: the programs of one query block read the same latent rows from L2.
     _MLA_EXTEND.launch(
-        (q.shape[1], req_pool_indices.shape[0], triton.cdiv(max_extend_len, EXTEND_BLOCK_M)), q,
+        (q.shape[1], req_pool_indices.shape[0], cdiv(max_extend_len, EXTEND_BLOCK_M)), q,
         latent_cache, out, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
         extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),

@@ -35,11 +35,7 @@ if TYPE_CHECKING:
 
 
 def capture_decode(
-    bench: Workbench,
-    opts: CaptureOptions,
-    pool: Any,
-    bandwidth: float,
-    on_progress: ProgressCallback,
+    bench: Workbench, opts: CaptureOptions, pool: Any, bandwidth: float, on_progress: ProgressCallback,
     state: SessionState,
 ) -> None:
     """Capture at the first hidden-state mode, then recapture at each higher one as the
@@ -110,11 +106,7 @@ def _weights_read(bench: Workbench, tokens: int) -> float:
 
 
 def capture_piecewise(
-    bench: Workbench,
-    opts: CaptureOptions,
-    pool: Any,
-    bandwidth: float,
-    on_progress: ProgressCallback,
+    bench: Workbench, opts: CaptureOptions, pool: Any, bandwidth: float, on_progress: ProgressCallback,
     state: SessionState,
 ) -> None:
     from cgtool.runners.piecewise import PiecewiseGraphRunner

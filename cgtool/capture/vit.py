@@ -17,19 +17,10 @@ from typing import Any
 
 import torch
 
+from cgtool.capture import per_size
 from cgtool.capture.measure import check_replay
 from cgtool.capture.memory import read_memory
 from cgtool.capture.options import CaptureOptions, CaptureProgress, ProgressCallback, SessionState
-from cgtool.capture.per_size import (
-    capture_each_size,
-    count_kernels,
-    measured,
-    measuring,
-    peak_flops,
-    record_size,
-    report_progress,
-    sglang_mem_usage,
-)
 from cgtool.capture.session import (
     build_report,
     note_startup,
@@ -95,12 +86,12 @@ def capture_vit(
     pixels (the merged tokens, in raster order) and time both."""
     runner = VitGraphRunner(tower, grids, opts.enable_cudagraph_gc)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
-    with state.phase("capture"), sglang_mem_usage(state, "vit"):
-        costs = capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
+    with state.phase("capture"), per_size.sglang_mem_usage(state, "vit"):
+        costs = per_size.capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
     calls: list[tuple[int, Callable[[], object], Callable[[], object]]] = []
-    with measuring(state):
+    with per_size.measuring(state):
         for i, (patches, cost) in enumerate(costs.items()):
-            report_progress(on_progress, "vit", "measure", patches, i, len(costs))
+            per_size.report_progress(on_progress, "vit", "measure", patches, i, len(costs))
             layout = runner.layouts[patches]
             grid = layout.grids[0]
             gen = torch.Generator(device="cuda").manual_seed(opts.seed + patches)
@@ -109,14 +100,14 @@ def capture_vit(
             )
             eager = partial(lambda p, g: [runner.eager(p, g)], pixels, grid)
             replay = partial(lambda p, g: [runner.replay(p, g)], pixels, grid)
-            check = measured(state, "vit", patches, partial(
+            check = per_size.measured(state, "vit", patches, partial(
                 check_replay, eager=eager, replay=replay, dtype=opts.dtype,
             ))
             if check is None:
                 continue
-            record_size(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
+            per_size.record_size(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
             calls.append((patches, replay, eager))
-    count_kernels(state, "vit", calls, opts, on_progress, runner.graph_kernels)
+    per_size.count_kernels(state, "vit", calls, opts, on_progress, runner.graph_kernels)
 
 
 def _weights_bytes(tower: VisionTower) -> int:
@@ -136,7 +127,7 @@ def _roofline_ms(tower: VisionTower, layout: VisionLayout, bandwidth: float) -> 
         pairs = _attention_pairs(layout.full if i in full else layout.windows, n)
         flops += 4 * preset.hidden_size * pairs
     bytes_ms = _weights_bytes(tower) / bandwidth * 1e3
-    peak = peak_flops()
+    peak = per_size.peak_flops()
     return max(bytes_ms, flops / peak * 1e3) if peak else bytes_ms
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program covers a whole gate or up chunk of this many elements.
 SILU_BLOCK = 1024
@@ -215,7 +215,7 @@ def _launch_rms_norm(
     res_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
     out = torch.empty(x.shape, dtype=torch.promote_types(res_dtype, weight.dtype), device=x.device)
     res_out = None if residual is None else torch.empty(x.shape, dtype=res_dtype, device=x.device)
-    block = triton.next_power_of_2(dim)
+    block = next_power_of_2(dim)
     _RMS_NORM.launch(
         (rows.shape[0] * rows.shape[1],), rows, residual if residual is not None else rows, weight, out,
         res_out if res_out is not None else out, rows.shape[1], rows.stride(0), rows.stride(1),
@@ -271,8 +271,8 @@ def _launch_rope(
     _ROPE.launch(
         (q.shape[0],), q, k, q_out, k_out, positions, cos_sin, q.stride(0), q.stride(1), k.stride(0),
         k.stride(1), cos_sin.stride(0), NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1],
-        HALF=half, BLOCK_D=triton.next_power_of_2(half),
-        BLOCK_HQ=triton.next_power_of_2(q.shape[1]), BLOCK_HK=triton.next_power_of_2(k.shape[1]),
+        HALF=half, BLOCK_D=next_power_of_2(half),
+        BLOCK_HQ=next_power_of_2(q.shape[1]), BLOCK_HK=next_power_of_2(k.shape[1]),
         num_warps=4,
     )
     return q_out, k_out
@@ -295,7 +295,7 @@ def _launch_silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         gate_up = gate_up.contiguous()
     num_tokens, inter = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty((num_tokens, inter), dtype=gate_up.dtype, device=gate_up.device)  # [n, I]
-    grid = (num_tokens, triton.cdiv(inter, SILU_BLOCK))
+    grid = (num_tokens, cdiv(inter, SILU_BLOCK))
     _SILU_AND_MUL.launch(
         grid, gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=SILU_BLOCK, num_warps=4
     )

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from cgtool.model.fused import silu_and_mul
-from cgtool.triton_launch import CachedKernel
+from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Untuned: SGLang's default fused-MoE config for small batches, not yet swept on the H100.
 BLOCK_N, BLOCK_K, NUM_WARPS = 64, 64, 4
@@ -27,7 +27,7 @@ MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
 def block_m_for(num_pairs: int, num_experts: int) -> int:
     """Rows a block holds: about the mean rows an expert gets, since past that a block of
     one expert is mostly padding. Fixed by the shapes, so a captured grid stays valid."""
-    mean_rows = triton.next_power_of_2(triton.cdiv(num_pairs, num_experts))
+    mean_rows = next_power_of_2(cdiv(num_pairs, num_experts))
     return max(MIN_BLOCK_M, min(MAX_BLOCK_M, mean_rows))
 
 
@@ -35,7 +35,7 @@ def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
     """Worst case of the aligned length: each expert that gets a pair (at most one per pair)
     pads its rows by up to block_m - 1."""
     padded = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return triton.cdiv(padded, block_m) * block_m
+    return cdiv(padded, block_m) * block_m
 
 
 def align_block_size(
@@ -114,7 +114,7 @@ def _grouped_gemm(
     sorted_pair_ids, block_experts, num_padded = align
     assert a.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1
     n_out, k_in = w.shape[1], w.shape[2]
-    grid = (block_experts.numel(), triton.cdiv(n_out, BLOCK_N))
+    grid = (block_experts.numel(), cdiv(n_out, BLOCK_N))
     # fp32 weights take exact fp32 products: TF32 would drift from the reference.
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     _GROUPED_GEMM.launch(
