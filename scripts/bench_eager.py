@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,11 +18,17 @@ from unittest.mock import patch
 
 import torch
 
-from cgtool.config import load_model_config
-from cgtool.capture.timing import host_launch_ms, kernels_per_call, profile_kernels_by_size, time_cuda
-from cgtool.triton_launch import CachedKernel
+from cgtool.capture.timing import (
+    host_launch_ms,
+    kernels_per_call,
+    profile_kernels_by_size,
+    t95,
+    timed_call,
+)
 from cgtool.capture.workbench import build_workbench
+from cgtool.config import load_model_config
 from cgtool.runners.pool import freeze_gc
+from cgtool.triton_launch import CachedKernel
 
 
 def _old_path() -> ExitStack:
@@ -49,15 +56,31 @@ def host_profile(step, top: int = 25) -> str:
     return text.getvalue()
 
 
-def measure(step, label: str) -> dict:
-    for _ in range(3):
-        step()  # compiles each Triton specialisation once
+def measure_interleaved(step, paths: dict, rounds: int = 30) -> list[dict]:
+    """Each round times one step on every path, back to back: the host's speed moves during
+    a run (2x between runs, issue 14), and timing the paths one after the other measured the
+    drift, not the paths. `paths` maps a label to the context that selects that path."""
+    for enter in paths.values():
+        with enter():
+            for _ in range(3):
+                step()  # compiles each Triton specialisation once
+    steps = {label: [] for label in paths}
+    hosts = {label: [] for label in paths}
     with freeze_gc(enable_cudagraph_gc=False, collect=False):  # as the capture session measures
-        timing = time_cuda(step, rel_ci=0.01, max_batches=30, budget_s=5.0)
-        host = host_launch_ms(step, repeats=11)
-    kernels = kernels_per_call(profile_kernels_by_size([(0, step)])[0])
-    return {"path": label, "step_ms": timing.mean_ms, "ci95_ms": timing.ci95_ms,
-            "host_ms": host, "kernels": kernels, "host_us_per_kernel": host * 1e3 / kernels}
+        for _ in range(rounds):
+            for label, enter in paths.items():
+                with enter():
+                    steps[label].append(timed_call(step)[1])
+                    hosts[label].append(host_launch_ms(step, repeats=1))
+    rows = []
+    for label, enter in paths.items():
+        with enter():
+            kernels = kernels_per_call(profile_kernels_by_size([(0, step)])[0])
+        ms, host = steps[label], statistics.median(hosts[label])
+        rows.append({"path": label, "step_ms_median": statistics.median(ms), "step_ms_mean": statistics.fmean(ms),
+                     "ci95_ms": t95(len(ms) - 1) * statistics.stdev(ms) / len(ms) ** 0.5,
+                     "host_ms": host, "kernels": kernels, "host_us_per_kernel": host * 1e3 / kernels})
+    return rows
 
 
 def main() -> None:
@@ -74,16 +97,15 @@ def main() -> None:
     def step() -> torch.Tensor:
         return bench.runner.model.compute_logits(bench.runner.forward_eager(batch))
 
-    lean = measure(step, "lean")
+    lean, old = measure_interleaved(step, {"lean": ExitStack, "custom ops + Triton binder": _old_path})
     lean_out = step().float()
     print(host_profile(step))
     with _old_path():
-        old = measure(step, "custom ops + Triton binder")
         old_out = step().float()
     result = {
         "model": args.model, "bs": args.bs, "device": torch.cuda.get_device_name(0),
         "date": time.strftime("%Y-%m-%d"), "rows": [lean, old],
-        "old_over_lean": old["step_ms"] / lean["step_ms"],
+        "old_over_lean_median": old["step_ms_median"] / lean["step_ms_median"],
         "max_abs_diff_between_paths": float((lean_out - old_out).abs().max()),
     }
     text = json.dumps(result, indent=2)
