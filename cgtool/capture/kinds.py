@@ -16,6 +16,7 @@ from cgtool.capture.options import (
     SessionState,
 )
 from cgtool.capture.per_size import (
+    MeasuredCall,
     capture_each_size,
     count_kernels,
     measured,
@@ -65,7 +66,7 @@ def capture_decode(
 def _measure_decode(
     bench: Workbench, runner: DecodeGraphRunner, costs: dict[int, CaptureCost], bandwidth: float,
     on_progress: ProgressCallback, state: SessionState, opts: CaptureOptions,
-) -> list[tuple[int, Callable[[], object], Callable[[], object]]]:
+) -> list[MeasuredCall]:
     """Replay against eager on every output of the runner's mode (logits, hidden states)."""
     calls = []
     mode = runner.hidden_mode.flag

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from cgtool.runners.vit import VitGraphRunner
 
 
+# (size, its replay, its eager run): the calls of a kind measured, kept for counting kernels.
+MeasuredCall = tuple[int, Callable[[], object], Callable[[], object]]
+
+
 @contextmanager
 def sglang_mem_usage(state: SessionState, kind: str) -> Iterator[None]:
     """SGLang's `mem usage` of a kind's capture: free memory before minus after, each read
@@ -56,7 +60,7 @@ def measuring(state: SessionState) -> Iterator[None]:
 
 
 def count_kernels(
-    state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    state: SessionState, kind: str, calls: list[MeasuredCall],
     opts: CaptureOptions, on_progress: ProgressCallback, graph_kernels: Callable[[int], int | None],
     hidden_mode: str = "null",
 ) -> None:
@@ -78,7 +82,7 @@ def count_kernels(
 
 
 def _counts_from_graphs(
-    calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    calls: list[MeasuredCall],
     graph_kernels: Callable[[int], int | None],
 ) -> dict[int, int]:
     """Graph kernels plus those the replay runs outside them, from profiling the smallest and
@@ -96,13 +100,13 @@ def _counts_from_graphs(
     return {size: n + extra for size, n in in_graphs.items()}  # type: ignore[operator]
 
 
-def _profiled_counts(calls: list[tuple[int, Callable[[], object], Callable[[], object]]]) -> dict[int, int]:
+def _profiled_counts(calls: list[MeasuredCall]) -> dict[int, int]:
     kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])
     return {size: kernels_per_call(stats) for size, stats in kernels.items()}
 
 
 def _profile_all(
-    state: SessionState, kind: str, calls: list[tuple[int, Callable[[], object], Callable[[], object]]],
+    state: SessionState, kind: str, calls: list[MeasuredCall],
     opts: CaptureOptions,
 ) -> dict[int, int]:
     kernels = profile_kernels_by_size([(size, replay) for size, replay, _ in calls])

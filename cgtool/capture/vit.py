@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -88,7 +87,7 @@ def capture_vit(
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     with state.phase("capture"), per_size.sglang_mem_usage(state, "vit"):
         costs = per_size.capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
-    calls: list[tuple[int, Callable[[], object], Callable[[], object]]] = []
+    calls: list[per_size.MeasuredCall] = []
     with per_size.measuring(state):
         for i, (patches, cost) in enumerate(costs.items()):
             per_size.report_progress(on_progress, "vit", "measure", patches, i, len(costs))
