@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,6 +72,8 @@ class ForwardContext:
     batch: ForwardBatch
     kv_pool: KVPool
     backend: Any  # an attention backend from cgtool.attention
+    # Workspace every layer of this forward shares, by shape: see forward_scratch.
+    scratch: dict[object, Any] = field(default_factory=dict)
 
 
 _context: ForwardContext | None = None
@@ -85,6 +87,14 @@ def forward_context(batch: ForwardBatch, kv_pool: KVPool, backend: Any) -> Itera
         yield
     finally:
         _context = previous
+
+
+def forward_scratch() -> dict[object, Any]:
+    """Workspace that lives for one forward and is shared by its layers, which run one after
+    the other on one stream: allocated once a step rather than once a layer (an allocation
+    is microseconds of host time in eager code; inside a capture it comes from the pool).
+    Outside a forward, an empty dict that keeps nothing."""
+    return _context.scratch if _context is not None else {}
 
 
 def get_forward_context() -> ForwardContext:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
+# `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -42,6 +43,11 @@ if want tests; then
   # GPU_TESTS narrows the run to some files or tests (default: every gpu-marked test).
   timeout -k 10 "${TESTS_TIMEOUT:-900}" python3 -m pytest -v -m gpu -p no:cacheprovider ${GPU_TESTS:-tests} 2>&1 \
     | tee "$OUT/gpu-tests.log" | grep -vE " PASSED| SKIPPED" | tail -40
+fi
+if [[ " $stages " == *" linear "* ]]; then  # issue 14: decode-size linears, cuBLAS against a Triton GEMV
+  echo "[$(date +%H:%M:%S)] linear bench"
+  python3 scripts/bench_linear.py --out "$OUT/runs/linear.json" 2>&1 | tee "$OUT/runs/linear.log" | tail -90
+  echo "[$(date +%H:%M:%S)] linear bench exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
   echo "[$(date +%H:%M:%S)] hidden-states null,full"

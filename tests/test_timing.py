@@ -69,3 +69,29 @@ def test_the_replay_check_compares_the_first_timed_call_of_each_path(monkeypatch
     # 30 ms calls: the compared call plus one equal one-call batch make two samples per path.
     assert len(eager_calls) == len(replay_calls) == 1
     assert check.eager.batches == check.replay.batches == 2
+
+
+def test_short_replays_are_timed_back_to_back_in_pairs(monkeypatch):
+    """A 7 ms replay is timed two to a batch, so the host issues the second while the GPU
+    runs the first; the lone verified call, launch gap included, is not a sample."""
+    batches = _fake_batches(monkeypatch, 7.0)
+    result = timing.time_cuda(lambda: None, first_ms=7.3, back_to_back_below_ms=25.0)
+    assert batches == [2, 2] and result.calls_per_batch == 2
+    assert result.mean_ms == 7.0  # the first call's 7.3 ms is not among the samples
+
+
+def test_calls_past_the_back_to_back_limit_keep_one_call_batches():
+    assert timing.calls_per_batch(30.0, batch_ms=5.0, back_to_back_below_ms=25.0) == 1
+    assert timing.calls_per_batch(7.0, batch_ms=5.0, back_to_back_below_ms=25.0) == 2
+    assert timing.calls_per_batch(0.5, batch_ms=5.0, back_to_back_below_ms=25.0) == 10
+    assert timing.calls_per_batch(7.0, batch_ms=5.0) == 1  # eager: the verified call counts
+
+
+def test_the_replay_check_times_short_replays_back_to_back(monkeypatch):
+    batches = _fake_batches(monkeypatch, 5.0)
+    monkeypatch.setattr(measure, "timed_call", lambda fn: (fn(), 5.0))
+    check = measure.check_replay(
+        eager=lambda: [torch.ones(1)], replay=lambda: [torch.ones(1)], dtype=torch.bfloat16,
+    )
+    assert check.replay.calls_per_batch == 2 and check.eager.calls_per_batch == 1
+    assert batches == [1, 2, 2]  # eager's second sample, then two pairs of replays

@@ -153,3 +153,23 @@ def test_decode_replayed_graph_equals_eager_for_new_seq_lens():
     ref = torch.empty_like(q)
     TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, fresh, pool)
     assert_attention_close(out, ref, atol=2e-2)
+
+
+def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
+    """Within a forward the split buffers are allocated once and every layer reuses them;
+    each call still matches the reference, and nothing outlives the forward."""
+    from cgtool.batch import forward_context, forward_scratch
+
+    seq_lens = [200, 33]
+    pool, rows = random_pool([256] * 2, 8, 2, 64, torch.float32, "cpu")
+    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
+    triton_backend, ref_backend = TritonAttentionBackend(8, 64), TorchAttentionBackend(8, 64)
+    with forward_context(batch, pool, triton_backend):
+        for scale in (1.0, -3.0):  # two "layers" with different queries
+            q = random_q(len(rows), 8, 64, torch.float32, "cpu") * scale
+            out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+            triton_backend.forward(q, out, 0, batch, pool)
+            ref_backend.forward(q, ref, 0, batch, pool)
+            assert_attention_close(out, ref, atol=1e-4)
+        assert len(forward_scratch()) == 1
+    assert forward_scratch() == {}

@@ -11,7 +11,7 @@ from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention, num_kv_splits_for
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.attention.triton_mla import BLOCK_H, mla_decode_attention, mla_extend_attention
-from cgtool.batch import ForwardBatch
+from cgtool.batch import ForwardBatch, forward_scratch
 from cgtool.kv import KVPool
 
 
@@ -33,13 +33,13 @@ class TritonAttentionBackend(HeadsBackend):
             splits = self.num_kv_splits or num_kv_splits_for(bs, head_blocks)
             mla_decode_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                self.scale, splits,
+                self.scale, splits, forward_scratch(),
             )
             return
         splits = self.num_kv_splits or num_kv_splits_for(bs, k_cache.shape[1])
         decode_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
-            batch.req_pool_indices, batch.seq_lens, self.scale, splits,
+            batch.req_pool_indices, batch.seq_lens, self.scale, splits, forward_scratch(),
         )
 
     def _extend(

@@ -11,6 +11,8 @@ at one batch size replays correctly for any sequence lengths.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -145,21 +147,29 @@ _STAGE2 = CachedKernel(_decode_stage2)
 
 
 def decode_scratch(
-    batch_size: int, num_heads: int, width: int, num_kv_splits: int, device: torch.device
+    batch_size: int, num_heads: int, width: int, num_kv_splits: int, device: torch.device,
+    shared: dict[object, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 partial outputs and log-sum-exps of every chunk.
 
-    Taken per call: inside a capture they come from the graph pool, where every layer (and
-    every graph of the shared pool) reuses the same block.
+    From `shared` (a forward's workspace, `batch.forward_scratch()`) where it already holds
+    a block of this shape: the layers run one after the other, so one block serves them
+    all. Inside a capture it comes from the graph pool.
     """
     # Stage 2 spans a request's chunks with one tl.arange, whose length is a power of two.
     assert num_kv_splits & (num_kv_splits - 1) == 0, "num_kv_splits must be a power of two"
+    key = ("decode_scratch", batch_size, num_heads, width, num_kv_splits, device)
+    found = shared.get(key) if shared is not None else None
+    if found is not None:
+        return found
     mid_out = torch.empty(
         (batch_size, num_heads, num_kv_splits, width), dtype=torch.float32, device=device
     )  # [bs, heads, num_kv_splits, width]
     mid_lse = torch.empty(
         (batch_size, num_heads, num_kv_splits), dtype=torch.float32, device=device
     )  # [bs, heads, num_kv_splits], base-2 log-sum-exp
+    if shared is not None:
+        shared[key] = (mid_out, mid_lse)
     return mid_out, mid_lse
 
 
@@ -184,16 +194,17 @@ def decode_attention(
     k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim] each
     out: torch.Tensor,  # [bs, heads, head_dim], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    sm_scale: float, num_kv_splits: int,
+    sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
 ) -> None:
     """One query per request over keys 0..seq_lens[b]-1 (the new token included), split
-    into `num_kv_splits` chunks, a power of two; no host synchronisation."""
+    into `num_kv_splits` chunks, a power of two; no host synchronisation. `scratch`: see
+    `decode_scratch`."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     group = num_heads // kv_heads
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device)
+    mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device, scratch)
     block_d = next_power_of_2(head_dim)
     block_n, num_warps, num_stages = launch_config()
     _STAGE1.launch(

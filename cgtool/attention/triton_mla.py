@@ -18,6 +18,8 @@ pieces) is causal over prefix plus new tokens, one program per (head, request, q
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -165,12 +167,12 @@ def mla_decode_attention(
     latent_cache: torch.Tensor,  # [num_slots, 1, rank + rope]
     out: torch.Tensor,  # [bs, heads, rank], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    sm_scale: float, num_kv_splits: int,
+    sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1."""
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
-    mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device)
+    mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
     _MLA_STAGE1.launch(
         (bs, cdiv(num_heads, BLOCK_H), num_kv_splits), q, latent_cache, mid_out, mid_lse,
         req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E,

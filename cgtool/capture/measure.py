@@ -47,6 +47,11 @@ def _reserved_total() -> int:
     return int(torch.cuda.memory_stats().get("reserved_bytes.all.allocated", 0))
 
 
+# A replay's launch gap (the host issuing its input copies and the graph launch while the GPU
+# waits) was 0.3-0.6 ms on the H100 host (issue 14): over 2% of replays shorter than this.
+BACK_TO_BACK_BELOW_MS = 25.0
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayCheck:
     eager: Timing
@@ -100,8 +105,8 @@ def check_replay(
 ) -> ReplayCheck:
     """Compare once on every row of every output, then time each path until its mean is
     known to within a few percent. The timed calls default to the compared ones, and do the
-    same GPU work: the compared call is also the first timed one (a call per path saved, on
-    an eager path of tens of ms)."""
+    same GPU work: the compared call is also the first timed one (a call saved on an eager
+    path of tens of ms), except for replays short enough to be timed back to back."""
     outputs, eager_ms = timed_call(eager)
     expected = [t.float().clone() for t in outputs]  # before replay runs: nothing may alias it
     outputs, replay_ms = timed_call(replay)
@@ -109,7 +114,9 @@ def check_replay(
     diff, tolerance, output, row = compare_outputs(expected, got, dtype)
     return ReplayCheck(
         eager=time_cuda(timed_eager or eager, first_ms=eager_ms),
-        replay=time_cuda(timed_replay or replay, first_ms=replay_ms),
+        replay=time_cuda(
+            timed_replay or replay, first_ms=replay_ms, back_to_back_below_ms=BACK_TO_BACK_BELOW_MS
+        ),
         max_abs_diff=diff,
         tolerance=tolerance,
         worst_output=output,

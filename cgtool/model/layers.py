@@ -13,11 +13,12 @@ from torch import nn
 from cgtool.config import ModelConfig
 from cgtool.config_parts import RopeScaling
 from cgtool.distributed import SINGLE, TensorParallel
+from cgtool.model.direct_call import DirectCall
 from cgtool.model.fused import apply_rope, fused_add_rms_norm, rms_norm, silu_and_mul
 from cgtool.model.parallel import ColumnParallelLinear, RowParallelLinear, split
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(DirectCall, nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -47,7 +48,7 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tens
     return torch.where(band, blended, scaled)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(DirectCall, nn.Module):
     def __init__(self, cfg: ModelConfig, max_positions: int) -> None:
         super().__init__()
         dim = cfg.rotary_dim
@@ -65,7 +66,7 @@ class RotaryEmbedding(nn.Module):
         return apply_rope(q, k, positions, self.cos_sin)
 
 
-class SwiGLU(nn.Module):
+class SwiGLU(DirectCall, nn.Module):
     def __init__(self, hidden: int, intermediate: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         rows = split(intermediate, tp)

@@ -8,6 +8,7 @@ from torch import nn
 from cgtool.attention.op import attention
 from cgtool.config import ModelConfig
 from cgtool.distributed import SINGLE, TensorParallel
+from cgtool.model.direct_call import DirectCall
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from cgtool.model.mla import LatentAttention
 from cgtool.model.moe import SparseMoE
@@ -22,7 +23,7 @@ from cgtool.model.parallel import (
 )
 
 
-class Attention(nn.Module):
+class Attention(DirectCall, nn.Module):
     def __init__(
         self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE
     ) -> None:
@@ -57,7 +58,7 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DirectCall, nn.Module):
     def __init__(
         self, cfg: ModelConfig, layer_id: int, rotary: RotaryEmbedding, tp: TensorParallel = SINGLE
     ) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 from cgtool.config import ModelConfig
 from cgtool.distributed import TensorParallel, gather_vocab
 from cgtool.errors import ConfigError
+from cgtool.model.direct_call import DirectCall
 
 Range = tuple[int, int]  # [start, stop) along one dimension of a full tensor
 
@@ -88,7 +89,7 @@ def _keep(full: torch.Tensor, dim: int, part_sizes: list[int], parts: list[Range
     return kept.contiguous()
 
 
-class ColumnParallelLinear(nn.Linear):
+class ColumnParallelLinear(DirectCall, nn.Linear):
     """Output rows split: of each fused part (q|k|v, gate|up) this rank keeps `parts[i]`."""
 
     def __init__(
@@ -106,7 +107,7 @@ class ColumnParallelLinear(nn.Linear):
             self.out_features = rows
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(DirectCall, nn.Linear):
     """Input columns split; the partial products are summed over the ranks (all-reduce)."""
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, cols: Range) -> None:
@@ -124,7 +125,7 @@ class RowParallelLinear(nn.Linear):
         return out
 
 
-class VocabParallelEmbedding(nn.Embedding):
+class VocabParallelEmbedding(DirectCall, nn.Embedding):
     """Vocabulary rows split; ids of other ranks' rows read zeros, and the all-reduce fills them in."""
 
     def __init__(self, vocab_size: int, hidden: int, tp: TensorParallel) -> None:
