@@ -83,11 +83,24 @@ def measure_interleaved(step, paths: dict, rounds: int = 30) -> list[dict]:
     return rows
 
 
+def _after_compile(bench, step) -> dict:
+    """The lean path again, after dynamo has compiled the piecewise body in this process."""
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
+
+    runner = PiecewiseGraphRunner(bench.runner, capture_num_tokens=[4, 8, 16])
+    runner.warmup()
+    (row,) = measure_interleaved(step, {"lean, after dynamo compiled the body": ExitStack})
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--bs", type=int, default=1)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--after-compile", action="store_true",
+                        help="also time the lean path again once the piecewise body is compiled, "
+                             "as it runs in a `--kind both` session")
     args = parser.parse_args()
     cfg = load_model_config(args.model)
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
@@ -98,13 +111,16 @@ def main() -> None:
         return bench.runner.model.compute_logits(bench.runner.forward_eager(batch))
 
     lean, old = measure_interleaved(step, {"lean": ExitStack, "custom ops + Triton binder": _old_path})
+    rows = [lean, old]
+    if args.after_compile:
+        rows.append(_after_compile(bench, step))
     lean_out = step().float()
     print(host_profile(step))
     with _old_path():
         old_out = step().float()
     result = {
         "model": args.model, "bs": args.bs, "device": torch.cuda.get_device_name(0),
-        "date": time.strftime("%Y-%m-%d"), "rows": [lean, old],
+        "date": time.strftime("%Y-%m-%d"), "rows": rows,
         "old_over_lean_median": old["step_ms_median"] / lean["step_ms_median"],
         "max_abs_diff_between_paths": float((lean_out - old_out).abs().max()),
     }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
+# `hostgap` (by name only): scripts/bench_eager.py --after-compile and scripts/bench_replay.py.
 # `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
@@ -48,6 +49,14 @@ if [[ " $stages " == *" linear "* ]]; then  # issue 14: decode-size linears, cuB
   echo "[$(date +%H:%M:%S)] linear bench"
   python3 scripts/bench_linear.py --out "$OUT/runs/linear.json" 2>&1 | tee "$OUT/runs/linear.log" | tail -90
   echo "[$(date +%H:%M:%S)] linear bench exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo compiled, replay's launch gap
+  echo "[$(date +%H:%M:%S)] eager bench, before and after the piecewise compile"
+  python3 scripts/bench_eager.py --model llama-3.1-8b --after-compile --out "$OUT/runs/eager-after-compile.json" \
+    >"$OUT/runs/eager-after-compile.log" 2>&1; echo "exit $?"; tail -42 "$OUT/runs/eager-after-compile.log"
+  echo "[$(date +%H:%M:%S)] replay bench"
+  python3 scripts/bench_replay.py --model llama-3.1-8b --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
+  echo "[$(date +%H:%M:%S)] done"
 fi
 if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
   echo "[$(date +%H:%M:%S)] hidden-states null,full"

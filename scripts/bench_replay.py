@@ -1,0 +1,80 @@
+"""Where a decode replay's time goes: the GPU's time per replay against the host's time to
+issue one (its input copies, then the graph launch), in one process.
+
+A lone replay is timed from before its input copies, so the host's issuing time is in it;
+replays timed k to a batch overlap the next one's issuing with the GPU's work, and the
+per-replay time falls toward the GPU's own. Issue 14 compares replay with the bandwidth
+roofline. Usage: python scripts/bench_replay.py [--model llama-3.1-8b] [--bs 1,64] [--out F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from cgtool.capture.timing import copy_bandwidth_bytes_s, timed_call
+from cgtool.capture.workbench import build_workbench
+from cgtool.config import load_model_config
+from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.runners.pool import freeze_gc
+
+
+def per_call_ms(fn, calls: int, batches: int = 7) -> float:
+    """Median over `batches` of one batch's time divided by its `calls`."""
+    return statistics.median(timed_call(lambda: [fn() for _ in range(calls)])[1] / calls for _ in range(batches))
+
+
+def host_ms(fn, repeats: int = 20) -> float:
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--bs", default="1,64")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.bs.split(",")]
+    cfg = load_model_config(args.model)
+    bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
+                            max_bs=max(sizes), max_tokens=16, context_len=1024, seed=0)
+    runner = DecodeGraphRunner(bench.runner, sizes)
+    runner.capture()
+    bandwidth = copy_bandwidth_bytes_s()
+    rows = []
+    with freeze_gc(enable_cudagraph_gc=False, collect=False):
+        for bs in sizes:
+            batch = bench.decode_batch(bs)
+            replay = partial(runner.replay_outputs, batch)
+            graph = runner.graphs[bs]
+            kv_read = bs * (bench.context_len + 1) * cfg.kv_bytes_per_token(2)
+            roofline = (bench.weights_bytes + kv_read) / bandwidth * 1e3
+            row = {"bs": bs, "roofline_ms": roofline,
+                   "host_replay_ms": host_ms(replay), "host_load_inputs_ms": host_ms(partial(runner.load_inputs, batch)),
+                   "host_graph_launch_ms": host_ms(graph.replay)}
+            for calls in (1, 2, 4, 8):
+                row[f"replay_ms_{calls}_a_batch"] = per_call_ms(replay, calls)
+            row["graph_only_ms_8_a_batch"] = per_call_ms(graph.replay, 8)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"model": args.model, "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
+              "copy_bandwidth_bytes_s": bandwidth, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
