@@ -46,6 +46,8 @@ def main() -> None:
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--bs", default="1,64")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--after-compile", action="store_true",
+                        help="time again once dynamo has compiled the piecewise body in this process")
     args = parser.parse_args()
     sizes = [int(s) for s in args.bs.split(",")]
     cfg = load_model_config(args.model)
@@ -54,26 +56,52 @@ def main() -> None:
     runner = DecodeGraphRunner(bench.runner, sizes)
     runner.capture()
     bandwidth = copy_bandwidth_bytes_s()
+    rows = _measure(bench, runner, sizes, bandwidth, "before compile")
+    if args.after_compile:
+        from cgtool.runners.piecewise import PiecewiseGraphRunner
+
+        PiecewiseGraphRunner(bench.runner, capture_num_tokens=[4, 8, 16]).warmup()
+        rows += _measure(bench, runner, sizes, bandwidth, "after dynamo compiled the body")
+        rows += _with_progress_bar(partial(_measure, bench, runner, sizes, bandwidth,
+                                           "after compile, a rich progress bar refreshing"))
+    result = {"model": args.model, "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
+              "copy_bandwidth_bytes_s": bandwidth, "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _with_progress_bar(measure) -> list[dict]:
+    """As the capture command measures: a rich Progress, writing to a file, refreshing."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(file=io.StringIO())) as progress:
+        progress.add_task("measure", total=10)
+        return measure()
+
+
+def _measure(bench, runner: DecodeGraphRunner, sizes: list[int], bandwidth: float, when: str) -> list[dict]:
     rows = []
     with freeze_gc(enable_cudagraph_gc=False, collect=False):
         for bs in sizes:
             batch = bench.decode_batch(bs)
             replay = partial(runner.replay_outputs, batch)
             graph = runner.graphs[bs]
-            kv_read = bs * (bench.context_len + 1) * cfg.kv_bytes_per_token(2)
+            kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
             roofline = (bench.weights_bytes + kv_read) / bandwidth * 1e3
-            row = {"bs": bs, "roofline_ms": roofline,
+            row = {"when": when, "bs": bs, "roofline_ms": roofline,
                    "host_replay_ms": host_ms(replay), "host_load_inputs_ms": host_ms(partial(runner.load_inputs, batch)),
                    "host_graph_launch_ms": host_ms(graph.replay)}
             for calls in (1, 2, 4, 8):
                 row[f"replay_ms_{calls}_a_batch"] = per_call_ms(replay, calls)
             row["graph_only_ms_8_a_batch"] = per_call_ms(graph.replay, 8)
+            row["eager_ms_lone"] = statistics.median(
+                timed_call(partial(runner.eager_outputs, batch))[1] for _ in range(7))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    result = {"model": args.model, "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"),
-              "copy_bandwidth_bytes_s": bandwidth, "rows": rows}
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return rows
 
 
 if __name__ == "__main__":

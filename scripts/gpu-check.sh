@@ -55,7 +55,7 @@ if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo comp
   python3 scripts/bench_eager.py --model llama-3.1-8b --after-compile --out "$OUT/runs/eager-after-compile.json" \
     >"$OUT/runs/eager-after-compile.log" 2>&1; echo "exit $?"; tail -42 "$OUT/runs/eager-after-compile.log"
   echo "[$(date +%H:%M:%S)] replay bench"
-  python3 scripts/bench_replay.py --model llama-3.1-8b --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
+  python3 scripts/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
   echo "[$(date +%H:%M:%S)] done"
 fi
 if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
