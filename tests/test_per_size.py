@@ -166,19 +166,38 @@ CALLS = [(size, None, None) for size in (64, 16, 8)]  # largest first, as measur
 
 def test_kernels_run_outside_the_graphs_are_profiled_at_two_sizes_and_added(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 8: 360})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310})
     assert passes == [[64, 8]]
     assert counts == {64: 350, 16: 355, 8: 360}
 
 
 def test_probes_that_disagree_on_the_eager_kernels_profile_every_size(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 16: 356, 8: 361})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310}.get)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: 305, 8: 310})
     assert passes == [[64, 8], [64, 16, 8]]
     assert counts == {64: 350, 16: 356, 8: 361}
 
 
 def test_a_graph_that_cannot_be_read_falls_back_to_the_profiler(monkeypatch):
     passes = _counting(monkeypatch, {64: 350, 16: 355, 8: 360})
-    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: None, 8: 310}.get)
+    counts = per_size._counts_from_graphs(CALLS, {64: 300, 16: None, 8: 310})
     assert passes == [[64, 16, 8]] and counts[16] == 355
+
+
+def test_kernel_counts_wait_for_the_end_of_the_session_with_the_graphs_counts_of_their_time(monkeypatch):
+    """No profiler may run before every size is measured (CUPTI would slow what follows);
+    the graphs' own counts are read when the kind finishes, before a recapture changes them."""
+    passes = _counting(monkeypatch, {64: 350, 8: 360})
+    monkeypatch.setattr(per_size, "report_progress", lambda *args: None)
+    state = SessionState()
+    state.sizes = [per_size._failed_row("decode", size) for size in (64, 16, 8)]
+    for row in state.sizes:
+        row.status = "ok"
+    graph_counts = {64: 300, 16: 305, 8: 310}
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[8, 16, 64], capture_num_tokens=[])
+    per_size.count_kernels(state, "decode", CALLS, opts, None, graph_counts.get)
+    graph_counts.update({64: 0, 16: 0, 8: 0})  # a recapture replaced the graphs
+    assert passes == [] and [r.kernels_per_forward for r in state.sizes] == [0, 0, 0]
+    per_size.run_kernel_counts(state)
+    assert passes == [[64, 8]] and [r.kernels_per_forward for r in state.sizes] == [350, 355, 360]
+    assert state.pending_kernel_counts == [] and "profile" in state.phase_s

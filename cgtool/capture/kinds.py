@@ -58,7 +58,8 @@ def capture_decode(
             costs = capture_each_size("decode", runner, runner.capture_bs, pool, on_progress, state,
                                    opts, record_all=partial(runner.recapture, mode))
         calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
-        # Kernel tables and traces stay the first mode's: a recapture adds one copy per graph.
+        # Tables and traces go with the first mode's rows; profiled at the session's end,
+        # they show the graphs live then (the last mode's: one copy more per graph).
         count_kernels(state, "decode", calls, replace(opts, profile=False), on_progress, runner.graph_kernels,
                       mode.flag)
 

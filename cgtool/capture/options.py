@@ -99,6 +99,8 @@ class SessionState:
     eager_host_ms: float | None = None  # host time to launch the smallest eager decode step
     memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
     chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
+    # Kernel counts that profile, run once everything is measured (per_size.count_kernels).
+    pending_kernel_counts: list[Callable[[], None]] = field(default_factory=list)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -18,6 +18,7 @@ from cgtool.capture.options import (
     ProgressCallback,
     SessionState,
 )
+from cgtool.capture.per_size import run_kernel_counts
 from cgtool.capture.ranks import gather_ranks
 from cgtool.capture.timing import copy_bandwidth_bytes_s, process_age_s
 from cgtool.capture.workbench import Workbench, build_workbench
@@ -130,6 +131,7 @@ def run_capture(opts: CaptureOptions, on_progress: ProgressCallback, state: Sess
         capture_piecewise(bench, opts, pool, bandwidth, on_progress, state)
     if "decode" in opts.kinds and state.incomplete_reason is None:
         capture_decode(bench, opts, pool, bandwidth, on_progress, state)
+    run_kernel_counts(state)
     totals = totals_after_capture(pool, before, state)
     if tp.size > 1:
         gather_ranks(state, totals)

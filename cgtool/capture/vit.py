@@ -107,6 +107,7 @@ def capture_vit(
             per_size.record_size(state, "vit", patches, cost, check, _roofline_ms(tower, layout, bandwidth))
             calls.append((patches, replay, eager))
     per_size.count_kernels(state, "vit", calls, opts, on_progress, runner.graph_kernels)
+    per_size.run_kernel_counts(state)
 
 
 def _weights_bytes(tower: VisionTower) -> int:
