@@ -98,19 +98,22 @@ def main() -> None:
     parser.add_argument("--model", default="llama-3.1-8b")
     parser.add_argument("--bs", type=int, default=1)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--extend", type=int, default=0,
+                        help="time a prefill of this many tokens (piecewise's eager path) instead of decode")
     parser.add_argument("--after-compile", action="store_true",
                         help="also time the lean path again once the piecewise body is compiled, "
                              "as it runs in a `--kind both` session")
     args = parser.parse_args()
     cfg = load_model_config(args.model)
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
-                            max_bs=args.bs, max_tokens=16, context_len=1024, seed=0)
-    batch = bench.decode_batch(args.bs)
+                            max_bs=args.bs, max_tokens=max(16, args.extend), context_len=1024, seed=0)
+    batch = bench.extend_batch(args.extend) if args.extend else bench.decode_batch(args.bs)
 
     def step() -> torch.Tensor:
-        return bench.runner.model.compute_logits(bench.runner.forward_eager(batch))
+        hidden = bench.runner.forward_eager(batch)
+        return bench.runner.model.compute_logits(hidden[-1:] if args.extend else hidden)
 
-    result = {"model": args.model, "bs": args.bs, "device": torch.cuda.get_device_name(0),
+    result = {"model": args.model, "bs": args.bs, "extend_tokens": args.extend, "device": torch.cuda.get_device_name(0),
               "date": time.strftime("%Y-%m-%d")}
     if args.after_compile:
         # Patching is_compiling (the old path) before dynamo runs breaks dynamo's handling of

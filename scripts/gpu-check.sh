@@ -54,6 +54,9 @@ if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo comp
   echo "[$(date +%H:%M:%S)] eager bench, before and after the piecewise compile"
   python3 scripts/bench_eager.py --model llama-3.1-8b --after-compile --out "$OUT/runs/eager-after-compile.json" \
     >"$OUT/runs/eager-after-compile.log" 2>&1; echo "exit $?"; tail -42 "$OUT/runs/eager-after-compile.log"
+  echo "[$(date +%H:%M:%S)] eager prefill of 4 tokens (piecewise's eager path)"
+  python3 scripts/bench_eager.py --model llama-3.1-8b --extend 4 --out "$OUT/runs/eager-extend4.json" \
+    >"$OUT/runs/eager-extend4.log" 2>&1; echo "exit $?"; tail -62 "$OUT/runs/eager-extend4.log"
   echo "[$(date +%H:%M:%S)] replay bench"
   python3 scripts/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
   echo "[$(date +%H:%M:%S)] done"

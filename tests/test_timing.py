@@ -95,3 +95,20 @@ def test_the_replay_check_times_short_replays_back_to_back(monkeypatch):
     )
     assert check.replay.calls_per_batch == 2 and check.eager.calls_per_batch == 1
     assert batches == [1, 2, 2]  # eager's second sample, then two pairs of replays
+
+
+def test_no_batch_starts_that_would_end_past_the_budget(monkeypatch):
+    """Samples that never agree: a 28 ms call stops at two samples (a third would end at 56 ms,
+    past the 30 ms budget); a 14 ms call gets a third (it ends at 28 ms) but not a fourth."""
+    for ms, expected in ((28.0, 2), (14.0, 3)):
+        clock = [0.0]
+        spread = iter([1.2, 0.8, 1.1, 0.9, 1.3])
+
+        def one_batch(fn, calls, ms=ms, spread=spread):
+            clock[0] += ms / 1e3 * calls
+            return ms * calls * next(spread)
+
+        monkeypatch.setattr(timing, "_one_batch_ms", one_batch)
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+        result = timing.time_cuda(lambda: None, first_ms=ms, budget_s=0.03)
+        assert result.batches == expected

@@ -173,3 +173,19 @@ def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
             assert_attention_close(out, ref, atol=1e-4)
         assert len(forward_scratch()) == 1
     assert forward_scratch() == {}
+
+
+def test_a_capture_allocates_split_buffers_per_layer_not_for_the_forward(monkeypatch):
+    """Held across a captured forward, the shared block grew the graph pool; captures keep
+    the per-layer allocation, which the pool reuses at once."""
+    from cgtool.batch import forward_context, forward_scratch
+
+    pool, rows = random_pool([64], 4, 4, 64, torch.float32, "cpu")
+    batch = decode_batch(pool, rows, [31], [0])
+    backend = TritonAttentionBackend(4, 64)
+    q = random_q(1, 4, 64, torch.float32, "cpu")
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with forward_context(batch, pool, backend):
+        backend.forward(q, torch.empty_like(q), 0, batch, pool)
+        assert forward_scratch() == {}

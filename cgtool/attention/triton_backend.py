@@ -28,18 +28,23 @@ class TritonAttentionBackend(HeadsBackend):
     ) -> None:
         # Tensors only, no host reads: this runs inside captured decode graphs.
         bs, k_cache = q.shape[0], kv_pool.k_buffers[layer_id]
+        # A forward's layers share the split buffers when eager (an allocation a layer is host
+        # time); a capture keeps allocating per layer, whose blocks the pool reuses at once,
+        # since a block held across the forward grew the pool (92 to 126 MiB, 36 sizes, 8B).
+        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+        scratch = None if capturing else forward_scratch()
         if kv_pool.is_latent:
             head_blocks = -(-self.num_heads // BLOCK_H)
             splits = self.num_kv_splits or num_kv_splits_for(bs, head_blocks)
             mla_decode_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                self.scale, splits, forward_scratch(),
+                self.scale, splits, scratch,
             )
             return
         splits = self.num_kv_splits or num_kv_splits_for(bs, k_cache.shape[1])
         decode_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
-            batch.req_pool_indices, batch.seq_lens, self.scale, splits, forward_scratch(),
+            batch.req_pool_indices, batch.seq_lens, self.scale, splits, scratch,
         )
 
     def _extend(

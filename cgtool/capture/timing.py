@@ -45,7 +45,8 @@ def time_cuda(
     back_to_back_below_ms: float = 0.0,
 ) -> Timing:
     """Time `fn`, already warm, in batches until the 95% interval of the mean is within
-    `rel_ci` of it, `max_batches` were timed, or `budget_s` has passed (`min_batches` at least).
+    `rel_ci` of it, `max_batches` were timed, or another batch would end past `budget_s`
+    (`min_batches` at least).
 
     One pair of events per batch rather than per call: the events' own cost and the
     synchronisation after each call would otherwise be part of short calls' times. The
@@ -63,13 +64,17 @@ def time_cuda(
     samples = [first] if calls == 1 else []
     start = time.perf_counter()
     while True:
+        batch_start = time.perf_counter()
         samples.append(_one_batch_ms(fn, calls) / calls)
         n = len(samples)
         if n < min_batches:
             continue
         mean = statistics.fmean(samples)
         ci = t95(n - 1) * statistics.stdev(samples) / math.sqrt(n)
-        if ci <= rel_ci * mean or n >= max_batches or time.perf_counter() - start > budget_s:
+        now = time.perf_counter()
+        # No batch starts that would end past the budget (the last one's length foretells it).
+        past_budget = now - start + (now - batch_start) > budget_s
+        if ci <= rel_ci * mean or n >= max_batches or past_budget:
             return Timing(mean, ci, n, calls)
 
 
