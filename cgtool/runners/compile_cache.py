@@ -114,8 +114,8 @@ def _global_ref(value: Any) -> list[str]:
         try:
             if _resolve(ref) is value:
                 return ref
-        except Exception:
-            pass
+        except (ImportError, AttributeError):
+            pass  # e.g. a function defined inside another: no name reaches it
     raise UnsupportedTrace(f"the graph's global {value!r} cannot be imported by name")
 
 
@@ -158,7 +158,8 @@ def _shape_guards(gm: fx.GraphModule) -> list[str]:
     return guards
 
 
-def _input_specs(example_inputs: Sequence[Any], body: nn.Module, args: Sequence[torch.Tensor]) -> list[list[Any]]:
+def _input_specs(placeholders: Sequence[str], example_inputs: Sequence[Any], body: nn.Module,
+                 args: Sequence[torch.Tensor]) -> list[list[Any]]:
     """Each graph input as ["arg", i], ["tokens"] or ["state", name]: found by identity, which
     holds on every torch version, rather than by dynamo's source names, which change."""
     names = {id(t): name for name, t in chain(body.named_parameters(remove_duplicate=False),
@@ -166,17 +167,17 @@ def _input_specs(example_inputs: Sequence[Any], body: nn.Module, args: Sequence[
     arg_index = {id(t): i for i, t in enumerate(args)}
     num_tokens = args[0].shape[0]
     specs: list[list[Any]] = []
-    for position, value in enumerate(example_inputs):
+    for placeholder, value in zip(placeholders, example_inputs, strict=True):
         if isinstance(value, torch.SymInt):
             if not str(value).isidentifier() or getattr(value.node, "hint", None) != num_tokens:
-                raise UnsupportedTrace(f"graph input {position} is a symbol other than the token count")
+                raise UnsupportedTrace(f"graph input {placeholder} is a symbol other than the token count")
             specs.append(["tokens"])
         elif isinstance(value, torch.Tensor) and id(value) in arg_index:
             specs.append(["arg", arg_index[id(value)]])
         elif isinstance(value, torch.Tensor) and id(value) in names:
             specs.append(["state", names[id(value)]])
         else:
-            raise UnsupportedTrace(f"graph input {position} ({type(value).__name__}) is no argument, "
+            raise UnsupportedTrace(f"graph input {placeholder} ({type(value).__name__}) is no argument, "
                                    "parameter or buffer of the body")
     return specs
 
@@ -204,7 +205,8 @@ def build_entry(key: str, gm: fx.GraphModule, example_inputs: Sequence[Any], spl
         "version": ENTRY_VERSION,
         "key": key,
         "torch": torch.__version__,
-        "inputs": _input_specs(example_inputs, body, args),
+        "inputs": _input_specs([n.name for n in gm.graph.nodes if n.op == "placeholder"],
+                               example_inputs, body, args),
         "guards": _shape_guards(gm),
         "stitching": _graph_code(split.stitching),
         "pieces": [{"name": p.name, "capturable": p.capturable, "code": _graph_code(p.graph)}
@@ -235,7 +237,9 @@ def _compile_code(code: dict[str, Any], filename: str) -> Callable[..., Any]:
     src = code["src"]
     # Registered so that a traceback through cached code shows its lines.
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    exec(compile(src, filename, "exec"), namespace)
+    # The code is FX's, written by cgtool into the user's own cache folder, as torch's own
+    # GraphModule runs its generated code.
+    exec(compile(src, filename, "exec"), namespace)  # noqa: S102
     return namespace["forward"]
 
 
@@ -307,18 +311,19 @@ def try_load(cache_dir: Path, key: str, body: nn.Module,
     """The stored body, or None when there is no usable entry (absent, corrupt, stale)."""
     try:
         return load_body(cache_dir, key, body, wrap_piece)
-    except Exception:  # any unusable entry is a miss; the miss rewrites it
+    except Exception:  # noqa: BLE001 - any unusable entry is a miss; the miss rewrites it
         return None
 
 
 def try_store(cache_dir: Path, key: str, backend: Any, body: nn.Module,
-              args: Sequence[torch.Tensor], result: Any) -> bool:
-    """Store the backend's one compilation; False when it cannot be (the run goes on uncached)."""
+              args: Sequence[torch.Tensor], result: Any) -> str | None:
+    """Store the backend's one compilation: None, or why it could not be (the run goes on
+    uncached)."""
     if backend.num_compiles != 1 or backend.traced is None or backend.split is None:
-        return False
+        return f"{backend.num_compiles} compilations, not one"
     gm, example_inputs = backend.traced
     try:
         write_entry(cache_dir, build_entry(key, gm, example_inputs, backend.split, body, args, result))
-    except Exception:  # an unsupported trace, a full disk, another torch's internals
-        return False
-    return True
+    except Exception as error:  # noqa: BLE001 - an unsupported trace, a full disk, another torch's internals
+        return f"{type(error).__name__}: {error}"
+    return None

@@ -49,6 +49,7 @@ class PiecewiseGraphRunner:
         self.cache_dir = compile_cache_dir if compiler == "eager" else None
         self.compile_cache: CompileCacheStatus = "off"
         self.cache_key = ""
+        self.not_stored_reason: str | None = None
         self.compiled_body = self._cached_body() or torch.compile(
             model_runner.model.model, backend=self.backend, fullgraph=True
         )
@@ -129,11 +130,11 @@ class PiecewiseGraphRunner:
             torch._dynamo.mark_dynamic(batch.positions, 0)
         hidden = self.forward_compiled(batch)
         if self.compile_cache == "miss" and self.cache_dir is not None:
-            stored = compile_cache.try_store(
+            self.not_stored_reason = compile_cache.try_store(
                 self.cache_dir, self.cache_key, self.backend, self.model_runner.model.model,
                 (batch.input_ids, batch.positions), hidden,
             )
-            self.compile_cache = "miss" if stored else "not_stored"
+            self.compile_cache = "miss" if self.not_stored_reason is None else "not_stored"
         self.warmed_up = True
 
     def capture(self, step: SizeStep = just_record) -> None:
