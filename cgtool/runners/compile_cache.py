@@ -282,7 +282,8 @@ def load_body(cache_dir: Path, key: str, body: nn.Module,
         raise ValueError("entry of another version or key")
     state = dict(chain(body.named_parameters(remove_duplicate=False), body.named_buffers(remove_duplicate=False)))
     template: list[Any] = []
-    arg_slots, token_slots = [], []
+    arg_slots: list[tuple[int, int]] = []
+    token_slots: list[int] = []
     for slot, spec in enumerate(entry["inputs"]):
         template.append(state[spec[1]] if spec[0] == "state" else None)
         if spec[0] == "arg":
@@ -292,7 +293,7 @@ def load_body(cache_dir: Path, key: str, body: nn.Module,
         elif spec[0] != "state":
             raise ValueError(f"unknown input {spec!r}")
     stitching = _Stitching(_compile_code(entry["stitching"], f"<cgtool compile cache {key} stitching>"))
-    capturable = []
+    capturable: list[Any] = []
     for piece in entry["pieces"]:
         forward = _compile_code(piece["code"], f"<cgtool compile cache {key} {piece['name']}>")
         runnable = partial(forward, None)  # a piece's code never reads `self`
