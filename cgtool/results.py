@@ -36,6 +36,9 @@ KINDS: tuple[Kind, ...] = ("decode", "piecewise", "vit")
 # What a row's `size` counts, by kind: the label of its column and axis.
 SIZE_UNITS: dict[str, str] = {"decode": "batch size", "piecewise": "tokens", "vit": "patches"}
 SizeStatus = Literal["ok", "unsafe", "failed"]
+# The piecewise body: loaded from the compile cache, traced and stored, traced but not storable,
+# or traced with the cache off (--no-compile-cache, or the inductor compiler).
+CompileCacheStatus = Literal["hit", "miss", "not_stored", "off"]
 
 
 @dataclass(slots=True)
@@ -127,6 +130,7 @@ class CaptureTotals:
     eager_host_us_per_kernel: float | None = None  # smallest eager decode step
     static_buffer_bytes: int = 0  # the runners' static inputs and outputs, outside the pool
     other_torch_bytes: int = 0  # reserved growth outside pool and static buffers (workspaces)
+    compile_cache: CompileCacheStatus | None = None  # None: no piecewise kind, or an older report
 
 
 @dataclass(slots=True)

@@ -107,6 +107,7 @@ def capture(
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
     max_total_tokens: Annotated[int | None, typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
+    compile_cache: Annotated[bool, typer.Option("--compile-cache/--no-compile-cache", help="Reuse the piecewise body an earlier run of the same model traced, kept in $CGTOOL_CACHE_DIR (default ~/.cache/cgtool/compile).")] = True,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
     profile: Annotated[bool, typer.Option("--profile", help="Add kernel tables, a memory snapshot of each kind's first capture and Chrome traces.")] = False,
@@ -153,7 +154,7 @@ def capture(
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
         profile_sizes=profiled, hidden_modes=hidden_modes, moe_backend=moe_backend.value,
-        image_sizes=sizes,
+        image_sizes=sizes, compile_cache=compile_cache,
     )
     _run_and_save(opts)
 

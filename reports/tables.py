@@ -157,15 +157,20 @@ def totals_rows(report: CaptureReport) -> TableData:
 
 
 PHASES = ("startup", "load", "compile", "capture", "measure", "profile", "render")
+_COMPILE_CACHE = {"hit": "cache hit", "miss": "cache miss, stored", "not_stored": "not cacheable",
+                  "off": "cache off"}
 
 
 def phase_rows(report: CaptureReport) -> TableData:
-    """Seconds in each phase of the session, in the order they run, and their share."""
+    """Seconds in each phase of the session, in the order they run, and their share; the
+    compile phase says whether the compile cache served it."""
     phases = report.totals.phase_s
     total = sum(phases.values())
     names = [p for p in PHASES if p in phases] + [p for p in phases if p not in PHASES]
-    rows = [[name, _num(phases[name], 2), _num(100 * phases[name] / total if total else None, 0)]
-            for name in names]
+    cache = report.totals.compile_cache
+    labels = {"compile": f"compile ({_COMPILE_CACHE[cache]})"} if cache else {}
+    rows = [[labels.get(name, name), _num(phases[name], 2),
+             _num(100 * phases[name] / total if total else None, 0)] for name in names]
     return TableData("Phases", ["phase", "time s", "share %"], rows)
 
 

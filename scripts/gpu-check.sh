@@ -3,6 +3,8 @@
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
 # `hostgap` (by name only): scripts/bench_eager.py --after-compile and scripts/bench_replay.py.
 # `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
+# `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
+# over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -24,6 +26,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 
 if want speed; then  # issue 14: eager step, whole-session wall time and phases, profile size
   ts() { date +%H:%M:%S; }
+  # A fresh compile cache: each model's first run traces, "again" (and --profile) reuse it.
+  export CGTOOL_CACHE_DIR="$OUT/compile-cache-speed"; rm -rf "$CGTOOL_CACHE_DIR"
   echo "[$(ts)] eager bench"
   python3 scripts/bench_eager.py --model llama-3.1-8b --out "$OUT/runs/eager-llama-3.1-8b.json" \
     >"$OUT/runs/eager.log" 2>&1; tail -30 "$OUT/runs/eager.log"
@@ -60,6 +64,27 @@ if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo comp
   echo "[$(date +%H:%M:%S)] replay bench"
   python3 scripts/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
   echo "[$(date +%H:%M:%S)] done"
+fi
+if [[ " $stages " == *" compile-cache "* ]]; then  # issue 14.6: a second capture reuses the traced body
+  cache="$OUT/compile-cache"; rm -rf "$cache"
+  for run in cold warm; do
+    echo "[$(date +%H:%M:%S)] compile-cache $run"
+    start=$(date +%s.%N)
+    CGTOOL_CACHE_DIR="$cache" timeout -k 10 "${CACHE_TIMEOUT:-400}" cgtool capture --model llama-3.1-8b --kind piecewise \
+      --out "$OUT/runs/compile-cache-$run" >"$OUT/runs/compile-cache-$run.log" 2>&1
+    rc=$?; wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
+    echo "[$(date +%H:%M:%S)] compile-cache $run exit $rc wall ${wall}s"
+  done
+  python3 - "$OUT"/runs/compile-cache-{cold,warm}/report.json <<'PY' | tee "$OUT/compile-cache.txt"
+import json, sys
+for path in sys.argv[1:]:
+    t = json.load(open(path))["totals"]
+    phase_s = t.get("phase_s", {})
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in phase_s.items())
+    print(f"{path}: compile cache {t.get('compile_cache')}; compile {phase_s.get('compile', 0):.2f} s; {phases}")
+PY
+  python3 scripts/bench_compile_cache.py --model llama-3.1-8b --device cuda --tokens 4096 \
+    --rounds 2 --out "$OUT/runs/compile-cache-bench.json" 2>&1 | tail -4
 fi
 if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
   echo "[$(date +%H:%M:%S)] hidden-states null,full"

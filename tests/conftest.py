@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -7,6 +10,12 @@ import torch
 # kernel is decorated, so it must be set before any test imports cgtool's Triton modules.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Captures in tests (and the CLI processes they start) keep their compile cache in a folder of
+# this session, never the user's: a test sees only the entries this session wrote.
+_COMPILE_CACHE = tempfile.mkdtemp(prefix="cgtool-test-compile-cache-")
+os.environ["CGTOOL_CACHE_DIR"] = _COMPILE_CACHE
+atexit.register(shutil.rmtree, _COMPILE_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

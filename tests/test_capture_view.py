@@ -57,3 +57,14 @@ def test_phase_table_lists_phases_in_session_order_with_their_share():
     assert [r[0] for r in table.rows] == ["load", "capture", "measure", "render"]
     assert table.columns == ["phase", "time s", "share %"]
     assert [r[2] for r in table.rows] == ["10", "40", "30", "20"]
+
+
+def test_phase_table_says_whether_the_compile_cache_served_the_compile_phase():
+    import dataclasses
+
+    from cgtool.reports.tables import phase_rows
+
+    report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
+    report = dataclasses.replace(report, totals=dataclasses.replace(
+        report.totals, phase_s={"load": 1.0, "compile": 0.5}, compile_cache="hit"))
+    assert [r[0] for r in phase_rows(report).rows] == ["load", "compile (cache hit)"]

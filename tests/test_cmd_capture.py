@@ -93,6 +93,23 @@ def test_arguments_are_checked_before_the_gpu(args, expected):
     assert expected in result.stderr and "CUDA GPU" not in result.stderr
 
 
+@pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-compile-cache"], False)])
+def test_no_compile_cache_flag_reaches_the_session(tmp_path, monkeypatch, flag, expected):
+    from cgtool.capture import session
+
+    seen = []
+
+    def run(opts, on_progress, state):
+        seen.append(opts.compile_cache)
+        return load_report(FIXTURES / "h100-llama-3.1-8b")
+
+    monkeypatch.setattr(session, "require_cuda", lambda: None)
+    monkeypatch.setattr(session, "run_capture", run)
+    result = runner.invoke(app, ["capture", "--kind", "piecewise", *flag, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert seen == [expected]
+
+
 def test_profiler_cycle_warning_is_silenced():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -74,6 +74,16 @@ def test_optional_fields_take_defaults_when_absent(tmp_path):
     assert report.sizes[0].rank == 0 and report.sizes[0].roofline_ms is None
 
 
+def test_compile_cache_status_round_trips_and_is_null_in_older_reports(tmp_path):
+    data = _raw(REPORT)
+    assert "compile_cache" not in data["totals"] and load_report(REPORT).totals.compile_cache is None
+    data["totals"]["compile_cache"] = "hit"
+    assert load_report(_write(tmp_path, data)).totals.compile_cache == "hit"
+    data["totals"]["compile_cache"] = "warm"
+    with pytest.raises(InputError, match=r"totals\.compile_cache"):
+        load_report(_write(tmp_path, data))
+
+
 def test_unknown_fields_of_a_newer_minor_version_are_ignored(tmp_path):
     data = _raw(REPORT) | {"version": "1.7", "new_section": {"x": 1}}
     data["sizes"][0]["new_metric"] = 3.5

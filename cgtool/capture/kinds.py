@@ -111,6 +111,7 @@ def capture_piecewise(
     bench: Workbench, opts: CaptureOptions, pool: Any, bandwidth: float, on_progress: ProgressCallback,
     state: SessionState,
 ) -> None:
+    from cgtool.runners.compile_cache import default_cache_dir
     from cgtool.runners.piecewise import PiecewiseGraphRunner
 
     report_progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
@@ -120,9 +121,11 @@ def capture_piecewise(
             capture_num_tokens=opts.capture_num_tokens,
             compiler=opts.compiler,
             enable_cudagraph_gc=opts.enable_cudagraph_gc,
+            compile_cache_dir=default_cache_dir() if opts.compile_cache else None,
         )
         state.runners.append(runner)
         runner.warmup()
+        state.compile_cache = runner.compile_cache
     with state.phase("capture"), sglang_mem_usage(state, "piecewise"):
         costs = capture_each_size(
             "piecewise", runner, runner.capture_num_tokens, pool, on_progress, state, opts

@@ -14,7 +14,7 @@ import torch
 from cgtool.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
 from cgtool.hidden_states import HiddenMode
-from cgtool.results import CaptureTotals, KernelRow, ModelInfo, SizeResult
+from cgtool.results import CaptureTotals, CompileCacheStatus, KernelRow, ModelInfo, SizeResult
 from cgtool.runners.sizes import capture_sizes
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
@@ -44,6 +44,7 @@ class CaptureOptions:
     moe_backend: str = "triton"  # MoE experts: the fused Triton kernel, or the dense torch reference
     # ViT graphs (--kind vit): image sizes in pixels (height, width), already on the patch grid.
     image_sizes: tuple[tuple[int, int], ...] = ()
+    compile_cache: bool = True  # reuse the piecewise body traced by an earlier run of this model
 
     def __post_init__(self) -> None:
         # Kinds not captured keep an empty list; the captured ones follow the one rule.
@@ -101,6 +102,7 @@ class SessionState:
     chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
     # Kernel counts that profile, run once everything is measured (per_size.count_kernels).
     pending_kernel_counts: list[Callable[[], None]] = field(default_factory=list)
+    compile_cache: CompileCacheStatus | None = None  # set by the piecewise kind
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

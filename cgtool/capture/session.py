@@ -194,6 +194,7 @@ def build_report(
     totals.phase_s = dict(state.phase_s)
     totals.sglang_mem_usage_bytes = dict(state.sglang_mem_usage_bytes)
     totals.eager_host_us_per_kernel = _host_us_per_kernel(state)
+    totals.compile_cache = state.compile_cache
     snapshots = dict(state.memory_snapshots)
     traces = dict(state.chrome_traces)
     return CaptureReport(

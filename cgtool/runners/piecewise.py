@@ -10,13 +10,17 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from cgtool.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.distributed import current_tp
 from cgtool.engine import ModelRunner
 from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
-from cgtool.runners.piecewise_backend import PiecewiseBackend, use_graphs_for
+from cgtool.results import CompileCacheStatus
+from cgtool.runners import compile_cache
+from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
 from cgtool.runners.sizes import capture_sizes
@@ -29,6 +33,7 @@ class PiecewiseGraphRunner:
         capture_num_tokens: list[int],
         compiler: str = "eager",
         enable_cudagraph_gc: bool = False,
+        compile_cache_dir: Path | None = None,
     ) -> None:
         self.model_runner = model_runner
         self.capture_num_tokens = capture_sizes(capture_num_tokens)
@@ -40,7 +45,14 @@ class PiecewiseGraphRunner:
             self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
         self.static_inputs = StaticInputs(**self._buffers())
         self.backend = PiecewiseBackend(compiler)
-        self.compiled_body = torch.compile(model_runner.model.model, backend=self.backend, fullgraph=True)
+        # Inductor's pieces are no plain code to store; it keeps a disk cache of its own.
+        self.cache_dir = compile_cache_dir if compiler == "eager" else None
+        self.compile_cache: CompileCacheStatus = "off"
+        self.cache_key = ""
+        self.not_stored_reason: str | None = None
+        self.compiled_body = self._cached_body() or torch.compile(
+            model_runner.model.model, backend=self.backend, fullgraph=True
+        )
         self.captured_num_tokens: list[int] = []
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
@@ -91,13 +103,38 @@ class PiecewiseGraphRunner:
         with forward_context(batch, runner.kv_pool, runner.backend):
             return self.compiled_body(batch.input_ids, batch.positions)
 
+    def _cached_body(self) -> compile_cache.LoadedBody | None:
+        """The body from the compile cache: its pieces join the backend's, dynamo never runs."""
+        if self.cache_dir is None:
+            return None
+        runner, tp = self.model_runner, current_tp()
+        try:
+            self.cache_key = compile_cache.cache_key(
+                runner.model.model, runner.model.cfg.config_hash(), self.backend.compiler, tp.rank, tp.size
+            )
+        except OSError:  # cgtool's source unreadable: no key to trust
+            self.cache_dir = None
+            return None
+        body = compile_cache.try_load(self.cache_dir, self.cache_key, runner.model.model, CapturablePiece)
+        self.compile_cache = "miss" if body is None else "hit"
+        if body is not None:
+            self.backend.pieces.extend(body.capturable)
+        return body
+
     def warmup(self) -> None:
-        """Compile the body for a dynamic token count and run it once, without graphs."""
+        """Compile the body for a dynamic token count (or load it) and run it once, without graphs."""
         batch = self.static_batch(self.max_num_tokens)
-        # Marked dynamic, so the one compilation serves every token count.
-        torch._dynamo.mark_dynamic(batch.input_ids, 0)
-        torch._dynamo.mark_dynamic(batch.positions, 0)
-        self.forward_compiled(batch)
+        if self.compile_cache != "hit":
+            # Marked dynamic, so the one compilation serves every token count.
+            torch._dynamo.mark_dynamic(batch.input_ids, 0)
+            torch._dynamo.mark_dynamic(batch.positions, 0)
+        hidden = self.forward_compiled(batch)
+        if self.compile_cache == "miss" and self.cache_dir is not None:
+            self.not_stored_reason = compile_cache.try_store(
+                self.cache_dir, self.cache_key, self.backend, self.model_runner.model.model,
+                (batch.input_ids, batch.positions), hidden,
+            )
+            self.compile_cache = "miss" if self.not_stored_reason is None else "not_stored"
         self.warmed_up = True
 
     def capture(self, step: SizeStep = just_record) -> None:

@@ -191,6 +191,8 @@ class PiecewiseBackend:
         # Of every compilation: dynamo compiles again for a token count of 1 (it specialises
         # sizes 0 and 1), and those pieces hold that size's graphs.
         self.pieces: list[CapturablePiece] = []
+        # Dynamo's graph and inputs of the latest compilation, for the compile cache to store.
+        self.traced: tuple[fx.GraphModule, list[Any]] | None = None
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         self.num_compiles += 1
@@ -207,4 +209,5 @@ class PiecewiseBackend:
             setattr(split.stitching, piece.name, wrapper)
             self.pieces.append(wrapper)
         self.split = split
+        self.traced = (gm, example_inputs)
         return split.stitching
