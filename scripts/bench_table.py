@@ -113,6 +113,8 @@ def main() -> None:
         print()
     for compile_json in sorted(runs.glob("compile-*.json")):
         summary = json.loads(compile_json.read_text())
+        if "cgtool_capture_s" not in summary:  # another bench's file (compile-cache-bench.json)
+            continue
         print(f"## torch.compile reduce-overhead vs cgtool, {summary['model']} ({summary['gpu']})")
         print(f"cgtool capture {summary['cgtool_capture_s']:.1f} s; torch.compile compile + record "
               f"{summary.get('compile_compile_and_capture_s', float('nan')):.1f} s")
