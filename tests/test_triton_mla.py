@@ -10,6 +10,10 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
+# CPU tensors through Triton's interpreter, which conftest turns on only without a GPU.
+pytestmark = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="interpreter tests; on a GPU, test_mla_gpu.py runs the kernels"
+)
 
 from test_triton_decode import assert_attention_close
 
