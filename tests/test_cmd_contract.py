@@ -48,13 +48,27 @@ def _valued_options():
                 yield path, param
 
 
+def _value_kind(param: TyperOption) -> tuple[type | None, bool]:
+    """(the option's value type when numeric, whether it is a choice), from Typer's own
+    descriptor or, in the older Typer releases built on click (the GPU machine's), click's."""
+    descriptor = getattr(param, "type_descriptor", None)
+    if descriptor is not None:
+        return descriptor.annotation, descriptor.is_choice
+    import click
+
+    kind = param.type
+    number = int if isinstance(kind, click.types.IntParamType) else (
+        float if isinstance(kind, click.types.FloatParamType) else None)
+    return number, isinstance(kind, click.Choice)
+
+
 def _bad_value(param: TyperOption) -> str:
     if getattr(param, "min", None) is not None:
         return str(param.min - 1)
-    kind = param.type_descriptor.annotation
+    kind, is_choice = _value_kind(param)
     if kind in (int, float):
         return "not-a-number"
-    if param.type_descriptor.is_choice:
+    if is_choice:
         return "bogus"
     return NOWHERE
 
@@ -94,7 +108,7 @@ def test_a_bad_value_is_one_line_and_exit_2(path, param, tmp_path):
 
 
 RANGED = [(path, param) for path, param in CASES if getattr(param, "min", None) is not None]
-INTEGERS = [(path, param) for path, param in CASES if param.type_descriptor.annotation is int]
+INTEGERS = [(path, param) for path, param in CASES if _value_kind(param)[0] is int]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
