@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -72,17 +72,23 @@ class ForwardContext:
     batch: ForwardBatch
     kv_pool: KVPool
     backend: Any  # an attention backend from cgtool.attention
-    # Workspace every layer of this forward shares, by shape: see forward_scratch.
-    scratch: dict[object, Any] = field(default_factory=dict)
+    # Workspace every layer of this forward shares, by shape, when the caller asked for it:
+    # see forward_scratch.
+    scratch: dict[object, Any] | None = None
 
 
 _context: ForwardContext | None = None
 
 
 @contextmanager
-def forward_context(batch: ForwardBatch, kv_pool: KVPool, backend: Any) -> Iterator[None]:
+def forward_context(
+    batch: ForwardBatch, kv_pool: KVPool, backend: Any, share_scratch: bool = False
+) -> Iterator[None]:
+    """`share_scratch`: plain eager forwards only (ModelRunner.forward_eager). Under a
+    capture or torch.compile's CUDA graph trees, a block kept for the whole forward is a live
+    allocation the graph does not own (trees refuse it; a capture's pool grows)."""
     global _context
-    previous, _context = _context, ForwardContext(batch, kv_pool, backend)
+    previous, _context = _context, ForwardContext(batch, kv_pool, backend, {} if share_scratch else None)
     try:
         yield
     finally:
@@ -93,8 +99,10 @@ def forward_scratch() -> dict[object, Any]:
     """Workspace that lives for one forward and is shared by its layers, which run one after
     the other on one stream: allocated once a step rather than once a layer (an allocation
     is microseconds of host time in eager code; inside a capture it comes from the pool).
-    Outside a forward, an empty dict that keeps nothing."""
-    return _context.scratch if _context is not None else {}
+    Outside a forward that shares, an empty dict that keeps nothing."""
+    if _context is None or _context.scratch is None:
+        return {}
+    return _context.scratch
 
 
 def get_forward_context() -> ForwardContext:

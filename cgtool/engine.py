@@ -26,7 +26,7 @@ class ModelRunner:
 
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every token of the batch: [num_tokens, hidden]."""
-        with forward_context(batch, self.kv_pool, self.backend):
+        with forward_context(batch, self.kv_pool, self.backend, share_scratch=True):
             return self.model(batch.input_ids, batch.positions)
 
 

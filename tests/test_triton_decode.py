@@ -168,7 +168,7 @@ def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
     pool, rows = random_pool([256] * 2, 8, 2, 64, torch.float32, "cpu")
     batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
     triton_backend, ref_backend = TritonAttentionBackend(8, 64), TorchAttentionBackend(8, 64)
-    with forward_context(batch, pool, triton_backend):
+    with forward_context(batch, pool, triton_backend, share_scratch=True):
         for scale in (1.0, -3.0):  # two "layers" with different queries
             q = random_q(len(rows), 8, 64, torch.float32, "cpu") * scale
             out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
@@ -191,6 +191,21 @@ def test_a_capture_allocates_split_buffers_per_layer_not_for_the_forward(monkeyp
     q = random_q(1, 4, 64, torch.float32, "cpu")
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with forward_context(batch, pool, backend, share_scratch=True):
+        backend.forward(q, torch.empty_like(q), 0, batch, pool)
+        assert forward_scratch() == {}
+
+
+@INTERPRETER_ONLY
+def test_only_a_forward_that_asks_shares_split_buffers():
+    """torch.compile's CUDA graph trees refuse a block that outlives the compiled call, so
+    contexts other than the plain eager forward's keep nothing."""
+    from cgtool.batch import forward_context, forward_scratch
+
+    pool, rows = random_pool([64], 4, 4, 64, torch.float32, "cpu")
+    batch = decode_batch(pool, rows, [31], [0])
+    backend = TritonAttentionBackend(4, 64)
+    q = random_q(1, 4, 64, torch.float32, "cpu")
     with forward_context(batch, pool, backend):
         backend.forward(q, torch.empty_like(q), 0, batch, pool)
         assert forward_scratch() == {}
