@@ -17,6 +17,9 @@ from cgtool.errors import CgtoolError
 # Wide enough for any cgtool table: a log has no width, and at Rich's fallback of 80 columns
 # every cell of a wide table is cut to "…".
 LOG_WIDTH = 1000
+# --help in a log: wide enough that Typer's option table cuts no flag name or default (at 80
+# columns `cgtool capture --help` printed `--mem-fraction-s…`), narrow enough to read.
+HELP_LOG_WIDTH = 120
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -25,6 +28,17 @@ def make_console(stderr: bool = False) -> Console:
     if not made.is_terminal:
         made.width = LOG_WIDTH
     return made
+
+
+def widen_help_for_logs() -> None:
+    """Typer renders --help with its own Rich console, at 80 columns without a terminal;
+    TERMINAL_WIDTH, when set, is the user's choice and stays."""
+    import sys
+
+    from typer import rich_utils
+
+    if not sys.stdout.isatty() and not os.environ.get("TERMINAL_WIDTH") and hasattr(rich_utils, "MAX_WIDTH"):
+        rich_utils.MAX_WIDTH = HELP_LOG_WIDTH
 
 
 console = make_console()  # results

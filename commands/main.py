@@ -9,6 +9,7 @@ import typer
 from cgtool import __version__
 from cgtool.commands.capture import capture
 from cgtool.commands.check import check
+from cgtool.commands.common import widen_help_for_logs
 from cgtool.commands.models import models
 from cgtool.commands.plan import plan
 from cgtool.commands.report import report
@@ -54,6 +55,7 @@ app.command("models", cls=CgtoolCommand)(models)
 
 
 def main() -> None:
+    widen_help_for_logs()
     app()  # Typer turns Ctrl-C outside the commands that keep partial results into exit 130
 
 

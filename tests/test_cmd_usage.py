@@ -95,3 +95,15 @@ def test_installed_script_prints_one_line_without_a_terminal():
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "error: --budget-graphs must be ≥ 0 (got -3). See `cgtool plan --help`."]
+
+
+@pytest.mark.parametrize("command", [["capture"], ["plan"], ["verify"]])
+def test_help_piped_to_a_log_cuts_no_flag_or_default(command):
+    """Rich falls back to 80 columns without a terminal, and cut `--mem-fraction-static` to
+    `--mem-fraction-s…` in `cgtool capture --help | cat`."""
+    env_free = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    proc = subprocess.run([sys.executable, "-m", "cgtool.commands.entry", *command, "--help"],
+                          capture_output=True, text=True, env=env_free, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout
+    assert "--mem-fraction-static" in proc.stdout
