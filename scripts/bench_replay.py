@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from cgtool.capture.timing import copy_bandwidth_bytes_s, timed_call
+from cgtool.capture.timing import copy_bandwidth_bytes_s, host_launch_ms, timed_call
 from cgtool.capture.workbench import build_workbench
 from cgtool.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
@@ -28,17 +28,6 @@ from cgtool.runners.pool import freeze_gc
 def per_call_ms(fn, calls: int, batches: int = 7) -> float:
     """Median over `batches` of one batch's time divided by its `calls`."""
     return statistics.median(timed_call(lambda: [fn() for _ in range(calls)])[1] / calls for _ in range(batches))
-
-
-def host_ms(fn, repeats: int = 20) -> float:
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -92,8 +81,9 @@ def _measure(bench, runner: DecodeGraphRunner, sizes: list[int], bandwidth: floa
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(2)
             roofline = (bench.weights_bytes + kv_read) / bandwidth * 1e3
             row = {"when": when, "bs": bs, "roofline_ms": roofline,
-                   "host_replay_ms": host_ms(replay), "host_load_inputs_ms": host_ms(partial(runner.load_inputs, batch)),
-                   "host_graph_launch_ms": host_ms(graph.replay)}
+                   "host_replay_ms": host_launch_ms(replay, repeats=20),
+                   "host_load_inputs_ms": host_launch_ms(partial(runner.load_inputs, batch), repeats=20),
+                   "host_graph_launch_ms": host_launch_ms(graph.replay, repeats=20)}
             for calls in (1, 2, 4, 8):
                 row[f"replay_ms_{calls}_a_batch"] = per_call_ms(replay, calls)
             row["graph_only_ms_8_a_batch"] = per_call_ms(graph.replay, 8)
