@@ -37,6 +37,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--after-compile", action="store_true",
                         help="time again once dynamo has compiled the piecewise body in this process")
+    parser.add_argument("--blas", help="e.g. cublas,cublaslt: one runner captured under each BLAS "
+                        "library, replays compared in alternating rounds")
+    parser.add_argument("--heat", type=float, default=0.0,
+                        help="seconds of large GEMMs, then replay timed at once and after rests")
     args = parser.parse_args()
     sizes = [int(s) for s in args.bs.split(",")]
     cfg = load_model_config(args.model)
@@ -46,6 +50,10 @@ def main() -> None:
     runner.capture()
     bandwidth = copy_bandwidth_bytes_s()
     rows = _measure(bench, runner, sizes, bandwidth, "before compile")
+    if args.blas:
+        rows += _blas_rounds(bench, sizes, args.blas.split(","))
+    if args.heat:
+        rows += _after_heat(bench, runner, sizes[0], args.heat)
     if args.after_compile:
         from cgtool.runners.piecewise import PiecewiseGraphRunner
 
@@ -57,6 +65,62 @@ def main() -> None:
               "copy_bandwidth_bytes_s": bandwidth, "rows": rows}
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def _blas_rounds(bench, sizes: list[int], libraries: list[str], rounds: int = 4) -> list[dict]:
+    runners = {}
+    for library in libraries:
+        torch.backends.cuda.preferred_blas_library(library)
+        runners[library] = DecodeGraphRunner(bench.runner, sizes)
+        runners[library].capture()
+    torch.backends.cuda.preferred_blas_library("cublas")
+    rows = []
+    with freeze_gc(enable_cudagraph_gc=False, collect=False):
+        for r in range(rounds):
+            for library in libraries if r % 2 == 0 else reversed(libraries):
+                for bs in sizes:
+                    replay = partial(runners[library].replay_outputs, bench.decode_batch(bs))
+                    row = {"when": f"blas round {r}", "blas": library, "bs": bs,
+                           "replay_ms_4_a_batch": per_call_ms(replay, 4)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    return rows
+
+
+def _gpu_state() -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    return {"temp_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+            "sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+            "mem_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+            "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3}
+
+
+def _after_heat(bench, runner: DecodeGraphRunner, bs: int, seconds: float) -> list[dict]:
+    """Decode replay on a cool GPU, right after `seconds` of compute-bound GEMMs (as after
+    piecewise's prefill measurements), then after rests: does the GPU's state move it?"""
+    replay = partial(runner.replay_outputs, bench.decode_batch(bs))
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    rows = []
+
+    def point(when: str) -> None:
+        row = {"when": when, "bs": bs, "replay_ms_4_a_batch": per_call_ms(replay, 4), **_gpu_state()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    point("before heat")
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+    point(f"right after {seconds:g} s of GEMMs")
+    for rest in (2, 5, 10):
+        time.sleep(rest)
+        point(f"after a further {rest} s rest")
+    return rows
 
 
 def _with_progress_bar(measure) -> list[dict]:

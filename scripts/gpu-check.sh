@@ -3,6 +3,8 @@
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
 # `hostgap` (by name only): scripts/bench_eager.py --after-compile and scripts/bench_replay.py.
 # `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
+# `replay-ab` (by name only): decode-size linears read cold from HBM (cuBLAS, cuBLASLt, Triton
+# GEMVs), then bs-1 replay captured under cuBLAS and cuBLASLt in alternating rounds, and after heat.
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
@@ -53,6 +55,15 @@ if [[ " $stages " == *" linear "* ]]; then  # issue 14: decode-size linears, cuB
   echo "[$(date +%H:%M:%S)] linear bench"
   python3 scripts/bench_linear.py --out "$OUT/runs/linear.json" 2>&1 | tee "$OUT/runs/linear.log" | tail -90
   echo "[$(date +%H:%M:%S)] linear bench exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" replay-ab "* ]]; then  # issue 14: replay against the roofline
+  echo "[$(date +%H:%M:%S)] linear bench, cold weights"
+  python3 scripts/bench_linear.py --cold --m "${LINEAR_M:-1,4,16}" --out "$OUT/runs/linear-cold.json" 2>&1 \
+    | tee "$OUT/runs/linear-cold.log" | tail -120
+  echo "[$(date +%H:%M:%S)] replay under each BLAS library, and after heat"
+  python3 scripts/bench_replay.py --bs 1 --blas cublas,cublaslt --heat "${HEAT_S:-15}" \
+    --out "$OUT/runs/replay-ab.json" 2>&1 | tee "$OUT/runs/replay-ab.log" | tail -40
+  echo "[$(date +%H:%M:%S)] replay-ab done"
 fi
 if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo compiled, replay's launch gap
   echo "[$(date +%H:%M:%S)] eager bench, before and after the piecewise compile"
