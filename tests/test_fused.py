@@ -93,6 +93,48 @@ def test_rope_at_position_zero_is_the_identity():
     torch.testing.assert_close(k_out, k.contiguous())
 
 
+def _rope_store_case(n, heads, kv_heads, head_dim, dtype, slots=32, device=DEVICE):
+    """q, k, v as strided views of one qkv output; scattered slots; caches of NaN."""
+    qkv = _randn(n, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=device)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    loc = torch.randperm(slots)[:n].to(device)
+    caches = [torch.full((slots, kv_heads, head_dim), float("nan"), dtype=dtype, device=device) for _ in range(2)]
+    return q.view(n, heads, head_dim), k.view(n, kv_heads, head_dim), v, loc, caches
+
+
+def _check_rope_store(n, heads, kv_heads, head_dim, dtype, max_positions, device=DEVICE):
+    q, k, v, loc, (k_cache, v_cache) = _rope_store_case(n, heads, kv_heads, head_dim, dtype, device=device)
+    cos_sin = _cos_sin(head_dim, max_positions, device=device)
+    positions = torch.randint(0, max_positions, (n,), device=device)
+    q_out = fused._launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
+    # Exactly what the separate rope kernel and store write: the same arithmetic, one launch.
+    q_rope, k_rope = torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
+    exact = {"rtol": 0, "atol": 0}
+    torch.testing.assert_close(q_out, q_rope, **exact)
+    torch.testing.assert_close(k_cache[loc], k_rope, **exact)
+    torch.testing.assert_close(v_cache[loc], v.reshape(n, kv_heads, head_dim), **exact)
+    others = torch.ones(k_cache.shape[0], dtype=torch.bool, device=device)
+    others[loc] = False
+    assert k_cache[others].isnan().all() and v_cache[others].isnan().all()
+    q_ref = fused.apply_rope_and_store_ref(q, k, v, positions, cos_sin, *[c.clone() for c in (k_cache, v_cache)], loc)
+    _assert_close(q_out, q_ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_store_writes_the_rope_kernels_k_and_v_to_their_slots(dtype):
+    _check_rope_store(5, 6, 2, 24, dtype, max_positions=64)  # padded heads and half in the kernel
+
+
+def test_rope_and_store_reference_rotates_q_and_stores_k_and_v():
+    q, k, v, loc, (k_cache, v_cache) = _rope_store_case(3, 4, 2, 16, torch.float32)
+    cos_sin, positions = _cos_sin(16, 8), torch.tensor([0, 5, 2], device=DEVICE)
+    q_out = fused.apply_rope_and_store_ref(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
+    q_ref, k_ref = fused.apply_rope_ref(q, k, positions, cos_sin)
+    torch.testing.assert_close(q_out, q_ref)
+    torch.testing.assert_close(k_cache[loc], k_ref)
+    torch.testing.assert_close(v_cache[loc], v.reshape(3, 2, 16))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_reference_across_blocks(dtype):
     gate_up = _randn(3, 2 * (fused.SILU_BLOCK + 76), dtype=dtype) * 4  # a full block and a tail
@@ -152,6 +194,35 @@ def test_rope_and_qk_norm_at_real_shapes(n, head_dim):
         _assert_close(actual, expected)
     weight = _randn(head_dim, dtype=torch.bfloat16)
     _assert_close(torch.ops.cgtool.rms_norm(q, weight, 1e-6), fused.rms_norm_ref(q, weight, 1e-6))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", GPU_NUM_TOKENS)
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_rope_and_store_at_real_shapes(n, head_dim):
+    _check_rope_store(n, 32, 8, head_dim, torch.bfloat16, max_positions=131072)
+
+
+@pytest.mark.gpu
+def test_a_forward_storing_kv_from_rope_matches_one_storing_from_the_attention_op(monkeypatch):
+    from cgtool.model import llama
+
+    cfg = dataclasses.replace(load_model_config("llama-3.1-8b"), num_layers=2, vocab_size=1000)
+    model = build_model(cfg, device="cuda", dtype=torch.bfloat16, max_positions=256)
+
+    def run():
+        pool = KVPool(cfg, 1024, max_reqs=4, max_context_len=256, dtype=torch.bfloat16, device="cuda")
+        runner = ModelRunner(model, pool, make_backend("triton", cfg.num_heads, cfg.head_dim))
+        row = pool.alloc_request(40)[0]
+        hidden = runner.forward_eager(extend_batch(pool, [row], [0], [list(range(3, 40))]))
+        return hidden, pool.k_buffers + pool.v_buffers
+
+    fused_hidden, fused_cache = run()
+    monkeypatch.setattr(llama, "stores_with_rope", lambda q: False)
+    split_hidden, split_cache = run()
+    torch.testing.assert_close(fused_hidden, split_hidden, rtol=0, atol=0)
+    for got, expected in zip(fused_cache, split_cache):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 @pytest.mark.gpu

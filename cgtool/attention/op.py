@@ -36,6 +36,23 @@ def attention(
         attention_impl(q, k, v, out, layer_id)
 
 
+def stores_with_rope(q: torch.Tensor) -> bool:
+    """Whether this layer's new K/V can be written by the rope kernel (fused.apply_rope_and_store)
+    rather than by the attention op: eager code on the GPU over a K/V pool of q's dtype. Under
+    torch.compile the store stays in the op, which runs between piecewise graphs with the
+    batch's real slots; a latent pool (MLA) stores its own row."""
+    if not q.is_cuda or torch.compiler.is_compiling():
+        return False
+    pool = get_forward_context().kv_pool
+    return not pool.is_latent and pool.k_buffers[0].dtype == q.dtype
+
+
+def attention_over_stored(q: torch.Tensor, out: torch.Tensor, layer_id: int) -> None:
+    """`attention` for a layer whose new K/V are already in the pool."""
+    ctx = get_forward_context()
+    ctx.backend.forward(q, out, layer_id, ctx.batch, ctx.kv_pool)
+
+
 def attention_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
 ) -> None:

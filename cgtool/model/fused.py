@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from cgtool.kv_store import store_kv
 from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program covers a whole gate or up chunk of this many elements.
@@ -70,6 +71,19 @@ def apply_rope(
     return _launch_rope(q, k, positions, cos_sin)
 
 
+def apply_rope_and_store(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
+) -> torch.Tensor:
+    """`apply_rope`, with the rotated k and v written straight to their KV slots `loc`
+    (caches [slots, kv_heads, head_dim]); returns the rotated q. One launch where rope and the
+    KV store took two, as SGLang's rope kernel takes a FusedSetKVBufferArg. Eager code only:
+    under torch.compile the store stays inside the attention op, where piecewise graphs split."""
+    if not _use_triton(q):
+        return apply_rope_and_store_ref(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
+    return _launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
+
+
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for gate_up [n, 2 * I] holding gate and up side by side: [n, I]."""
     if not _use_triton(gate_up):
@@ -106,6 +120,15 @@ def apply_rope_ref(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
     return _rotate_ref(q, cos, sin), _rotate_ref(k, cos, sin)
+
+
+def apply_rope_and_store_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
+) -> torch.Tensor:
+    q_out, k_out = apply_rope_ref(q, k, positions, cos_sin)
+    store_kv(k_cache, v_cache, loc, k_out.to(k_cache.dtype), v.reshape(k_out.shape).to(v_cache.dtype))
+    return q_out
 
 
 def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
@@ -157,6 +180,14 @@ def _rotate_heads(
 
 
 @triton.jit
+def _cos_sin_at(positions, cos_sin, t, stride_cs, offs_d, mask_d, HALF: tl.constexpr):
+    pos = tl.load(positions + t).to(tl.int64)
+    cos = tl.load(cos_sin + pos * stride_cs + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    sin = tl.load(cos_sin + pos * stride_cs + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    return cos[None, :], sin[None, :]
+
+
+@triton.jit
 def _rope_kernel(
     Q, K, QOut, KOut, positions, cos_sin, stride_qt, stride_qh, stride_kt, stride_kh, stride_cs,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
@@ -164,19 +195,44 @@ def _rope_kernel(
 ):
     # One program a token: its cos/sin row is read once for all q and k heads.
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HALF
-    cos = tl.load(cos_sin + pos * stride_cs + offs_d, mask=mask_d, other=0.0).to(tl.float32)
-    sin = tl.load(cos_sin + pos * stride_cs + HALF + offs_d, mask=mask_d, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin_at(positions, cos_sin, t, stride_cs, offs_d, mask_d, HALF)
     _rotate_heads(
-        Q + t * stride_qt, QOut + t * (NUM_Q_HEADS * 2 * HALF), stride_qh, cos[None, :],
-        sin[None, :], offs_d, mask_d, NUM_Q_HEADS, HALF, BLOCK_HQ,
+        Q + t * stride_qt, QOut + t * (NUM_Q_HEADS * 2 * HALF), stride_qh, cos, sin, offs_d, mask_d,
+        NUM_Q_HEADS, HALF, BLOCK_HQ,
     )
     _rotate_heads(
-        K + t * stride_kt, KOut + t * (NUM_K_HEADS * 2 * HALF), stride_kh, cos[None, :],
-        sin[None, :], offs_d, mask_d, NUM_K_HEADS, HALF, BLOCK_HK,
+        K + t * stride_kt, KOut + t * (NUM_K_HEADS * 2 * HALF), stride_kh, cos, sin, offs_d, mask_d,
+        NUM_K_HEADS, HALF, BLOCK_HK,
     )
+
+
+@triton.jit
+def _rope_store_kernel(
+    Q, K, V, QOut, KCache, VCache, Loc, positions, cos_sin,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_cs,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    # _rope_kernel with the rotated k written to its KV slot instead of a new tensor, and v
+    # copied to its slot: the same values the separate store kernel would write.
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(Loc + t).to(tl.int64)
+    row = NUM_K_HEADS * 2 * HALF  # one slot of the cache: [kv_heads, head_dim]
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HALF
+    cos, sin = _cos_sin_at(positions, cos_sin, t, stride_cs, offs_d, mask_d, HALF)
+    _rotate_heads(
+        Q + t * stride_qt, QOut + t * (NUM_Q_HEADS * 2 * HALF), stride_qh, cos, sin, offs_d, mask_d,
+        NUM_Q_HEADS, HALF, BLOCK_HQ,
+    )
+    _rotate_heads(K + t * stride_kt, KCache + slot * row, stride_kh, cos, sin, offs_d, mask_d, NUM_K_HEADS, HALF,
+                  BLOCK_HK)
+    offs_v = tl.arange(0, BLOCK_V)
+    mask_v = offs_v < row
+    v = tl.load(V + t * stride_vt + offs_v, mask=mask_v)
+    tl.store(VCache + slot * row + offs_v, v.to(VCache.dtype.element_ty), mask=mask_v)
 
 
 @triton.jit
@@ -195,6 +251,7 @@ def _silu_and_mul_kernel(X, Out, stride_xt, stride_ot, inter, BLOCK: tl.constexp
 
 _RMS_NORM = CachedKernel(_rms_norm_kernel)
 _ROPE = CachedKernel(_rope_kernel)
+_ROPE_STORE = CachedKernel(_rope_store_kernel)
 _SILU_AND_MUL = CachedKernel(_silu_and_mul_kernel)
 
 
@@ -276,6 +333,26 @@ def _launch_rope(
         num_warps=4,
     )
     return q_out, k_out
+
+
+def _launch_rope_and_store(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
+) -> torch.Tensor:
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v.reshape(v.shape[0], -1)  # [n, kv_heads * head_dim]: a view of a qkv output's slice
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [n, heads, head_dim]
+    half = q.shape[-1] // 2
+    _ROPE_STORE.launch(
+        (q.shape[0],), q, k, v, q_out, k_cache, v_cache, loc, positions, cos_sin,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), cos_sin.stride(0),
+        NUM_Q_HEADS=q.shape[1], NUM_K_HEADS=k.shape[1], HALF=half, BLOCK_D=next_power_of_2(half),
+        BLOCK_HQ=next_power_of_2(q.shape[1]), BLOCK_HK=next_power_of_2(k.shape[1]),
+        BLOCK_V=next_power_of_2(v.shape[1]), num_warps=4,
+    )
+    return q_out
 
 
 @_apply_rope_op.register_fake
