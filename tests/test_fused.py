@@ -93,8 +93,9 @@ def test_rope_at_position_zero_is_the_identity():
     torch.testing.assert_close(k_out, k.contiguous())
 
 
-def _rope_store_case(n, heads, kv_heads, head_dim, dtype, slots=32, device=DEVICE):
+def _rope_store_case(n, heads, kv_heads, head_dim, dtype, device=DEVICE):
     """q, k, v as strided views of one qkv output; scattered slots; caches of NaN."""
+    slots = 2 * n + 8  # room for a slot per token and some never written
     qkv = _randn(n, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device=device)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     loc = torch.randperm(slots)[:n].to(device)
