@@ -126,6 +126,12 @@ def test_rope_and_store_writes_the_rope_kernels_k_and_v_to_their_slots(dtype):
     _check_rope_store(5, 6, 2, 24, dtype, max_positions=64)  # padded heads and half in the kernel
 
 
+def test_rope_and_store_refuses_fewer_slots_than_tokens():
+    q, k, v, loc, (k_cache, v_cache) = _rope_store_case(4, 2, 1, 8, torch.float32)
+    with pytest.raises(ValueError, match="3 KV slots for 4 tokens"):
+        fused._launch_rope_and_store(q, k, v, torch.arange(4, device=DEVICE), _cos_sin(8, 8), k_cache, v_cache, loc[:3])
+
+
 def test_rope_and_store_reference_rotates_q_and_stores_k_and_v():
     q, k, v, loc, (k_cache, v_cache) = _rope_store_case(3, 4, 2, 16, torch.float32)
     cos_sin, positions = _cos_sin(16, 8), torch.tensor([0, 5, 2], device=DEVICE)

@@ -339,6 +339,8 @@ def _launch_rope_and_store(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor,
 ) -> torch.Tensor:
+    if loc.shape[0] != q.shape[0]:  # the kernel reads a slot per token: a short loc reads past it
+        raise ValueError(f"{loc.shape[0]} KV slots for {q.shape[0]} tokens")
     q = q if q.stride(-1) == 1 else q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v.reshape(v.shape[0], -1)  # [n, kv_heads * head_dim]: a view of a qkv output's slice
