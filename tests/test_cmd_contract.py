@@ -1,6 +1,9 @@
 """The CLI contract: for every command and every option that takes a value, a bad value gives
 exit 2 and one line on stderr, never a traceback or a box."""
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,10 @@ ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "azure-conv-first-1000.jsonl"
 REPORT = ROOT / "tests" / "data" / "reports" / "h100-llama-3.1-8b"
 NOWHERE = "/proc/cgtool-nowhere/x"  # neither readable nor creatable, even for root
+# `trace convert` needs somewhere to write: a folder of this test session, not a fixed /tmp
+# name that another checkout's run (or another user) may hold.
+_SCRATCH = tempfile.mkdtemp(prefix="cgtool-contract-")
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
 
 # The smallest valid command line of each command; one option at a time is then spoiled.
 VALID = {
@@ -27,7 +34,7 @@ VALID = {
     ("schedule",): [],
     ("report",): [REPORT],
     ("models",): [],
-    ("trace", "convert"): [EXAMPLE, "--format", "cgtool", "--out", "/tmp/cgtool-contract.jsonl"],
+    ("trace", "convert"): [EXAMPLE, "--format", "cgtool", "--out", Path(_SCRATCH) / "converted.jsonl"],
     ("trace", "stats"): [EXAMPLE],
 }
 

@@ -28,7 +28,7 @@ def _use_triton(x: torch.Tensor) -> bool:
 
 def _as_op() -> bool:
     """Dynamo must see one opaque custom op; eager code calls the launcher itself, since a
-    custom op's dispatch costs ~170 µs of host time a call (notes/eager-host-profile.md)."""
+    custom op's dispatch costs ~170 µs of host time a call (../shared/notes/eager-host-profile.md)."""
     return torch.compiler.is_compiling()
 
 

@@ -30,7 +30,7 @@ COMPILERS = ("eager", "inductor")
 _split_ops: tuple[torch._ops.OpOverload, ...] = (ATTENTION_OP, ALL_REDUCE_OP)
 _graph_num_tokens: int | None = None
 # Split ops run eagerly between pieces; these are called as plain functions there, since
-# a custom op's dispatch costs ~170 µs of host time a call (notes/eager-host-profile.md).
+# a custom op's dispatch costs ~170 µs of host time a call (../shared/notes/eager-host-profile.md).
 _EAGER_IMPLS: dict[torch._ops.OpOverload, Callable[..., Any]] = {ATTENTION_OP: attention_impl}
 
 
