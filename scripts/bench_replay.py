@@ -41,11 +41,14 @@ def main() -> None:
                         "library, replays compared in alternating rounds")
     parser.add_argument("--heat", type=float, default=0.0,
                         help="seconds of large GEMMs, then replay timed at once and after rests")
+    parser.add_argument("--drift", action="store_true",
+                        help="bs-1 replay of one graph before and after other work in the process: "
+                             "idle time, allocating memory, capturing 36 more graphs, a piecewise capture")
     args = parser.parse_args()
     sizes = [int(s) for s in args.bs.split(",")]
     cfg = load_model_config(args.model)
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
-                            max_bs=max(sizes), max_tokens=16, context_len=1024, seed=0)
+                            max_bs=max(sizes), max_tokens=2048 if args.drift else 16, context_len=1024, seed=0)
     runner = DecodeGraphRunner(bench.runner, sizes)
     runner.capture()
     bandwidth = copy_bandwidth_bytes_s()
@@ -54,6 +57,8 @@ def main() -> None:
         rows += _blas_rounds(bench, sizes, args.blas.split(","))
     if args.heat:
         rows += _after_heat(bench, runner, sizes[0], args.heat)
+    if args.drift:
+        rows += _drift(bench, runner, sizes[0])
     if args.after_compile:
         from cgtool.runners.piecewise import PiecewiseGraphRunner
 
@@ -120,6 +125,47 @@ def _after_heat(bench, runner: DecodeGraphRunner, bs: int, seconds: float) -> li
     for rest in (2, 5, 10):
         time.sleep(rest)
         point(f"after a further {rest} s rest")
+    return rows
+
+
+def _drift(bench, runner: DecodeGraphRunner, bs: int) -> list[dict]:
+    """Issue 14: decode replay measured 3% slower in `--kind both` than decode-only. Which
+    event in a process moves one captured graph's replay time?"""
+    replay = partial(runner.replay_outputs, bench.decode_batch(bs))
+    rows = []
+    keep = []
+
+    def point(when: str) -> None:
+        times = [per_call_ms(replay, 4) for _ in range(3)]
+        row = {"when": when, "bs": bs, "replay_ms_4_a_batch": statistics.median(times), "all": times,
+               **_gpu_state()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    point("drift: start")
+    time.sleep(15)
+    point("drift: after 15 s idle")
+    blocks = [torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    del blocks
+    point("drift: after allocating and freeing 8 GiB")
+    other = DecodeGraphRunner(bench.runner, list(range(8, 257, 8)) + [1, 2, 4])
+    other.capture()
+    keep.append(other)
+    point("drift: after capturing 35 more decode graphs")
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
+
+    piecewise = PiecewiseGraphRunner(bench.runner, capture_num_tokens=[512, 1024, 2048])
+    piecewise.capture()
+    keep.append(piecewise)
+    point("drift: after a piecewise capture")
+    end = time.perf_counter() + 10
+    batch = bench.extend_batch(2048)
+    while time.perf_counter() < end:
+        piecewise.replay(batch)
+        torch.cuda.synchronize()
+    point("drift: after 10 s of piecewise replays at 2048 tokens")
+    time.sleep(15)
+    point("drift: after a further 15 s idle")
     return rows
 
 
