@@ -100,3 +100,17 @@ def test_at_tp1_a_rehearsal_is_not_run(monkeypatch):
     state = SessionState()
     assert per_size.measured(state, "decode", 1, lambda: "check", rehearse=lambda: rehearsed.append(1)) == "check"
     assert rehearsed == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_gpu_nccl_out_of_memory_on_rank_1_in_capture_warmup_and_rehearsal_fails_those_sizes_only(tmp_path):
+    from cgtool.capture.options import CaptureOptions
+    from cgtool.results import CaptureReport
+
+    opts = CaptureOptions(model="qwen2.5-0.5b", kinds=("decode",), capture_bs=SIZES, capture_num_tokens=[],
+                          random_weights=True, tp_size=2, out_dir=tmp_path, context_len=256)
+    report = CaptureReport.from_dict(run_ranks(tp_oom_worker.session_oom_rank_gpu, 2, (opts,)), "report")
+    status = {(r.size, r.rank): r.status for r in report.sizes}
+    assert status == {(s, rank): ("ok" if s == 1 else "failed") for s in SIZES for rank in (0, 1)}
+    assert report.incomplete_reason.startswith("out of memory capturing decode size 8 on rank 1 (free ")

@@ -201,3 +201,37 @@ def skipped_collectives_rank(rank: int, size: int, init_method: str, channel) ->
         skipped_logits = runner.model.compute_logits(piecewise.forward_compiled(batch))
     _send_all(channel, {"logits": logits, "outside": outside, "inside": count[0] - before,
                         "skipped_logits_shape": tuple(skipped_logits.shape)})
+
+
+# ------------------------------------------------------------------ GPU (NCCL), two ranks
+
+
+def session_oom_rank_gpu(rank: int, size: int, init_method: str, channel, opts: CaptureOptions) -> None:
+    """A whole decode capture session (run_capture) on rank `rank`'s GPU. Rank 1 runs out of
+    memory inside the capture of bs 8 (rank 0 records its graph, NCCL included), in the first
+    warm-up of bs 4, and in the measuring rehearsal of bs 2; bs 1 fits everywhere."""
+    from cgtool.capture.session import run_capture
+    from cgtool.runners.decode import DecodeGraphRunner
+
+    init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank), timeout=TIMEOUT)
+    if rank == 1:
+        record, eager = DecodeGraphRunner._forward_into_logits, DecodeGraphRunner.eager_outputs
+        warmed: set[int] = set()
+
+        def record_or_oom(self, batch):
+            bs, capturing = batch.batch_size, torch.cuda.is_current_stream_capturing()
+            if (bs == 8 and capturing) or (bs == 4 and bs not in warmed):
+                warmed.add(bs)
+                raise torch.OutOfMemoryError(OOM_TEXT)
+            return record(self, batch)
+
+        def eager_or_oom(self, batch):
+            if batch.batch_size == 2 and distributed._skip_eager:
+                raise torch.OutOfMemoryError(OOM_TEXT)
+            return eager(self, batch)
+
+        DecodeGraphRunner._forward_into_logits = record_or_oom
+        DecodeGraphRunner.eager_outputs = eager_or_oom
+    report = run_capture(opts, channel.progress, SessionState())
+    if rank == 0:
+        channel.result(report.to_dict())
