@@ -79,7 +79,7 @@ def _measure_decode(
             replay = partial(runner.replay_outputs, batch)
             check = measured(state, "decode", bs, partial(
                 check_replay, eager=eager, replay=replay, dtype=opts.dtype,
-            ), mode)
+            ), mode, rehearse=eager)
             if check is None:
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(BF16_BYTES)
@@ -140,14 +140,15 @@ def capture_piecewise(
             replay = partial(runner.replay, batch)
             # Compared on every token's final hidden state and the last token's logits; timed
             # as a server runs prefill, to the last token's logits.
+            compared_eager = partial(_with_last_logits, model, eager)
             check = measured(state, "piecewise", n, partial(
                 check_replay,
-                eager=partial(_with_last_logits, model, eager),
+                eager=compared_eager,
                 replay=partial(_with_last_logits, model, replay),
                 dtype=opts.dtype,
                 timed_eager=lambda f=eager: model.compute_logits(f()[-1:]),
                 timed_replay=lambda f=replay: model.compute_logits(f()[-1:]),
-            ))
+            ), rehearse=compared_eager)
             if check is None:
                 continue
             flops = 2 * bench.cfg.active_param_count() * n  # each token through its own experts

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from cgtool.capture.options import (
     SessionState,
 )
 from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size
-from cgtool.distributed import barrier, current_tp
+from cgtool.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
 from cgtool.results import KernelRow, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
@@ -154,10 +155,18 @@ def capture_each_size(
         report_progress(on_progress, kind, "capture", size, index, len(sizes))
         barrier()  # with TP, every rank records the same size together (NCCL needs it)
         first = index == 0 and kind not in state.memory_snapshots  # not again on a recapture
-        with _memory_history(state, opts, kind, first=first):
-            # Read at each size: a recapture sets the runner's new mode once its loop starts.
-            mode = runner.hidden_mode.flag if hasattr(runner, "hidden_mode") else "null"
-            _capture_size(kind, record, size, pool, state, costs, runner.forward_static, mode)
+        # Read at each size: a recapture sets the runner's new mode once its loop starts.
+        mode = runner.hidden_mode.flag if hasattr(runner, "hidden_mode") else "null"
+        # No collective runs while a size records (those captured run at replay), so a rank
+        # that runs out of memory part-way leaves its peers at the same point: past the step.
+        with _memory_history(state, opts, kind, first=first), eager_collectives_skipped():
+            ran_out = _capture_size(kind, record, size, pool, costs, runner.forward_static)
+        if settle_out_of_memory(state, kind, size, ran_out, "capturing", mode) and size in costs:
+            # A peer ran out: this rank's graph waits for collectives that peer never recorded.
+            # It is never replayed, and kept alive (freeing it while its pool is captured into
+            # trips PyTorch's allocator).
+            del costs[size]
+            runner.drop_size(size)  # type: ignore[union-attr]  # ViT graphs run at TP=1 only
         return True
 
     (record_all or runner.capture)(step)
@@ -165,19 +174,20 @@ def capture_each_size(
 
 
 def _capture_size(
-    kind: str, record: Callable[[], None], size: int, pool: Any, state: SessionState,
-    costs: dict[int, CaptureCost], forward_static: Callable[[int], object], hidden_mode: str = "null",
-) -> None:
+    kind: str, record: Callable[[], None], size: int, pool: Any,
+    costs: dict[int, CaptureCost], forward_static: Callable[[int], object],
+) -> OutOfMemory | None:
     """A size that runs out of memory is marked failed and the smaller ones are still tried:
     the report then names the largest size that fits, which is what the remedy needs."""
     try:
         costs[size] = measure_capture(record, pool)
-    except torch.OutOfMemoryError as oom:
-        _note_out_of_memory(state, kind, size, str(oom), hidden_mode=hidden_mode)
+    except torch.OutOfMemoryError as error:
+        return out_of_memory(error)
     except RuntimeError as error:
         if not is_capture_error(error):
             raise
         raise diagnose_capture_error(kind, size, lambda: forward_static(size)) from error
+    return None
 
 
 @contextmanager
@@ -200,35 +210,94 @@ def _memory_history(state: SessionState, opts: CaptureOptions, kind: str, first:
 
 def measured(
     state: SessionState, kind: str, size: int, measure: Callable[[], ReplayCheck],
-    hidden_mode: str = "null",
+    hidden_mode: str = "null", rehearse: Callable[[], object] | None = None,
 ) -> ReplayCheck | None:
     """The eager run beside the replay needs activation memory the graph does not: on a
-    nearly full GPU it can fail where the capture fitted."""
+    nearly full GPU it can fail where the capture fitted. With TP a rank that ran out
+    mid-forward would leave its peers inside the forward's collectives, so `rehearse` (the
+    eager forward) runs first with collectives skipped, leaving the caching allocator holding
+    the blocks the real one needs, and the ranks agree whether the size can be measured."""
+    tp_size = current_tp().size
+    if tp_size > 1 and rehearse is not None and settle_out_of_memory(
+        state, kind, size, _rehearsal(rehearse), "measuring", hidden_mode
+    ):
+        return None
     try:
         return measure()
-    except torch.OutOfMemoryError as oom:
-        _note_out_of_memory(state, kind, size, str(oom), doing="measuring", hidden_mode=hidden_mode)
+    except torch.OutOfMemoryError as error:
+        ran_out = out_of_memory(error)
+        if tp_size > 1:
+            raise EnvironmentProblem(
+                f"out of memory measuring {kind} size {size} after its rehearsal fitted "
+                f"(free {ran_out.free_bytes / GIB:.2f} GiB)",
+                "With --tp this ends the run on every rank (the peers wait in its collectives): "
+                "lower the largest size (--bs / --tokens) or --mem-fraction-static.",
+            ) from error
+        _mark_failed(state, kind, size, hidden_mode, "measuring", ran_out, "")
         return None
 
 
-def _note_out_of_memory(
-    state: SessionState, kind: str, size: int, message: str, doing: str = "capturing",
-    hidden_mode: str = "null",
-) -> None:
+def _rehearsal(rehearse: Callable[[], object]) -> OutOfMemory | None:
+    try:
+        with eager_collectives_skipped():
+            rehearse()  # its outputs, wrong without the collectives, are dropped at once
+    except torch.OutOfMemoryError as error:
+        return out_of_memory(error)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """What one rank read when an allocation failed."""
+
+    free_bytes: int
+    total_bytes: int
+    shortfall_bytes: int  # the allocation that failed: at least this much more was needed
+
+
+def out_of_memory(error: torch.OutOfMemoryError) -> OutOfMemory:
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
-    what = f"out of memory {doing} {kind} size {size} (free {free / GIB:.2f} GiB)"
-    if current_tp().size > 1:
-        # The other ranks have issued collectives this one never will: no size can follow.
-        raise EnvironmentProblem(
-            what,
-            "With --tp a size that does not fit ends the run on every rank: lower the largest "
-            "size (--bs / --tokens) or --mem-fraction-static.",
-        )
+    return OutOfMemory(free, total, oom_request_bytes(str(error)))
+
+
+def settle_out_of_memory(
+    state: SessionState, kind: str, size: int, ran_out: OutOfMemory | None, doing: str,
+    hidden_mode: str = "null",
+) -> bool:
+    """Whether `size` ran out of memory on any rank; if so it is marked failed, on every rank
+    alike. With TP every rank must call this at the same point (it is a collective)."""
+    tp = current_tp()
+    if tp.size == 1:
+        first = None if ran_out is None else (0, ran_out)
+    else:
+        first = _first_rank_out_of_memory(ran_out)
+    if first is None:
+        return False
+    rank, reading = first
+    _mark_failed(state, kind, size, hidden_mode, doing, reading, f" on rank {rank}" if tp.size > 1 else "")
+    return True
+
+
+def _first_rank_out_of_memory(ran_out: OutOfMemory | None) -> tuple[int, OutOfMemory] | None:
+    mine = [0, 0, 0, 0] if ran_out is None else [
+        1, ran_out.free_bytes, ran_out.total_bytes, ran_out.shortfall_bytes]
+    for rank, (failed, free, total, shortfall) in enumerate(all_ranks(mine)):
+        if failed:
+            return rank, OutOfMemory(free, total, shortfall)
+    return None
+
+
+def _mark_failed(
+    state: SessionState, kind: str, size: int, hidden_mode: str, doing: str, reading: OutOfMemory,
+    on_rank: str,
+) -> None:
     state.sizes.append(_failed_row(kind, size, hidden_mode))
     if state.failed is None:
-        state.failed = CaptureFailure(kind, size, free, oom_request_bytes(message), total)
-        state.incomplete_reason = what
+        state.failed = CaptureFailure(kind, size, reading.free_bytes, reading.shortfall_bytes, reading.total_bytes)
+        state.incomplete_reason = (
+            f"out of memory {doing} {kind} size {size}{on_rank} (free {reading.free_bytes / GIB:.2f} GiB)"
+        )
 
 
 def record_size(

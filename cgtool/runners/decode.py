@@ -133,6 +133,13 @@ class DecodeGraphRunner:
         self.graphs[bs] = recorded.graph
         self.kernel_nodes[bs] = recorded.kernels
 
+    def drop_size(self, bs: int) -> None:
+        """Never replay `bs` (with TP, a peer failed to record it): its graph is retired, alive."""
+        graph = self.graphs.pop(bs, None)
+        if graph is not None:
+            self.retired_graphs.append(graph)
+        self.kernel_nodes.pop(bs, None)
+
     def graph_kernels(self, bs: int) -> int | None:
         """Kernels one replay of `bs`'s graph launches, read from the graph at capture."""
         return self.kernel_nodes.get(bs)

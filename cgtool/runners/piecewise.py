@@ -158,6 +158,12 @@ class PiecewiseGraphRunner:
             raise RuntimeError(f"no piece recorded a CUDA graph for {num_tokens} tokens")
         bisect.insort(self.captured_num_tokens, num_tokens)
 
+    def drop_size(self, num_tokens: int) -> None:
+        """Never replay `num_tokens` (with TP, a peer failed to record it). The pieces keep
+        their graphs of it alive: they share the pool that smaller sizes are captured into."""
+        if num_tokens in self.captured_num_tokens:
+            self.captured_num_tokens.remove(num_tokens)
+
     def graph_kernels(self, num_tokens: int) -> int | None:
         """Kernels the pieces' graphs for `num_tokens` launch in one replay, read from the
         graphs at capture; the attention between them runs eagerly and is not included."""
