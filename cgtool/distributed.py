@@ -7,7 +7,7 @@ vocabulary-parallel logits. With one rank neither is ever called.
 While a size is recorded (warm-ups, capture) or rehearsed, `eager_collectives_skipped` keeps
 both from communicating when they run eagerly: a rank that runs out of memory part-way then
 leaves no peer waiting in a collective it will never issue, and the ranks agree afterwards
-(`any_rank`). Collectives issued while a CUDA stream is capturing are still issued: NCCL
+(`all_ranks`). Collectives issued while a CUDA stream is capturing are still issued: NCCL
 records them into the graph, whose replays communicate for real.
 """
 
@@ -107,11 +107,6 @@ def _skipped(x: torch.Tensor) -> bool:
     return _skip_eager and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def any_rank(flag: bool) -> bool:
-    """Whether `flag` is true on some rank. Every rank must call it at the same point."""
-    return any(row[0] for row in all_ranks([int(flag)]))
-
-
 def all_ranks(values: list[int]) -> list[list[int]]:
     """Every rank's `values` (the same length on each), in rank order, on every rank."""
     if _tp.size == 1:
@@ -120,6 +115,17 @@ def all_ranks(values: list[int]) -> list[list[int]]:
     table[_tp.rank] = torch.tensor(values, dtype=torch.int64)
     dist.all_reduce(table, group=_group)  # each row is zero but on its own rank: the sum gathers
     return table.tolist()
+
+
+def connect_collectives(rows: list[int], hidden: int, dtype: torch.dtype) -> None:
+    """One real all-reduce of [n, hidden] for each n of `rows`, before any size records. NCCL
+    sets a connection up when a collective first needs it (NCCL_RUNTIME_CONNECT, on by
+    default), and recording skips eager collectives: the first use would otherwise come
+    inside a capture, where setting up waits for a peer that may have run out of memory."""
+    if _tp.size == 1:
+        return
+    for n in sorted(set(rows)):
+        all_reduce(torch.zeros((n, hidden), dtype=dtype, device=_device))
 
 
 def all_min(value: int) -> int:

@@ -72,6 +72,30 @@ def test_tp_forwards_issue_no_collective_inside_the_skip_and_match_tp1_outside()
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
+def test_collectives_connect_before_recording_once_per_distinct_row_count():
+    # Recording skips eager collectives: without these, NCCL would set up its connections
+    # inside a capture, where a peer that ran out of memory never joins.
+    for outcome in run_ranks(tp_oom_worker.connect_collectives_rank, 2, ()):
+        assert outcome["issued"] == 3  # rows 1, 8 and 16
+
+
+def test_connect_collectives_at_tp1_issues_none(monkeypatch):
+    monkeypatch.setattr(distributed, "all_reduce", lambda x: pytest.fail("a collective at TP=1"))
+    distributed.connect_collectives([1, 8], hidden=4, dtype=torch.float32)
+
+
+def test_every_rank_profiles_as_rank_0_and_the_others_write_to_folders_of_their_own(tmp_path):
+    from cgtool.capture.options import CaptureOptions
+    from cgtool.capture.tp import rank_options
+
+    opts = CaptureOptions(model="tiny", kinds=("decode",), capture_bs=[1, 2], capture_num_tokens=[],
+                          profile=True, tp_size=2, out_dir=tmp_path)
+    assert rank_options(opts, 0) is opts
+    other = rank_options(opts, 1)
+    # A profiled replay holds NCCL collectives: a rank that did not profile would not run it.
+    assert other.profile and other.out_dir == tmp_path / "rank1"
+
+
 def test_all_ranks_at_tp1_is_this_ranks_values():
     assert all_ranks([1, 7, 0]) == [[1, 7, 0]]
 

@@ -235,3 +235,13 @@ def session_oom_rank_gpu(rank: int, size: int, init_method: str, channel, opts: 
     report = run_capture(opts, channel.progress, SessionState())
     if rank == 0:
         channel.result(report.to_dict())
+
+
+def connect_collectives_rank(rank: int, size: int, init_method: str, channel) -> None:
+    """Collectives `connect_collectives` issues for rows [1, 8, 8, 16] of a 4-wide hidden
+    state, and what the all-reduce left (zeros summed are zeros)."""
+    count = _join(rank, size, init_method)
+    from cgtool.distributed import connect_collectives
+
+    connect_collectives([1, 8, 8, 16], hidden=4, dtype=torch.float32)
+    _send_all(channel, {"issued": count[0]})

@@ -23,7 +23,7 @@ from cgtool.capture.ranks import gather_ranks
 from cgtool.capture.timing import copy_bandwidth_bytes_s, process_age_s
 from cgtool.capture.workbench import Workbench, build_workbench
 from cgtool.config import ModelConfig, load_model_config
-from cgtool.distributed import TensorParallel, current_tp
+from cgtool.distributed import TensorParallel, connect_collectives, current_tp
 from cgtool.errors import ConfigError, EnvironmentProblem
 from cgtool.provenance import collect_provenance
 from cgtool.results import (
@@ -168,19 +168,22 @@ def _load(
     cfg: ModelConfig, weights_dir: Path | None, opts: CaptureOptions, tp: TensorParallel
 ) -> tuple[Workbench, float]:
 
+    max_bs = max(opts.capture_bs, default=1) if "decode" in opts.kinds else 1
+    max_tokens = max(opts.capture_num_tokens, default=16) if "piecewise" in opts.kinds else 16
     bench = build_workbench(
         cfg,
         weights_dir=weights_dir,
         dtype=opts.dtype,
         mem_fraction_static=opts.mem_fraction_static,
-        max_bs=max(opts.capture_bs, default=1) if "decode" in opts.kinds else 1,
-        max_tokens=max(opts.capture_num_tokens, default=16) if "piecewise" in opts.kinds else 16,
+        max_bs=max_bs,
+        max_tokens=max_tokens,
         context_len=opts.context_len,
         seed=opts.seed,
         kv_tokens=opts.max_total_tokens,
         tp=tp,
         moe_backend=opts.moe_backend,
     )
+    connect_collectives([1, max_bs, max_tokens], cfg.hidden_size, opts.dtype)
     return bench, copy_bandwidth_bytes_s()
 
 

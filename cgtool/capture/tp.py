@@ -46,14 +46,20 @@ def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> Captu
     return CaptureReport.from_dict(data, "rank 0's report")
 
 
+def rank_options(opts: CaptureOptions, rank: int) -> CaptureOptions:
+    """Every rank profiles as rank 0 does: decode graphs hold NCCL collectives, so a replay
+    that one rank ran alone (a profiled size) would wait for its peers forever. The other
+    ranks' artifacts (traces, memory snapshots) go to a folder of their own."""
+    return opts if rank == 0 else dataclasses.replace(opts, out_dir=opts.out_dir / f"rank{rank}")
+
+
 def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: CaptureOptions) -> None:
     import torch
 
     from cgtool.distributed import init_tensor_parallel
 
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
-    # Artifacts (trace, memory snapshot) are rank 0's: the others would write the same files.
-    mine = opts if rank == 0 else dataclasses.replace(opts, profile=False)
+    mine = rank_options(opts, rank)
     state = SessionState()
     try:
         report = run_capture(mine, channel.progress, state)
