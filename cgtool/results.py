@@ -97,18 +97,32 @@ class SizeResult:
     status: SizeStatus = "ok"
     roofline_ms: float | None = None
     rank: int = 0
-    eager_ci95_ms: float | None = None  # half-width of the 95% confidence interval of eager_ms
+    # Half-width of the 95% interval of eager_ms, from the spread pooled over the kind's sizes
+    # (totals.sample_spread) and this size's number of samples.
+    eager_ci95_ms: float | None = None
     replay_ci95_ms: float | None = None
     max_diff_at: int | None = None  # token (piecewise) or request (decode) of max_abs_diff
     hidden_mode: str = "null"  # the decode graph's hidden-state mode (piecewise: always null)
     # MoE decode: distinct routed experts per MoE layer for this batch (mean over layers)
     experts_active: float | None = None
+    eager_samples: int | None = None  # timed calls behind eager_ms (None in older reports)
+    replay_samples: int | None = None
 
     @property
     def key(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
         # A null row keeps the key it had before modes existed, so old reports still compare.
         base = (self.kind, self.size, self.rank)
         return base if self.hidden_mode == "null" else (*base, self.hidden_mode)
+
+
+@dataclass(slots=True)
+class SampleSpread:
+    """One path's calls (eager or replay, short or long calls) over one kind's sizes: the
+    standard deviation of each sample from its own size's mean, relative to that mean, with
+    its degrees of freedom. Every interval of that path is computed from it."""
+
+    rel_sd: float
+    dof: int
 
 
 @dataclass(slots=True)
@@ -131,6 +145,9 @@ class CaptureTotals:
     static_buffer_bytes: int = 0  # the runners' static inputs and outputs, outside the pool
     other_torch_bytes: int = 0  # reserved growth outside pool and static buffers (workspaces)
     compile_cache: CompileCacheStatus | None = None  # None: no piecewise kind, or an older report
+    # Pooled spread of the timed calls, keyed "kind:path:regime" ("decode:eager:short";
+    # a decode recapture's mode is part of its kind: "decode/full").
+    sample_spread: dict[str, SampleSpread] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

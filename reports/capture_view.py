@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cgtool.capture.options import CaptureFailure, CaptureProgress
 from cgtool.reports.rank_tables import rank_tables
-from cgtool.reports.tables import phase_rows, size_rows, to_rich, totals_rows
+from cgtool.reports.tables import phase_rows, size_rows, spread_rows, to_rich, totals_rows
 from cgtool.results import CaptureReport
 from cgtool.units import GIB, MIB
 
@@ -93,6 +93,8 @@ def print_capture_summary(
     for kind in report.kinds():
         console.print(to_rich(size_rows(report, kind)))
     console.print(to_rich(totals_rows(report)))
+    if report.totals.sample_spread:
+        console.print(to_rich(spread_rows(report)))
     if report.totals.phase_s:
         console.print(to_rich(phase_rows(report)))
     for table in rank_tables(report):  # --tp only

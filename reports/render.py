@@ -14,7 +14,7 @@ from cgtool.reports.figures import write_report_figures
 from cgtool.reports.html import plan_html, report_html
 from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
 from cgtool.reports.rank_tables import rank_tables
-from cgtool.reports.tables import TableData, phase_rows, size_rows, totals_rows
+from cgtool.reports.tables import TableData, phase_rows, size_rows, spread_rows, totals_rows
 from cgtool.results import CaptureReport, load_document, resolve_document
 
 REPORT_HTML, PLAN_HTML, FIGURE_DIR, SIZES_CSV = "report.html", "plan.html", "figures", "sizes.csv"
@@ -40,9 +40,11 @@ def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
 
 def printed_tables(document: CaptureReport | Plan) -> list[TableData]:
     """The tables `cgtool report` prints: a report's as `capture` printed them (sizes, totals,
-    phases, and every rank's with --tp); a plan's as plan.html and the terminal show them."""
+    timing spread, phases, and every rank's with --tp); a plan's as plan.html and the terminal show them."""
     if isinstance(document, CaptureReport):
         tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
+        if document.totals.sample_spread:
+            tables.append(spread_rows(document))
         if document.totals.phase_s:
             tables.append(phase_rows(document))
         return tables + rank_tables(document)

@@ -174,6 +174,17 @@ def phase_rows(report: CaptureReport) -> TableData:
     return TableData("Phases", ["phase", "time s", "share %"], rows)
 
 
+def spread_rows(report: CaptureReport) -> TableData:
+    """How much one timed call varies, per kind, path and call length, pooled over the
+    kind's sizes: every eager and replay interval in the report is computed from it."""
+    rows = []
+    for key, spread in report.totals.sample_spread.items():
+        kind, path, regime = key.split(":")
+        rows.append([kind, path, f"{regime} calls", _num(100 * spread.rel_sd, 2), str(spread.dof)])
+    return TableData("Timing spread (each size's 95% interval comes from it)",
+                     ["kind", "path", "regime", "sd %", "dof"], rows)
+
+
 def environment_rows(report: CaptureReport) -> TableData:
     e, m, s = report.environment, report.model, report.settings
     rows = [

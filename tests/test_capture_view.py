@@ -68,3 +68,20 @@ def test_phase_table_says_whether_the_compile_cache_served_the_compile_phase():
     report = dataclasses.replace(report, totals=dataclasses.replace(
         report.totals, phase_s={"load": 1.0, "compile": 0.5}, compile_cache="hit"))
     assert [r[0] for r in phase_rows(report).rows] == ["load", "compile (cache hit)"]
+
+
+def test_the_summary_states_the_pooled_spread_every_interval_comes_from():
+    import dataclasses
+
+    from cgtool.results import SampleSpread
+
+    report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
+    spread = {"decode:eager:short": SampleSpread(0.1234, 35), "piecewise:replay:long": SampleSpread(0.008, 3)}
+    report = dataclasses.replace(report, totals=dataclasses.replace(report.totals, sample_spread=spread))
+    console = Console(record=True, width=200)
+    print_capture_summary(console, report, None, [])
+    text = console.export_text()
+    assert "Timing spread" in text
+    lines = [line.split() for line in text.splitlines()]
+    assert ["decode", "eager", "short", "calls", "12.34", "35"] in lines
+    assert ["piecewise", "replay", "long", "calls", "0.80", "3"] in lines

@@ -201,3 +201,40 @@ def test_kernel_counts_wait_for_the_end_of_the_session_with_the_graphs_counts_of
     per_size.run_kernel_counts(state)
     assert passes == [[64, 8]] and [r.kernels_per_forward for r in state.sizes] == [350, 355, 360]
     assert state.pending_kernel_counts == [] and "profile" in state.phase_s
+
+
+def _timed(pools, samples: tuple[float, ...], regime: str = "short"):
+    from cgtool.capture.measure import ReplayCheck
+    from cgtool.capture.sampling import PathTiming
+
+    replay_pool, eager_pool = pools.pool("replay", regime), pools.pool("eager", regime)
+    replay_pool.add(samples)
+    eager_pool.add([s * 3 for s in samples])
+    return ReplayCheck(
+        eager=PathTiming(tuple(s * 3 for s in samples), regime, eager_pool),
+        replay=PathTiming(samples, regime, replay_pool),
+        max_abs_diff=0.0, tolerance=1.0, worst_output=0, worst_token=0,
+    )
+
+
+def test_rows_leave_the_measure_loop_with_the_interval_of_the_whole_pool():
+    """The first size alone has one degree of freedom (t 12.7); twenty sizes more restate its
+    interval from the pooled spread, even when the loop is cut short by a signal."""
+    cost = CaptureCost(capture_s=0.1, retained_bytes=0, peak_bytes=0, non_torch_bytes=0)
+    state = SessionState()
+    try:
+        with per_size.timed_sizes(state, "decode") as pools:
+            per_size.record_size(state, "decode", 1, cost, _timed(pools, (6.0, 6.3)), 5.0)
+            first_ci = state.sizes[0].replay_ci95_ms
+            for bs in range(2, 22):
+                per_size.record_size(state, "decode", bs, cost, _timed(pools, (7.0, 7.0 * 1.05)), 5.0)
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    row = state.sizes[0]
+    pooled = pools.pool("replay", "short")
+    assert row.replay_ci95_ms == pooled.ci95_ms(6.15, 2) and row.replay_ci95_ms < first_ci / 4
+    assert row.replay_samples == 2
+    spread = state.sample_spread["decode:replay:short"]
+    assert spread.dof == 21 and spread.rel_sd == pooled.rel_sd
+    assert set(state.sample_spread) == {"decode:replay:short", "decode:eager:short"}

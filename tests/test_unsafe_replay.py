@@ -12,7 +12,7 @@ from cgtool.capture.options import SessionState
 from cgtool.capture.per_size import record_size
 from cgtool.commands.capture import capture_exit_code
 from cgtool.capture.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
-from cgtool.capture.timing import Timing
+from cgtool.capture.sampling import PathTiming, SpreadPool
 from cgtool.reports.capture_view import print_capture_summary
 from cgtool.results import load_report
 
@@ -20,11 +20,14 @@ REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "rep
 COST = CaptureCost(capture_s=0.1, retained_bytes=1 << 20, peak_bytes=2 << 20, non_torch_bytes=0)
 
 
+POOL = SpreadPool(sum_sq=0.01**2 * 10, dof=10)  # 1% spread
+
+
 def _check(diff: float, logits_scale: float = 20.0) -> ReplayCheck:
     tolerance = replay_tolerance(torch.full((4,), logits_scale), torch.bfloat16)
     return ReplayCheck(
-        eager=Timing(20.0, 0.2, 3, 1), replay=Timing(6.0, 0.05, 3, 1), max_abs_diff=diff,
-        tolerance=tolerance, worst_output=0, worst_token=2,
+        eager=PathTiming((19.0, 21.0), "short", POOL), replay=PathTiming((6.0, 6.0, 6.0), "short", POOL),
+        max_abs_diff=diff, tolerance=tolerance, worst_output=0, worst_token=2,
     )
 
 
@@ -48,7 +51,9 @@ def test_a_size_beyond_tolerance_is_recorded_unsafe_with_its_difference():
     record_size(state, "decode", 8, COST, _check(0.0), 5.0)
     record_size(state, "decode", 16, COST, _check(1.25), 5.0)
     assert [(r.size, r.status, r.max_abs_diff) for r in state.sizes] == [(8, "ok", 0.0), (16, "unsafe", 1.25)]
-    assert state.sizes[1].max_diff_at == 2 and state.sizes[1].eager_ci95_ms == 0.2
+    row = state.sizes[1]
+    assert row.max_diff_at == 2 and row.eager_ms == 20.0 and row.eager_ci95_ms == POOL.ci95_ms(20.0, 2)
+    assert (row.eager_samples, row.replay_samples) == (2, 3)
 
 
 def test_the_summary_names_unsafe_sizes_and_the_command_exits_1():

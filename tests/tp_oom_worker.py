@@ -19,7 +19,7 @@ from cgtool import distributed
 from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost, ReplayCheck
 from cgtool.capture.options import CaptureOptions, SessionState
-from cgtool.capture.timing import Timing
+from cgtool.capture.sampling import PathTiming, SpreadPool
 from cgtool.distributed import (
     current_tp,
     eager_collectives_skipped,
@@ -177,7 +177,7 @@ def _check_eagerly(eager, out_of_memory: bool) -> ReplayCheck:
     eager()
     if out_of_memory:
         raise torch.OutOfMemoryError(OOM_TEXT)
-    timing = Timing(mean_ms=1.0, ci95_ms=0.0, batches=1, calls_per_batch=1)
+    timing = PathTiming((1.0,), "short", SpreadPool())
     return ReplayCheck(eager=timing, replay=timing, max_abs_diff=0.0, tolerance=1.0,
                        worst_output=0, worst_token=0)
 

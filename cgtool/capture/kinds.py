@@ -25,6 +25,7 @@ from cgtool.capture.per_size import (
     record_size,
     report_progress,
     sglang_mem_usage,
+    timed_sizes,
 )
 from cgtool.capture.timing import host_launch_ms
 from cgtool.capture.workbench import Workbench
@@ -51,7 +52,7 @@ def capture_decode(
     calls = _measure_decode(bench, runner, costs, bandwidth, on_progress, state, opts)
     if calls:
         with measuring(state):
-            state.eager_host_ms = host_launch_ms(calls[-1][2])  # the smallest batch
+            state.eager_host_ms = host_launch_ms(min(calls, key=lambda c: c[0])[2])  # the smallest batch
     count_kernels(state, "decode", calls, opts, on_progress, runner.graph_kernels, first.flag)
     for mode in upward:
         with state.phase("capture"), sglang_mem_usage(state, f"decode:{mode.flag}"):
@@ -71,14 +72,15 @@ def _measure_decode(
     """Replay against eager on every output of the runner's mode (logits, hidden states)."""
     calls = []
     mode = runner.hidden_mode.flag
-    with measuring(state):
+    label = "decode" if mode == "null" else f"decode/{mode}"
+    with timed_sizes(state, label) as pools:
         for i, (bs, cost) in enumerate(costs.items()):
             report_progress(on_progress, "decode", "measure", bs, i, len(costs))
             batch = bench.decode_batch(bs)
             eager = partial(runner.eager_outputs, batch)
             replay = partial(runner.replay_outputs, batch)
             check = measured(state, "decode", bs, partial(
-                check_replay, eager=eager, replay=replay, dtype=opts.dtype,
+                check_replay, eager=eager, replay=replay, dtype=opts.dtype, pools=pools,
             ), mode, rehearse=eager)
             if check is None:
                 continue
@@ -132,7 +134,7 @@ def capture_piecewise(
         )
     model = bench.runner.model
     calls = []
-    with measuring(state):
+    with timed_sizes(state, "piecewise") as pools:
         for i, (n, cost) in enumerate(costs.items()):
             report_progress(on_progress, "piecewise", "measure", n, i, len(costs))
             batch = bench.extend_batch(n)
@@ -146,6 +148,7 @@ def capture_piecewise(
                 eager=compared_eager,
                 replay=partial(_with_last_logits, model, replay),
                 dtype=opts.dtype,
+                pools=pools,
                 timed_eager=lambda f=eager: model.compute_logits(f()[-1:]),
                 timed_replay=lambda f=replay: model.compute_logits(f()[-1:]),
             ), rehearse=compared_eager)

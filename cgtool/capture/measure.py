@@ -10,9 +10,12 @@ from typing import Any
 import torch
 
 from cgtool.capture.memory import read_memory
-from cgtool.capture.timing import Timing, time_cuda, timed_call
+from cgtool.capture.sampling import LONG_CALL_MS, PathTiming, SpreadPools, regime_of
+from cgtool.capture.timing import CallTimer, timed_call
+from cgtool.distributed import all_ranks, current_tp
 
 Outputs = Sequence[torch.Tensor]  # what a forward is compared on: logits, or hidden states + logits
+MOST_SAMPLES = 15  # timed calls of one path at one size
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +50,10 @@ def _reserved_total() -> int:
     return int(torch.cuda.memory_stats().get("reserved_bytes.all.allocated", 0))
 
 
-# A replay's launch gap (the host issuing its input copies and the graph launch while the GPU
-# waits) was 0.3-0.6 ms on the H100 host (issue 14): over 2% of replays shorter than this.
-BACK_TO_BACK_BELOW_MS = 25.0
-
-
 @dataclass(frozen=True, slots=True)
 class ReplayCheck:
-    eager: Timing
-    replay: Timing
+    eager: PathTiming
+    replay: PathTiming
     max_abs_diff: float  # of the output whose difference is largest against its tolerance
     tolerance: float
     worst_output: int  # index into the compared outputs
@@ -100,25 +98,63 @@ def check_replay(
     eager: Callable[[], Outputs],
     replay: Callable[[], Outputs],
     dtype: torch.dtype,
+    pools: SpreadPools | None = None,
     timed_eager: Callable[[], object] | None = None,
     timed_replay: Callable[[], object] | None = None,
+    rel_ci: float = 0.03,
+    budget_ms: float = 30.0,
 ) -> ReplayCheck:
-    """Compare once on every row of every output, then time each path until its mean is
-    known to within a few percent. The timed calls default to the compared ones, and do the
-    same GPU work: the compared call is also the first timed one (a call saved on an eager
-    path of tens of ms), except for replays short enough to be timed back to back."""
-    outputs, eager_ms = timed_call(eager)
-    expected = [t.float().clone() for t in outputs]  # before replay runs: nothing may alias it
-    outputs, replay_ms = timed_call(replay)
-    got = [t.float().clone() for t in outputs]
+    """Compare eager and replay once on every row of every output, then time each path as
+    often as the spread pooled in `pools` asks (sampling.py). The timed calls default to the
+    compared ones and do the same GPU work; the compared eager call is eager's first sample.
+
+    A replay shorter than `LONG_CALL_MS` is timed back to back: the host issues each call
+    while the GPU still runs the one before, as a server's overlapped scheduler does, so a
+    lone call's launch gap is not counted as GPU time. The compared replay leads those
+    calls and is not a sample; a long replay's compared call is."""
+    pools = pools if pools is not None else SpreadPools()
+    timed_eager, timed_replay = timed_eager or eager, timed_replay or replay
+    outputs, eager_first = timed_call(eager)
+    expected = _copied(outputs)  # before replay runs: nothing may alias it
+    got: list[torch.Tensor] = []
+    replays = CallTimer()
+    replays.call(lambda: got.extend(_copied(replay())))
+    # A replay is no longer than its eager forward (nearly always): a short one's first
+    # sample is queued before the GPU can go idle. With TP every rank must issue the same
+    # calls, so the ranks agree on counts below and nothing is issued on a guess.
+    ahead = current_tp().size == 1 and eager_first < LONG_CALL_MS
+    if ahead:
+        replays.call(timed_replay)
+    regime = regime_of(replays.ms(0))
+    replay_pool, eager_pool = pools.pool("replay", regime), pools.pool("eager", regime)
+    skip = 0 if regime == "long" else 1 if ahead else 2  # calls timed that are no samples
+    replay_calls = skip - 1 + replay_pool.samples_for(regime, replays.ms(0), rel_ci, budget_ms, MOST_SAMPLES)
+    eager_calls = eager_pool.samples_for(regime, eager_first, rel_ci, budget_ms, MOST_SAMPLES) - 1
+    replay_calls, eager_calls = _agreed_most([replay_calls, eager_calls])
+    for _ in range(replay_calls - int(ahead)):
+        replays.call(timed_replay)
+    replay_ms = replays.all_ms()[skip:]
+    eagers = CallTimer()
+    for _ in range(eager_calls):
+        eagers.call(timed_eager)
+    eager_ms = [eager_first, *eagers.all_ms()]
+    replay_pool.add(replay_ms)
+    eager_pool.add(eager_ms)
     diff, tolerance, output, row = compare_outputs(expected, got, dtype)
     return ReplayCheck(
-        eager=time_cuda(timed_eager or eager, first_ms=eager_ms),
-        replay=time_cuda(
-            timed_replay or replay, first_ms=replay_ms, back_to_back_below_ms=BACK_TO_BACK_BELOW_MS
-        ),
+        eager=PathTiming(tuple(eager_ms), regime, eager_pool),
+        replay=PathTiming(tuple(replay_ms), regime, replay_pool),
         max_abs_diff=diff,
         tolerance=tolerance,
         worst_output=output,
         worst_token=row,
     )
+
+
+def _copied(outputs: Outputs) -> list[torch.Tensor]:
+    return [t.float().clone() for t in outputs]
+
+
+def _agreed_most(counts: list[int]) -> list[int]:
+    """Each count's largest value over the ranks (the counts themselves without TP)."""
+    return [max(column) for column in zip(*all_ranks(counts), strict=True)]

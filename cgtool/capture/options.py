@@ -8,14 +8,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from cgtool.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
 from cgtool.hidden_states import HiddenMode
-from cgtool.results import CaptureTotals, CompileCacheStatus, KernelRow, ModelInfo, SizeResult
+from cgtool.results import (
+    CaptureTotals,
+    CompileCacheStatus,
+    KernelRow,
+    ModelInfo,
+    SampleSpread,
+    SizeResult,
+)
 from cgtool.runners.sizes import capture_sizes
+
+if TYPE_CHECKING:
+    from cgtool.capture.measure import ReplayCheck
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
 
@@ -103,6 +114,10 @@ class SessionState:
     # Kernel counts that profile, run once everything is measured (per_size.count_kernels).
     pending_kernel_counts: list[Callable[[], None]] = field(default_factory=list)
     compile_cache: CompileCacheStatus | None = None  # set by the piecewise kind
+    # Each timed row with the timings behind it, whose intervals are restated once the
+    # kind's pools are complete (per_size.timed_sizes).
+    timed_rows: list[tuple[SizeResult, ReplayCheck]] = field(default_factory=list)
+    sample_spread: dict[str, SampleSpread] = field(default_factory=dict)  # totals.sample_spread
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -21,10 +21,11 @@ from cgtool.capture.options import (
     ProgressCallback,
     SessionState,
 )
+from cgtool.capture.sampling import SpreadPools
 from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size
 from cgtool.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
-from cgtool.results import KernelRow, SizeResult
+from cgtool.results import KernelRow, SampleSpread, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 from cgtool.runners.pool import freeze_gc
 from cgtool.units import GIB
@@ -59,6 +60,23 @@ def measuring(state: SessionState) -> Iterator[None]:
     step would otherwise be timed with (issue 14: eager bs 1 ranged 16-46 ms in one run)."""
     with state.phase("measure"), freeze_gc(enable_cudagraph_gc=False, collect=False):
         yield
+
+
+@contextmanager
+def timed_sizes(state: SessionState, label: str) -> Iterator[SpreadPools]:
+    """One kind's measure loop: the pools its sizes' timings share and, on leaving (a signal
+    included), every row it recorded restated with the interval of the whole pool."""
+    pools = SpreadPools()
+    first = len(state.timed_rows)
+    with measuring(state):
+        try:
+            yield pools
+        finally:
+            for row, check in state.timed_rows[first:]:
+                row.eager_ci95_ms, row.replay_ci95_ms = check.eager.ci95_ms, check.replay.ci95_ms
+            for (path, regime), pool in pools.pools.items():
+                if pool.rel_sd is not None:
+                    state.sample_spread[f"{label}:{path}:{regime}"] = SampleSpread(pool.rel_sd, pool.dof)
 
 
 def count_kernels(
@@ -324,8 +342,11 @@ def record_size(
             max_diff_at=check.worst_token,
             hidden_mode=hidden_mode,
             experts_active=experts_active,
+            eager_samples=len(check.eager.samples),
+            replay_samples=len(check.replay.samples),
         )
     )
+    state.timed_rows.append((state.sizes[-1], check))
 
 
 def _failed_row(kind: str, size: int, hidden_mode: str = "null") -> SizeResult:

@@ -198,6 +198,7 @@ def build_report(
     totals.sglang_mem_usage_bytes = dict(state.sglang_mem_usage_bytes)
     totals.eager_host_us_per_kernel = _host_us_per_kernel(state)
     totals.compile_cache = state.compile_cache
+    totals.sample_spread = dict(state.sample_spread)
     snapshots = dict(state.memory_snapshots)
     traces = dict(state.chrome_traces)
     return CaptureReport(

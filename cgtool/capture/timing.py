@@ -41,26 +41,17 @@ def time_cuda(
     max_batches: int = 15,
     batch_ms: float = 5.0,
     budget_s: float = 0.03,
-    first_ms: float | None = None,
-    back_to_back_below_ms: float = 0.0,
 ) -> Timing:
-    """Time `fn`, already warm, in batches until the 95% interval of the mean is within
-    `rel_ci` of it, `max_batches` were timed, or another batch would end past `budget_s`
-    (`min_batches` at least).
+    """Time `fn`, already warm and short (a copy, one linear), in batches until the 95%
+    interval of the mean is within `rel_ci` of it, `max_batches` were timed, or another
+    batch would end past `budget_s` (`min_batches` at least). The forwards a capture
+    session measures are timed call by call instead (measure.check_replay).
 
     One pair of events per batch rather than per call: the events' own cost and the
-    synchronisation after each call would otherwise be part of short calls' times. The
-    first batch is one call, which sizes the others. Two batches can end it: Student's t
-    at one degree of freedom (12.7) then needs them within 0.5% of each other, which a
-    graph replay usually is, so a large size costs two calls where the spread allows.
-    `first_ms`, one call already timed (the call replay was verified with), stands in for it.
-
-    Calls shorter than `back_to_back_below_ms` are timed at least two to a batch: the
-    host then issues each call while the GPU still runs the one before, as a server's
-    overlapped scheduler does, and a lone call's launch gap is not counted as GPU time.
-    """
-    first = _one_batch_ms(fn, 1) if first_ms is None else first_ms
-    calls = calls_per_batch(first, batch_ms, back_to_back_below_ms)
+    synchronisation after each batch would otherwise be part of short calls' times. The
+    first batch is one call, which sizes the others."""
+    first = _one_batch_ms(fn, 1)
+    calls = max(1, min(64, int(batch_ms / max(first, 1e-3))))
     samples = [first] if calls == 1 else []
     start = time.perf_counter()
     while True:
@@ -78,11 +69,6 @@ def time_cuda(
             return Timing(mean, ci, n, calls)
 
 
-def calls_per_batch(first_ms: float, batch_ms: float, back_to_back_below_ms: float = 0.0) -> int:
-    calls = max(1, min(64, int(batch_ms / max(first_ms, 1e-3))))
-    return max(calls, 2) if first_ms < back_to_back_below_ms else calls
-
-
 def _one_batch_ms(fn: Callable[[], object], calls: int) -> float:
     return timed_call(lambda: [fn() for _ in range(calls)])[1]
 
@@ -96,6 +82,35 @@ def timed_call(fn: Callable[[], _T]) -> tuple[_T, float]:
     end.record()
     end.synchronize()
     return result, start.elapsed_time(end)
+
+
+class CallTimer:
+    """Queues calls with a CUDA event after each, one before the first: each call's GPU time
+    is the gap between its two events. Nothing waits in between, so the host stays ahead of
+    the GPU and a call's time holds no launch gap except where the GPU sat idle before it."""
+
+    def __init__(self) -> None:
+        self.marks = [_recorded_event()]
+
+    def call(self, fn: Callable[[], _T]) -> _T:
+        result = fn()
+        self.marks.append(_recorded_event())
+        return result
+
+    def ms(self, index: int) -> float:
+        """The `index`-th call's time, waiting for that call only (later ones keep running)."""
+        self.marks[index + 1].synchronize()
+        return self.marks[index].elapsed_time(self.marks[index + 1])
+
+    def all_ms(self) -> list[float]:
+        self.marks[-1].synchronize()
+        return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+
+
+def _recorded_event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 def host_launch_ms(fn: Callable[[], object], repeats: int = 5) -> float:

@@ -88,7 +88,7 @@ def capture_vit(
     with state.phase("capture"), per_size.sglang_mem_usage(state, "vit"):
         costs = per_size.capture_each_size("vit", runner, runner.capture_patches, pool, on_progress, state, opts)
     calls: list[per_size.MeasuredCall] = []
-    with per_size.measuring(state):
+    with per_size.timed_sizes(state, "vit") as pools:
         for i, (patches, cost) in enumerate(costs.items()):
             per_size.report_progress(on_progress, "vit", "measure", patches, i, len(costs))
             layout = runner.layouts[patches]
@@ -100,7 +100,7 @@ def capture_vit(
             eager = partial(lambda p, g: [runner.eager(p, g)], pixels, grid)
             replay = partial(lambda p, g: [runner.replay(p, g)], pixels, grid)
             check = per_size.measured(state, "vit", patches, partial(
-                check_replay, eager=eager, replay=replay, dtype=opts.dtype,
+                check_replay, eager=eager, replay=replay, dtype=opts.dtype, pools=pools,
             ))
             if check is None:
                 continue

@@ -1,0 +1,103 @@
+"""How many timed calls each path of a size gets, and how sure its mean is.
+
+Two samples of one size give one degree of freedom: Student's t is then 12.7, and the
+intervals the report stated were ±20-250% for most sizes (H100, benchmarks r7) while the
+calls themselves varied by a few percent. The spread of a path's calls is a property of the
+path (host-bound eager launches, a GPU-bound graph) more than of one size, so it is pooled:
+every sample's deviation from its own size's mean, relative to that mean, over all the
+sizes of a kind that one session timed. Each mean's interval is then
+t(pooled dof) x pooled relative spread x mean / sqrt(n), and a size needs only as many
+calls as that pooled spread asks for.
+
+Sizes fall in two regimes that are pooled apart, since their spread differs by a factor of
+several: short calls (a replay under `LONG_CALL_MS`, host launch gaps and host noise in
+the figure) and long ones (GPU-bound). Every short size is timed at least twice, so the
+short pool keeps learning through the run. A long size is timed once (the compared call)
+once its pool has `SEED_DOF` degrees of freedom from the first long sizes timed twice: a
+second call of 25-100 ms per path is most of what measuring cost.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cgtool.capture.timing import t95
+
+Regime = Literal["short", "long"]
+Path = Literal["eager", "replay"]
+
+# A replay at least this long is GPU-bound, and its lone launch gap (0.07-0.6 ms on the H100
+# host, issue 14) is within 2% of it; a shorter one is timed back to back (measure.py).
+LONG_CALL_MS = 25.0
+SEED_DOF = 3  # degrees of freedom a long pool holds before a long size is timed once
+
+
+@dataclass(slots=True)
+class SpreadPool:
+    """Squared relative deviations of samples from their own size's mean, over sizes."""
+
+    sum_sq: float = 0.0
+    dof: int = 0
+
+    def add(self, samples: Sequence[float]) -> None:
+        if len(samples) < 2:
+            return
+        mean = statistics.fmean(samples)
+        self.sum_sq += sum((x / mean - 1.0) ** 2 for x in samples)
+        self.dof += len(samples) - 1
+
+    @property
+    def rel_sd(self) -> float | None:
+        return math.sqrt(self.sum_sq / self.dof) if self.dof else None
+
+    def ci95_ms(self, mean_ms: float, n: int) -> float | None:
+        """Half-width of the 95% interval of a mean of `n` samples; None before any spread."""
+        sd = self.rel_sd
+        return None if sd is None else t95(self.dof) * sd * mean_ms / math.sqrt(n)
+
+    def samples_for(
+        self, regime: Regime, call_ms: float, rel_ci: float, budget_ms: float, most: int
+    ) -> int:
+        """Samples one size's mean needs for its interval to be within `rel_ci` of it, as
+        far as `budget_ms` of calls allows; at least two (one for a seeded long pool)."""
+        least = 1 if regime == "long" and self.dof >= SEED_DOF else 2
+        sd = self.rel_sd
+        needed = least if sd is None else math.ceil((t95(self.dof) * sd / rel_ci) ** 2)
+        affordable = int(budget_ms // max(call_ms, 1e-3))
+        return max(least, min(needed, affordable, most))
+
+
+@dataclass(slots=True)
+class SpreadPools:
+    """One kind's pools, by path and regime; a measurement loop owns one."""
+
+    pools: dict[tuple[Path, Regime], SpreadPool] = field(default_factory=dict)
+
+    def pool(self, path: Path, regime: Regime) -> SpreadPool:
+        return self.pools.setdefault((path, regime), SpreadPool())
+
+
+@dataclass(frozen=True, slots=True)
+class PathTiming:
+    """One path's timed calls at one size. Its interval reads the pool it was drawn from as
+    the pool stands now: later sizes add to the pool and sharpen it."""
+
+    samples: tuple[float, ...]  # ms per call
+    regime: Regime
+    pool: SpreadPool
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.samples)
+
+    @property
+    def ci95_ms(self) -> float | None:
+        return self.pool.ci95_ms(self.mean_ms, len(self.samples))
+
+
+def regime_of(replay_ms: float) -> Regime:
+    return "long" if replay_ms >= LONG_CALL_MS else "short"
