@@ -165,3 +165,15 @@ def test_calls_queued_behind_a_busy_gpu_are_timed_without_the_hosts_gap():
     first, *rest = timer.all_ms()
     assert first > spin_ms + 3.0
     assert all(abs(ms - spin_ms) < 0.05 * spin_ms for ms in rest), (spin_ms, rest)
+
+
+def test_a_short_size_in_a_seeded_pool_costs_a_compared_and_a_queued_call(paths):
+    paths.set(eager=20.0, replay=6.0)
+    pools = SpreadPools()
+    logs = []
+    for _ in range(SEED_DOF + 1):
+        paths.log.clear()
+        check = _check(paths, pools)
+        logs.append(list(paths.log))
+    assert logs[-1] == ["eager", "replay", "replay"]  # one sample each: the queued replay, eager's compared
+    assert check.replay.samples == (6.0,) and check.eager.samples == (20.0 + GAP_MS,)

@@ -27,7 +27,7 @@ def test_a_lone_sample_adds_no_spread_and_no_interval_exists_before_any():
 
 
 def _pool(rel_sd: float, dof: int) -> SpreadPool:
-    return SpreadPool(sum_sq=rel_sd**2 * dof, dof=dof)
+    return SpreadPool(sum_sq=rel_sd**2 * dof, dof=dof, sizes=dof)  # each size timed twice
 
 
 def test_an_empty_pool_asks_for_two_samples_in_either_regime():
@@ -37,11 +37,22 @@ def test_an_empty_pool_asks_for_two_samples_in_either_regime():
 
 def test_a_long_call_is_timed_once_only_when_its_pool_is_seeded():
     assert _pool(0.02, SEED_DOF - 1).samples_for("long", 100.0, 0.03, 30.0, 15) == 2
-    assert _pool(0.02, SEED_DOF).samples_for("long", 100.0, 0.03, 30.0, 15) == 1
+    seeded = _pool(0.02, SEED_DOF)
+    seeded.sizes = 40  # however many long sizes were timed once since
+    assert seeded.samples_for("long", 100.0, 0.03, 30.0, 15) == 1
 
 
-def test_short_calls_keep_feeding_their_pool_with_two_samples_at_least():
-    assert _pool(0.001, 40).samples_for("short", 6.0, 0.03, 30.0, 15) == 2
+def test_short_sizes_are_timed_once_only_while_half_the_pool_was_timed_twice():
+    """Host noise moves through a run, so the short pool keeps learning: sizes alternate
+    between one and two samples once it is seeded, however quiet it is."""
+    pool = SpreadPool()
+    counts = []
+    for _ in range(10):
+        n = pool.samples_for("short", 6.0, 0.03, 30.0, 15)
+        pool.add([6.0, 6.001][:n])
+        counts.append(n)
+    assert counts == [2, 2, 2, 1, 1, 1, 2, 1, 2, 1]
+    assert 2 * pool.dof >= pool.sizes
 
 
 def test_the_spread_sets_the_samples_and_the_budget_caps_them():
@@ -49,8 +60,12 @@ def test_the_spread_sets_the_samples_and_the_budget_caps_them():
     assert _pool(0.03, 20).samples_for("short", 5.0, 0.03, 30.0, 15) == 5
     # The same spread on 10 ms calls: three fit the 30 ms budget.
     assert _pool(0.03, 20).samples_for("short", 10.0, 0.03, 30.0, 15) == 3
-    # A host-bound eager path (15% spread) would need a hundred: the budget leaves the two.
-    assert _pool(0.15, 60).samples_for("short", 20.0, 0.03, 30.0, 15) == 2
+    # A host-bound eager path (15% spread) would need a hundred: the budget leaves one call,
+    # or the two the pool's learning asks for when fewer than half its sizes gave two.
+    assert _pool(0.15, 60).samples_for("short", 20.0, 0.03, 30.0, 15) == 1
+    behind = _pool(0.15, 60)
+    behind.sizes = 121
+    assert behind.samples_for("short", 20.0, 0.03, 30.0, 15) == 2
     # Short calls with room in the budget stop at the cap.
     assert _pool(0.15, 60).samples_for("short", 0.5, 0.03, 30.0, 15) == 15
 
@@ -67,5 +82,6 @@ def test_an_interval_follows_its_pool_as_later_sizes_sharpen_it():
     assert timing.ci95_ms < early / 5  # t falls from 12.7 and the pooled spread with it
 
 
-def test_replays_from_25_ms_are_long():
-    assert regime_of(24.9) == "short" and regime_of(25.0) == "long"
+def test_a_size_is_long_when_both_first_calls_are():
+    assert regime_of(30.0, 24.9) == "short" and regime_of(25.0, 25.0) == "long"
+    assert regime_of(18.6, 32.2) == "short"  # a 7 ms replay the host paused

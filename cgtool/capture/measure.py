@@ -125,7 +125,7 @@ def check_replay(
     ahead = current_tp().size == 1 and eager_first < LONG_CALL_MS
     if ahead:
         replays.call(timed_replay)
-    regime = regime_of(replays.ms(0))
+    regime = regime_of(eager_first, replays.ms(0))
     replay_pool, eager_pool = pools.pool("replay", regime), pools.pool("eager", regime)
     skip = 0 if regime == "long" else 1 if ahead else 2  # calls timed that are no samples
     replay_calls = skip - 1 + replay_pool.samples_for(regime, replays.ms(0), rel_ci, budget_ms, MOST_SAMPLES)

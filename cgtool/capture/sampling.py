@@ -10,11 +10,12 @@ t(pooled dof) x pooled relative spread x mean / sqrt(n), and a size needs only a
 calls as that pooled spread asks for.
 
 Sizes fall in two regimes that are pooled apart, since their spread differs by a factor of
-several: short calls (a replay under `LONG_CALL_MS`, host launch gaps and host noise in
-the figure) and long ones (GPU-bound). Every short size is timed at least twice, so the
-short pool keeps learning through the run. A long size is timed once (the compared call)
-once its pool has `SEED_DOF` degrees of freedom from the first long sizes timed twice: a
-second call of 25-100 ms per path is most of what measuring cost.
+several: short calls (under `LONG_CALL_MS`, host launch gaps and host noise in the figure)
+and long ones (GPU-bound). The first sizes of a pool are timed twice until it holds
+`SEED_DOF` degrees of freedom. After that a long size is timed once (the compared call): its
+spread is the GPU's, steady through a run, and a second call of 25-100 ms a path was most of
+what measuring cost. A short size is timed once only while at least half the pool's sizes
+were timed twice, so the pool keeps learning as the host's noise moves.
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ class SpreadPool:
 
     sum_sq: float = 0.0
     dof: int = 0
+    sizes: int = 0  # sizes added, with one sample or more
 
     def add(self, samples: Sequence[float]) -> None:
+        self.sizes += 1
         if len(samples) < 2:
             return
         mean = statistics.fmean(samples)
@@ -63,8 +66,9 @@ class SpreadPool:
         self, regime: Regime, call_ms: float, rel_ci: float, budget_ms: float, most: int
     ) -> int:
         """Samples one size's mean needs for its interval to be within `rel_ci` of it, as
-        far as `budget_ms` of calls allows; at least two (one for a seeded long pool)."""
-        least = 1 if regime == "long" and self.dof >= SEED_DOF else 2
+        far as `budget_ms` of calls allows; at least one or two (the module's docstring)."""
+        learning = self.dof < SEED_DOF or (regime == "short" and 2 * self.dof < self.sizes + 1)
+        least = 2 if learning else 1
         sd = self.rel_sd
         needed = least if sd is None else math.ceil((t95(self.dof) * sd / rel_ci) ** 2)
         affordable = int(budget_ms // max(call_ms, 1e-3))
@@ -99,5 +103,7 @@ class PathTiming:
         return self.pool.ci95_ms(self.mean_ms, len(self.samples))
 
 
-def regime_of(replay_ms: float) -> Regime:
-    return "long" if replay_ms >= LONG_CALL_MS else "short"
+def regime_of(eager_ms: float, replay_ms: float) -> Regime:
+    """From the size's first call of each path: both must be long, so one call slowed by a
+    pause of the host (a 7 ms replay took 32 ms once on the H100) does not move a size."""
+    return "long" if min(eager_ms, replay_ms) >= LONG_CALL_MS else "short"
