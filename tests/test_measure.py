@@ -1,6 +1,6 @@
 """The replay check's calls: which are compared, which are timed, which are samples (CPU,
 with CUDA events stood in for by a clock that charges a launch gap to a call the GPU was
-idle for)."""
+idle for); and, on the GPU, that calls queued behind a busy GPU hold no launch gap."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ GAP_MS = 0.4  # a lone call's launch gap
 
 class FakeTimer:
     """CallTimer's contract: a call's time is `ms_of[name]` of the path it ran, plus the gap
-    when nothing was queued ahead of it (the first call, or one after a wait)."""
+    when the GPU was idle before it (the first call of a timer not queued behind a spin)."""
 
     ms_of: dict[str, float] = {}
     log: list[str] = []
+    held = False  # hold_gpu was called and no timer has started behind it yet
 
     def __init__(self) -> None:
         self.times: list[float] = []
-        self.drained = True
+        self.drained = not FakeTimer.held
+        FakeTimer.held = False
 
     def call(self, fn):
         result = fn()
@@ -33,8 +35,6 @@ class FakeTimer:
         return result
 
     def ms(self, index: int) -> float:
-        if index == len(self.times) - 1:
-            self.drained = True  # waiting for the last call queued: the GPU goes idle
         return self.times[index]
 
     def all_ms(self) -> list[float]:
@@ -45,8 +45,9 @@ class FakeTimer:
 def paths(monkeypatch):
     """Eager and replay callables that log their calls; `set(eager=, replay=)` their times."""
     log: list[str] = []
-    FakeTimer.log = log
+    FakeTimer.log, FakeTimer.held = log, False
     monkeypatch.setattr(measure, "CallTimer", FakeTimer)
+    monkeypatch.setattr(measure, "hold_gpu", lambda: setattr(FakeTimer, "held", True))
     monkeypatch.setattr(measure, "timed_call", lambda fn: (fn(), FakeTimer.ms_of[log[-1]] + GAP_MS))
 
     def path(name):
@@ -65,25 +66,14 @@ def _check(paths, pools):
     return measure.check_replay(paths.eager, paths.replay, torch.bfloat16, pools=pools)
 
 
-def test_a_short_replay_is_compared_once_then_timed_back_to_back(paths):
+def test_replays_are_timed_behind_a_spin_and_the_compared_calls_are_samples(paths):
     paths.set(eager=20.0, replay=6.0)
     check = _check(paths, SpreadPools())
-    # Eager compared (its first sample), the compared replay, the replay queued behind it,
-    # one more replay, then eager's second sample.
-    assert paths.log == ["eager", "replay", "replay", "replay", "eager"]
-    assert check.replay.samples == (6.0, 6.0)  # the compared replay's launch gap is left out
-    # Each eager sample starts on an idle GPU, as the compared call did.
+    assert paths.log == ["eager", "replay", "replay", "eager"]  # each path compared, then timed
+    assert check.replay.samples == (6.0, 6.0)  # no launch gap, the compared replay's included
+    # Each eager sample starts on an idle GPU, as a lone eager step does.
     assert check.eager.samples == (20.0 + GAP_MS, 20.0 + GAP_MS)
     assert check.safe and check.replay.regime == "short"
-
-
-def test_a_short_replay_after_a_long_eager_gets_a_lead_call(paths):
-    """Nothing was queued behind the compared replay: the GPU idled, so the next call's
-    time holds a launch gap and is not a sample either."""
-    paths.set(eager=30.0, replay=20.0)
-    check = _check(paths, SpreadPools())
-    assert paths.log == ["eager", "replay", "replay", "replay", "replay", "eager"]
-    assert check.replay.samples == (20.0, 20.0)
 
 
 def test_long_calls_are_timed_twice_until_the_pool_is_seeded_then_once(paths):
@@ -96,7 +86,7 @@ def test_long_calls_are_timed_twice_until_the_pool_is_seeded_then_once(paths):
         counts.append((paths.log.count("eager"), paths.log.count("replay")))
         assert check.replay.regime == "long"
     assert counts == [(2, 2)] * SEED_DOF + [(1, 1)] * 2
-    assert check.replay.samples == (98.0 + GAP_MS,)  # the compared call is the sample
+    assert check.replay.samples == (98.0,)  # the compared call is the sample
     assert check.replay.ci95_ms is not None  # from the seeded pool
 
 
@@ -110,7 +100,7 @@ def test_the_compared_outputs_are_the_first_calls(paths):
         return [torch.full((2, 3), 1.0 if calls["replay"] == 1 else 9.0)]  # later calls drift
 
     check = measure.check_replay(paths.eager, replay, torch.bfloat16, pools=SpreadPools())
-    assert check.max_abs_diff == 0.0 and calls["replay"] == 3
+    assert check.max_abs_diff == 0.0 and calls["replay"] == 2
 
 
 def test_a_replay_that_differs_is_named_by_output_and_row(paths):
@@ -132,13 +122,12 @@ def test_a_replay_that_differs_is_named_by_output_and_row(paths):
 
 def test_with_tp_every_rank_issues_the_most_calls_any_rank_asked_for(paths, monkeypatch):
     """Ranks that issued different numbers of forwards would pair their collectives wrongly:
-    nothing is queued on a guess, and each count is the largest over the ranks."""
+    each count is the largest over the ranks."""
     paths.set(eager=20.0, replay=6.0)
-    monkeypatch.setattr(measure, "current_tp", lambda: SimpleNamespace(size=2, rank=0))
     monkeypatch.setattr(measure, "all_ranks", lambda counts: [counts, [counts[0] + 2, counts[1] + 1]])
     check = _check(paths, SpreadPools())
-    # The compared replay, a lead (nothing was queued ahead), then 2 + 2 replays; eager 1 + 2.
-    assert paths.log.count("replay") == 6 and paths.log.count("eager") == 3
+    # Alone this rank would time each path twice; the other asked for 2 and 1 calls more.
+    assert paths.log.count("replay") == 4 and paths.log.count("eager") == 3
     assert len(check.replay.samples) == 4 and len(check.eager.samples) == 3
 
 
@@ -149,7 +138,7 @@ def test_calls_queued_behind_a_busy_gpu_are_timed_without_the_hosts_gap():
     (the GPU sat idle); every later one only the spin, since the host queued it early."""
     import time
 
-    from cgtool.capture.timing import CallTimer, timed_call
+    from cgtool.capture.timing import CallTimer, hold_gpu, timed_call
 
     cycles = 20_000_000
     torch.cuda._sleep(cycles)
@@ -166,8 +155,19 @@ def test_calls_queued_behind_a_busy_gpu_are_timed_without_the_hosts_gap():
     assert first > spin_ms + 3.0
     assert all(abs(ms - spin_ms) < 0.05 * spin_ms for ms in rest), (spin_ms, rest)
 
+    # Behind hold_gpu's spin the first call is back to back too, where the host's work
+    # before its kernel (0.3 ms here, a decode replay's input copies) fits in the spin.
+    def quick():
+        time.sleep(0.0003)
+        torch.cuda._sleep(cycles)
 
-def test_a_short_size_in_a_seeded_pool_costs_a_compared_and_a_queued_call(paths):
+    hold_gpu()
+    timer = CallTimer()
+    timer.call(quick)
+    assert abs(timer.all_ms()[0] - spin_ms) < 0.05 * spin_ms
+
+
+def test_a_short_size_in_a_seeded_pool_costs_only_its_compared_calls(paths):
     paths.set(eager=20.0, replay=6.0)
     pools = SpreadPools()
     logs = []
@@ -175,5 +175,5 @@ def test_a_short_size_in_a_seeded_pool_costs_a_compared_and_a_queued_call(paths)
         paths.log.clear()
         check = _check(paths, pools)
         logs.append(list(paths.log))
-    assert logs[-1] == ["eager", "replay", "replay"]  # one sample each: the queued replay, eager's compared
+    assert logs[-1] == ["eager", "replay"]
     assert check.replay.samples == (6.0,) and check.eager.samples == (20.0 + GAP_MS,)

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from cgtool.capture.memory import read_memory
-from cgtool.capture.sampling import LONG_CALL_MS, PathTiming, SpreadPools, regime_of
-from cgtool.capture.timing import CallTimer, timed_call
-from cgtool.distributed import all_ranks, current_tp
+from cgtool.capture.sampling import PathTiming, SpreadPools, regime_of
+from cgtool.capture.timing import CallTimer, hold_gpu, timed_call
+from cgtool.distributed import all_ranks
 
 Outputs = Sequence[torch.Tensor]  # what a forward is compared on: logits, or hidden states + logits
 MOST_SAMPLES = 15  # timed calls of one path at one size
@@ -105,39 +105,31 @@ def check_replay(
     budget_ms: float = 30.0,
 ) -> ReplayCheck:
     """Compare eager and replay once on every row of every output, then time each path as
-    often as the spread pooled in `pools` asks (sampling.py). The timed calls default to the
-    compared ones and do the same GPU work; the compared eager call is eager's first sample.
+    often as the spread pooled in `pools` asks (sampling.py). The compared call of each path
+    is its first sample; the timed calls default to the compared ones and do the same GPU work.
 
-    A replay shorter than `LONG_CALL_MS` is timed back to back: the host issues each call
-    while the GPU still runs the one before, as a server's overlapped scheduler does, so a
-    lone call's launch gap is not counted as GPU time. The compared replay leads those
-    calls and is not a sample; a long replay's compared call is."""
+    Replays are timed back to back behind a short spin of the GPU (`hold_gpu`): the host
+    issues each replay while the GPU is still busy, as a server's overlapped scheduler does,
+    so a lone replay's launch gap is not counted as GPU time. Eager calls start on an idle
+    GPU: an eager step is the host's launching as much as the GPU's work."""
     pools = pools if pools is not None else SpreadPools()
     timed_eager, timed_replay = timed_eager or eager, timed_replay or replay
     outputs, eager_first = timed_call(eager)
     expected = _copied(outputs)  # before replay runs: nothing may alias it
-    got: list[torch.Tensor] = []
-    replays = CallTimer()
-    replays.call(lambda: got.extend(_copied(replay())))
-    # A replay is no longer than its eager forward (nearly always): a short one's first
-    # sample is queued before the GPU can go idle. With TP every rank must issue the same
-    # calls, so the ranks agree on counts below and nothing is issued on a guess.
-    ahead = current_tp().size == 1 and eager_first < LONG_CALL_MS
-    if ahead:
-        replays.call(timed_replay)
-    regime = regime_of(eager_first, replays.ms(0))
+    hold_gpu()
+    first = CallTimer()
+    got = _copied(first.call(replay))
+    replay_first = first.ms(0)
+    regime = regime_of(eager_first, replay_first)
     replay_pool, eager_pool = pools.pool("replay", regime), pools.pool("eager", regime)
-    skip = 0 if regime == "long" else 1 if ahead else 2  # calls timed that are no samples
-    replay_calls = skip - 1 + replay_pool.samples_for(regime, replays.ms(0), rel_ci, budget_ms, MOST_SAMPLES)
-    eager_calls = eager_pool.samples_for(regime, eager_first, rel_ci, budget_ms, MOST_SAMPLES) - 1
-    replay_calls, eager_calls = _agreed_most([replay_calls, eager_calls])
-    for _ in range(replay_calls - int(ahead)):
-        replays.call(timed_replay)
-    replay_ms = replays.all_ms()[skip:]
-    eagers = CallTimer()
-    for _ in range(eager_calls):
-        eagers.call(timed_eager)
-    eager_ms = [eager_first, *eagers.all_ms()]
+    # With TP every rank must issue the same forwards (they hold collectives): the counts
+    # are agreed, each the largest any rank asked for.
+    more_replays, more_eagers = _agreed_most([
+        replay_pool.samples_for(regime, replay_first, rel_ci, budget_ms, MOST_SAMPLES) - 1,
+        eager_pool.samples_for(regime, eager_first, rel_ci, budget_ms, MOST_SAMPLES) - 1,
+    ])
+    replay_ms = [replay_first, *_timed_calls(timed_replay, more_replays, held=True)]
+    eager_ms = [eager_first, *_timed_calls(timed_eager, more_eagers, held=False)]
     replay_pool.add(replay_ms)
     eager_pool.add(eager_ms)
     diff, tolerance, output, row = compare_outputs(expected, got, dtype)
@@ -149,6 +141,17 @@ def check_replay(
         worst_output=output,
         worst_token=row,
     )
+
+
+def _timed_calls(fn: Callable[[], object], count: int, held: bool) -> list[float]:
+    if count <= 0:
+        return []
+    if held:
+        hold_gpu()
+    timer = CallTimer()
+    for _ in range(count):
+        timer.call(fn)
+    return timer.all_ms()
 
 
 def _copied(outputs: Outputs) -> list[torch.Tensor]:

@@ -10,7 +10,7 @@ t(pooled dof) x pooled relative spread x mean / sqrt(n), and a size needs only a
 calls as that pooled spread asks for.
 
 Sizes fall in two regimes that are pooled apart, since their spread differs by a factor of
-several: short calls (under `LONG_CALL_MS`, host launch gaps and host noise in the figure)
+several: short calls (under `LONG_CALL_MS`, where the host's launching and its noise show)
 and long ones (GPU-bound). The first sizes of a pool are timed twice until it holds
 `SEED_DOF` degrees of freedom. After that a long size is timed once (the compared call): its
 spread is the GPU's, steady through a run, and a second call of 25-100 ms a path was most of
@@ -31,8 +31,8 @@ from cgtool.capture.timing import t95
 Regime = Literal["short", "long"]
 Path = Literal["eager", "replay"]
 
-# A replay at least this long is GPU-bound, and its lone launch gap (0.07-0.6 ms on the H100
-# host, issue 14) is within 2% of it; a shorter one is timed back to back (measure.py).
+# A size whose eager and replay calls both take this long is GPU-bound on the H100 host: an
+# 8B eager step launched there in 12-25 ms (issue 14), whatever its GPU work.
 LONG_CALL_MS = 25.0
 SEED_DOF = 3  # degrees of freedom a long pool holds before a long size is timed once
 
