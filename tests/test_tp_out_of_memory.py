@@ -138,3 +138,10 @@ def test_gpu_nccl_out_of_memory_on_rank_1_in_capture_warmup_and_rehearsal_fails_
     status = {(r.size, r.rank): r.status for r in report.sizes}
     assert status == {(s, rank): ("ok" if s == 1 else "failed") for s in SIZES for rank in (0, 1)}
     assert report.incomplete_reason.startswith("out of memory capturing decode size 8 on rank 1 (free ")
+
+
+def test_ranks_time_each_path_as_often_as_the_rank_that_asked_most():
+    """A rank that issued fewer timed forwards than its peer would leave the peer inside a
+    collective: rank 0 asks for 1 and 5 calls, rank 1 for 2 and 4; both issue 2 and 5."""
+    ranks = run_ranks(tp_oom_worker.agreed_counts_rank, 2, ())
+    assert [outcome["counts"] for outcome in ranks] == [[2, 5], [2, 5]]

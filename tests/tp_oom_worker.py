@@ -245,3 +245,11 @@ def connect_collectives_rank(rank: int, size: int, init_method: str, channel) ->
 
     connect_collectives([1, 8, 8, 16], hidden=4, dtype=torch.float32)
     _send_all(channel, {"issued": count[0]})
+
+
+def agreed_counts_rank(rank: int, size: int, init_method: str, channel) -> None:
+    """Each rank asks for its own numbers of timed calls (measure.check_replay's agreement)."""
+    from cgtool.capture import measure
+
+    _join(rank, size, init_method)
+    _send_all(channel, {"counts": measure._agreed_most([rank + 1, 5 - rank])})
