@@ -5,6 +5,7 @@ idle for); and, on the GPU, that calls queued behind a busy GPU hold no launch g
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import torch
@@ -19,8 +20,8 @@ class FakeTimer:
     """CallTimer's contract: a call's time is `ms_of[name]` of the path it ran, plus the gap
     when the GPU was idle before it (the first call of a timer not queued behind a spin)."""
 
-    ms_of: dict[str, float] = {}
-    log: list[str] = []
+    ms_of: ClassVar[dict[str, float]] = {}
+    log: ClassVar[list[str]] = []
     held = False  # hold_gpu was called and no timer has started behind it yet
 
     def __init__(self) -> None:
