@@ -157,9 +157,12 @@ def test_calls_queued_behind_a_busy_gpu_are_timed_without_the_hosts_gap():
     assert all(abs(ms - spin_ms) < 0.05 * spin_ms for ms in rest), (spin_ms, rest)
 
     # Behind hold_gpu's spin the first call is back to back too, where the host's work
-    # before its kernel (0.3 ms here, a decode replay's input copies) fits in the spin.
+    # before its kernel (0.3 ms here, as a decode replay's input copies and launch) fits in
+    # the spin. A busy wait: a sleep that short can oversleep by a millisecond.
     def quick():
-        time.sleep(0.0003)
+        until = time.perf_counter() + 0.0003
+        while time.perf_counter() < until:
+            pass
         torch.cuda._sleep(cycles)
 
     hold_gpu()

@@ -107,14 +107,15 @@ class CallTimer:
         return [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
 
 
-# About 1 ms at an H100's 1.98 GHz: longer than the host takes to queue a decode replay
-# (its input copies and the graph launch, 0.07-0.6 ms on the H100 host, issue 14).
-HOLD_CYCLES = 2_000_000
+# About 2 ms at an H100's 1.98 GHz: longer than the host takes to queue a decode replay
+# (its input copies and the graph launch, 0.07-0.6 ms on the H100 host, issue 14), with room
+# for a slow host (one lent H100 host once took 1.7 ms to queue a 0.3 ms call behind a spin).
+HOLD_CYCLES = 4_000_000
 
 
 def hold_gpu() -> None:
-    """Keep the GPU busy for about a millisecond, so that the calls queued next run back to
-    back behind the spin and the first of them holds no launch gap either."""
+    """Keep the GPU busy for about two milliseconds, so that the calls queued next run back
+    to back behind the spin and the first of them holds no launch gap either."""
     torch.cuda._sleep(HOLD_CYCLES)
 
 
