@@ -44,11 +44,22 @@ def test_no_batch_starts_that_would_end_past_the_budget(monkeypatch):
         clock = [0.0]
         spread = iter([1.0, 1.2, 0.8, 1.1, 0.9, 1.3])
 
-        def one_batch(fn, calls, ms=ms, spread=spread):
+        def one_batch(fn, calls, ms=ms, spread=spread, clock=clock):
             clock[0] += ms / 1e3 * calls
             return ms * calls * next(spread)
 
         monkeypatch.setattr(timing, "_one_batch_ms", one_batch)
-        monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+        monkeypatch.setattr(timing.time, "perf_counter", lambda clock=clock: clock[0])
         result = timing.time_cuda(lambda: None, budget_s=0.03)
         assert result.batches == expected
+
+
+def test_holding_the_gpu_spins_it_once_and_a_torch_without_the_spin_is_tolerated(monkeypatch):
+    import torch
+
+    spins = []
+    monkeypatch.setattr(torch.cuda, "_sleep", spins.append, raising=False)
+    timing.hold_gpu()
+    assert spins == [timing.HOLD_CYCLES]
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    timing.hold_gpu()  # nothing to call: no error

@@ -115,8 +115,11 @@ HOLD_CYCLES = 4_000_000
 
 def hold_gpu() -> None:
     """Keep the GPU busy for about two milliseconds, so that the calls queued next run back
-    to back behind the spin and the first of them holds no launch gap either."""
-    torch.cuda._sleep(HOLD_CYCLES)
+    to back behind the spin and the first of them holds no launch gap either. A torch
+    without the private spin leaves that first call's gap in its time."""
+    spin = getattr(torch.cuda, "_sleep", None)
+    if spin is not None:
+        spin(HOLD_CYCLES)
 
 
 def _recorded_event() -> torch.cuda.Event:
