@@ -4,6 +4,7 @@ The old path is restored by patching, not kept in the library: every fused op an
 attention op go through `torch.ops.cgtool.*` (as under torch.compile) and every Triton
 launch through Triton's own binder. Prints one JSON object; ratios are within this run.
 Usage: python scripts/bench_eager.py --model llama-3.1-8b [--bs 1] [--out FILE]
+       [--after-compile | --after-captures]
 """
 
 from __future__ import annotations
@@ -93,6 +94,18 @@ def _after_compile(bench, step) -> dict:
     return row
 
 
+def _after_captures(bench, step) -> tuple[dict, object]:
+    """The lean path again, once the 36 default decode graphs are captured in this process, as
+    a session measures eager after capturing: sessions read the bs-1 step at up to 1.5x this
+    bench's on one host (benchmarks r8). Returns the row and the runner, kept alive."""
+    from cgtool.runners.decode import DecodeGraphRunner
+
+    runner = DecodeGraphRunner(bench.runner, [1, 2, 4, *range(8, 257, 8)])
+    runner.capture()
+    (row,) = measure_interleaved(step, {"lean, after 35 decode graphs were captured": ExitStack})
+    return row, runner
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="llama-3.1-8b")
@@ -103,6 +116,8 @@ def main() -> None:
     parser.add_argument("--after-compile", action="store_true",
                         help="also time the lean path again once the piecewise body is compiled, "
                              "as it runs in a `--kind both` session")
+    parser.add_argument("--after-captures", action="store_true",
+                        help="also time the lean path again once the default decode graphs are captured")
     args = parser.parse_args()
     cfg = load_model_config(args.model)
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.85,
@@ -115,7 +130,12 @@ def main() -> None:
 
     result = {"model": args.model, "bs": args.bs, "extend_tokens": args.extend, "device": torch.cuda.get_device_name(0),
               "date": time.strftime("%Y-%m-%d")}
-    if args.after_compile:
+    if args.after_captures:
+        (lean,) = measure_interleaved(step, {"lean": ExitStack})
+        after, _kept = _after_captures(bench, step)
+        result["rows"] = [lean, after]
+        result["after_over_before_median"] = after["step_ms_median"] / lean["step_ms_median"]
+    elif args.after_compile:
         # Patching is_compiling (the old path) before dynamo runs breaks dynamo's handling of
         # it, so this mode times the lean path alone, before and after the compile.
         (lean,) = measure_interleaved(step, {"lean": ExitStack})

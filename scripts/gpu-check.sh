@@ -3,6 +3,8 @@
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
 # `hostgap` (by name only): scripts/bench_eager.py --after-compile and scripts/bench_replay.py.
 # `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
+# `eagercap` (by name only): scripts/bench_eager.py --after-captures, twice: the eager step before
+# and after the 36 default decode graphs are captured in the process.
 # `replay-ab` (by name only): decode-size linears read cold from HBM (cuBLAS, cuBLASLt, Triton
 # GEMVs), then bs-1 replay captured under cuBLAS and cuBLASLt in alternating rounds, and after heat.
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
@@ -75,6 +77,13 @@ if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo comp
   echo "[$(date +%H:%M:%S)] replay bench"
   python3 scripts/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
   echo "[$(date +%H:%M:%S)] done"
+fi
+if [[ " $stages " == *" eagercap "* ]]; then  # issue 14: eager step before and after the decode captures
+  for round in 1 2; do
+    echo "[$(date +%H:%M:%S)] eager bench, before and after capturing the decode graphs ($round)"
+    python3 scripts/bench_eager.py --model llama-3.1-8b --after-captures --out "$OUT/runs/eager-after-captures-$round.json" \
+      >"$OUT/runs/eager-after-captures-$round.log" 2>&1; echo "exit $?"; tail -28 "$OUT/runs/eager-after-captures-$round.log"
+  done
 fi
 if [[ " $stages " == *" compile-cache "* ]]; then  # issue 14.6: a second capture reuses the traced body
   cache="$OUT/compile-cache"; rm -rf "$cache"
