@@ -15,7 +15,9 @@ from cgtool.reports.tables import (
     environment_rows,
     kernel_rows,
     mib,
+    phase_rows,
     size_rows,
+    spread_rows,
     totals_rows,
 )
 from cgtool.results import CaptureReport
@@ -64,6 +66,9 @@ def report_html(report: CaptureReport, figures: list[Path], artifact_prefix: str
         body.append(table_html(size_rows(report, kind)))
     body.append("<h2>Memory and environment</h2>")
     body.append(table_html(totals_rows(report)) + table_html(environment_rows(report)))
+    timing = [t for t in (spread_rows(report), phase_rows(report)) if t.rows]
+    if timing:
+        body.append("<h2>Timing</h2>" + "".join(table_html(t) for t in timing))
     tp_tables = rank_tables(report)
     if tp_tables:
         body.append(f"<h2>Tensor parallelism: {report.settings.tp_size} ranks</h2>")

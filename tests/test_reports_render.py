@@ -213,3 +213,18 @@ def test_size_table_adds_an_experts_column_only_for_moe_rows():
     assert table.columns[-1] == "experts"
     assert [r[-1] for r in table.rows[:2]] == ["6.0", "6.2"]
     assert "experts" not in size_rows(report, "piecewise").columns
+
+
+def test_html_shows_the_timing_spread_and_the_phases_when_the_run_recorded_them(tmp_path):
+    import dataclasses
+
+    from cgtool.results import SampleSpread
+
+    report = load_report(REPORT_DIR / "report.json")
+    assert "<h2>Timing</h2>" not in report_html(report, [])  # an older report: neither recorded
+    totals = dataclasses.replace(report.totals, phase_s={"capture": 4.0, "measure": 1.0},
+                                 sample_spread={"decode:replay:short": SampleSpread(0.0012, 18)})
+    html = report_html(dataclasses.replace(report, totals=totals), [])
+    timing = html[html.index("<h2>Timing</h2>"):]
+    assert "Timing spread" in timing and "0.12" in timing and ">18<" in timing
+    assert "Phases" in timing and "measure" in timing
