@@ -238,3 +238,17 @@ def test_rows_leave_the_measure_loop_with_the_interval_of_the_whole_pool():
     spread = state.sample_spread["decode:replay:short"]
     assert spread.dof == 21 and spread.rel_sd == pooled.rel_sd
     assert set(state.sample_spread) == {"decode:replay:short", "decode:eager:short"}
+
+
+def test_the_eager_warm_up_runs_once_with_collectives_skipped_and_survives_running_out(monkeypatch):
+    from cgtool import distributed
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
+    seen = []
+
+    def forward():
+        seen.append(distributed._skip_eager)
+        raise torch.OutOfMemoryError(OOM_TEXT)
+
+    per_size.warm_eager(forward)  # no error: the size's own measurement will report it
+    assert seen == [True] and distributed._skip_eager is False

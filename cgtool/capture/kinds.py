@@ -26,6 +26,7 @@ from cgtool.capture.per_size import (
     report_progress,
     sglang_mem_usage,
     timed_sizes,
+    warm_eager,
 )
 from cgtool.capture.timing import host_launch_ms
 from cgtool.capture.workbench import Workbench
@@ -135,6 +136,9 @@ def capture_piecewise(
     model = bench.runner.model
     calls = []
     with timed_sizes(state, "piecewise") as pools:
+        if costs:
+            largest = bench.extend_batch(max(costs))
+            warm_eager(partial(_with_last_logits, model, partial(bench.runner.forward_eager, largest)))
         for i, (n, cost) in enumerate(costs.items()):
             report_progress(on_progress, "piecewise", "measure", n, i, len(costs))
             batch = bench.extend_batch(n)
