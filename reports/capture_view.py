@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cgtool.capture.options import CaptureFailure, CaptureProgress
-from cgtool.reports.rank_tables import rank_tables
-from cgtool.reports.tables import phase_rows, size_rows, spread_rows, to_rich, totals_rows
+from cgtool.reports.render import printed_tables
+from cgtool.reports.tables import to_rich
 from cgtool.results import CaptureReport
 from cgtool.units import GIB, MIB
 
@@ -90,14 +90,7 @@ def print_capture_summary(
     failed: CaptureFailure | None,
     written: list[Path],
 ) -> None:
-    for kind in report.kinds():
-        console.print(to_rich(size_rows(report, kind)))
-    console.print(to_rich(totals_rows(report)))
-    if report.totals.sample_spread:
-        console.print(to_rich(spread_rows(report)))
-    if report.totals.phase_s:
-        console.print(to_rich(phase_rows(report)))
-    for table in rank_tables(report):  # --tp only
+    for table in printed_tables(report):  # the tables `cgtool report` prints again
         console.print(to_rich(table))
     unsafe = [s for s in report.sizes if s.status == "unsafe"]
     for row in unsafe:
