@@ -142,6 +142,8 @@ class CaptureTotals:
     # SGLang's `mem usage` per kind: free memory before its capture minus after.
     sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)
     eager_host_us_per_kernel: float | None = None  # smallest eager decode step
+    # Plain PyTorch's host time a kernel on the same host (capture.timing.plain_torch_host_us).
+    plain_torch_host_us_per_kernel: float | None = None
     static_buffer_bytes: int = 0  # the runners' static inputs and outputs, outside the pool
     other_torch_bytes: int = 0  # reserved growth outside pool and static buffers (workspaces)
     compile_cache: CompileCacheStatus | None = None  # None: no piecewise kind, or an older report

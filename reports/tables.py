@@ -153,6 +153,8 @@ def totals_rows(report: CaptureReport) -> TableData:
         rows.append([f"SGLang 'mem usage', {kind}", mib(used)])
     if t.eager_host_us_per_kernel is not None:
         rows.append(["eager host time per kernel", _num(t.eager_host_us_per_kernel, 1, " µs")])
+    if t.plain_torch_host_us_per_kernel is not None:
+        rows.append(["plain PyTorch host time per kernel", _num(t.plain_torch_host_us_per_kernel, 1, " µs")])
     return TableData("Totals", ["", "value"], rows)
 
 

@@ -1,4 +1,4 @@
-"""Eager decode step: the lean path against the custom-op path it replaced, in one process.
+"""Eager decode step: the lean path against the paths it replaced, in one process.
 
 The old path is restored by patching, not kept in the library: every fused op and the
 attention op go through `torch.ops.cgtool.*` (as under torch.compile) and every Triton
@@ -22,6 +22,7 @@ import torch
 from cgtool.capture.timing import (
     host_launch_ms,
     kernels_per_call,
+    plain_torch_host_us,
     profile_kernels_by_size,
     t95,
     timed_call,
@@ -37,6 +38,21 @@ def _old_path() -> ExitStack:
     stack.enter_context(patch("torch.compiler.is_compiling", lambda: True))
     stack.enter_context(patch.object(
         CachedKernel, "launch", lambda self, grid, *args, **meta: self.fn[grid](*args, **meta)))
+    return stack
+
+
+def _allocating_path() -> ExitStack:
+    """The lean path as it stood before the norms wrote over their inputs and the layers
+    shared their per-layer outputs (benchmarks r8): every one of those a new allocation."""
+    from cgtool.model import fused, layers, llama
+
+    def new_tensor(name, shape, dtype, device):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    stack = ExitStack()
+    stack.enter_context(patch.object(layers, "fused_add_rms_norm_", fused.fused_add_rms_norm))
+    stack.enter_context(patch.object(llama, "scratch_empty", new_tensor))
+    stack.enter_context(patch.object(fused, "scratch_empty", new_tensor))
     return stack
 
 
@@ -143,14 +159,25 @@ def main() -> None:
         result["after_over_before_median"] = result["rows"][1]["step_ms_median"] / lean["step_ms_median"]
         print(host_profile(step))
     else:
-        lean, old = measure_interleaved(step, {"lean": ExitStack, "custom ops + Triton binder": _old_path})
+        lean, allocating, old = measure_interleaved(step, {
+            "lean": ExitStack, "lean, allocating every output (r8)": _allocating_path,
+            "custom ops + Triton binder": _old_path})
         lean_out = step().float()
         print(host_profile(step))
+        with _allocating_path():
+            allocating_out = step().float()
         with _old_path():
             old_out = step().float()
-        result["rows"] = [lean, old]
+        result["rows"] = [lean, allocating, old]
+        result["allocating_over_lean_median"] = allocating["step_ms_median"] / lean["step_ms_median"]
         result["old_over_lean_median"] = old["step_ms_median"] / lean["step_ms_median"]
-        result["max_abs_diff_between_paths"] = float((lean_out - old_out).abs().max())
+        result["max_abs_diff_between_paths"] = max(
+            float((lean_out - other).abs().max()) for other in (allocating_out, old_out))
+    # The host's own speed, beside each path's: hosts lent as one machine kind differ by 2x.
+    plain = plain_torch_host_us()
+    result["plain_torch_host_us_per_kernel"] = plain
+    for row in result["rows"]:
+        row["host_per_kernel_over_plain_torch"] = row["host_us_per_kernel"] / plain
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

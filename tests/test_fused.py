@@ -74,6 +74,31 @@ def test_fused_add_rms_norm_returns_the_norm_and_the_new_residual(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_in_place_fused_add_rms_norm_writes_over_its_inputs_with_the_same_values(dtype):
+    x, residual = _randn(6, 48, dtype=dtype), _randn(6, 48, dtype=dtype)
+    weight = _randn(48, dtype=dtype)
+    expected_normed, expected_residual = fused.fused_add_rms_norm_ref(x, residual, weight, 1e-5)
+    x_ptr, residual_ptr = x.data_ptr(), residual.data_ptr()
+    normed, new_residual = fused._launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
+    assert (normed.data_ptr(), new_residual.data_ptr()) == (x_ptr, residual_ptr)
+    _assert_close(new_residual, expected_residual)
+    _assert_close(normed, expected_normed)
+
+
+def test_in_place_fused_add_rms_norm_allocates_where_the_output_dtype_differs():
+    """A wider weight promotes the norm's output: it cannot be written over a bf16 x, and
+    then neither input is written over."""
+    x, residual = _randn(4, 32, dtype=torch.bfloat16), _randn(4, 32, dtype=torch.bfloat16)
+    weight = _randn(32, dtype=torch.float32)
+    x_before, residual_before = x.clone(), residual.clone()
+    normed, new_residual = fused._launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
+    assert normed.dtype == torch.float32
+    assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
+    expected_normed, expected_residual = fused._launch_rms_norm(x, residual, weight, 1e-5)
+    assert torch.equal(normed, expected_normed) and torch.equal(new_residual, expected_residual)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rope_rotates_q_and_k_from_strided_views_into_contiguous_tensors(dtype):
     q, k = _qkv_views(5, 6, 2, 24, dtype)  # 6 heads and a half of 12: both padded in the kernel
     cos_sin = _cos_sin(24, 64)

@@ -228,3 +228,18 @@ def test_html_shows_the_timing_spread_and_the_phases_when_the_run_recorded_them(
     timing = html[html.index("<h2>Timing</h2>"):]
     assert "Timing spread" in timing and "0.12" in timing and ">18<" in timing
     assert "Phases" in timing and "measure" in timing
+
+
+def test_totals_show_plain_pytorchs_host_time_beside_the_eager_paths_when_recorded():
+    import dataclasses
+
+    from cgtool.reports.tables import totals_rows
+
+    report = load_report(REPORT_DIR / "report.json")
+    labels = [row[0] for row in totals_rows(report).rows]
+    assert "plain PyTorch host time per kernel" not in labels  # an older report
+    totals = dataclasses.replace(report.totals, eager_host_us_per_kernel=25.2,
+                                 plain_torch_host_us_per_kernel=9.4)
+    rows = dict(totals_rows(dataclasses.replace(report, totals=totals)).rows)
+    assert rows["eager host time per kernel"] == "25.2 µs"
+    assert rows["plain PyTorch host time per kernel"] == "9.4 µs"

@@ -55,19 +55,20 @@ def test_short_sizes_are_timed_once_only_while_half_the_pool_was_timed_twice():
     assert 2 * pool.dof >= pool.sizes
 
 
-def test_the_spread_sets_the_samples_and_the_budget_caps_them():
+def test_the_spread_sets_the_samples_when_the_budget_can_buy_them():
     # 3% spread at 20 dof: t 2.09, so (2.09 x 3% / 3%)^2 = 4.4 -> 5 samples of a 5 ms replay.
     assert _pool(0.03, 20).samples_for("short", 5.0, 0.03, 30.0, 15) == 5
-    # The same spread on 10 ms calls: three fit the 30 ms budget.
-    assert _pool(0.03, 20).samples_for("short", 10.0, 0.03, 30.0, 15) == 3
-    # A host-bound eager path (15% spread) would need a hundred: the budget leaves one call,
-    # or the two the pool's learning asks for when fewer than half its sizes gave two.
+    # The same five on 10 ms calls would take 50 ms of a 30 ms budget: the least, one.
+    assert _pool(0.03, 20).samples_for("short", 10.0, 0.03, 30.0, 15) == 1
+    # A host-bound eager path (15% spread) would need a hundred: one call, or the two the
+    # pool's learning asks for when fewer than half its sizes gave two.
     assert _pool(0.15, 60).samples_for("short", 20.0, 0.03, 30.0, 15) == 1
     behind = _pool(0.15, 60)
     behind.sizes = 121
     assert behind.samples_for("short", 20.0, 0.03, 30.0, 15) == 2
-    # Short calls with room in the budget stop at the cap.
-    assert _pool(0.15, 60).samples_for("short", 0.5, 0.03, 30.0, 15) == 15
+    # Past the cap of calls a size the target is out of reach as well, however cheap they are.
+    assert _pool(0.15, 60).samples_for("short", 0.5, 0.03, 30.0, 15) == 1
+    assert _pool(0.02, 60).samples_for("short", 0.5, 0.03, 30.0, 15) == 2  # (2.0 x 2% / 3%)^2 = 1.8
 
 
 def test_an_interval_follows_its_pool_as_later_sizes_sharpen_it():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from cgtool.capture import timing
 
 
@@ -63,3 +65,23 @@ def test_holding_the_gpu_spins_it_once_and_a_torch_without_the_spin_is_tolerated
     assert spins == [timing.HOLD_CYCLES]
     monkeypatch.delattr(torch.cuda, "_sleep")
     timing.hold_gpu()  # nothing to call: no error
+
+
+def test_plain_torch_host_time_is_a_chain_of_adds_divided_by_its_length(monkeypatch):
+    import torch
+
+    chains = []
+
+    def host_ms(fn, repeats=5):
+        chains.append(fn())
+        return 2.56  # ms for the whole chain
+
+    monkeypatch.setattr(timing, "host_launch_ms", host_ms)
+    assert timing.plain_torch_host_us("cpu", ops=256) == 10.0
+    assert torch.equal(chains[0], torch.ones(4096, dtype=torch.bfloat16))  # adds of zeros
+
+
+@pytest.mark.gpu
+def test_plain_torch_host_time_on_the_gpu_is_microseconds():
+    us = timing.plain_torch_host_us("cuda")
+    assert 0.5 < us < 500

@@ -28,7 +28,7 @@ from cgtool.capture.per_size import (
     timed_sizes,
     warm_eager,
 )
-from cgtool.capture.timing import host_launch_ms
+from cgtool.capture.timing import host_launch_ms, plain_torch_host_us
 from cgtool.capture.workbench import Workbench
 from cgtool.model.moe import count_active_experts
 from cgtool.units import BF16_BYTES
@@ -54,6 +54,7 @@ def capture_decode(
     if calls:
         with measuring(state):
             state.eager_host_ms = host_launch_ms(min(calls, key=lambda c: c[0])[2])  # the smallest batch
+            state.plain_torch_host_us = plain_torch_host_us(bench.runner.device)
     count_kernels(state, "decode", calls, opts, on_progress, runner.graph_kernels, first.flag)
     for mode in upward:
         with state.phase("capture"), sglang_mem_usage(state, f"decode:{mode.flag}"):

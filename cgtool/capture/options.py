@@ -109,6 +109,7 @@ class SessionState:
     stopped_in: str | None = None  # the innermost phase an exception or signal left
     sglang_mem_usage_bytes: dict[str, int] = field(default_factory=dict)  # by kind
     eager_host_ms: float | None = None  # host time to launch the smallest eager decode step
+    plain_torch_host_us: float | None = None  # timing.plain_torch_host_us, on this host
     memory_snapshots: dict[str, str] = field(default_factory=dict)  # by kind
     chrome_traces: dict[str, str] = field(default_factory=dict)  # "kind:size" -> file
     # Kernel counts that profile, run once everything is measured (per_size.count_kernels).

@@ -197,6 +197,7 @@ def build_report(
     totals.phase_s = dict(state.phase_s)
     totals.sglang_mem_usage_bytes = dict(state.sglang_mem_usage_bytes)
     totals.eager_host_us_per_kernel = _host_us_per_kernel(state)
+    totals.plain_torch_host_us_per_kernel = state.plain_torch_host_us
     totals.compile_cache = state.compile_cache
     totals.sample_spread = dict(state.sample_spread)
     snapshots = dict(state.memory_snapshots)

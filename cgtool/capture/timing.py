@@ -142,6 +142,25 @@ def host_launch_ms(fn: Callable[[], object], repeats: int = 5) -> float:
     return statistics.median(times) * 1e3
 
 
+def plain_torch_host_us(device: torch.device | str = "cuda", ops: int = 256) -> float:
+    """Host microseconds plain PyTorch takes to issue one kernel here: a chain of `ops`
+    out-of-place adds over 4,096 elements, each an allocation and a launch as an eager
+    model's elementwise ops are, the GPU idle before. The yardstick of the eager path's host
+    time per kernel, measured on the same host in the same run: hosts lent for one machine
+    kind launched the same eager step at 25-52 µs a kernel (benchmarks r8)."""
+    x = torch.ones(4096, device=device, dtype=torch.bfloat16)
+    step = torch.zeros_like(x)
+
+    def chain() -> torch.Tensor:
+        y = x
+        for _ in range(ops):
+            y = torch.add(y, step)
+        return y
+
+    chain()  # the allocator's first blocks
+    return host_launch_ms(chain) * 1e3 / ops
+
+
 def median_cuda_ms(fn: Callable[[], object], warmup: int = 3, iters: int = 20) -> float:
     for _ in range(warmup):
         fn()

@@ -14,7 +14,7 @@ from cgtool.config import ModelConfig
 from cgtool.config_parts import RopeScaling
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.direct_call import DirectCall
-from cgtool.model.fused import apply_rope, fused_add_rms_norm, rms_norm, silu_and_mul
+from cgtool.model.fused import apply_rope, fused_add_rms_norm_, rms_norm, silu_and_mul
 from cgtool.model.parallel import ColumnParallelLinear, RowParallelLinear, split
 
 
@@ -27,10 +27,11 @@ class RMSNorm(DirectCall, nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """With a residual: (norm(x + residual), x + residual), the add fused into the norm."""
+        """With a residual: (norm(x + residual), x + residual), the add fused into the norm,
+        written over x and residual on the GPU: a layer never reads either again."""
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
-        return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        return fused_add_rms_norm_(x, residual, self.weight, self.eps)
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from cgtool.attention.op import attention, attention_over_stored, stores_with_rope
-from cgtool.batch import get_forward_context
+from cgtool.batch import get_forward_context, scratch_empty
 from cgtool.config import ModelConfig
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.direct_call import DirectCall
@@ -53,7 +53,7 @@ class Attention(DirectCall, nn.Module):
         k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = torch.empty((n, cfg.q_size), dtype=q.dtype, device=q.device)
+        out = scratch_empty("attention_out", (n, cfg.q_size), q.dtype, q.device)
         if stores_with_rope(q):
             # One launch fewer a layer: ~30 µs of an eager step's host time, a kernel of a replay.
             ctx = get_forward_context()
