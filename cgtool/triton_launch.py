@@ -18,20 +18,24 @@ from typing import Any
 import torch
 
 _INT32_MIN, _INT32_END = -(2**31), 2**31
+_Tensor = torch.Tensor
+_ONES = (1, 1)
 
 
-def _key(args: tuple[object, ...]) -> tuple[object, ...]:
+def _key(args: tuple[object, ...], meta: dict[str, object]) -> tuple[object, ...]:
     # Triton's own key, no stricter (a stricter one only costs a slow launch) and no looser
     # (which would launch a kernel specialised for another argument): tensors by dtype and
     # 16-byte alignment; ints by == 1, divisibility by 16 and int32 range; bools by value;
-    # anything else (floats) by type. One comprehension: a call per argument cost more.
-    return tuple([
-        (a.dtype, a.data_ptr() % 16 == 0) if isinstance(a, torch.Tensor)
-        else (a == 1, a % 16 == 0, _INT32_MIN <= a < _INT32_END) if type(a) is int
-        else a if type(a) is bool
-        else type(a)
+    # anything else (floats) by type; then the constexprs and launch options by name and
+    # value. One flat tuple from one comprehension: a call or a nested tuple per argument
+    # cost more (issue 14: ~200 launches an eager step).
+    return (*[
+        (a.dtype, not a.data_ptr() & 15) if isinstance(a, _Tensor)
+        else (a == 1, not a & 15, _INT32_MIN <= a < _INT32_END) if a.__class__ is int
+        else a if a.__class__ is bool
+        else a.__class__
         for a in args
-    ])
+    ], *meta.items())
 
 
 class CachedKernel:
@@ -50,36 +54,42 @@ class CachedKernel:
 
     def launch(self, grid: tuple[int, ...], *args: object, **meta: object) -> None:
         """`args` are the runtime arguments in order; `meta` the constexprs and launch options."""
-        key = (_key(args), tuple(meta.items()))  # call sites pass `meta` in a fixed order
+        key = _key(args, meta)  # call sites pass `meta` in a fixed order
         launcher = self.compiled.get(key)
         if launcher is None:
             kernel = self.fn[grid](*args, **meta)
             # Triton's interpreter (TRITON_INTERPRET=1, the CPU tests) returns no kernel.
             if kernel is not None and hasattr(kernel, "function"):
-                self.compiled[key] = _bind(kernel)
+                self.compiled[key] = _bind(kernel, tuple(meta[name] for name in self.constexprs))
             return
-        launcher((grid + (1, 1))[:3], *args, *[meta[name] for name in self.constexprs])
+        launcher(grid if len(grid) == 3 else grid + _ONES[: 3 - len(grid)], args)
 
 
-def _bind(kernel: Any) -> Callable[..., None]:
-    """A launcher of one compiled kernel: its C launcher called as Triton's own per-launch
-    wrapper would call it (that wrapper looks up the device, the stream and the launch hooks
-    on every call). Where this Triton lacks those attributes, or launch hooks are set (a
-    Triton profiler), Triton's wrapper is kept."""
+def _bind(kernel: Any, constexprs: tuple[object, ...]) -> Callable[[tuple[int, ...], tuple[object, ...]], None]:
+    """A launcher of one compiled kernel with its constexpr values (part of its key): its C
+    launcher called as Triton's own per-launch wrapper would call it (that wrapper looks up
+    the device, the stream and the launch hooks on every call). Where this Triton lacks
+    those attributes, or launch hooks are set (a Triton profiler), Triton's wrapper is kept."""
     run, function = getattr(kernel, "run", None), getattr(kernel, "function", None)
-    packed, raw_stream = getattr(kernel, "packed_metadata", None), _raw_stream()
-    if run is None or packed is None or raw_stream is None or _launch_hooks_set():
-        return lambda grid3, *args: kernel[grid3](*args)
+    packed, raw_stream, device = getattr(kernel, "packed_metadata", None), _raw_stream(), _device_index()
+    if run is None or packed is None or raw_stream is None or device is None or _launch_hooks_set():
+        return lambda grid3, args: kernel[grid3](*args, *constexprs)
 
-    def launch(grid3: tuple[int, int, int], *args: object) -> None:
-        stream = raw_stream(torch.cuda.current_device())  # the capture stream inside a graph
-        run(grid3[0], grid3[1], grid3[2], stream, function, packed, None, None, None, *args)
+    def launch(grid3: tuple[int, ...], args: tuple[object, ...]) -> None:
+        stream = raw_stream(device())  # the capture stream inside a graph
+        run(grid3[0], grid3[1], grid3[2], stream, function, packed, None, None, None, *args, *constexprs)
 
     return launch
 
 
 def _raw_stream() -> Callable[[int], int] | None:
     return getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _device_index() -> Callable[[], int] | None:
+    """torch.cuda.current_device without its Python wrapper (which only lazily initialises
+    CUDA, done by the time a kernel was compiled)."""
+    return getattr(torch._C, "_cuda_getDevice", None)
 
 
 def _launch_hooks_set() -> bool:

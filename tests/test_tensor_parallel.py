@@ -14,7 +14,7 @@ from cgtool.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
 from cgtool.errors import CgtoolError, ConfigError, EnvironmentProblem
 from cgtool.capture.launch import run_ranks
 from cgtool.model.loader import build_model
-from cgtool.model.parallel import check_tp_shapes, kv_head_range, local_config, vocab_range
+from cgtool.model.parallel import check_tp_shapes, kv_head_range, linear, local_config, vocab_range
 from cgtool.runners.piecewise_backend import registered_split_ops
 
 # name: (HF architecture, shape overrides); 4 query heads, 2 KV heads and 97 tokens unless said
@@ -158,3 +158,13 @@ def test_ctrl_c_collects_every_ranks_partial_result():
         run_ranks(tp_worker.interrupted_rank, 2, (), interrupt_on_progress)
     assert caught.value.rank_partials == {
         0: {"rank": 0, "measured": True}, 1: {"rank": 1, "measured": True}}
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("shape", [(5, 16), (2, 3, 16)])
+def test_linear_is_f_linear_bit_for_bit(with_bias, shape):
+    """mm / addmm on 2-D input, F.linear otherwise: the op F.linear itself becomes."""
+    torch.manual_seed(0)
+    x, weight = torch.randn(*shape), torch.randn(24, 16)
+    bias = torch.randn(24) if with_bias else None
+    assert torch.equal(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))

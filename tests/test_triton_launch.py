@@ -117,7 +117,7 @@ def test_a_compiled_kernel_is_launched_through_its_c_launcher_on_the_current_str
 
     monkeypatch.setattr(tl_mod, "_raw_stream", lambda: lambda device: 1000 + device)
     monkeypatch.setattr(tl_mod, "_launch_hooks_set", lambda: False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(tl_mod, "_device_index", lambda: lambda: 3)
     jit = _jit_compiling_to(FakeLaunchable)
     kernel = CachedKernel(jit)
     x = torch.zeros(64)

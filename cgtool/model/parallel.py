@@ -89,6 +89,15 @@ def _keep(full: torch.Tensor, dim: int, part_sizes: list[int], parts: list[Range
     return kept.contiguous()
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` called as the op it becomes on 2-D input, `mm` (or `addmm` with a bias) of
+    the transposed weight: `at::linear` and `at::matmul` are two dispatches more a call on the
+    host, and an eager 8B decode step makes 129 (issue 14). Same kernels, same numbers."""
+    if x.dim() != 2:
+        return F.linear(x, weight, bias)
+    return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+
+
 class ColumnParallelLinear(DirectCall, nn.Linear):
     """Output rows split: of each fused part (q|k|v, gate|up) this rank keeps `parts[i]`."""
 
@@ -106,6 +115,9 @@ class ColumnParallelLinear(DirectCall, nn.Linear):
                 self.bias = nn.Parameter(_keep(self.bias.data, 0, part_sizes, self.parts, rows))
             self.out_features = rows
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
 
 class RowParallelLinear(DirectCall, nn.Linear):
     """Input columns split; the partial products are summed over the ranks (all-reduce)."""
@@ -119,7 +131,7 @@ class RowParallelLinear(DirectCall, nn.Linear):
             self.in_features = cols[1] - cols[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = linear(x, self.weight)
         if self.tp_size > 1:
             torch.ops.cgtool.all_reduce(out)
         return out
@@ -159,5 +171,5 @@ class ParallelLMHead(ColumnParallelLinear):
         self.vocab_size = vocab_size
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = F.linear(hidden, self.weight)
+        local = linear(hidden, self.weight)
         return local if self.tp_size == 1 else gather_vocab(local, self.vocab_size)
