@@ -70,7 +70,7 @@ class SpreadPool:
 
         Where the budget cannot reach `rel_ci`, the size gets only its least: the calls would
         narrow an interval that misses the target anyway. That is the host-bound eager path,
-        whose calls spread by 15-25% on the H100 host (`rel_sd` of `decode:eager:short`, r8)
+        whose calls spread by up to 25% on the H100 host (`rel_sd` of `decode:eager:short`, r8, r9)
         and took three 9 ms calls a size of the budget before."""
         learning = self.dof < SEED_DOF or (regime == "short" and 2 * self.dof < self.sizes + 1)
         least = 2 if learning else 1
