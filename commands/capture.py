@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -76,12 +75,6 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
     return value
 
 
-def quiet_library_warnings() -> None:
-    # torch.profiler warns at each new cycle that it clears the last one's events; cgtool reads
-    # every cycle's events before the next starts, so the warning tells the user nothing.
-    warnings.filterwarnings("ignore", message="Warning: Profiler clears events", category=UserWarning)
-
-
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
@@ -146,7 +139,6 @@ def capture(
 
     require_cuda()
     validate_tp(model, tp, torch.cuda.device_count())
-    quiet_library_warnings()
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
         model=model, kinds=kinds, capture_bs=capture_bs, capture_num_tokens=capture_tokens,

@@ -36,11 +36,15 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
   python3 scripts/bench_eager.py --model llama-3.1-8b --out "$OUT/runs/eager-llama-3.1-8b.json" \
     >"$OUT/runs/eager.log" 2>&1; tail -30 "$OUT/runs/eager.log"
   walls=()
-  for run in "qwen2.5-0.5b both" "llama-3.1-8b both" "llama-3.1-8b both --profile" "llama-3.1-8b both again"; do
-    set -- $run; m=$1; name="speed-$m${3:+-${3#--}}"; extra=(); [[ "${3:-}" == --profile ]] && extra=(--profile)
+  # "MODEL KIND [--profile|again]"; a decode-only run shows what counting kernels costs
+  # where no piecewise compile imported dynamo first.
+  for run in "qwen2.5-0.5b both" "llama-3.1-8b both" "llama-3.1-8b both --profile" "llama-3.1-8b both again" \
+             "llama-3.1-8b decode"; do
+    set -- $run; m=$1; kind=$2; tag=${3:-}; name="speed-$m"; extra=()
+    [[ $kind != both ]] && name+="-$kind"; [[ -n $tag ]] && name+="-${tag#--}"; [[ $tag == --profile ]] && extra=(--profile)
     echo "[$(ts)] $name"
     start=$(date +%s.%N)
-    cgtool capture --model "$m" --kind both "${extra[@]}" --out "$OUT/runs/$name" >"$OUT/runs/$name.log" 2>&1
+    cgtool capture --model "$m" --kind "$kind" "${extra[@]}" --out "$OUT/runs/$name" >"$OUT/runs/$name.log" 2>&1
     rc=$?; wall=$(python3 -c "import time; print(round(time.time() - $start, 1))")
     echo "[$(ts)] $name exit $rc wall ${wall}s"; grep -E "^\[ *[0-9.]+ s\]" "$OUT/runs/$name.log" | tail -12
     walls+=("$OUT/runs/$name=$wall")

@@ -1,12 +1,11 @@
 import json
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from cgtool.commands.capture import parse_sizes, quiet_library_warnings
+from cgtool.commands.capture import parse_sizes
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
 from cgtool.invariants import memory_violations
@@ -108,15 +107,6 @@ def test_no_compile_cache_flag_reaches_the_session(tmp_path, monkeypatch, flag, 
     result = runner.invoke(app, ["capture", "--kind", "piecewise", *flag, "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     assert seen == [expected]
-
-
-def test_profiler_cycle_warning_is_silenced():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        quiet_library_warnings()
-        warnings.warn("Warning: Profiler clears events at the end of each cycle.", UserWarning)
-        warnings.warn("another warning", UserWarning)
-    assert [str(w.message) for w in caught] == ["another warning"]
 
 
 def test_an_unforeseen_error_keeps_the_measured_sizes_and_the_traceback(tmp_path, monkeypatch):

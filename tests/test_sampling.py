@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cgtool.capture.sampling import SEED_DOF, PathTiming, SpreadPool, SpreadPools, regime_of
+from cgtool.capture.sampling import LEARN_EVERY, SEED_DOF, PathTiming, SpreadPool, SpreadPools, regime_of
 from cgtool.capture.timing import t95
 
 
@@ -42,17 +42,18 @@ def test_a_long_call_is_timed_once_only_when_its_pool_is_seeded():
     assert seeded.samples_for("long", 100.0, 0.03, 30.0, 15) == 1
 
 
-def test_short_sizes_are_timed_once_only_while_half_the_pool_was_timed_twice():
-    """Host noise moves through a run, so the short pool keeps learning: sizes alternate
-    between one and two samples once it is seeded, however quiet it is."""
+def test_short_sizes_are_timed_twice_one_in_learn_every_once_seeded():
+    """Host noise moves through a run, so the short pool keeps learning: once seeded, one
+    size in LEARN_EVERY gets a second call, however quiet the pool is."""
     pool = SpreadPool()
     counts = []
-    for _ in range(10):
+    for _ in range(22):
         n = pool.samples_for("short", 6.0, 0.03, 30.0, 15)
         pool.add([6.0, 6.001][:n])
         counts.append(n)
-    assert counts == [2, 2, 2, 1, 1, 1, 2, 1, 2, 1]
-    assert 2 * pool.dof >= pool.sizes
+    assert LEARN_EVERY == 4  # the expected counts below are for one size in four
+    assert counts == [2, 2, 2] + [1] * 9 + [2, 1, 1, 1, 2, 1, 1, 1, 2, 1]
+    assert LEARN_EVERY * pool.dof >= pool.sizes
 
 
 def test_the_spread_sets_the_samples_when_the_budget_can_buy_them():
@@ -61,10 +62,11 @@ def test_the_spread_sets_the_samples_when_the_budget_can_buy_them():
     # The same five on 10 ms calls would take 50 ms of a 30 ms budget: the least, one.
     assert _pool(0.03, 20).samples_for("short", 10.0, 0.03, 30.0, 15) == 1
     # A host-bound eager path (15% spread) would need a hundred: one call, or the two the
-    # pool's learning asks for when fewer than half its sizes gave two.
+    # pool's learning asks for when it holds fewer than one degree of freedom in LEARN_EVERY
+    # sizes.
     assert _pool(0.15, 60).samples_for("short", 20.0, 0.03, 30.0, 15) == 1
     behind = _pool(0.15, 60)
-    behind.sizes = 121
+    behind.sizes = LEARN_EVERY * 60
     assert behind.samples_for("short", 20.0, 0.03, 30.0, 15) == 2
     # Past the cap of calls a size the target is out of reach as well, however cheap they are.
     assert _pool(0.15, 60).samples_for("short", 0.5, 0.03, 30.0, 15) == 1

@@ -14,8 +14,11 @@ several: short calls (under `LONG_CALL_MS`, where the host's launching and its n
 and long ones (GPU-bound). The first sizes of a pool are timed twice until it holds
 `SEED_DOF` degrees of freedom. After that a long size is timed once (the compared call): its
 spread is the GPU's, steady through a run, and a second call of 25-100 ms a path was most of
-what measuring cost. A short size is timed once only while at least half the pool's sizes
-were timed twice, so the pool keeps learning as the host's noise moves.
+what measuring cost. A short size is timed once only while the pool holds a degree of
+freedom for every `LEARN_EVERY` sizes, so the pool keeps learning as the host's noise moves.
+Every other size was the rule until benchmarks r9, whose H100 runs spent 17-19% of
+llama-3.1-8b's measuring on the short sizes' second calls; its short pools held 18-19 degrees
+of freedom (t 2.09-2.10), where one size in four gives 9-10 (t 2.23-2.26).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ Path = Literal["eager", "replay"]
 # 8B eager step launched there in 12-25 ms (issue 14), whatever its GPU work.
 LONG_CALL_MS = 25.0
 SEED_DOF = 3  # degrees of freedom a long pool holds before a long size is timed once
+LEARN_EVERY = 4  # a short pool takes a second call from one size in this many, once seeded
 
 
 @dataclass(slots=True)
@@ -72,7 +76,7 @@ class SpreadPool:
         narrow an interval that misses the target anyway. That is the host-bound eager path,
         whose calls spread by up to 25% on the H100 host (`rel_sd` of `decode:eager:short`, r8, r9)
         and took three 9 ms calls a size of the budget before."""
-        learning = self.dof < SEED_DOF or (regime == "short" and 2 * self.dof < self.sizes + 1)
+        learning = self.dof < SEED_DOF or (regime == "short" and LEARN_EVERY * self.dof < self.sizes + 1)
         least = 2 if learning else 1
         sd = self.rel_sd
         needed = least if sd is None else math.ceil((t95(self.dof) * sd / rel_ci) ** 2)

@@ -1,4 +1,4 @@
-"""Latency by CUDA events, kernels per forward by torch.profiler, copy bandwidth."""
+"""Latency by CUDA events, kernels per forward by the kineto profiler, copy bandwidth."""
 
 from __future__ import annotations
 
@@ -192,28 +192,13 @@ class KernelStat:
     launches: int
 
 
-def profile_kernels(fn: Callable[[], object], trace_path: str | None = None) -> list[KernelStat]:
-    """Every GPU kernel one call of `fn` launches, heaviest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    if trace_path:
-        prof.export_chrome_trace(trace_path)
-    stats: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and not _is_memory_op(event.name):
-            stats.setdefault(event.name, []).append(_device_us(event) / 1e3)
-    rows = [KernelStat(name, sum(ts), len(ts)) for name, ts in stats.items()]
-    return sorted(rows, key=lambda r: -r.cuda_ms)
-
-
-def _device_us(event: object) -> float:
-    # torch renamed cuda_time_total to device_time_total; accept both.
-    return float(getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0))
+def _kineto_profile() -> torch.autograd.profiler.profile:
+    """A profiler of host ranges and GPU kernels: torch.autograd's, which
+    torch.profiler.profile wraps. The wrapper's first start imports torch._inductor, and with
+    it dynamo and sympy (its prepare_trace asks `hasattr(torch, "_inductor")`, a lazy import):
+    that import was 5.6 of the 6.9 s a first profiler session took on the H100 host, in a
+    decode-only session that compiles nothing (2026-11-24)."""
+    return torch.autograd.profiler.profile(use_cpu=True, use_device="cuda", use_kineto=True)
 
 
 def _is_memory_op(name: str) -> bool:
@@ -232,17 +217,17 @@ def profile_kernels_by_size(
     Starting the profiler costs far more than a forward, so all sizes share one session;
     each call runs alone on an idle GPU inside its own range, and a kernel belongs to the
     range its GPU start time falls in."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.autograd.profiler import record_function
 
     torch.cuda.synchronize()  # the calls are warm: they were verified and timed before
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with _kineto_profile() as prof:
         for size, fn in calls:
             with record_function(f"cgtool_size_{size}"):
                 fn()
                 torch.cuda.synchronize()
     if trace_path:
         prof.export_chrome_trace(trace_path)
-    return _kernels_in_ranges(prof.events(), [size for size, _ in calls])
+    return _kernels_in_ranges(prof.function_events, [size for size, _ in calls])
 
 
 def _kernels_in_ranges(events: object, sizes: list[int]) -> dict[int, list[KernelStat]]:
