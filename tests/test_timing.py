@@ -85,3 +85,46 @@ def test_plain_torch_host_time_is_a_chain_of_adds_divided_by_its_length(monkeypa
 def test_plain_torch_host_time_on_the_gpu_is_microseconds():
     us = timing.plain_torch_host_us("cuda")
     assert 0.5 < us < 500
+
+
+@pytest.mark.gpu
+def test_counting_kernels_finds_each_sizes_kernels_without_importing_inductor():
+    """torch.profiler's wrapper imports torch._inductor (and dynamo, sympy) at its first start:
+    seconds of a decode-only session. Run in a fresh process, where nothing imported it yet."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size\n"
+        "x = torch.ones(4096, device='cuda')\n"
+        "calls = [(1, lambda: x.add_(1)), (2, lambda: (x.add_(1), x.mul_(2)))]\n"
+        "counts = {size: kernels_per_call(stats) for size, stats in profile_kernels_by_size(calls).items()}\n"
+        "print(counts[1], counts[2], 'torch._inductor' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split()[-3:] == ["1", "2", "False"]
+
+
+def test_kernels_go_to_the_range_they_start_in_and_the_ranges_own_gpu_annotation_is_no_kernel():
+    """Kineto lists each `cgtool_size_N` range twice: on the host, and on the GPU's timeline
+    as a user annotation spanning the range's kernels. Only kernels count (not memcpys)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, device, start, end):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [
+        event("cgtool_size_1", cpu, 0, 100), event("cgtool_size_1", cuda, 10, 90),
+        event("gemv", cuda, 10, 60), event("norm", cuda, 60, 90), event("Memcpy DtoD", cuda, 5, 10),
+        event("cgtool_size_8", cpu, 200, 300), event("cgtool_size_8", cuda, 210, 290),
+        event("gemv", cuda, 210, 250), event("gemv", cuda, 250, 290),
+    ]
+    tables = timing._kernels_in_ranges(events, [1, 8])
+    assert {size: timing.kernels_per_call(stats) for size, stats in tables.items()} == {1: 2, 8: 2}
+    assert [(k.name, k.launches) for k in tables[8]] == [("gemv", 2)]
+    assert tables[1][0].name == "gemv" and tables[1][0].cuda_ms == pytest.approx(0.05)
