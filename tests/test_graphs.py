@@ -21,7 +21,7 @@ class _FakeDriver:
     def __init__(self, fail: str | None = None) -> None:
         self.fail = fail
 
-    def cuGraphGetNodes(self, graph, nodes, num):  # noqa: N802 - the driver's name
+    def cuGraphGetNodes(self, graph, nodes, num):
         if self.fail == "cuGraphGetNodes":
             return 700
         handles = _GRAPHS[graph.value]
@@ -31,11 +31,11 @@ class _FakeDriver:
         num._obj.value = len(handles)
         return 0
 
-    def cuGraphNodeGetType(self, node, node_type):  # noqa: N802
+    def cuGraphNodeGetType(self, node, node_type):
         node_type._obj.value = _NODES[node.value][0]
         return 0
 
-    def cuGraphChildGraphNodeGetGraph(self, node, child):  # noqa: N802
+    def cuGraphChildGraphNodeGetGraph(self, node, child):
         child._obj.value = _NODES[node.value][1]
         return 0
 

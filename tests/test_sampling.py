@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from cgtool.capture.sampling import LEARN_EVERY, SEED_DOF, PathTiming, SpreadPool, SpreadPools, regime_of
+from cgtool.capture.sampling import (
+    LEARN_EVERY,
+    SEED_DOF,
+    PathTiming,
+    SpreadPool,
+    SpreadPools,
+    regime_of,
+)
 from cgtool.capture.timing import t95
 
 
