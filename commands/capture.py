@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cgtool.commands.common import DEFAULT_MODEL, cli_errors, console, err_console
 from cgtool.commands.signals import exit_code, signal_name, terminate_as_interrupt
-from cgtool.errors import CgtoolError
+from cgtool.errors import CgtoolError, EnvironmentProblem
 
 if TYPE_CHECKING:
     from cgtool.capture.options import CaptureOptions, SessionState
@@ -115,7 +116,7 @@ def capture(
     mem_fraction_static = choose_fraction(mem_fraction_static, plan)
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85, or leave it out.")
-    from cgtool.capture.tp import validate_tp
+    from cgtool.capture.options import validate_tp
     from cgtool.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
@@ -135,9 +136,8 @@ def capture(
     import torch
 
     from cgtool.capture.options import CaptureOptions
-    from cgtool.capture.session import require_cuda
 
-    require_cuda()
+    capture_session().require_cuda()
     validate_tp(model, tp, torch.cuda.device_count())
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
@@ -203,6 +203,23 @@ def vit_inputs(
     sizes = parse_image_sizes(image_sizes or DEFAULT_VIT_IMAGE_SIZES, preset)
     patches = [rows * cols for rows, cols in capture_grids(sizes, preset)]
     return model, tuple(sizes), patches
+
+
+def capture_session() -> ModuleType:
+    """cgtool.capture.session, whose kernels import Triton. torch's CUDA wheels bring Triton and
+    its CPU wheels do not: there the answer is the missing GPU, in one line, not a traceback."""
+    try:
+        from cgtool.capture import session
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        from cgtool.capture.options import require_cuda
+
+        require_cuda()
+        raise EnvironmentProblem(
+            "cgtool capture needs Triton, which is not installed", "pip install triton (torch's CUDA wheels bring it)."
+        ) from None
+    return session
 
 
 def _run_and_save(opts: CaptureOptions) -> None:

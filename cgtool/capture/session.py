@@ -12,11 +12,12 @@ import torch
 from cgtool import __version__
 from cgtool.capture.kinds import capture_decode, capture_piecewise
 from cgtool.capture.memory import MemoryReading, device_info, read_memory
-from cgtool.capture.options import (
+from cgtool.capture.options import (  # require_cuda is looked up on this module: CPU tests replace it
     CaptureOptions,
     CaptureProgress,
     ProgressCallback,
     SessionState,
+    require_cuda,
 )
 from cgtool.capture.per_size import run_kernel_counts
 from cgtool.capture.ranks import gather_ranks
@@ -41,14 +42,6 @@ def zero_totals() -> CaptureTotals:
         weights_bytes=0, kv_pool_bytes=0, kv_tokens=0, graph_pool_bytes=0, peak_bytes=0,
         free_before_capture_bytes=0, free_after_capture_bytes=0, capture_s=0.0, non_torch_bytes=0,
     )
-
-
-def require_cuda() -> None:
-    if not torch.cuda.is_available():
-        raise EnvironmentProblem(
-            "cgtool capture needs a CUDA GPU and none is visible",
-            "Run it on a GPU machine; `cgtool plan` works without one.",
-        )
 
 
 def resolve_model(model: str, random_weights: bool) -> tuple[ModelConfig, Path | None]:

@@ -12,26 +12,7 @@ from typing import Any
 
 from cgtool.capture.options import CaptureOptions, ProgressCallback, SessionState
 from cgtool.capture.session import partial_report, resolve_model, run_capture
-from cgtool.errors import EnvironmentProblem
 from cgtool.results import CaptureReport
-
-
-def validate_tp(model: str, tp_size: int, visible_gpus: int | None) -> None:
-    """Refuse a TP size the model cannot be split into, or more ranks than visible GPUs."""
-    from cgtool.config import load_model_config
-    from cgtool.model.parallel import check_tp_shapes
-
-    if tp_size < 1:
-        raise EnvironmentProblem(f"--tp {tp_size} must be at least 1", "Pass --tp 1 for one GPU.")
-    if tp_size == 1:
-        return
-    check_tp_shapes(load_model_config(model), tp_size)
-    if visible_gpus is not None and tp_size > visible_gpus:
-        raise EnvironmentProblem(
-            f"--tp {tp_size} needs {tp_size} GPUs but {visible_gpus} "
-            f"{'is' if visible_gpus == 1 else 'are'} visible",
-            "Lower --tp, or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
-        )
 
 
 def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> CaptureReport:
