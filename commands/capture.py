@@ -5,14 +5,19 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from cgtool.commands.common import DEFAULT_MODEL, cli_errors, console, err_console
+from cgtool.commands.common import (
+    DEFAULT_MODEL,
+    cli_errors,
+    console,
+    err_console,
+    import_gpu_module,
+)
 from cgtool.commands.signals import exit_code, signal_name, terminate_as_interrupt
-from cgtool.errors import CgtoolError, EnvironmentProblem
+from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
     from cgtool.capture.options import CaptureOptions, SessionState
@@ -135,9 +140,10 @@ def capture(
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens, patches)
     import torch
 
-    from cgtool.capture.options import CaptureOptions
+    from cgtool.capture.options import CaptureOptions, require_cuda
 
-    capture_session().require_cuda()
+    # The session's own reference: the CPU tests replace `session.require_cuda`.
+    import_gpu_module("cgtool.capture.session", require_cuda).require_cuda()
     validate_tp(model, tp, torch.cuda.device_count())
     kinds = ("decode", "piecewise") if kind == Kind.both else (kind.value,)
     opts = CaptureOptions(
@@ -203,23 +209,6 @@ def vit_inputs(
     sizes = parse_image_sizes(image_sizes or DEFAULT_VIT_IMAGE_SIZES, preset)
     patches = [rows * cols for rows, cols in capture_grids(sizes, preset)]
     return model, tuple(sizes), patches
-
-
-def capture_session() -> ModuleType:
-    """cgtool.capture.session, whose kernels import Triton. torch's CUDA wheels bring Triton and
-    its CPU wheels do not: there the answer is the missing GPU, in one line, not a traceback."""
-    try:
-        from cgtool.capture import session
-    except ModuleNotFoundError as error:
-        if error.name != "triton":
-            raise
-        from cgtool.capture.options import require_cuda
-
-        require_cuda()
-        raise EnvironmentProblem(
-            "cgtool capture needs Triton, which is not installed", "pip install triton (torch's CUDA wheels bring it)."
-        ) from None
-    return session
 
 
 def _run_and_save(opts: CaptureOptions) -> None:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 from collections.abc import Callable
 from enum import Enum
+from types import ModuleType
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cgtool.errors import CgtoolError
+from cgtool.errors import CgtoolError, EnvironmentProblem
 
 # Wide enough for any cgtool table: a log has no width, and at Rich's fallback of 80 columns
 # every cell of a wide table is cut to "…".
@@ -102,3 +104,18 @@ def cli_errors(func: F) -> F:
 
     return wrapper  # type: ignore[return-value]
 
+
+def import_gpu_module(name: str, require_gpu: Callable[[], None]) -> ModuleType:
+    """Import `name`, whose GPU kernels import Triton. torch's CUDA wheels bring Triton and its
+    CPU wheels do not: there the answer is the missing GPU (`require_gpu` raises it), in one
+    line, not a traceback."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name != "triton":
+            raise
+        require_gpu()
+        raise EnvironmentProblem(
+            "cgtool's GPU kernels need Triton, which is not installed",
+            "pip install triton (torch's CUDA wheels bring it).",
+        ) from None

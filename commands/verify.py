@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from cgtool.commands.common import cli_errors, console, err_console
+from cgtool.commands.common import cli_errors, console, err_console, import_gpu_module
 from cgtool.errors import EnvironmentProblem, InputError
 
 
@@ -25,8 +25,7 @@ def verify(
 ) -> None:
     """Capture the plan's and the default's graphs, replay sampled steps through both, compare
     with the predictions and rehearse the plan's memory fraction (GPU only)."""
-    from cgtool.verify.run import prepare
-
+    prepare = import_gpu_module("cgtool.verify.run", _require_gpu).prepare
     inputs = prepare(plan, trace=trace, trace_format=trace_format, num_steps=steps,
                      repeats=repeats, seed=seed, mem_fraction_static=mem_fraction_static)
     _require_gpu()
