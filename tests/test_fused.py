@@ -151,6 +151,27 @@ def test_rope_and_store_writes_the_rope_kernels_k_and_v_to_their_slots(dtype):
     _check_rope_store(5, 6, 2, 24, dtype, max_positions=64)  # padded heads and half in the kernel
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_store_from_the_unsplit_qkv_writes_what_it_writes_from_the_views(dtype):
+    n, heads, kv_heads, head_dim = 5, 6, 2, 24
+    q, k, v, loc, (k_cache, v_cache) = _rope_store_case(n, heads, kv_heads, head_dim, dtype)
+    qkv = q.reshape(n, -1)._base  # the one qkv output the three views share
+    cos_sin, positions = _cos_sin(head_dim, 64), torch.randint(0, 64, (n,), device=DEVICE)
+    q_views = fused._launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc).clone()
+    caches = [c.clone() for c in (k_cache, v_cache)]
+    for c in (k_cache, v_cache):
+        c.fill_(float("nan"))
+    q_qkv = fused._launch_rope_and_store_qkv(qkv, heads, kv_heads, head_dim, positions, cos_sin, k_cache, v_cache, loc)
+    exact = {"rtol": 0, "atol": 0, "equal_nan": True}
+    torch.testing.assert_close(q_qkv, q_views.view(n, heads * head_dim), **exact)
+    torch.testing.assert_close(k_cache, caches[0], **exact)
+    torch.testing.assert_close(v_cache, caches[1], **exact)
+    ref_caches = [torch.full_like(c, float("nan")) for c in caches]
+    q_ref = fused.apply_rope_and_store_qkv(qkv.cpu(), heads, kv_heads, head_dim, positions.cpu(), cos_sin.cpu(),
+                                           *[c.cpu() for c in ref_caches], loc.cpu())
+    _assert_close(q_ref.to(DEVICE), q_qkv)
+
+
 def test_rope_and_store_refuses_fewer_slots_than_tokens():
     q, k, v, loc, (k_cache, v_cache) = _rope_store_case(4, 2, 1, 8, torch.float32)
     with pytest.raises(ValueError, match="3 KV slots for 4 tokens"):

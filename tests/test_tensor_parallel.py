@@ -168,3 +168,18 @@ def test_linear_is_f_linear_bit_for_bit(with_bias, shape):
     x, weight = torch.randn(*shape), torch.randn(24, 16)
     bias = torch.randn(24) if with_bias else None
     assert torch.equal(linear(x, weight, bias), torch.nn.functional.linear(x, weight, bias))
+
+
+def test_a_linears_transposed_weight_is_made_once_and_again_when_the_weight_changes():
+    from cgtool.model.parallel import ColumnParallelLinear, transposed_weight
+
+    torch.manual_seed(0)
+    layer = ColumnParallelLinear(16, [8, 8], False, SINGLE)
+    x = torch.randn(3, 16)
+    first = transposed_weight(layer)
+    assert transposed_weight(layer) is first and torch.equal(first, layer.weight.t())
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
+    layer.weight = torch.nn.Parameter(torch.randn(16, 16))  # tied or re-sharded
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight))
+    layer.to(torch.float64)  # the same Parameter, new storage
+    assert torch.equal(layer(x.double()), torch.nn.functional.linear(x.double(), layer.weight))

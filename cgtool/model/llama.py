@@ -10,7 +10,7 @@ from cgtool.batch import get_forward_context, scratch_empty
 from cgtool.config import ModelConfig
 from cgtool.distributed import SINGLE, TensorParallel
 from cgtool.model.direct_call import DirectCall
-from cgtool.model.fused import apply_rope_and_store
+from cgtool.model.fused import apply_rope_and_store, apply_rope_and_store_qkv
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
 from cgtool.model.mla import LatentAttention
 from cgtool.model.moe import SparseMoE
@@ -46,25 +46,38 @@ class Attention(DirectCall, nn.Module):
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         cfg, n = self.cfg, x.shape[0]
-        q, k, v = self.qkv_proj(x).split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        # Strided views of the qkv output: the rope kernel reads them in place and writes
-        # contiguous q and k, and the KV store reads v where it lies (no copy).
+        qkv = self.qkv_proj(x)
+        out = scratch_empty("attention_out", (n, cfg.q_size), qkv.dtype, qkv.device)
+        if stores_with_rope(qkv):
+            # One launch fewer a layer: ~30 µs of an eager step's host time, a kernel of a replay.
+            ctx = get_forward_context()
+            pool, layer, loc = ctx.kv_pool, self.layer_id, ctx.batch.out_cache_loc
+            caches = pool.k_buffers[layer], pool.v_buffers[layer]
+            if cfg.qk_norm:
+                q, k, v = self._heads(qkv)
+                q = apply_rope_and_store(q, k, v, positions, self.rotary.cos_sin, *caches, loc).view(n, cfg.q_size)
+            else:
+                q = apply_rope_and_store_qkv(
+                    qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, positions, self.rotary.cos_sin, *caches, loc
+                )
+            attention_over_stored(q, out, layer)
+        else:
+            q, k, v = self._heads(qkv)
+            q, k = self.rotary(positions, q, k)
+            attention(q.view(n, cfg.q_size), k.view(n, cfg.kv_size), v, out, self.layer_id)
+        return self.o_proj(out)
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [n, heads, head_dim], k [n, kv_heads, head_dim] (normed where the model norms
+        them) and v [n, kv_size]: strided views of the qkv output, which rope reads in place
+        and the KV store reads where it lies."""
+        cfg, n = self.cfg, qkv.shape[0]
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
         q = q.view(n, cfg.num_heads, cfg.head_dim)
         k = k.view(n, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = scratch_empty("attention_out", (n, cfg.q_size), q.dtype, q.device)
-        if stores_with_rope(q):
-            # One launch fewer a layer: ~30 µs of an eager step's host time, a kernel of a replay.
-            ctx = get_forward_context()
-            pool, layer = ctx.kv_pool, self.layer_id
-            q = apply_rope_and_store(q, k, v, positions, self.rotary.cos_sin, pool.k_buffers[layer],
-                                     pool.v_buffers[layer], ctx.batch.out_cache_loc)
-            attention_over_stored(q.view(n, cfg.q_size), out, layer)
-        else:
-            q, k = self.rotary(positions, q, k)
-            attention(q.view(n, cfg.q_size), k.view(n, cfg.kv_size), v, out, self.layer_id)
-        return self.o_proj(out)
+        return q, k, v
 
 
 class DecoderLayer(DirectCall, nn.Module):

@@ -89,13 +89,30 @@ def _keep(full: torch.Tensor, dim: int, part_sizes: list[int], parts: list[Range
     return kept.contiguous()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, weight_t: torch.Tensor | None = None
+) -> torch.Tensor:
     """`F.linear` called as the op it becomes on 2-D input, `mm` (or `addmm` with a bias) of
     the transposed weight: `at::linear` and `at::matmul` are two dispatches more a call on the
-    host, and an eager 8B decode step makes 129 (issue 14). Same kernels, same numbers."""
+    host, and an eager 8B decode step makes 129 (issue 14). Same kernels, same numbers.
+    `weight_t`: `weight.t()` already made (`transposed_weight`)."""
     if x.dim() != 2:
         return F.linear(x, weight, bias)
-    return torch.mm(x, weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
+    weight_t = weight.t() if weight_t is None else weight_t
+    return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+
+
+def transposed_weight(module: nn.Module) -> torch.Tensor:
+    """`module.weight.t()`, made once and kept: a view costs ~2 µs of host time, and an eager
+    8B decode step makes 129. Made again when the weight is replaced (tied, re-sharded) or its
+    storage is (`module.to` swaps a parameter's data in place)."""
+    weight = module.weight
+    if torch.compiler.is_compiling():
+        return weight.t()
+    kept = module.__dict__.get("_weight_t")
+    if kept is None or kept[0] is not weight or kept[1] != weight.data_ptr():
+        kept = module.__dict__["_weight_t"] = (weight, weight.data_ptr(), weight.t())
+    return kept[2]
 
 
 class ColumnParallelLinear(DirectCall, nn.Linear):
@@ -116,7 +133,7 @@ class ColumnParallelLinear(DirectCall, nn.Linear):
             self.out_features = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, transposed_weight(self))
 
 
 class RowParallelLinear(DirectCall, nn.Linear):
@@ -131,7 +148,7 @@ class RowParallelLinear(DirectCall, nn.Linear):
             self.in_features = cols[1] - cols[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight)
+        out = linear(x, self.weight, weight_t=transposed_weight(self))
         if self.tp_size > 1:
             torch.ops.cgtool.all_reduce(out)
         return out
@@ -171,5 +188,5 @@ class ParallelLMHead(ColumnParallelLinear):
         self.vocab_size = vocab_size
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        local = linear(hidden, self.weight)
+        local = linear(hidden, self.weight, weight_t=transposed_weight(self))
         return local if self.tp_size == 1 else gather_vocab(local, self.vocab_size)
