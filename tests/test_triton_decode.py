@@ -231,6 +231,26 @@ def test_the_merging_program_sees_every_chunk_over_many_launches():
         torch.testing.assert_close(out, first[i % 3], atol=0, rtol=0)
 
 
+@pytest.mark.gpu
+def test_the_split_count_changes_no_bit_where_the_chunks_are_the_same():
+    """A batch padded up to a captured size takes that size's split count. Up to 1,024 keys
+    the chunks are 32 keys at 32 and at 64 splits alike, so the outputs must be the same
+    bits: with a NUM_SPLITS-wide merge a padded replay differed from eager by an ulp."""
+    num_heads, kv_heads, head_dim = 14, 2, 64  # qwen2.5-0.5b, whose padded replay showed it
+    seq_lens = [301, 17, 1000, 64, 5, 999, 1, 512, 33, 300, 200, 100, 250]
+    pool, rows = random_pool(seq_lens, num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)
+    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
+    gen = torch.Generator(device=CUDA).manual_seed(2)
+    for _ in range(20):
+        q = (torch.randn((len(rows), num_heads * head_dim), generator=gen, device=CUDA) * 3).to(torch.bfloat16)
+        outs = []
+        for splits in (32, 64):
+            out = torch.empty_like(q)
+            TritonAttentionBackend(num_heads, head_dim, num_kv_splits=splits).forward(q, out, 0, batch, pool)
+            outs.append(out)
+        torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
 @INTERPRETER_ONLY
 def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
     """Within a forward the split buffers are allocated once and every layer reuses them;

@@ -32,6 +32,7 @@ MIN_BLOCK_H = 16
 # size 8 on more chunks only add partial results to write and merge.
 TARGET_PROGRAMS = 1024
 MIN_KV_SPLITS, MAX_KV_SPLITS = 16, 64
+MERGE_LANES = tl.constexpr(MAX_KV_SPLITS)
 
 
 def num_kv_splits_for(batch_size: int, kv_heads: int) -> int:
@@ -152,8 +153,12 @@ def merge_head(
 ):
     """One head's output from its chunks, weighted by their log-sum-exps. `FROM_L2`: the
     chunks were written by other programs of this launch, so their reads skip the SM's L1,
-    which may still hold what an earlier launch left at these addresses."""
-    offs_s = tl.arange(0, NUM_SPLITS)
+    which may still hold what an earlier launch left at these addresses.
+
+    The sums run over MERGE_LANES lanes whatever NUM_SPLITS is, so the same chunks add up in
+    the same order: a batch padded to a captured size (and a split count of its own) reads
+    the same bits as at its own size, where a NUM_SPLITS-wide sum differed by an ulp."""
+    offs_s = tl.arange(0, MERGE_LANES)
     used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
@@ -205,6 +210,7 @@ def decode_scratch(
     """
     # Stage 2 spans a request's chunks with one tl.arange, whose length is a power of two.
     assert num_kv_splits & (num_kv_splits - 1) == 0, "num_kv_splits must be a power of two"
+    assert num_kv_splits <= MAX_KV_SPLITS, "the merge spans at most MAX_KV_SPLITS chunks"
     key = ("decode_scratch", batch_size, num_heads, width, num_kv_splits, device)
     found = shared.get(key) if shared is not None else None
     if found is not None:
