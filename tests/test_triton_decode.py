@@ -120,23 +120,6 @@ def test_decode_reads_only_keys_before_seq_len():
     assert_attention_close(out, ref, atol=1e-4)
 
 
-@INTERPRETER_ONLY
-def test_one_launch_merges_the_chunks_and_leaves_its_arrival_counters_zero(monkeypatch):
-    from cgtool.attention import triton_decode
-    from cgtool.triton_launch import CachedKernel
-
-    launched = []
-    launch = CachedKernel.launch
-    monkeypatch.setattr(CachedKernel, "launch", lambda self, grid, *a, **m: (
-        launched.append(self.fn.fn.__name__), launch(self, grid, *a, **m)))
-    pool, rows = random_pool([256] * 3, 8, 2, 64, torch.float32, "cpu")
-    for seq_lens in ([200, 33, 1], [7, 256, 64]):  # counters left nonzero would break the second
-        out, ref = run_decode(pool, rows, seq_lens, 8, 64)
-        assert_attention_close(out, ref, atol=1e-4)
-    assert launched == ["_decode_kernel"] * 2
-    assert not triton_decode.arrival_counters(1, torch.device("cpu")).any()
-
-
 def test_a_request_with_no_keys_reads_zero():
     # fp32 in the interpreter; bf16 on the GPU, whose fp32 dots run in tf32.
     device, dtype, atol = (CUDA, torch.bfloat16, 2e-2) if torch.cuda.is_available() else ("cpu", torch.float32, 1e-4)
@@ -149,18 +132,6 @@ def test_a_request_with_no_keys_reads_zero():
     TorchAttentionBackend(4, 64).forward(q[:1], ref[:1], 0, decode_batch(pool, rows[:1], [30], [0]), pool)
     assert_attention_close(out[:1], ref[:1], atol=atol)
     assert (out[1] == 0).all()
-
-
-@INTERPRETER_ONLY
-def test_outgrown_arrival_counters_stay_alive_for_the_graphs_that_captured_them():
-    from cgtool.attention import triton_decode
-
-    device = torch.device("cpu")
-    small = triton_decode.arrival_counters(1, device)
-    big = triton_decode.arrival_counters(small.numel() + 1, device)
-    assert big.numel() > small.numel() and not big.any()
-    assert any(t is small for t in triton_decode._OUTGROWN)
-    assert triton_decode.arrival_counters(2, device) is big
 
 
 # ---------------------------------------------------------------------------------------- GPU
@@ -202,33 +173,6 @@ def test_decode_replayed_graph_equals_eager_for_new_seq_lens():
     ref = torch.empty_like(q)
     TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, fresh, pool)
     assert_attention_close(out, ref, atol=2e-2)
-
-
-@pytest.mark.gpu
-def test_the_merging_program_sees_every_chunk_over_many_launches():
-    """The merge runs in whichever program arrives last; a chunk it read before that chunk's
-    stores were visible (or from a stale L1 line of the previous launch) would change the
-    output. 2,048 programs a launch at 32 splits, 300 launches over changing queries."""
-    num_heads, kv_heads, head_dim = 32, 8, 128
-    seq_lens = [4096, 1, 777, 30000, 64, 2048, 12345, 5] * 4
-    pool, rows = random_pool(seq_lens, num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)
-    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
-    backend = TritonAttentionBackend(num_heads, head_dim, num_kv_splits=32)
-    queries = [random_q(len(rows), num_heads, head_dim, torch.bfloat16, CUDA) * (1 + i % 3) for i in range(3)]
-    first = []
-    for q in queries:
-        out = torch.empty_like(q)
-        backend.forward(q, out, 0, batch, pool)
-        first.append(out.clone())
-        ref = torch.empty_like(q)
-        TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
-        assert_attention_close(out, ref, atol=2e-2)
-    outs = [torch.empty_like(queries[0]) for _ in range(300)]
-    for i, out in enumerate(outs):
-        backend.forward(queries[i % 3], out, 0, batch, pool)
-    torch.cuda.synchronize()
-    for i, out in enumerate(outs):
-        torch.testing.assert_close(out, first[i % 3], atol=0, rtol=0)
 
 
 @pytest.mark.gpu

@@ -1,13 +1,15 @@
 """Split-KV decode attention (flash-decoding) over the token-granular KV pool.
 
-Each request's keys are split into `num_kv_splits` chunks (a number fixed by the batch
-size); one program attends the whole GQA group of q heads of one KV head over one chunk, so
-each K/V row is read once per group and the scores come from one tensor-core dot. The chunks
-are merged by their log-sum-exp in the same launch: the last program of a (request, KV head)
-to finish, told by an arrival counter, merges them all. A second merge kernel cost an eager
-step 32 launches and ~20 µs of host time each (issue 14). The grid depends only on the batch
-size and the shapes and the chunk bounds are computed in the kernel from `seq_lens`, so a
-CUDA graph captured at one batch size replays correctly for any sequence lengths.
+Stage 1 splits each request's keys into `num_kv_splits` chunks (a number fixed by the
+batch size) and lets one program attend the whole GQA group of q heads of one KV head over
+one chunk, so each K/V row is read once per group and the scores come from one tensor-core
+dot. Stage 2 merges the chunks by their log-sum-exp. The grid depends only on the batch size
+and the shapes and the chunk bounds are computed in the kernel from `seq_lens`, so a CUDA
+graph captured at one batch size replays correctly for any sequence lengths.
+
+A merge folded into stage 1 (the last program of a request and KV head to arrive merging
+them all) saved an eager step 32 launches but cost the GPU 4.3 µs a call at batch size 1 and
+a third more at 64 (H100, benchmarks r11): the merging program works alone, head by head.
 """
 
 from __future__ import annotations
@@ -80,9 +82,8 @@ def store_split(
 
 
 @triton.jit
-def _decode_kernel(
-    Q, K, V, MidOut, MidLse, O, Arrivals, req_to_token, req_pool_indices, seq_lens, scale_log2,
-    stride_req,
+def _decode_stage1(
+    Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2, stride_req,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
@@ -92,26 +93,19 @@ def _decode_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
-    stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q and out: [bs, heads, head_dim]
+    stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q: [bs, heads, head_dim]
     stride_kt, stride_kh = tl.num_programs(1) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
     stride_ms, stride_mh = HEAD_DIM, NUM_SPLITS * HEAD_DIM  # [bs, heads, splits, head_dim]
-    stride_mb = num_heads * stride_mh
-    stride_lh, stride_lb = NUM_SPLITS, num_heads * NUM_SPLITS  # [bs, heads, splits]
-    seq_len = tl.load(seq_lens + b)
-    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
-    split_start = split * keys
-    split_end = tl.minimum(split_start + keys, seq_len)
+    stride_lh = NUM_SPLITS  # [bs, heads, splits]
+    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
+    if split_end <= split_start:
+        return  # stage 2 skips empty chunks, so nothing needs writing
+
     offs_h = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + offs_h
     mask_h = offs_h < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    if split_end <= split_start:
-        if seq_len <= 0 and split == 0:  # no keys: no chunk arrives, so this program writes 0
-            tl.store(O + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                     tl.zeros((BLOCK_H, BLOCK_D), O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
-        return  # an empty chunk: the merge skips it
-
     q = tl.load(
         Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
         mask=mask_h[:, None] & mask_d[None, :], other=0.0,
@@ -126,38 +120,21 @@ def _decode_kernel(
         )
     store_split(
         MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_d, mask_h, mask_d,
-        stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+        num_heads * stride_mh, stride_mh, stride_ms, num_heads * stride_lh, stride_lh,
     )
-    # Every thread's stores precede the arrival, whose release publishes them to the merging
-    # program; its acquire orders that program's reads after every other chunk's stores.
-    tl.debug_barrier()
-    counter = Arrivals + b * tl.num_programs(1) + kv_head
-    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == tl.cdiv(seq_len, keys) - 1:
-        tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # zero for the next launch
-        tl.debug_barrier()
-        for h in range(GROUP):
-            merge_head(
-                MidOut, MidLse, O, b, kv_head * GROUP + h, seq_len,
-                stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_qb, stride_qh,
-                HEAD_DIM, BLOCK_D, BLOCK_N, NUM_SPLITS, True,
-            )
 
 
 @triton.jit
 def merge_head(
     MidOut, MidLse, O, b, head, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, FROM_L2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
-    """One head's output from its chunks, weighted by their log-sum-exps. `FROM_L2`: the
-    chunks were written by other programs of this launch, so their reads skip the SM's L1,
-    which may still hold what an earlier launch left at these addresses.
+    """One head's output from its chunks, weighted by their log-sum-exps.
 
-    The sums run over MERGE_LANES lanes whatever NUM_SPLITS is, so the same chunks add up in
-    the same order: a batch padded to a captured size (and a split count of its own) reads
-    the same bits as at its own size, where a NUM_SPLITS-wide sum differed by an ulp."""
+    The sums run over MERGE_LANES lanes whatever the split count, so the same chunks add up
+    in the same order: a batch padded to a captured size (and a split count of its own)
+    reads the same bits as at its own size, where a split-count-wide sum differed by an ulp."""
     offs_s = tl.arange(0, MERGE_LANES)
     used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
     offs_d = tl.arange(0, BLOCK_D)
@@ -165,12 +142,8 @@ def merge_head(
     lse_ptrs = MidLse + b * stride_lb + head * stride_lh + offs_s
     part_ptrs = MidOut + b * stride_mb + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :]
     part_mask = used[:, None] & mask_d[None, :]
-    if FROM_L2:
-        lse = tl.load(lse_ptrs, mask=used, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(lse_ptrs, mask=used, other=float("-inf"))
-        parts = tl.load(part_ptrs, mask=part_mask, other=0.0)  # [NUM_SPLITS, BLOCK_D]
+    lse = tl.load(lse_ptrs, mask=used, other=float("-inf"))
+    parts = tl.load(part_ptrs, mask=part_mask, other=0.0)  # [MERGE_LANES, BLOCK_D]
     lse_max = tl.max(lse, 0)
     weights = tl.where(used, tl.exp2(lse - lse_max), 0.0)
     total = tl.sum(weights, 0)
@@ -190,11 +163,11 @@ def _decode_stage2(
     merge_head(
         MidOut, MidLse, O, b, head, tl.load(seq_lens + b),
         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-        HEAD_DIM, BLOCK_D, BLOCK_N, NUM_SPLITS, False,
+        HEAD_DIM, BLOCK_D, BLOCK_N, NUM_SPLITS,
     )
 
 
-_DECODE = CachedKernel(_decode_kernel)
+_STAGE1 = CachedKernel(_decode_stage1)
 _STAGE2 = CachedKernel(_decode_stage2)
 
 
@@ -242,25 +215,6 @@ def merge_splits(
     )
 
 
-# Each device's arrival counters, one per (request, KV head) of a launch, zero between
-# launches. A graph captures a buffer's address, so one outgrown stays alive in `_OUTGROWN`.
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []
-
-
-def arrival_counters(count: int, device: torch.device) -> torch.Tensor:
-    """int32 zeros, at least `count`. First needed by a capture's eager warm-up, which runs
-    at the capture's batch size; allocated inside a capture it is still correct (its zeroing
-    is recorded)."""
-    found = _ARRIVALS.get(device)
-    if found is not None and found.numel() >= count:
-        return found
-    if found is not None:
-        _OUTGROWN.append(found)
-    found = _ARRIVALS[device] = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-    return found
-
-
 def decode_attention(
     q: torch.Tensor,  # [bs, heads, head_dim]
     k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim] each
@@ -269,20 +223,21 @@ def decode_attention(
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
 ) -> None:
     """One query per request over keys 0..seq_lens[b]-1 (the new token included), split
-    into `num_kv_splits` chunks, a power of two; one launch, no host synchronisation.
-    `scratch`: see `decode_scratch`."""
+    into `num_kv_splits` chunks, a power of two; no host synchronisation. `scratch`: see
+    `decode_scratch`."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
-    assert q.is_contiguous() and out.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert out.stride(2) == 1
     assert req_to_token.stride(1) == 1
     mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device, scratch)
     block_n, num_warps, num_stages = launch_config()
-    group = num_heads // kv_heads
-    _DECODE.launch(
-        (bs, kv_heads, num_kv_splits), q, k_cache, v_cache, mid_out, mid_lse, out,
-        arrival_counters(bs * kv_heads, q.device), req_to_token, req_pool_indices, seq_lens,
-        sm_scale * LOG2_E, req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
+    group, block_d = num_heads // kv_heads, next_power_of_2(head_dim)
+    _STAGE1.launch(
+        (bs, kv_heads, num_kv_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
+        req_pool_indices, seq_lens, sm_scale * LOG2_E, req_to_token.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
+    merge_splits(mid_out, mid_lse, out, seq_lens, block_d, block_n)
