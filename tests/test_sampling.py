@@ -58,8 +58,8 @@ def test_short_sizes_are_timed_twice_one_in_learn_every_once_seeded():
         n = pool.samples_for("short", 6.0, 0.03, 30.0, 15)
         pool.add([6.0, 6.001][:n])
         counts.append(n)
-    assert LEARN_EVERY == 4  # the expected counts below are for one size in four
-    assert counts == [2, 2, 2] + [1] * 9 + [2, 1, 1, 1, 2, 1, 1, 1, 2, 1]
+    assert LEARN_EVERY == 6  # the expected counts below are for one size in six
+    assert counts == [2, 2, 2] + [1] * 15 + [2, 1, 1, 1]
     assert LEARN_EVERY * pool.dof >= pool.sizes
 
 

@@ -259,8 +259,10 @@ def warm_eager(forward: Callable[[], object]) -> None:
     """One untimed eager forward before a kind's first size is timed. Piecewise capture runs
     the compiled pieces, never the eager path, so that path's first call specialises its
     Triton kernels and grows the allocator: the first eager sample at qwen2.5-0.5b's 4,096
-    tokens read about 190 ms against 11-14 ms after (benchmarks r8). Run at the largest size,
-    it leaves every smaller one warm. Collectives are skipped, as in a rehearsal; running out
+    tokens read about 190 ms against 11-14 ms after (benchmarks r8). Decode capture warms
+    its forward on the capture stream, whose blocks the allocator keeps apart from the
+    default stream's. Run at the largest size, it leaves every smaller one warm, so sizes
+    can be timed smallest first. Collectives are skipped, as in a rehearsal; running out
     of memory here is left for that size's own measurement to report."""
     _rehearsal(forward)
 
