@@ -18,8 +18,9 @@ what measuring cost. A short size is timed once only while the pool holds a degr
 freedom for every `LEARN_EVERY` sizes, so the pool keeps learning as the host's noise moves.
 Every other size was the rule until benchmarks r9, whose H100 runs spent 17-19% of
 llama-3.1-8b's measuring on the short sizes' second calls; its short pools held 18-19 degrees
-of freedom (t 2.09-2.10). One size in four (r10, r11) gave 9-10 (t 2.23-2.26) and still 0.37
-of the 5.2 s llama-3.1-8b measured (2026-11-24); one in six gives 6-7 (t 2.36-2.45).
+of freedom (t 2.09-2.10). One size in four (r10, r11) gave 9-10 (t 2.23-2.26), and its second
+calls still cost 0.37 s of the 5.2 s llama-3.1-8b measured (2026-11-24); one in six gives 6-7
+(t 2.36-2.45).
 """
 
 from __future__ import annotations
