@@ -21,8 +21,8 @@ from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
     from cgtool.capture.options import CaptureOptions, SessionState
-    from cgtool.hidden_states import HiddenMode
-    from cgtool.results import CaptureReport
+    from cgtool.specs.hidden_states import HiddenMode
+    from cgtool.documents.results import CaptureReport
 
 
 class Kind(str, Enum):
@@ -58,7 +58,7 @@ def parse_sizes(text: str | None, flag: str) -> list[int] | None:
 
 
 def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
-    from cgtool.results import load_plan
+    from cgtool.documents.results import load_plan
 
     plan = load_plan(path)
     return list(plan.decode.capture_bs), list(plan.piecewise.capture_num_tokens)
@@ -74,7 +74,7 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
         if plan is not None:
             err_console.print(f"--mem-fraction-static {value:g} from the flag (overrides the plan's)", highlight=False)
         return value
-    from cgtool.results import load_plan
+    from cgtool.documents.results import load_plan
 
     value = load_plan(plan).memory.mem_fraction_static
     err_console.print(f"--mem-fraction-static {value:g} from the plan {plan}", highlight=False, soft_wrap=True)
@@ -122,7 +122,7 @@ def capture(
     if not 0.0 < mem_fraction_static < 1.0:
         raise CgtoolError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1", "Try 0.85, or leave it out.")
     from cgtool.capture.options import validate_tp
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
     hidden_modes = parse_capture_modes(hidden_states, kind)
@@ -159,7 +159,7 @@ def capture(
 
 def parse_capture_modes(text: str, kind: Kind) -> tuple[HiddenMode, ...]:
     """--hidden-states as modes; only decode graphs return hidden states beside the logits."""
-    from cgtool.hidden_states import HiddenMode, parse_hidden_modes
+    from cgtool.specs.hidden_states import HiddenMode, parse_hidden_modes
 
     modes = parse_hidden_modes(text)
     if kind in (Kind.piecewise, Kind.vit) and modes != (HiddenMode.NULL,):
@@ -174,7 +174,7 @@ def plan_image_sizes(plan: Path | None) -> str | None:
     """The image sizes of a plan's ViT graphs as --image-sizes text (None: no plan, or no images)."""
     if plan is None:
         return None
-    from cgtool.results import load_plan
+    from cgtool.documents.results import load_plan
 
     vit = load_plan(plan).vit
     return ",".join(f"{h}x{w}" for h, w in vit.image_sizes) if vit and vit.image_sizes else None
@@ -188,7 +188,7 @@ def vit_inputs(
     --model names a vision preset (cgtool/presets/vision/), not a language model: the ViT
     session loads the vision tower alone, as its graphs are separate from the LM's. Left at
     its default, it is the default vision preset."""
-    from cgtool.vision import (
+    from cgtool.specs.vision import (
         DEFAULT_VISION_PRESET,
         DEFAULT_VIT_IMAGE_SIZES,
         capture_grids,
@@ -297,7 +297,7 @@ def capture_exit_code(report: CaptureReport) -> int:
 def _save(report: CaptureReport, out: Path, state: SessionState) -> None:
     from cgtool.reports.capture_view import print_capture_summary
     from cgtool.reports.render import render_report
-    from cgtool.results import REPORT_FILENAME, write_report
+    from cgtool.documents.results import REPORT_FILENAME, write_report
 
     out.mkdir(parents=True, exist_ok=True)
     write_report(report, out / REPORT_FILENAME)  # first, so a signal while rendering loses nothing

@@ -15,7 +15,7 @@ from cgtool.commands.common import (
     console,
     err_console,
 )
-from cgtool.compare import (
+from cgtool.documents.compare import (
     DEFAULT_REPORT_METRICS,
     PLAN_METRICS,
     REPORT_METRICS,
@@ -24,12 +24,12 @@ from cgtool.compare import (
     compare_reports,
 )
 from cgtool.errors import InputError
-from cgtool.invariants import require_memory_invariants
-from cgtool.plan_document import Plan
+from cgtool.documents.invariants import require_memory_invariants
+from cgtool.documents.plan_document import Plan
 from cgtool.reports.formats import print_tables
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.tables import comparison_rows, format_change
-from cgtool.results import CaptureReport, load_document, resolve_document
+from cgtool.documents.results import CaptureReport, load_document, resolve_document
 
 
 @cli_errors

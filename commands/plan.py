@@ -21,20 +21,20 @@ from cgtool.commands.common import (
 )
 from cgtool.commands.signals import StopRequest, exit_code, signal_name
 from cgtool.commands.trace import load_trace_hinted
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
-from cgtool.gpus import GpuSpec, gpu_spec
-from cgtool.hidden_states import parse_hidden_modes
-from cgtool.plan_document import PLAN_FILENAME, Plan, write_plan
-from cgtool.planner.convert import FORMATS
+from cgtool.specs.gpus import GpuSpec, gpu_spec
+from cgtool.specs.hidden_states import parse_hidden_modes
+from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
+from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
-from cgtool.planner.trace import RequestTrace
+from cgtool.traces.trace import RequestTrace
 from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
-from cgtool.results import load_plan
+from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS
 from cgtool.verify.profile import load_profile
 

@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console, err_console
-from cgtool.plan_document import Plan
+from cgtool.documents.plan_document import Plan
 from cgtool.reports.formats import print_tables
 from cgtool.reports.plan_view import plan_view
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 
 
 @cli_errors

@@ -10,12 +10,12 @@ import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
 from cgtool.commands.usage import CgtoolCommand, CgtoolGroup
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import InputError
-from cgtool.planner.convert import FORMATS, first_requests, load_trace
-from cgtool.planner.sniff import guess_format
-from cgtool.planner.trace import ConvertResult, RequestTrace, write_trace
-from cgtool.planner.trace_stats import ContextFilter, batch_stats, drop_over_context, request_stats
+from cgtool.traces.convert import FORMATS, first_requests, load_trace
+from cgtool.traces.sniff import guess_format
+from cgtool.traces.trace import ConvertResult, RequestTrace, write_trace
+from cgtool.traces.stats import ContextFilter, batch_stats, drop_over_context, request_stats
 from cgtool.reports.trace_tables import (
     batch_stats_table,
     request_stats_table,

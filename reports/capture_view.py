@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from cgtool.capture.options import CaptureFailure, CaptureProgress
 from cgtool.reports.render import printed_tables
 from cgtool.reports.tables import to_rich
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 from cgtool.units import GIB, MIB
 
 

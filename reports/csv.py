@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 
 
 def sizes_frame(report: CaptureReport) -> pd.DataFrame:

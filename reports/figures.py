@@ -11,7 +11,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from cgtool.results import SIZE_UNITS, CaptureReport, SizeResult
+from cgtool.documents.results import SIZE_UNITS, CaptureReport, SizeResult
 from cgtool.units import MIB
 
 EAGER_COLOUR, GRAPH_COLOUR, FAILED_COLOUR, MEMORY_COLOUR = "#d1495b", "#00798c", "#edae49", "#30638e"

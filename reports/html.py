@@ -7,7 +7,7 @@ import html
 from dataclasses import asdict
 from pathlib import Path
 
-from cgtool.plan_document import Plan
+from cgtool.documents.plan_document import Plan
 from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import (
@@ -20,7 +20,7 @@ from cgtool.reports.tables import (
     spread_rows,
     totals_rows,
 )
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 PERFETTO_URL = "https://ui.perfetto.dev"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cgtool.compare import Comparison
+from cgtool.documents.compare import Comparison
 from cgtool.reports.tables import TableData, comparison_rows, limits_text
 
 

@@ -10,7 +10,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from cgtool.plan_document import Plan, StepHistogram
+from cgtool.documents.plan_document import Plan, StepHistogram
 from cgtool.reports.plan_tables import gpus_label
 from cgtool.units import GIB
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
-from cgtool.plan_document import Plan, PlanMemory, ScheduleScore
+from cgtool.documents.plan_document import Plan, PlanMemory, ScheduleScore
 from cgtool.planner.memory import TRTLLM_DEFAULT_FREE_FRACTION, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 from cgtool.reports.tables import TableData, gib, mib
 

@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cgtool.plan_document import Plan
+from cgtool.documents.plan_document import Plan
 from cgtool.reports.plan_tables import (
     ENGINE_NAMES,
     engine_label,

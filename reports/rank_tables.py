@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cgtool.capture.ranks import rank_spread
 from cgtool.reports.tables import TableData, mib_number
-from cgtool.results import SIZE_UNITS, CaptureReport
+from cgtool.documents.results import SIZE_UNITS, CaptureReport
 
 
 def rank_tables(report: CaptureReport) -> list[TableData]:

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from rich import box
 from rich.table import Table
 
-from cgtool.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
-from cgtool.config import ModelConfig
-from cgtool.results import SIZE_UNITS, CaptureReport
+from cgtool.documents.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
+from cgtool.specs.config import ModelConfig
+from cgtool.documents.results import SIZE_UNITS, CaptureReport
 from cgtool.units import BF16_BYTES, GIB, MIB
-from cgtool.vision import VisionPreset
+from cgtool.specs.vision import VisionPreset
 
 
 def gib(num_bytes: float) -> str:

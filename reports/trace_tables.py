@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from cgtool.planner.trace_stats import (
+from cgtool.traces.stats import (
     PERCENTILES,
     BatchStats,
     ContextFilter,

@@ -29,9 +29,9 @@ def child(args: argparse.Namespace) -> dict:
     import torch
 
     from cgtool.attention import make_backend
-    from cgtool.config import load_model_config
-    from cgtool.engine import ModelRunner
-    from cgtool.kv import KVPool
+    from cgtool.specs.config import load_model_config
+    from cgtool.runtime.engine import ModelRunner
+    from cgtool.runtime.kv import KVPool
     from cgtool.model.loader import build_model
     from cgtool.runners.compile_cache import default_cache_dir
     from cgtool.runners.piecewise import PiecewiseGraphRunner

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from cgtool.reports.tables import PHASES
-from cgtool.results import load_report
+from cgtool.documents.results import load_report
 
 
 def main() -> None:

@@ -13,13 +13,13 @@ import torch
 
 from cgtool.capture.timing import median_cuda_ms
 from cgtool.capture.workbench import build_workbench
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.pool import get_global_graph_memory_pool
 
 
 def whole_graph_ms(bench, batch) -> float:
-    from cgtool.batch import forward_context
+    from cgtool.runtime.batch import forward_context
 
     runner = bench.runner
     stream = torch.cuda.Stream()

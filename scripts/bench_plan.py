@@ -23,9 +23,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
-from cgtool.planner.convert import load_trace
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
+from cgtool.traces.convert import load_trace
 from cgtool.planner.plan import PlanRequest, plan_requests
 from cgtool.planner.scenarios import parse_loads
 

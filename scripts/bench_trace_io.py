@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cgtool.planner.trace import read_trace, request_trace, write_trace
+from cgtool.traces.trace import read_trace, request_trace, write_trace
 
 
 def main() -> None:

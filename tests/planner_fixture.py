@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.cost import CostModel, roofline_cost
 
 CFG = load_model_config("llama-3.1-8b")

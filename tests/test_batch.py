@@ -1,6 +1,6 @@
 import torch
 
-from cgtool.batch import ForwardBatch, ForwardMode, forward_context, scratch_empty
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context, scratch_empty
 
 
 def _batch() -> ForwardBatch:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cgtool.capture.tp import merge_rank_partials
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 
 REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "report.json"
 

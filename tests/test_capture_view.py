@@ -8,7 +8,7 @@ from rich.console import Console
 
 from cgtool.capture.options import CaptureFailure
 from cgtool.reports.capture_view import print_capture_summary, remedies
-from cgtool.results import load_report
+from cgtool.documents.results import load_report
 
 OOM_REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b-oom" / "report.json"
 GIB = 1 << 30
@@ -48,7 +48,7 @@ def test_phase_table_lists_phases_in_session_order_with_their_share():
     import dataclasses
 
     from cgtool.reports.tables import phase_rows
-    from cgtool.results import load_report
+    from cgtool.documents.results import load_report
 
     report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
     report = dataclasses.replace(report, totals=dataclasses.replace(
@@ -73,7 +73,7 @@ def test_phase_table_says_whether_the_compile_cache_served_the_compile_phase():
 def test_the_summary_states_the_pooled_spread_every_interval_comes_from():
     import dataclasses
 
-    from cgtool.results import SampleSpread
+    from cgtool.documents.results import SampleSpread
 
     report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
     spread = {"decode:eager:short": SampleSpread(0.1234, 35), "piecewise:replay:long": SampleSpread(0.008, 3)}

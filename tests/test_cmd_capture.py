@@ -8,8 +8,8 @@ from typer.testing import CliRunner
 from cgtool.commands.capture import parse_sizes
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
-from cgtool.invariants import memory_violations
-from cgtool.results import load_report
+from cgtool.documents.invariants import memory_violations
+from cgtool.documents.results import load_report
 
 runner = CliRunner()
 FIXTURES = Path(__file__).parent / "data" / "reports"
@@ -189,8 +189,8 @@ def test_kind_vit_takes_the_image_sizes_of_a_plan_with_images(tmp_path, monkeypa
     import dataclasses
 
     from cgtool.capture import session, vit
-    from cgtool.plan_document import VitPlan, write_plan
-    from cgtool.results import load_plan
+    from cgtool.documents.plan_document import VitPlan, write_plan
+    from cgtool.documents.results import load_plan
 
     plan = load_plan(FIXTURES / "plan-llama-3.1-8b")
     plan.vit = VitPlan(preset="qwen2.5-vl-7b", env="SGLANG_VIT_ENABLE_CUDA_GRAPH=1", num_images=3,

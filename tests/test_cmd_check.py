@@ -31,7 +31,7 @@ def _variant(tmp_path: Path, edit, source: Path = BASELINE / "report.json") -> P
 
 def _totals_follow_sizes(data: dict) -> None:
     # As in a real run, the pool and free memory move with the sizes: the variant keeps the
-    # memory invariants `check` demands (cgtool/invariants.py) and differs only where edited.
+    # memory invariants `check` demands (cgtool/documents/invariants.py) and differs only where edited.
     totals = data["totals"]
     totals["graph_pool_bytes"] = sum(s["retained_bytes"] for s in data["sizes"])
     totals["free_after_capture_bytes"] = (totals["free_before_capture_bytes"]

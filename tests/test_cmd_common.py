@@ -38,9 +38,9 @@ def test_gpu_commands_without_triton_name_the_missing_gpu_in_one_line(args, said
 
 def test_without_triton_but_with_a_gpu_the_missing_triton_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton", None)
-    monkeypatch.delitem(sys.modules, "cgtool.kv_store", raising=False)
+    monkeypatch.delitem(sys.modules, "cgtool.runtime.kv_store", raising=False)
     with pytest.raises(EnvironmentProblem, match="need Triton"):
-        import_gpu_module("cgtool.kv_store", lambda: None)  # a GPU is there: no error from it
+        import_gpu_module("cgtool.runtime.kv_store", lambda: None)  # a GPU is there: no error from it
 
 
 def test_other_missing_modules_are_not_taken_for_triton():

@@ -4,7 +4,7 @@ from typer.testing import CliRunner
 
 from cgtool import __version__
 from cgtool.commands.main import app
-from cgtool.config import preset_names
+from cgtool.specs.config import preset_names
 
 runner = CliRunner()
 

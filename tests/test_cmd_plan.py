@@ -7,10 +7,10 @@ import pytest
 from cli_run import cgtool
 
 from cgtool.commands.plan import parse_bytes
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import InputError
-from cgtool.gpus import gpu_spec
-from cgtool.plan_document import Plan
+from cgtool.specs.gpus import gpu_spec
+from cgtool.documents.plan_document import Plan
 from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table

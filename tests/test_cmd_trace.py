@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.planner.trace import RequestTrace, read_trace
+from cgtool.traces.trace import RequestTrace, read_trace
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "azure-conv-first-1000.jsonl"

@@ -4,7 +4,7 @@ from importlib import resources
 
 import pytest
 
-from cgtool.config import SUPPORTED_ARCHITECTURES, load_model_config, preset_names
+from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_model_config, preset_names
 from cgtool.errors import ConfigError
 
 # Published parameter counts of the models the presets copy (billions, rounded).

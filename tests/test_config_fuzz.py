@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.config import ModelConfig, load_model_config
+from cgtool.specs.config import ModelConfig, load_model_config
 from cgtool.errors import ConfigError
 
 VALID = {

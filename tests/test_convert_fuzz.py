@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cgtool.errors import InputError
-from cgtool.planner.convert_logs import convert_sglang_log, convert_vllm_metrics
-from cgtool.planner.convert_public import convert_azure, convert_burstgpt, convert_mooncake
+from cgtool.traces.convert_logs import convert_sglang_log, convert_vllm_metrics
+from cgtool.traces.convert_public import convert_azure, convert_burstgpt, convert_mooncake
 
 
 def expect_error(convert, path: Path, line: int, field: str | None) -> None:

@@ -6,7 +6,7 @@ import pytest
 from text_files import write_text as write
 
 from cgtool.errors import InputError
-from cgtool.planner.convert_logs import convert_sglang_log, convert_vllm_metrics
+from cgtool.traces.convert_logs import convert_sglang_log, convert_vllm_metrics
 
 # Line shapes as SGLang releases print them: "Prefill batch." (older), "Prefill batch,"
 # (newer), "Prefill batch [n]," (SGLANG_LOG_FORWARD_ITERS), with TP/DP prefixes.

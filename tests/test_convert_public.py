@@ -9,8 +9,8 @@ import pytest
 from text_files import write_text as write
 
 from cgtool.errors import InputError
-from cgtool.planner.convert_public import convert_azure, convert_burstgpt, convert_mooncake
-from cgtool.planner.trace_stats import request_stats
+from cgtool.traces.convert_public import convert_azure, convert_burstgpt, convert_mooncake
+from cgtool.traces.stats import request_stats
 
 REAL_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 AZURE_REAL = REAL_TRACES / "AzureLLMInferenceTrace_conv.csv"

@@ -5,9 +5,9 @@ import pytest
 import torch
 from planner_fixture import CFG, H100
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
-from cgtool.hidden_states import HiddenMode
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
+from cgtool.specs.hidden_states import HiddenMode
 from cgtool.planner.cost import roofline_cost, with_hidden_states
 
 
@@ -80,7 +80,7 @@ def test_tp_adds_collective_launches_that_eager_pays_and_graphs_hide(roofline):
 
 
 def test_expected_experts_matches_uniform_routing_by_simulation():
-    from cgtool.config_parts import expected_experts
+    from cgtool.specs.config_parts import expected_experts
 
     gen = torch.Generator().manual_seed(0)
     num_experts, top_k = 128, 8

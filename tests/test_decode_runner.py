@@ -5,9 +5,9 @@ import pytest
 import torch
 from replay_check import assert_replay_equals_eager
 
-from cgtool.batch import ForwardMode
-from cgtool.config import load_model_config
-from cgtool.hidden_states import HiddenMode
+from cgtool.runtime.batch import ForwardMode
+from cgtool.specs.config import load_model_config
+from cgtool.specs.hidden_states import HiddenMode
 from cgtool.runners.decode import DecodeGraphRunner
 
 
@@ -132,8 +132,8 @@ def test_recapture_goes_upward_keeps_the_old_graphs_and_refuses_downgrades(monke
 
 def _cpu_runner():
     from cgtool.attention import make_backend
-    from cgtool.engine import ModelRunner
-    from cgtool.kv import KVPool
+    from cgtool.runtime.engine import ModelRunner
+    from cgtool.runtime.kv import KVPool
     from cgtool.model.loader import build_model
 
     cfg = load_model_config("tiny")
@@ -145,7 +145,7 @@ def _cpu_runner():
 
 @pytest.mark.parametrize("mode", list(HiddenMode))
 def test_what_capture_records_returns_the_modes_outputs_as_eager_does(mode):
-    from cgtool.engine import decode_batch
+    from cgtool.runtime.engine import decode_batch
 
     model_runner = _cpu_runner()
     rows = [model_runner.kv_pool.alloc_request(8)[0] for _ in range(3)]

@@ -3,9 +3,9 @@
 
 import pytest
 
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
-from cgtool.gpus import gpu_spec
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.cost import roofline_cost
 from cgtool.planner.engine_buffers import (
     CHECKED_VERSIONS,

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.config import load_model_config
-from cgtool.engine import ModelRunner, extend_batch
-from cgtool.kv import KVPool
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.engine import ModelRunner, extend_batch
+from cgtool.runtime.kv import KVPool
 from cgtool.model import fused
 from cgtool.model.layers import RotaryEmbedding
 from cgtool.model.loader import build_model

@@ -67,7 +67,7 @@ def test_the_stand_in_matches_ctypes_calling_convention():
 @pytest.fixture(scope="module")
 def gpu_bench():
     from cgtool.capture.workbench import build_workbench
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
 
     return build_workbench(
         load_model_config("qwen2.5-0.5b"), weights_dir=None, dtype=torch.bfloat16,

@@ -1,7 +1,7 @@
 import pytest
 
 from cgtool.errors import InputError
-from cgtool.hidden_states import (
+from cgtool.specs.hidden_states import (
     HiddenMode,
     decode_hidden_buffer_bytes,
     decode_hidden_rows,

@@ -8,8 +8,8 @@ import torch
 from typer.testing import CliRunner
 
 from cgtool.capture.measure import compare_outputs
-from cgtool.config import load_model_config
-from cgtool.hidden_states import HiddenMode
+from cgtool.specs.config import load_model_config
+from cgtool.specs.hidden_states import HiddenMode
 
 pytestmark = pytest.mark.gpu
 SIZES = [1, 2, 4, 8, 16]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cgtool.errors import InputError
-from cgtool.invariants import (
+from cgtool.documents.invariants import (
     FREE_TOLERANCE_BYTES,
     FREE_TOLERANCE_FRACTION,
     POOL_TOLERANCE_BYTES,
@@ -17,7 +17,7 @@ from cgtool.invariants import (
     memory_violations,
     require_memory_invariants,
 )
-from cgtool.results import load_report
+from cgtool.documents.results import load_report
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "data" / "reports"

@@ -1,7 +1,7 @@
 import torch
 
-from cgtool.config import load_model_config
-from cgtool.kv import KVPool, kv_tokens_for_budget
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.kv import KVPool, kv_tokens_for_budget
 
 
 def _pool(name, slots=8):

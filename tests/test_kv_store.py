@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from cgtool.kv_store import STORE_BLOCK, _store_reference, store_kv, store_kv_triton
+from cgtool.runtime.kv_store import STORE_BLOCK, _store_reference, store_kv, store_kv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -1,8 +1,8 @@
 import pytest
 
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError
-from cgtool.gpus import gpu_spec
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.memory import (
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
     activation_bytes,

@@ -17,7 +17,7 @@ from replay_check import assert_replay_equals_eager
 from test_triton_decode import assert_attention_close
 from test_triton_mla import latent_pool, run_decode, run_extend
 
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"

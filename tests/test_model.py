@@ -2,10 +2,10 @@ import pytest
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.config import load_model_config
-from cgtool.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import ConfigError
-from cgtool.kv import KVPool
+from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 
 from hf_oracle import hf_logits, make_hf_model

@@ -8,8 +8,8 @@ from hf_oracle import make_hf_model
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.config import load_model_config
-from cgtool.config_parts import MoeConfig
+from cgtool.specs.config import load_model_config
+from cgtool.specs.config_parts import MoeConfig
 from cgtool.model.loader import build_model
 from cgtool.model.moe import (
     Experts,

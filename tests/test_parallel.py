@@ -5,9 +5,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cgtool.config import load_model_config, preset_names
+from cgtool.specs.config import load_model_config, preset_names
 from cgtool.errors import CgtoolError
-from cgtool.gpus import GPU_SPECS, gpu_spec
+from cgtool.specs.gpus import GPU_SPECS, gpu_spec
 from cgtool.planner.parallel import (
     allgather_ms,
     allreduce_ms,

@@ -9,7 +9,7 @@ from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost
 from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import CaptureOptions, SessionState
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
 
 GIB = 1 << 30
@@ -105,7 +105,7 @@ def test_options_refuse_a_size_below_one_naming_the_flag():
 def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
     from functools import partial
 
-    from cgtool.hidden_states import HiddenMode
+    from cgtool.specs.hidden_states import HiddenMode
 
     recorded = []
     monkeypatch.setattr(per_size, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
@@ -129,7 +129,7 @@ def test_a_recapture_upward_runs_through_the_same_sizes_loop(monkeypatch):
 def test_a_size_out_of_memory_on_recapture_fails_as_that_modes_row(monkeypatch):
     from functools import partial
 
-    from cgtool.hidden_states import HiddenMode
+    from cgtool.specs.hidden_states import HiddenMode
 
     monkeypatch.setattr(per_size, "measure_capture", lambda fn, pool: (fn(), CaptureCost(0.1, 1, 2, 0))[1])
     monkeypatch.setattr(per_size, "report_progress", lambda *a: None)
@@ -241,7 +241,7 @@ def test_rows_leave_the_measure_loop_with_the_interval_of_the_whole_pool():
 
 
 def test_the_eager_warm_up_runs_once_with_collectives_skipped_and_survives_running_out(monkeypatch):
-    from cgtool import distributed
+    from cgtool.runtime import distributed
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (3 * GIB, 80 * GIB))
     seen = []

@@ -9,10 +9,10 @@ from replay_check import assert_replay_equals_eager
 from silly_attention import SILLY_OP, SillyModel
 
 from cgtool.attention import make_backend
-from cgtool.batch import ForwardMode
-from cgtool.config import load_model_config
-from cgtool.engine import ModelRunner, decode_batch, extend_batch
-from cgtool.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
+from cgtool.runtime.batch import ForwardMode
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
 from cgtool.model.loader import build_model
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.piecewise_backend import (

@@ -46,7 +46,7 @@ def test_the_innermost_frame_outside_torch_is_named():
 @pytest.fixture(scope="module")
 def tiny_bench():
     from cgtool.capture.workbench import build_workbench
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
 
     return build_workbench(
         load_model_config("tiny"), weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
@@ -71,7 +71,7 @@ _SYNC_SCRIPT = """
 import torch
 from cgtool.capture.options import CaptureOptions, SessionState
 from cgtool.capture.per_size import capture_each_size
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runners.pitfalls import CapturePitfall
 from cgtool.capture.workbench import build_workbench

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from planner_fixture import CFG, H100, REPORT
 
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError
-from cgtool.gpus import gpu_spec
-from cgtool.plan_document import Plan
-from cgtool.planner.convert_public import convert_azure, convert_mooncake
+from cgtool.specs.gpus import gpu_spec
+from cgtool.documents.plan_document import Plan
+from cgtool.traces.convert_public import convert_azure, convert_mooncake
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from cgtool.commands.main import app
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.vit import vit_plan
-from cgtool.results import load_plan
-from cgtool.vision import SGLANG_VIT_GRAPH_ENV
+from cgtool.documents.results import load_plan
+from cgtool.specs.vision import SGLANG_VIT_GRAPH_ENV
 
 runner = CliRunner()
 

@@ -3,9 +3,9 @@ import copy
 import pytest
 from planner_fixture import CFG, H100, REPORT
 
-from cgtool.config import load_model_config
+from cgtool.specs.config import load_model_config
 from cgtool.errors import InputError
-from cgtool.gpus import gpu_spec
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.profile_fit import predicted_graph_bytes, profile_cost
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import cgtool
-from cgtool.provenance import COMMIT_ENV, UNKNOWN, collect_provenance, cpu_model, git_state
-from cgtool.results import load_report
+from cgtool.documents.provenance import COMMIT_ENV, UNKNOWN, collect_provenance, cpu_model, git_state
+from cgtool.documents.results import load_report
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git program")
 
@@ -95,7 +95,7 @@ def test_a_capture_report_carries_the_provenance_of_the_capture(monkeypatch):
     import torch
 
     import cgtool.capture.session as session
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
 
     fixture = load_report(Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b")
     monkeypatch.setattr(session, "environment", lambda: fixture.environment)  # no GPU to ask
@@ -112,7 +112,7 @@ def test_plan_json_records_the_command_line_that_made_it(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from cgtool.commands.main import app
-    from cgtool.results import load_plan
+    from cgtool.documents.results import load_plan
 
     trace = Path(__file__).parent.parent / "examples" / "azure-conv-first-1000.jsonl"
     argv = ["cgtool", "plan", "--trace", str(trace), "--gpu", "H100-80GB", "--out", str(tmp_path)]

@@ -16,15 +16,15 @@ import pytest
 from matplotlib.image import imread
 from rich.console import Console
 
-from cgtool.compare import compare_reports
-from cgtool.plan_document import StepHistogram
+from cgtool.documents.compare import compare_reports
+from cgtool.documents.plan_document import StepHistogram
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import MEMORY_VIZ_URL, report_html
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.plan_figures import histogram_figure
 from cgtool.reports.render import engine_files, render_path, render_report
 from cgtool.reports.tables import size_rows, to_rich
-from cgtool.results import load_plan, load_report
+from cgtool.documents.results import load_plan, load_report
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 REPORT_DIR = FIXTURES / "h100-llama-3.1-8b"
@@ -218,7 +218,7 @@ def test_size_table_adds_an_experts_column_only_for_moe_rows():
 def test_html_shows_the_timing_spread_and_the_phases_when_the_run_recorded_them(tmp_path):
     import dataclasses
 
-    from cgtool.results import SampleSpread
+    from cgtool.documents.results import SampleSpread
 
     report = load_report(REPORT_DIR / "report.json")
     assert "<h2>Timing</h2>" not in report_html(report, [])  # an older report: neither recorded

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cgtool.document_io import write_json_atomic
+from cgtool.documents.document_io import write_json_atomic
 from cgtool.errors import InputError
-from cgtool.results import (
+from cgtool.documents.results import (
     CaptureReport,
     load_document,
     load_plan,

@@ -1,7 +1,7 @@
 import pytest
 
 from cgtool.errors import CgtoolError
-from cgtool.gpus import gpu_spec
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.schedules import (
     default_schedule,
     known_versions,

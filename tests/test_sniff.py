@@ -2,7 +2,7 @@
 
 import pytest
 
-from cgtool.planner.sniff import guess_format
+from cgtool.traces.sniff import guess_format
 
 
 @pytest.mark.parametrize(("first_line", "expected"), [

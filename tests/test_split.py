@@ -5,10 +5,10 @@ from silly_attention import SILLY_OP, SillyModel
 from torch import fx, nn
 
 from cgtool.attention import ATTENTION_OP, make_backend
-from cgtool.batch import forward_context
-from cgtool.config import load_model_config
-from cgtool.engine import extend_batch
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import forward_context
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.engine import extend_batch
+from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 from cgtool.runners.split import split_graph
 

@@ -9,8 +9,8 @@ import torch
 import tp_worker
 from hf_oracle import make_hf_model
 
-from cgtool.config import load_model_config
-from cgtool.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
+from cgtool.specs.config import load_model_config
+from cgtool.runtime.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
 from cgtool.errors import CgtoolError, ConfigError, EnvironmentProblem
 from cgtool.capture.launch import run_ranks
 from cgtool.model.loader import build_model

@@ -9,11 +9,11 @@ import tp_oom_worker
 import tp_worker
 from tp_oom_worker import FREE, GIB, TOTAL
 
-from cgtool import distributed
+from cgtool.runtime import distributed
 from cgtool.capture import per_size
 from cgtool.capture.launch import run_ranks
 from cgtool.capture.options import SessionState
-from cgtool.distributed import SINGLE, all_ranks, eager_collectives_skipped
+from cgtool.runtime.distributed import SINGLE, all_ranks, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
 
 SIZES = [1, 2, 4, 8]
@@ -130,7 +130,7 @@ def test_at_tp1_a_rehearsal_is_not_run(monkeypatch):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_gpu_nccl_out_of_memory_on_rank_1_in_capture_warmup_and_rehearsal_fails_those_sizes_only(tmp_path):
     from cgtool.capture.options import CaptureOptions
-    from cgtool.results import CaptureReport
+    from cgtool.documents.results import CaptureReport
 
     opts = CaptureOptions(model="qwen2.5-0.5b", kinds=("decode",), capture_bs=SIZES, capture_num_tokens=[],
                           random_weights=True, tp_size=2, out_dir=tmp_path, context_len=256)

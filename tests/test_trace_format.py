@@ -9,8 +9,8 @@ import pytest
 from text_files import write_lines
 
 from cgtool.errors import InputError
-from cgtool.planner import trace as trace_module
-from cgtool.planner.trace import (
+from cgtool.traces import trace as trace_module
+from cgtool.traces.trace import (
     BatchTrace,
     RequestTrace,
     batch_trace,

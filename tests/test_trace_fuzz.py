@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 
 from cgtool.commands.main import app
 from cgtool.errors import InputError
-from cgtool.planner.convert import FORMATS, load_trace
-from cgtool.planner.trace import RequestTrace, read_trace
+from cgtool.traces.convert import FORMATS, load_trace
+from cgtool.traces.trace import RequestTrace, read_trace
 
 
 def assert_names_place(
@@ -172,7 +172,7 @@ def test_random_bytes_never_escape_as_anything_but_an_input_error(content):
 @fuzz(50)  # 50 generated files
 @given(request_records(), st.lists(st.sampled_from(["", " ", "\t", "\r"]), max_size=4))
 def test_fast_and_line_by_line_readers_agree_on_valid_files(records, blanks):
-    from cgtool.planner import trace as trace_module
+    from cgtool.traces import trace as trace_module
 
     text = "".join(blank + "\n" for blank in blanks) + to_jsonl(records)
     path = fuzz_file(text)

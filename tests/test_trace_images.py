@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cgtool.commands.main import app
 from cgtool.errors import InputError
-from cgtool.planner.trace import RequestTrace, read_trace, write_trace
+from cgtool.traces.trace import RequestTrace, read_trace, write_trace
 
 runner = CliRunner()
 

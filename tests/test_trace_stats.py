@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgtool.planner.trace import batch_trace, request_trace
-from cgtool.planner.trace_stats import (
+from cgtool.traces.trace import batch_trace, request_trace
+from cgtool.traces.stats import (
     PERCENTILES,
     batch_stats,
     distribution,

@@ -14,9 +14,9 @@ pytest.importorskip("triton")
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
 from cgtool.attention.triton_decode import num_kv_splits_for
-from cgtool.config import ModelConfig
-from cgtool.engine import decode_batch
-from cgtool.kv import KVPool
+from cgtool.specs.config import ModelConfig
+from cgtool.runtime.engine import decode_batch
+from cgtool.runtime.kv import KVPool
 
 CUDA = "cuda"
 # CPU tensors run only in Triton's interpreter: on a GPU machine the same cases run as GPU tests.
@@ -199,7 +199,7 @@ def test_the_split_count_changes_no_bit_where_the_chunks_are_the_same():
 def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
     """Within a forward the split buffers are allocated once and every layer reuses them;
     each call still matches the reference, and nothing outlives the forward."""
-    from cgtool.batch import forward_context, forward_scratch
+    from cgtool.runtime.batch import forward_context, forward_scratch
 
     seq_lens = [200, 33]
     pool, rows = random_pool([256] * 2, 8, 2, 64, torch.float32, "cpu")
@@ -220,7 +220,7 @@ def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
 def test_a_capture_allocates_split_buffers_per_layer_not_for_the_forward(monkeypatch):
     """Held across a captured forward, the shared block grew the graph pool; captures keep
     the per-layer allocation, which the pool reuses at once."""
-    from cgtool.batch import forward_context, forward_scratch
+    from cgtool.runtime.batch import forward_context, forward_scratch
 
     pool, rows = random_pool([64], 4, 4, 64, torch.float32, "cpu")
     batch = decode_batch(pool, rows, [31], [0])
@@ -237,7 +237,7 @@ def test_a_capture_allocates_split_buffers_per_layer_not_for_the_forward(monkeyp
 def test_only_a_forward_that_asks_shares_split_buffers():
     """torch.compile's CUDA graph trees refuse a block that outlives the compiled call, so
     contexts other than the plain eager forward's keep nothing."""
-    from cgtool.batch import forward_context, forward_scratch
+    from cgtool.runtime.batch import forward_context, forward_scratch
 
     pool, rows = random_pool([64], 4, 4, 64, torch.float32, "cpu")
     batch = decode_batch(pool, rows, [31], [0])

@@ -14,8 +14,8 @@ from test_triton_decode import assert_attention_close, random_pool, random_q
 
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
-from cgtool.engine import extend_batch
-from cgtool.kv import KVPool
+from cgtool.runtime.engine import extend_batch
+from cgtool.runtime.kv import KVPool
 
 
 def run_extend(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cgtool.triton_launch import CachedKernel
+from cgtool.runtime.triton_launch import CachedKernel
 
 
 def _kernel(X, Out, n, scale, BLOCK: "tl.constexpr", EVEN: "tl.constexpr"):  # noqa: F821
@@ -113,7 +113,7 @@ def _jit_compiling_to(compiled_cls):
 
 
 def test_a_compiled_kernel_is_launched_through_its_c_launcher_on_the_current_stream(monkeypatch):
-    import cgtool.triton_launch as tl_mod
+    import cgtool.runtime.triton_launch as tl_mod
 
     monkeypatch.setattr(tl_mod, "_raw_stream", lambda: lambda device: 1000 + device)
     monkeypatch.setattr(tl_mod, "_launch_hooks_set", lambda: False)
@@ -131,7 +131,7 @@ def test_a_compiled_kernel_is_launched_through_its_c_launcher_on_the_current_str
 
 
 def test_with_launch_hooks_set_tritons_own_wrapper_launches(monkeypatch):
-    import cgtool.triton_launch as tl_mod
+    import cgtool.runtime.triton_launch as tl_mod
 
     monkeypatch.setattr(tl_mod, "_raw_stream", lambda: lambda device: 0)
     monkeypatch.setattr(tl_mod, "_launch_hooks_set", lambda: True)
@@ -144,7 +144,7 @@ def test_with_launch_hooks_set_tritons_own_wrapper_launches(monkeypatch):
 
 
 def test_an_empty_hook_chain_is_no_hook_and_a_filled_one_is():
-    from cgtool.triton_launch import hook_is_set
+    from cgtool.runtime.triton_launch import hook_is_set
 
     class Chain:
         def __init__(self, calls):
@@ -157,7 +157,7 @@ def test_an_empty_hook_chain_is_no_hook_and_a_filled_one_is():
 def test_integer_helpers_equal_tritons_own():
     import triton
 
-    from cgtool.triton_launch import cdiv, next_power_of_2
+    from cgtool.runtime.triton_launch import cdiv, next_power_of_2
 
     for n in [0, *range(1, 300), 1023, 1024, 1025, 2**20 + 1]:
         assert next_power_of_2(n) == triton.next_power_of_2(n)

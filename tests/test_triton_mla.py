@@ -19,10 +19,10 @@ from test_triton_decode import assert_attention_close
 
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
-from cgtool.config import ModelConfig
-from cgtool.config_parts import MlaConfig
-from cgtool.engine import decode_batch, extend_batch
-from cgtool.kv import KVPool
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import MlaConfig
+from cgtool.runtime.engine import decode_batch, extend_batch
+from cgtool.runtime.kv import KVPool
 
 
 def latent_config(num_heads: int, rank: int, rope: int, context: int) -> ModelConfig:
@@ -143,7 +143,7 @@ def tiny_mla_config(context: int = 64) -> ModelConfig:
     """deepseek-v2-lite's attention in miniature: dense MLP, two layers, rank 32, rope 16."""
     import dataclasses
 
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
 
     mla = MlaConfig(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)
     return dataclasses.replace(
@@ -155,7 +155,7 @@ def tiny_mla_config(context: int = 64) -> ModelConfig:
 
 def mla_runner(backend: str, dtype: torch.dtype, device: str, context: int = 64):
     from cgtool.attention import make_backend
-    from cgtool.engine import ModelRunner
+    from cgtool.runtime.engine import ModelRunner
     from cgtool.model.loader import build_model
 
     cfg = tiny_mla_config(context)

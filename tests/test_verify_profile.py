@@ -1,7 +1,7 @@
 from verify_fixture import synthetic_result
 
-from cgtool.config import load_model_config
-from cgtool.gpus import gpu_spec
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.profile_fit import profile_cost
 from cgtool.verify.profile import load_profile, verify_as_profile
 from cgtool.verify.result import write_verify

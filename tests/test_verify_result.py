@@ -4,7 +4,7 @@ import pytest
 from verify_fixture import synthetic_result
 
 from cgtool.errors import InputError
-from cgtool.provenance import collect_provenance
+from cgtool.documents.provenance import collect_provenance
 from cgtool.verify.result import VerifyResult, load_verify, write_verify
 from cgtool.verify.summary import ratio_interval, verify_exit_code
 

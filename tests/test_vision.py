@@ -1,7 +1,7 @@
 import pytest
 
 from cgtool.errors import InputError
-from cgtool.vision import (
+from cgtool.specs.vision import (
     SGLANG_VIT_GRAPH_ENV,
     load_vision_preset,
     merged_tokens,
@@ -109,7 +109,7 @@ def test_the_sglang_switch_is_the_seed_documents_variable():
 
 
 def test_default_vit_image_sizes_are_four_grids_the_processor_produces():
-    from cgtool.vision import DEFAULT_VIT_IMAGE_SIZES, capture_grids
+    from cgtool.specs.vision import DEFAULT_VIT_IMAGE_SIZES, capture_grids
 
     sizes = parse_image_sizes(DEFAULT_VIT_IMAGE_SIZES, QWEN)
     grids = capture_grids(sizes, QWEN)
@@ -118,13 +118,13 @@ def test_default_vit_image_sizes_are_four_grids_the_processor_produces():
 
 
 def test_capture_grids_are_the_patch_grids_once_each():
-    from cgtool.vision import capture_grids
+    from cgtool.specs.vision import capture_grids
 
     assert capture_grids([(448, 448), (448, 896), (448, 448)], QWEN) == [(32, 32), (32, 64)]
 
 
 def test_two_sizes_with_one_patch_count_in_different_grids_are_refused():
-    from cgtool.vision import capture_grids
+    from cgtool.specs.vision import capture_grids
 
     with pytest.raises(InputError, match="448x896 and 896x448 both give 2048 patches"):
         capture_grids([(448, 896), (896, 448)], QWEN)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cgtool.model.vit import VisionTower, build_vision_tower, vision_layout
-from cgtool.vision import load_vision_preset
+from cgtool.specs.vision import load_vision_preset
 
 # A toy Qwen2.5-VL tower: windows of 2x2 merge units (4x4 patches), full attention in
 # blocks 1 and 3, every kind of layer present.

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from cgtool.capture.measure import compare_outputs
-from cgtool.vision import (
+from cgtool.specs.vision import (
     DEFAULT_VIT_IMAGE_SIZES,
     capture_grids,
     load_vision_preset,
@@ -58,8 +58,8 @@ def test_replay_equals_eager_within_bf16_tolerance(runner, grid):
 
 def test_capture_kind_vit_writes_consistent_memory_rows(tmp_path):
     from cgtool.commands.main import app
-    from cgtool.invariants import memory_violations
-    from cgtool.results import load_report
+    from cgtool.documents.invariants import memory_violations
+    from cgtool.documents.results import load_report
 
     out = tmp_path / "vit"
     result = CliRunner().invoke(app, ["capture", "--model", "qwen2.5-vl-7b", "--kind", "vit",

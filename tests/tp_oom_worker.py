@@ -15,18 +15,18 @@ import torch
 import torch.distributed as dist
 from tp_worker import PROMPTS, extend_then_decode, make_runner
 
-from cgtool import distributed
+from cgtool.runtime import distributed
 from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost, ReplayCheck
 from cgtool.capture.options import CaptureOptions, SessionState
 from cgtool.capture.sampling import PathTiming, SpreadPool
-from cgtool.distributed import (
+from cgtool.runtime.distributed import (
     current_tp,
     eager_collectives_skipped,
     gather_to_rank0,
     init_tensor_parallel,
 )
-from cgtool.engine import extend_batch
+from cgtool.runtime.engine import extend_batch
 from cgtool.runners import graphs, piecewise_backend
 
 GIB = 1 << 30
@@ -67,7 +67,7 @@ def _join(rank: int, size: int, init_method: str) -> list[int]:
             return fn(*args, **kwargs)
         return call
 
-    # cgtool.distributed looks dist.all_reduce up at each call; its gather is bound at import.
+    # cgtool.runtime.distributed looks dist.all_reduce up at each call; its gather is bound at import.
     dist.all_reduce = counted(dist.all_reduce)
     distributed._all_gather_single = counted(distributed._all_gather_single)
     return count
@@ -241,7 +241,7 @@ def connect_collectives_rank(rank: int, size: int, init_method: str, channel) ->
     """Collectives `connect_collectives` issues for rows [1, 8, 8, 16] of a 4-wide hidden
     state, and what the all-reduce left (zeros summed are zeros)."""
     count = _join(rank, size, init_method)
-    from cgtool.distributed import connect_collectives
+    from cgtool.runtime.distributed import connect_collectives
 
     connect_collectives([1, 8, 8, 16], hidden=4, dtype=torch.float32)
     _send_all(channel, {"issued": count[0]})

@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.config import ModelConfig, load_model_config
-from cgtool.distributed import TensorParallel, barrier, current_tp, init_tensor_parallel
-from cgtool.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.specs.config import ModelConfig, load_model_config
+from cgtool.runtime.distributed import TensorParallel, barrier, current_tp, init_tensor_parallel
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
-from cgtool.kv import KVPool
+from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 from cgtool.model.parallel import local_config
 
@@ -63,7 +63,7 @@ def logits_rank(rank: int, size: int, init_method: str, channel, cases: list) ->
 
 def gather_rank(rank: int, size: int, init_method: str, channel) -> None:
     """Each rank's vocabulary slice holds its own rank number: the gather puts them in order."""
-    from cgtool.distributed import gather_vocab
+    from cgtool.runtime.distributed import gather_vocab
 
     init_tensor_parallel(rank, size, init_method, torch.device("cpu"))
     local = torch.full((2, 3), float(rank)) + torch.arange(3.0)  # shard 3, vocab 5: 1 pad row

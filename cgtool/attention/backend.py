@@ -7,8 +7,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from cgtool.batch import ForwardBatch
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import ForwardBatch
+from cgtool.runtime.kv import KVPool
 
 
 class HeadsBackend(ABC):

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import torch
 
-from cgtool.batch import ForwardBatch, get_forward_context
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import ForwardBatch, get_forward_context
+from cgtool.runtime.kv import KVPool
 
 
 class AttentionBackend(Protocol):

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from cgtool.attention.backend import HeadsBackend
-from cgtool.batch import ForwardBatch
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import ForwardBatch
+from cgtool.runtime.kv import KVPool
 
 
 def attend_one_request(

@@ -11,8 +11,8 @@ from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention, num_kv_splits_for
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.attention.triton_mla import BLOCK_H, mla_decode_attention, mla_extend_attention
-from cgtool.batch import ForwardBatch, forward_scratch
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import ForwardBatch, forward_scratch
+from cgtool.runtime.kv import KVPool
 
 
 class TritonAttentionBackend(HeadsBackend):

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from cgtool.attention.triton_keys import BEFORE_END, attend_key_block
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
-from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # tl.dot needs at least 16 rows; smaller GQA groups are padded with masked rows.
 MIN_BLOCK_H = 16

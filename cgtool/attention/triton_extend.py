@@ -14,7 +14,7 @@ import triton.language as tl
 
 from cgtool.attention.triton_keys import ALL_VISIBLE, CAUSAL, attend_key_block
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
-from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 
 def launch_config(head_dim: int) -> tuple[int, int, int, int]:

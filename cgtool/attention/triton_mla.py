@@ -27,7 +27,7 @@ import triton.language as tl
 from cgtool.attention.triton_decode import decode_scratch, merge_splits, split_bounds, store_split
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
-from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Heads of one program: tl.dot needs 16 rows, and 16 heads x 512 fp32 accumulators fit the
 # registers of 4 warps.

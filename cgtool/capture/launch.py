@@ -161,7 +161,7 @@ def _leave_together() -> None:
     with it, and the ranks still running them wait forever."""
     import torch
 
-    from cgtool.distributed import barrier
+    from cgtool.runtime.distributed import barrier
 
     barrier()
     if torch.cuda.is_initialized():

@@ -12,7 +12,7 @@ import torch
 from cgtool.capture.memory import read_memory
 from cgtool.capture.sampling import PathTiming, SpreadPools, regime_of
 from cgtool.capture.timing import CallTimer, hold_gpu, timed_call
-from cgtool.distributed import all_ranks
+from cgtool.runtime.distributed import all_ranks
 
 Outputs = Sequence[torch.Tensor]  # what a forward is compared on: logits, or hidden states + logits
 MOST_SAMPLES = 15  # timed calls of one path at one size

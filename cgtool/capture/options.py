@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
-from cgtool.hidden_states import HiddenMode
-from cgtool.results import (
+from cgtool.specs.hidden_states import HiddenMode
+from cgtool.documents.results import (
     CaptureTotals,
     CompileCacheStatus,
     KernelRow,
@@ -143,7 +143,7 @@ def require_cuda() -> None:
 
 def validate_tp(model: str, tp_size: int, visible_gpus: int | None) -> None:
     """Refuse a TP size the model cannot be split into, or more ranks than visible GPUs."""
-    from cgtool.config import load_model_config
+    from cgtool.specs.config import load_model_config
     from cgtool.model.parallel import check_tp_shapes
 
     if tp_size < 1:

@@ -23,9 +23,9 @@ from cgtool.capture.options import (
 )
 from cgtool.capture.sampling import SpreadPools
 from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size
-from cgtool.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
+from cgtool.runtime.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
-from cgtool.results import KernelRow, SampleSpread, SizeResult
+from cgtool.documents.results import KernelRow, SampleSpread, SizeResult
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
 from cgtool.runners.pool import freeze_gc
 from cgtool.units import GIB
@@ -370,7 +370,7 @@ def _failed_row(kind: str, size: int, hidden_mode: str = "null") -> SizeResult:
 
 
 def peak_flops() -> float | None:
-    from cgtool.gpus import match_nvml_name
+    from cgtool.specs.gpus import match_nvml_name
 
     spec = match_nvml_name(torch.cuda.get_device_name(0))
     return spec.bf16_flops if spec else None

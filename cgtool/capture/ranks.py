@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from cgtool.capture.options import SessionState
-from cgtool.results import CaptureReport, CaptureTotals
+from cgtool.documents.results import CaptureReport, CaptureTotals
 
 SPREAD_FIELDS = ("retained_bytes", "peak_bytes", "non_torch_bytes", "capture_s", "replay_ms")
 
@@ -47,7 +47,7 @@ def rank_spread(report: CaptureReport) -> list[RankSpread]:
 
 def gather_ranks(state: SessionState, totals: CaptureTotals) -> None:
     """Every rank's size rows (marked with their rank) and totals, on rank 0's `state`."""
-    from cgtool.distributed import current_tp, gather_to_rank0
+    from cgtool.runtime.distributed import current_tp, gather_to_rank0
 
     rank = current_tp().rank
     rows = [dataclasses.replace(row, rank=rank) for row in state.sizes]

@@ -12,7 +12,7 @@ from typing import Any
 
 from cgtool.capture.options import CaptureOptions, ProgressCallback, SessionState
 from cgtool.capture.session import partial_report, resolve_model, run_capture
-from cgtool.results import CaptureReport
+from cgtool.documents.results import CaptureReport
 
 
 def run_capture_tp(opts: CaptureOptions, on_progress: ProgressCallback) -> CaptureReport:
@@ -37,7 +37,7 @@ def rank_options(opts: CaptureOptions, rank: int) -> CaptureOptions:
 def _capture_rank(rank: int, size: int, init_method: str, channel: Any, opts: CaptureOptions) -> None:
     import torch
 
-    from cgtool.distributed import init_tensor_parallel
+    from cgtool.runtime.distributed import init_tensor_parallel
 
     init_tensor_parallel(rank, size, init_method, torch.device("cuda", rank))
     mine = rank_options(opts, rank)

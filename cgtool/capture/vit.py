@@ -29,9 +29,9 @@ from cgtool.capture.session import (
 )
 from cgtool.capture.timing import copy_bandwidth_bytes_s
 from cgtool.model.vit import Segments, VisionLayout, VisionTower, build_vision_tower
-from cgtool.results import CaptureReport, ModelInfo
+from cgtool.documents.results import CaptureReport, ModelInfo
 from cgtool.runners.vit import VitGraphRunner
-from cgtool.vision import VisionPreset, capture_grids, load_vision_preset
+from cgtool.specs.vision import VisionPreset, capture_grids, load_vision_preset
 
 ARCHITECTURE = "Qwen2_5_VisionTransformer"  # HF's class of this tower
 

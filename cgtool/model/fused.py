@@ -17,9 +17,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from cgtool.batch import scratch_empty
-from cgtool.kv_store import store_kv
-from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.batch import scratch_empty
+from cgtool.runtime.kv_store import store_kv
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program covers a whole gate or up chunk of this many elements.
 SILU_BLOCK = 1024

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from cgtool.config import ModelConfig
-from cgtool.distributed import SINGLE, TensorParallel
+from cgtool.specs.config import ModelConfig
+from cgtool.runtime.distributed import SINGLE, TensorParallel
 from cgtool.errors import ConfigError
 from cgtool.model.llama import CausalLM
 from cgtool.model.parallel import RowParallelLinear

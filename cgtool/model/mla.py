@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from cgtool.attention.op import attention
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.model.layers import RMSNorm, RotaryEmbedding
 
 

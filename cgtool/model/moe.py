@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.config import ModelConfig
-from cgtool.config_parts import MoeConfig
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import MoeConfig
 from cgtool.model.fused import silu_and_mul_ref
 from cgtool.model.layers import SwiGLU
 from cgtool.model.moe_triton import fused_experts

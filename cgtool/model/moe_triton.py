@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from cgtool.model.fused import silu_and_mul
-from cgtool.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Untuned: SGLang's default fused-MoE config for small batches, not yet swept on the H100.
 BLOCK_N, BLOCK_K, NUM_WARPS = 64, 64, 4

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.config import ModelConfig
-from cgtool.distributed import TensorParallel, gather_vocab
+from cgtool.specs.config import ModelConfig
+from cgtool.runtime.distributed import TensorParallel, gather_vocab
 from cgtool.errors import ConfigError
 from cgtool.model.direct_call import DirectCall
 

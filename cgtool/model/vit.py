@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cgtool.model.fused import apply_rope, rms_norm, silu_and_mul
-from cgtool.vision import VisionPreset
+from cgtool.specs.vision import VisionPreset
 
 NORM_EPS = 1e-6  # Qwen2.5-VL's vision RMSNorm
 ROPE_THETA = 10000.0

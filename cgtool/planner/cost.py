@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from cgtool.config import ModelConfig
-from cgtool.gpus import GpuSpec
-from cgtool.hidden_states import HiddenMode, decode_hidden_buffer_bytes
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.gpus import GpuSpec
+from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.planner.memory import activation_bytes_per_token
 from cgtool.planner.parallel import (
     allreduces_per_forward,

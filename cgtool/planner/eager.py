@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.planner.cost import CostModel, kernels_per_forward
 
 # Host time per kernel of host-bound eager PyTorch (measured, see above).

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.gpus import GpuSpec
+from cgtool.specs.gpus import GpuSpec
 from cgtool.planner.cost import CostModel
 from cgtool.planner.schedules import resolve_version
 from cgtool.units import BF16_BYTES, FP32_BYTES, INT32_BYTES, INT64_BYTES, UINT8_BYTES

@@ -1,14 +1,14 @@
 """A chosen plan as the plan.json document: scored, its flags spelled out, its notes added.
 
 The planner works with its own results (numpy histograms, the robust choice);
-this is where they are copied into cgtool.plan_document.Plan, the one shape readers see.
+this is where they are copied into cgtool.documents.plan_document.Plan, the one shape readers see.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from cgtool.plan_document import (
+from cgtool.documents.plan_document import (
     DecodePlan,
     PiecewisePlan,
     Plan,
@@ -36,7 +36,7 @@ from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server
-from cgtool.provenance import collect_provenance
+from cgtool.documents.provenance import collect_provenance
 
 
 def finish_plan(

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import CgtoolError
-from cgtool.plan_document import PlanMemory
+from cgtool.documents.plan_document import PlanMemory
 from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
 from cgtool.units import BF16_BYTES, FP32_BYTES, GIB, MIB

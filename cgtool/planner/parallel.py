@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import CgtoolError
-from cgtool.gpus import GpuSpec
+from cgtool.specs.gpus import GpuSpec
 from cgtool.units import BF16_BYTES
 
-# One node: the link figures in cgtool.gpus describe NVLink or PCIe inside a server of up to
+# One node: the link figures in cgtool.specs.gpus describe NVLink or PCIe inside a server of up to
 # 8 GPUs, not the network between servers.
 MAX_TP_SIZE = 8
 # NCCL's bus bandwidth at large messages is about 80% of the per-direction link peak

@@ -7,7 +7,7 @@ held-out split (cgtool.planner.scenarios) under every eager-cost assumption
 (cgtool.planner.robust); the plan, the default and an existing plan are then scored on the
 same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
 
-The result is the plan.json document itself (cgtool.plan_document.Plan): cgtool.planner.finish
+The result is the plan.json document itself (cgtool.documents.plan_document.Plan): cgtool.planner.finish
 copies the planner's working results (histograms, scores) into it.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.plan_document import LoadSummary, Plan, PlanMemory, Simulation
+from cgtool.documents.plan_document import LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.memory import plan_memory

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cgtool.plan_document import EagerAssumption, PlanBasis
+from cgtool.documents.plan_document import EagerAssumption, PlanBasis
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cgtool.plan_document import PlanMemory, ScenarioScore, ScheduleScore
+from cgtool.documents.plan_document import PlanMemory, ScenarioScore, ScheduleScore
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, scenario_score

@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.gpus import GpuSpec
+from cgtool.specs.gpus import GpuSpec
 from cgtool.planner.cost import (
     CostModel,
     decode_pool_bytes_at,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.plan_document import ScheduleScore
+from cgtool.documents.plan_document import ScheduleScore
 from cgtool.planner.cost import CostModel
 
 

@@ -1,6 +1,6 @@
 """ViT capture shapes for a trace's images: the patch counts worth a graph, and SGLang's switch.
 
-Each image becomes the patch count its processor resizes it to (cgtool.vision); a count gets a
+Each image becomes the patch count its processor resizes it to (cgtool.specs.vision); a count gets a
 graph when it serves at least the share of images a token bin must serve of extend steps
 (MIN_BIN_SHARE), since each graph keeps its own memory in the pool (seed 001).
 """
@@ -11,9 +11,9 @@ from collections import Counter
 from collections.abc import Iterable
 
 from cgtool.errors import InputError
-from cgtool.plan_document import VitPlan
+from cgtool.documents.plan_document import VitPlan
 from cgtool.planner.grid import MIN_BIN_SHARE
-from cgtool.vision import (
+from cgtool.specs.vision import (
     DEFAULT_VISION_PRESET,
     SGLANG_VIT_GRAPH_ENV,
     load_vision_preset,

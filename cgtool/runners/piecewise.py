@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from cgtool.batch import ForwardBatch, ForwardMode, forward_context
-from cgtool.distributed import current_tp
-from cgtool.engine import ModelRunner
-from cgtool.kv import DUMMY_REQ, DUMMY_SLOT
-from cgtool.results import CompileCacheStatus
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.distributed import current_tp
+from cgtool.runtime.engine import ModelRunner
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.documents.results import CompileCacheStatus
 from cgtool.runners import compile_cache
 from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cgtool.config import ModelConfig, load_model_config
-from cgtool.gpus import GpuSpec, gpu_spec
-from cgtool.plan_document import Plan, StepHistogram
+from cgtool.specs.config import ModelConfig, load_model_config
+from cgtool.specs.gpus import GpuSpec, gpu_spec
+from cgtool.documents.plan_document import Plan, StepHistogram
 from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS
 from cgtool.planner.profile_fit import profile_cost
@@ -40,9 +40,9 @@ def population_from_trace(
     plan: Plan, trace: Path, trace_format: str = "cgtool"
 ) -> tuple[StepPopulation, list[str]]:
     """Re-simulate `trace` as the plan did; the warnings say where the result differs."""
-    from cgtool.planner.convert import load_trace
+    from cgtool.traces.convert import load_trace
     from cgtool.planner.plan import plan_batches, plan_requests
-    from cgtool.planner.trace import RequestTrace
+    from cgtool.traces.trace import RequestTrace
 
     request, notes = _plan_request(plan, str(trace))
     loaded = load_trace(trace, trace_format).trace

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from cgtool.results import load_report
+from cgtool.documents.results import load_report
 from cgtool.verify.result import (
     SetResult,
     SizeTiming,
@@ -35,8 +35,8 @@ def load_profile(path: Path) -> dict[str, Any]:
 
 
 def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
-    from cgtool.config import load_model_config
-    from cgtool.gpus import GpuSpec, match_nvml_name
+    from cgtool.specs.config import load_model_config
+    from cgtool.specs.gpus import GpuSpec, match_nvml_name
     from cgtool.planner.cost import roofline_cost
 
     cfg = load_model_config(result.model.name)

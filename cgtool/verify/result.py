@@ -1,7 +1,7 @@
 """`verify.json`: what a verification measured beside what the plan predicted.
 
 Written atomically and read back through the same validating converter as reports and
-plans (`cgtool.document_io`), so a damaged file is one sentence naming the field.
+plans (`cgtool.documents.document_io`), so a damaged file is one sentence naming the field.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cgtool.document_io import (
+from cgtool.documents.document_io import (
     FORMAT_VERSION,
     Provenance,
     check_header,
@@ -20,7 +20,7 @@ from cgtool.document_io import (
     utc_now_iso,
     write_json_atomic,
 )
-from cgtool.results import Environment, ModelInfo, resolve_document
+from cgtool.documents.results import Environment, ModelInfo, resolve_document
 
 VERIFY_SCHEMA = "cgtool.verify"
 VERIFY_FILENAME = "verify.json"

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cgtool.errors import InputError
-from cgtool.plan_document import Plan
+from cgtool.documents.plan_document import Plan
 from cgtool.planner.cost import CostModel
-from cgtool.provenance import collect_provenance
-from cgtool.results import load_plan
+from cgtool.documents.provenance import collect_provenance
+from cgtool.documents.results import load_plan
 from cgtool.verify.population import (
     plan_cost,
     population_from_histograms,

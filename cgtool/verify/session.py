@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from cgtool.config import ModelConfig
-from cgtool.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.specs.config import ModelConfig
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.runners.pool import SizeStep
 from cgtool.units import GIB
 from cgtool.verify.result import Rehearsal
@@ -91,7 +91,7 @@ def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
 
 def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: SessionResult) -> ModelRunner:
     from cgtool.attention import make_backend
-    from cgtool.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
+    from cgtool.runtime.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
     from cgtool.model.loader import build_model
 
     width = _context_width(opts, cfg)

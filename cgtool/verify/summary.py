@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.plan_document import Plan
+from cgtool.documents.plan_document import Plan
 from cgtool.planner.cost import CostModel
 from cgtool.verify.population import predicted_ms
 from cgtool.verify.result import KindTiming, Ratio, SetResult, SizeTiming, VerifyResult

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from cgtool.config import load_preset
-from cgtool.gpus import GPU_SPECS
-from cgtool.results import (
+from cgtool.specs.config import load_preset
+from cgtool.specs.gpus import GPU_SPECS
+from cgtool.documents.results import (
     Artifacts,
     CaptureReport,
     CaptureSettings,

@@ -2,8 +2,8 @@
 
 One validating converter turns parsed JSON into the documents' dataclasses, checking every
 field against its type, and every failure is one InputError naming the file and the field.
-Writes are atomic. The document types themselves live in cgtool.results (capture reports),
-cgtool.plan_document (plans) and cgtool.verify.result (verifications).
+Writes are atomic. The document types themselves live in cgtool.documents.results (capture reports),
+cgtool.documents.plan_document (plans) and cgtool.verify.result (verifications).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def utc_now_iso() -> str:
 
 @dataclass(slots=True)
 class Provenance:
-    """What produced a report or plan (cgtool.provenance collects it); its date is `created`."""
+    """What produced a report or plan (cgtool.documents.provenance collects it); its date is `created`."""
 
     commit: str  # git commit of the cgtool source, or "unknown" outside a git checkout
     dirty: bool | None  # tracked files changed since that commit; None when unknown

@@ -13,8 +13,8 @@ from typing import NoReturn
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.planner.trace import ConvertResult, request_trace
-from cgtool.planner.trace_fields import (
+from cgtool.traces.trace import ConvertResult, request_trace
+from cgtool.traces.fields import (
     field_error,
     json_object,
     line_error,

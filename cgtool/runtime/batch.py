@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from cgtool.kv import KVPool
+    from cgtool.runtime.kv import KVPool
 
 
 class ForwardMode(enum.IntEnum):

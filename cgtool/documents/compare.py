@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgtool.errors import InputError
-from cgtool.plan_document import Plan
-from cgtool.results import CaptureReport, SizeResult
+from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import CaptureReport, SizeResult
 from cgtool.units import MIB
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cgtool.batch import ForwardBatch, ForwardMode, forward_context
-from cgtool.kv import KVPool
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.kv import KVPool
 from cgtool.model.llama import CausalLM
 
 

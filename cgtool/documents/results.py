@@ -1,8 +1,8 @@
 """Capture reports as typed dataclasses, and the one loader of reports and plans.
 
 A capture report is built from the dataclasses below and written atomically. Reports and
-plans (cgtool.plan_document) are read back through `load_document`, which tells them apart
-by their schema field; cgtool.document_io checks the header, the major version and every
+plans (cgtool.documents.plan_document) are read back through `load_document`, which tells them apart
+by their schema field; cgtool.documents.document_io checks the header, the major version and every
 field, and raises one InputError naming the file and the field.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cgtool.document_io import (
+from cgtool.documents.document_io import (
     Provenance,
     check_created,
     check_header,
@@ -24,8 +24,8 @@ from cgtool.document_io import (
     write_json_atomic,
 )
 from cgtool.errors import InputError
-from cgtool.hidden_states import HiddenMode
-from cgtool.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
+from cgtool.specs.hidden_states import HiddenMode
+from cgtool.documents.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 
 REPORT_SCHEMA = "cgtool.report"
 REPORT_FILENAME = "report.json"

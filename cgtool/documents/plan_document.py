@@ -7,7 +7,7 @@ objects because it must also load plans written by older versions: fields they l
 optional here. The memory plan is built as this document's PlanMemory; the simulator's
 numpy histograms stay internal to the planner, which copies them in when it finishes.
 
-`Plan.from_dict` checks the header and every field through cgtool.document_io, so a damaged
+`Plan.from_dict` checks the header and every field through cgtool.documents.document_io, so a damaged
 file is one sentence naming the file and the field; `to_dict` writes the plan.json layout of
 docs/formats.md, keys in the same order.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cgtool.document_io import (
+from cgtool.documents.document_io import (
     Provenance,
     check_header,
     convert,

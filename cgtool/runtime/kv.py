@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from cgtool.config import ModelConfig
+from cgtool.specs.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
-from cgtool.kv_store import store_kv
+from cgtool.runtime.kv_store import store_kv
 
 # Slot 0 and request row 0 are never handed out: padded batch entries write and read there.
 DUMMY_SLOT = 0

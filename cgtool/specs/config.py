@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cgtool.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
+from cgtool.specs.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
 from cgtool.errors import ConfigError
 from cgtool.units import BF16_BYTES
 

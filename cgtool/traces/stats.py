@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.planner.trace import BatchTrace, RequestTrace
+from cgtool.traces.trace import BatchTrace, RequestTrace
 
 PERCENTILES = (50, 90, 99)
 

@@ -6,18 +6,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cgtool.errors import InputError
-from cgtool.planner.convert_logs import (
+from cgtool.traces.convert_logs import (
     SGLANG_DECODE_LOG_INTERVAL,
     convert_sglang_log,
     convert_vllm_metrics,
 )
-from cgtool.planner.convert_public import (
+from cgtool.traces.convert_public import (
     MOONCAKE_BLOCK_TOKENS,
     convert_azure,
     convert_burstgpt,
     convert_mooncake,
 )
-from cgtool.planner.trace import ConvertResult, RequestTrace, read_trace
+from cgtool.traces.trace import ConvertResult, RequestTrace, read_trace
 
 FORMATS: dict[str, str] = {
     "cgtool": "cgtool JSON Lines (requests or batches)",

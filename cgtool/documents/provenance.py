@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 from cgtool import __version__
-from cgtool.document_io import Provenance
+from cgtool.documents.document_io import Provenance
 
 UNKNOWN = "unknown"
 # Set by a launcher that copies the source (a GPU machine, CI): it wins over the copy's own
 # .git, which may be stale (a GPU run of 2026-11-23 recorded the session's first commit).
 COMMIT_ENV = "CGTOOL_GIT_COMMIT"
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
 def collect_provenance(argv: list[str] | None = None) -> Provenance:

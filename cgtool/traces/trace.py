@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.planner.trace_fields import (
+from cgtool.traces.fields import (
     MAX_ARRIVAL_S,
     MAX_TOKENS,
     field_error,

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.triton_launch import CachedKernel, cdiv
+from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
 # One program writes this many elements of a token's row (kv_heads * head_dim, or the latent).
 STORE_BLOCK = 1024
