@@ -57,6 +57,45 @@ def memory_table(plan: Plan) -> Table:
     return terminal_table(plan_memory_rows(plan))
 
 
+_LOOP_NAMES = {"plan": "plan", "default": "default", "current": "current"}
+
+
+def closed_loop_rows(plan: Plan) -> TableData | None:
+    """Each schedule served with its own step times, per load; eager assumptions that give the
+    same figures share a row."""
+    rows = plan.closed_loop
+    if not rows:
+        return None
+    columns = ["load", "eager", "schedule", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
+               "tokens/s", "eager decode"]
+    body: list[list[str]] = []
+    for load in dict.fromkeys(r.load for r in rows):
+        at_load = [r for r in rows if r.load == load]
+        groups: dict[tuple, list[str]] = {}
+        for r in at_load:  # assumptions whose rows agree on every schedule form one group
+            key = tuple(_loop_cells(x) for x in at_load if x.eager == r.eager)
+            groups.setdefault(key, [])
+            if r.eager not in groups[key]:
+                groups[key].append(r.eager)
+        for eagers in groups.values():
+            for r in (x for x in at_load if x.eager == eagers[0]):
+                body.append([f"{load:g}x", ", ".join(eagers), _LOOP_NAMES.get(r.schedule, r.schedule),
+                             *_loop_cells(r)])
+    return TableData(
+        "Served with its own step times (closed loop, predicted)", columns, body
+    )
+
+
+def _loop_cells(r) -> tuple[str, ...]:
+    return (f"{r.ttft_p50_s:,.3f} s", f"{r.ttft_p99_s:,.3f} s", f"{r.tpot_p50_ms:,.1f} ms",
+            f"{r.tpot_p99_ms:,.1f} ms", f"{r.output_tokens_per_s:,.0f}", f"{r.decode_eager_share:.0%}")
+
+
+def _ratio(a: float, b: float) -> str:
+    """a / b, or a dash where b is 0 (no steps of that part at that load)."""
+    return f"{a / b:.3f}" if b > 0 else "-"
+
+
 def scenario_table(plan: Plan) -> Table | None:
     """Expected step per load and eager assumption: held out, and as fitted."""
     rows = plan.scenarios
@@ -82,13 +121,13 @@ def scenario_table(plan: Plan) -> Table | None:
             eager,
             f"{p.expected_step_ms:.3f}",
             f"{d.expected_step_ms:.3f}",
-            f"{p.expected_step_ms / d.expected_step_ms:.3f}",
-            f"{fp.expected_step_ms / fd.expected_step_ms:.3f}",
+            _ratio(p.expected_step_ms, d.expected_step_ms),
+            _ratio(fp.expected_step_ms, fd.expected_step_ms),
             f"{p.decode_coverage:.1%}",
         ]
         if current:
             c = index[(part, load, eager, "current")]
-            cells += [f"{c.expected_step_ms:.3f}", f"{c.expected_step_ms / d.expected_step_ms:.3f}"]
+            cells += [f"{c.expected_step_ms:.3f}", _ratio(c.expected_step_ms, d.expected_step_ms)]
         table.add_row(*cells)
     return table
 
@@ -161,11 +200,15 @@ def plan_view(plan: Plan) -> RenderableType:
         *_basis_lines(plan),
         comparison_table(plan),
     ]
+    loop = closed_loop_rows(plan)
+    if loop is not None:
+        parts.append(terminal_table(loop))
+    parts += [Text(f"warning: {w}", style="bold red") for w in warnings if w.startswith("eager basin")]
     scenarios = scenario_table(plan)
     if scenarios is not None:
         parts.append(scenarios)
     parts.append(memory_table(plan))
-    rest = [w for w in warnings if w not in overload]
+    rest = [w for w in warnings if w not in overload and not w.startswith("eager basin")]
     if rest:
         parts.append(Text("\n".join(f"note: {w}" for w in rest), style="yellow"))
     for other in (e for e in ENGINE_NAMES if e != engine and e in plan.flags):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cgtool.documents.plan_document import (
+    ClosedLoopRow,
     DecodePlan,
     PiecewisePlan,
     Plan,
@@ -17,6 +18,7 @@ from cgtool.documents.plan_document import (
     Simulation,
     StepHistogram,
 )
+from cgtool.planner.closed_loop import basin_lines
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan_notes import (
@@ -50,6 +52,7 @@ def finish_plan(
     simulation: Simulation,
     trace_kind: str,
     replicas: int,
+    loop: list[ClosedLoopRow] | None = None,
 ) -> Plan:
     """The plan.json document of the sizes and memory chosen, scored and explained."""
     default = server.default
@@ -74,11 +77,13 @@ def finish_plan(
         basis=plan_basis(server, choice, fit, held, replicas, req),
         flags=_flags(req, server, choice, memory),
         simulation=replace(simulation, peak_kv_demand_tokens=memory.peak_kv_demand_tokens),
+        closed_loop=loop or [],
     )
     plan.warnings.extend(server.cost.warnings)
     plan.warnings.extend(replication_warnings(req))
     plan.warnings.extend(ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
+    plan.warnings.extend(basin_lines(loop or []))
     return plan
 
 

@@ -15,29 +15,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.documents.plan_document import LoadSummary, Plan, PlanMemory, Simulation
+from cgtool.documents.plan_document import (
+    ClosedLoopRow,
+    LoadSummary,
+    Plan,
+    PlanMemory,
+    Simulation,
+)
 from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.memory import plan_memory
 from cgtool.planner.optimiser import Limits
 from cgtool.planner.request import PlanRequest
-from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
+from cgtool.planner.plan_scores import compared_schedules
+from cgtool.planner.robust import RobustChoice, Scenario, Schedule, choose_robust
+from cgtool.planner.closed_loop import closed_loop
 from cgtool.planner.scenarios import (
     LoadRun,
+    Traffic,
     overload_warning,
-    replica_share,
     replicas_needed,
-    split_time,
 )
 from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
-from cgtool.planner.sim_result import SimulationResult
+from cgtool.planner.sim_result import SimulationResult, StepTally
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
@@ -60,24 +66,36 @@ def plan_requests(
 ) -> Plan:
     """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
     the plan then covers the requests simulated so far, marked incomplete."""
+    return plan_traffic(Traffic(arrival_s, input_len, output_len, cached_len), req, progress, stop)
+
+
+def plan_traffic(
+    traffic: Traffic,
+    req: PlanRequest,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Plan:
+    """Plan from requests with arrival times, or from lengths served by a closed-loop client."""
     server = server_for(req)
-    if len(arrival_s) == 0:
+    if len(traffic) == 0:
         raise InputError(f"{req.trace_name or 'the trace'} holds no request",
                          "Plan from a trace with requests.")
-    arrays = (arrival_s, input_len, output_len, cached_len)
     kv = _provisional_kv(req, server)
-    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
+    asked, runs, replicas = _enough_replicas(traffic, req, server, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
-    pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
+    pool = _fit_pool(traffic, req, server, runs, kv, replicas, progress, stop)
     kv_ms = server.cost.kv_read_ms_per_token
-    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in pool.runs]
+    held = [Scenario(r.load, *fit_parts(r.result)[1].histograms(kv_ms)) for r in pool.runs]
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
+    schedules = compared_schedules(req, server, pool.choice, pool.memory)
+    loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop)
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
-                       _simulation(pool, replicas), "requests", replicas)
+                       _simulation(pool, replicas), "requests", replicas, loop)
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
+    plan.warnings.extend(_traffic_notes(traffic, pool.runs))
     if first.dropped_requests:
         plan.warnings.append(
             f"{first.dropped_requests} requests were longer than the context or the KV pool "
@@ -86,6 +104,54 @@ def plan_requests(
     if progress is not None:
         progress("optimise", 1.0)
     return plan
+
+
+def fit_parts(result: SimulationResult) -> tuple[StepTally, StepTally]:
+    """(steps to fit on, held-out steps): the steps before and after the held-out split, or
+    every step twice over when the split left none to fit on (most requests at one instant)."""
+    fit, held = result.split_tallies()
+    if fit.steps == 0:
+        whole = result.tally()
+        return whole, whole.minus(whole)
+    return fit, held
+
+
+def _closed_loop(
+    traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
+    replicas: int, simulated_loads: int, progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> list[ClosedLoopRow]:
+    """Each schedule served with its own step times at each load simulated."""
+    if stop is not None and stop():
+        return []
+    limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
+              "context_len": server.context_len}
+    report = None if progress is None else (lambda f: progress("closed loop", f))
+    loads = traffic.load_jobs(req.loads[:simulated_loads], replicas)
+    return closed_loop(schedules, server.assumptions, loads, limits, report, stop)
+
+
+def _traffic_notes(traffic: Traffic, runs: list[LoadRun]) -> list[str]:
+    notes = []
+    if traffic.concurrency is not None:
+        notes.append(
+            f"closed-loop client: {traffic.concurrency} requests in flight at 1x load (each "
+            "load multiplies it), a new one sent as one finishes; no arrival times"
+        )
+    offline = [run for run in runs if run.bounded and traffic.concurrency is None]
+    if offline:
+        loads = ", ".join(f"{run.load:g}x" for run in offline)
+        notes.append(
+            f"offline batch at {loads}: most requests arrive at once, so the queue drains by "
+            "design; TTFT counts the wait behind the batch, and no replicas are suggested"
+        )
+    if any(run.result.before_split is not None and run.result.split_tallies()[0].steps == 0
+           for run in runs):
+        notes.append(
+            "in-sample: the held-out split left no steps to fit on (the requests arrive "
+            "together), so sizes are fitted and scored on the whole trace"
+        )
+    return notes
 
 
 def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, kv: int) -> None:
@@ -98,7 +164,7 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
 
 
 def _enough_replicas(
-    arrays: tuple[Any, ...], req: PlanRequest, server: Server, kv: int,
+    traffic: Traffic, req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
 ) -> tuple[list[LoadRun], list[LoadRun], int]:
     """(runs at the asked-for replicas, runs at the fewest replicas from there up at which no
@@ -106,13 +172,13 @@ def _enough_replicas(
     re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
     finds it again."""
     replicas = req.replicas
-    asked = runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     for _ in range(REPLICA_ROUNDS):
         needed = replicas_needed(runs, replicas)
         if needed is None or runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     return asked, runs, replicas
 
 
@@ -158,7 +224,7 @@ class _PoolFit:
 
 
 def _fit_pool(
-    arrays: tuple[Any, ...], req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
+    traffic: Traffic, req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
     replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
 ) -> _PoolFit:
     """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
@@ -167,7 +233,7 @@ def _fit_pool(
     while True:
         if progress is not None:
             progress("optimise", 0.0)
-        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
+        fit = [Scenario(r.load, *fit_parts(r.result)[0].histograms(kv_ms)) for r in runs]
         first = runs[0].result
         choice, memory = _choose_and_size(
             req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
@@ -176,11 +242,11 @@ def _fit_pool(
         if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
             return _PoolFit(runs, kv, rounds, choice, memory, fit)
         kv, rounds = memory.kv_tokens, rounds + 1
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
 
 
 def _simulate_loads(
-    arrays: tuple,
+    traffic: Traffic,
     req: PlanRequest,
     server: Server,
     replicas: int,
@@ -188,28 +254,20 @@ def _simulate_loads(
     progress: Progress | None,
     stop: Callable[[], bool] | None,
 ) -> list[LoadRun]:
-    arrival, input_len, output_len, cached_len = replica_share(arrays, replicas)
-    scaled = [np.asarray(arrival, dtype=np.float64) / load for load in req.loads]
-    jobs = [
-        {
-            "arrival_s": at_load,
-            "input_len": input_len,
-            "output_len": output_len,
-            "cached_len": cached_len,
-            "cost": default_step_cost(server),
-            "max_running_requests": server.max_running,
-            "chunked_prefill_size": server.chunk,
-            "kv_capacity_tokens": kv_tokens,
-            "context_len": server.context_len,
-            "split_s": split_time(at_load),
-        }
-        for at_load in scaled
-    ]
+    loads = traffic.load_jobs(req.loads, replicas)
+    limits = {
+        "cost": default_step_cost(server),
+        "max_running_requests": server.max_running,
+        "chunked_prefill_size": server.chunk,
+        "kv_capacity_tokens": kv_tokens,
+        "context_len": server.context_len,
+    }
     report = None if progress is None else (lambda f: progress("simulate", f))
-    results = simulate_all(jobs, report, stop)
+    results = simulate_all([job.columns | limits for job in loads], report, stop)
+    bounded = traffic.concurrency is not None
     return [
-        LoadRun(load, result, float(at_load[-1] - at_load[0]))
-        for load, result, at_load in zip(req.loads, results, scaled)
+        LoadRun(job.load, result, job.span_s, bounded or job.offline)
+        for job, result in zip(loads, results)
     ]
 
 
