@@ -27,7 +27,7 @@ from cgtool.documents.plan_document import ClosedLoopRow
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.robust import Schedule
 from cgtool.planner.scenarios import LoadJob
-from cgtool.planner.scoring import padded_sizes, served_ms
+from cgtool.planner.scoring import padded_sizes, schedule_step_cost
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult
 from cgtool.planner.step_time import StepCost
@@ -35,16 +35,6 @@ from cgtool.planner.step_time import StepCost
 # A schedule is in its eager basin at a load when most of its decode steps run eagerly above
 # its largest graph and its median batch is this much above the batch with graphs throughout.
 BASIN_PUSH = 1.1
-
-
-def schedule_step_cost(cost, decode_bs, tokens, pads: bool = True) -> StepCost:
-    """Step times of a server running this capture schedule under this cost model."""
-    return StepCost(
-        decode_ms=served_ms(cost.decode_graph_ms, cost.decode_eager_ms, tuple(decode_bs), pads),
-        extend_ms=served_ms(cost.extend_graph_ms, cost.extend_eager_ms, tuple(tokens), pads),
-        kv_read_ms_per_token=cost.kv_read_ms_per_token,
-        attention_ms_per_pair=cost.attention_ms_per_pair,
-    )
 
 
 def metrics(

@@ -44,6 +44,7 @@ from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
+from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
 
 Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
@@ -85,7 +86,7 @@ def plan_traffic(
     _check_some_fit(runs[0].result, req, server, kv)
     pool = _fit_pool(traffic, req, server, runs, kv, replicas, progress, stop)
     kv_ms = server.cost.kv_read_ms_per_token
-    held = [Scenario(r.load, *fit_parts(r.result)[1].histograms(kv_ms)) for r in pool.runs]
+    held = [Scenario(r.load, *fit_parts(r)[1].histograms(kv_ms)) for r in pool.runs]
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
@@ -106,12 +107,13 @@ def plan_traffic(
     return plan
 
 
-def fit_parts(result: SimulationResult) -> tuple[StepTally, StepTally]:
+def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
     """(steps to fit on, held-out steps): the steps before and after the held-out split, or
-    every step twice over when the split left none to fit on (most requests at one instant)."""
-    fit, held = result.split_tallies()
-    if fit.steps == 0:
-        whole = result.tally()
+    every step and none when the split by time means nothing (an offline batch) or left no
+    step to fit on."""
+    fit, held = run.result.split_tallies()
+    if run.offline or fit.steps == 0:
+        whole = run.result.tally()
         return whole, whole.minus(whole)
     return fit, held
 
@@ -138,18 +140,18 @@ def _traffic_notes(traffic: Traffic, runs: list[LoadRun]) -> list[str]:
             f"closed-loop client: {traffic.concurrency} requests in flight at 1x load (each "
             "load multiplies it), a new one sent as one finishes; no arrival times"
         )
-    offline = [run for run in runs if run.bounded and traffic.concurrency is None]
+    offline = [run for run in runs if run.offline]
     if offline:
         loads = ", ".join(f"{run.load:g}x" for run in offline)
         notes.append(
             f"offline batch at {loads}: most requests arrive at once, so the queue drains by "
             "design; TTFT counts the wait behind the batch, and no replicas are suggested"
         )
-    if any(run.result.before_split is not None and run.result.split_tallies()[0].steps == 0
+    if any(fit_parts(run)[0].steps == run.result.steps and run.result.before_split is not None
            for run in runs):
         notes.append(
-            "in-sample: the held-out split left no steps to fit on (the requests arrive "
-            "together), so sizes are fitted and scored on the whole trace"
+            "in-sample: a held-out split by arrival time leaves nothing to fit on when the "
+            "requests arrive together, so sizes are fitted and scored on the whole trace there"
         )
     return notes
 
@@ -233,7 +235,7 @@ def _fit_pool(
     while True:
         if progress is not None:
             progress("optimise", 0.0)
-        fit = [Scenario(r.load, *fit_parts(r.result)[0].histograms(kv_ms)) for r in runs]
+        fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
         first = runs[0].result
         choice, memory = _choose_and_size(
             req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
@@ -264,9 +266,8 @@ def _simulate_loads(
     }
     report = None if progress is None else (lambda f: progress("simulate", f))
     results = simulate_all([job.columns | limits for job in loads], report, stop)
-    bounded = traffic.concurrency is not None
     return [
-        LoadRun(job.load, result, job.span_s, bounded or job.offline)
+        LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
         for job, result in zip(loads, results)
     ]
 
@@ -317,12 +318,15 @@ def plan_batches(
     decode_sizes, decode_counts, d_over = _clip(decode_sizes, decode_counts, limits.max_bs)
     extend_sizes, extend_counts, e_over = _clip(extend_sizes, extend_counts, limits.max_tokens)
     cost, step_cost = server.cost, default_step_cost(server)
-    context_ms = decode_counts * decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS)
-    context_ms = context_ms * cost.kv_read_ms_per_token
-    attention = extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * cost.attention_ms_per_pair
     # No clock ran: time at each size is estimated as the default schedule would take it.
-    decode_s = (decode_counts * step_cost.decode_ms[decode_sizes] + context_ms) / 1e3
-    extend_s = (extend_counts * step_cost.extend_ms[extend_sizes] + attention) / 1e3
+    context_tokens = decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS)
+    context_ms = decode_counts * context_tokens * cost.kv_read_ms_per_token
+    pairs = attention_pairs(extend_sizes, 0)
+    attention = extend_counts * pairs * cost.attention_ms_per_pair
+    decode_ms = decode_step_ms(step_cost.decode_ms[decode_sizes], cost.kv_read_ms_per_token,
+                               context_tokens)
+    extend_ms = extend_step_ms(step_cost.extend_ms[extend_sizes], cost.attention_ms_per_pair, pairs)
+    decode_s, extend_s = decode_counts * decode_ms / 1e3, extend_counts * extend_ms / 1e3
     decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
     extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
     if progress is not None:

@@ -134,14 +134,15 @@ class LoadRun:
     load: float
     result: SimulationResult
     span_s: float  # first to last arrival, at this load
-    # A batch job (arrivals mostly at once) or a closed-loop client: a queue that drains by
-    # design, never an overload.
-    bounded: bool = False
+    # A batch job (arrivals mostly at once: the held-out split by time means nothing either)
+    # or a closed-loop client: a queue that drains by design, never an overload.
+    offline: bool = False
+    closed_client: bool = False
 
     @property
     def overloaded(self) -> bool:
         # A short burst that drains within a minute of its end is not a growing queue.
-        if self.bounded:
+        if self.offline or self.closed_client:
             return False
         r = self.result
         late = r.duration_s > OVERLOAD_SPAN_RATIO * self.span_s

@@ -22,8 +22,8 @@ from cgtool.planner.schedules import (
     server_args_max_bs,
     vllm_default_max_num_seqs,
 )
-from cgtool.planner.scoring import served_ms
-from cgtool.planner.simulator import StepCost
+from cgtool.planner.scoring import schedule_step_cost
+from cgtool.planner.step_time import StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,14 +136,5 @@ def _default_pool(
 
 def default_step_cost(server: Server) -> StepCost:
     """Step times of the server as it runs today (the default schedule), for the simulation."""
-    cost, default = server.cost, server.default
-    return StepCost(
-        decode_ms=served_ms(
-            cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads
-        ),
-        extend_ms=served_ms(
-            cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads
-        ),
-        kv_read_ms_per_token=cost.kv_read_ms_per_token,
-        attention_ms_per_pair=cost.attention_ms_per_pair,
-    )
+    default = server.default
+    return schedule_step_cost(server.cost, default.decode_bs, default.piecewise_tokens, default.pads)
