@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -114,21 +116,32 @@ def test_mismatched_array_lengths_are_refused():
 # ---- the event-driven simulator against a plain one-step-at-a-time reference
 
 
-def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
+def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost, concurrency=None,
+              times=None):
     """The same policy, one step per loop turn, no prefix sums and no skipped runs; the clock
-    starts at the first arrival, as the simulator's does."""
+    starts at the first arrival, as the simulator's does. With a concurrency, the first N
+    requests arrive at 0 and each later one (in the order given) when a request finishes.
+    `times`, a dict, receives each request's (first token ms, finish ms)."""
     n = len(arrival)
-    arrival = [a - min(arrival) for a in arrival]
-    order = sorted(range(n), key=lambda i: arrival[i])
-    queue, running, clock_ms, split = (
-        list(order),
-        {},
-        0.0,
-        None,
-    )  # running: index -> (context, left)
+    if concurrency is None:
+        arrival_ms = [(a - min(arrival)) * 1e3 for a in arrival]
+    else:
+        arrival_ms = [0.0 if i < concurrency else math.inf for i in range(n)]
+    released = min(concurrency or n, n)
+    order = sorted(range(n), key=lambda i: arrival_ms[i])
+    queue, running, clock_ms, split = list(order), {}, 0.0, None  # running: index -> [context, left]
     decode, extend, kv_used = {}, {}, 0
+    times = {} if times is None else times
+
+    def finished(index):
+        nonlocal released
+        times[index] = (times[index][0], clock_ms)
+        if released < n:
+            arrival_ms[released] = clock_ms
+            released += 1
+
     while queue or running or split:
-        ready = [i for i in queue if arrival[i] * 1e3 <= clock_ms]
+        ready = [i for i in queue if arrival_ms[i] <= clock_ms]
         done: list[int] = []
 
         def fits(i, split, kv_used, done=done):
@@ -158,12 +171,14 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
             clock_ms += cost.extend_ms[tokens]
             for index in done:
                 running[index] = [inp[index] + 1, max(out[index] - 1, 0)]
+                times[index] = (clock_ms, None)
             for index in [i for i, (_, left) in running.items() if left == 0]:
                 kv_used -= inp[index] + 1
                 del running[index]
+                finished(index)
             continue
         if not running:
-            clock_ms = max(clock_ms, arrival[queue[0]] * 1e3)
+            clock_ms = max(clock_ms, arrival_ms[queue[0]])
             continue
         batch = len(running)
         decode[batch] = decode.get(batch, 0) + 1
@@ -176,6 +191,7 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
             if running[index][1] == 0:
                 kv_used -= inp[index] + max(out[index] - 1, 0) + 1
                 del running[index]
+                finished(index)
     return decode, extend, clock_ms
 
 
@@ -201,7 +217,10 @@ def binary_cost(max_running, chunk):
 def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk, kv_capacity):
     arrival, inp, out = (list(column) for column in zip(*reqs))
     cost = binary_cost(max_running, chunk)
-    decode, extend, clock_ms = reference(arrival, inp, out, max_running, chunk, kv_capacity, cost)
+    times: dict = {}
+    decode, extend, clock_ms = reference(
+        arrival, inp, out, max_running, chunk, kv_capacity, cost, times=times
+    )
     result = simulate(
         np.array(arrival),
         np.array(inp),
@@ -214,7 +233,45 @@ def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk,
     )
     assert nonzero(result.decode_counts) == decode
     assert nonzero(result.extend_counts) == extend
-    assert result.duration_s * 1e3 == pytest.approx(clock_ms)
+    assert result.duration_s * 1e3 == pytest.approx(clock_ms, rel=1e-12)
+    assert_times_match(result, times)
+
+
+def assert_times_match(result, times):
+    """Every request's first token and finish, as the reference's clock read them."""
+    r = result.requests
+    for i, first_s, finish_s in zip(r.index.tolist(), r.first_token_s, r.finish_s):
+        assert (first_s * 1e3, finish_s * 1e3) == pytest.approx(times[i], rel=1e-12, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests, st.integers(1, 6), st.sampled_from([64, 512]), st.integers(350, 3000),
+       st.integers(1, 8))
+def test_a_closed_loop_client_matches_stepping_one_at_a_time(
+    reqs, max_running, chunk, kv_capacity, concurrency
+):
+    """With N in flight, a request arrives exactly when one finishes: the same steps, the same
+    first tokens and finishes as the reference's."""
+    _, inp, out = (list(column) for column in zip(*reqs))
+    cost = binary_cost(max_running, chunk)
+    times: dict = {}
+    decode, extend, clock_ms = reference(
+        [0.0] * len(inp), inp, out, max_running, chunk, kv_capacity, cost, concurrency, times
+    )
+    result = simulate(
+        np.zeros(len(inp)), np.array(inp), np.array(out), None, cost=cost,
+        max_running_requests=max_running, chunked_prefill_size=chunk,
+        kv_capacity_tokens=kv_capacity, concurrency=concurrency,
+    )
+    assert nonzero(result.decode_counts) == decode
+    assert nonzero(result.extend_counts) == extend
+    assert result.duration_s * 1e3 == pytest.approx(clock_ms, rel=1e-12)
+    assert_times_match(result, times)
+    # Never more requests sent than finished plus N.
+    sent = np.sort(result.requests.arrival_s)
+    finished = np.sort(result.requests.finish_s)
+    later = max(len(sent) - concurrency, 0)
+    assert np.array_equal(sent[len(sent) - later :], finished[:later])
 
 
 def _many_requests(n: int = 200_000):

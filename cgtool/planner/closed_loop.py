@@ -33,8 +33,10 @@ from cgtool.planner.sim_result import SimulationResult
 from cgtool.planner.step_time import StepCost
 
 # A schedule is in its eager basin at a load when most of its decode steps run eagerly above
-# its largest graph and its median batch is this much above the batch with graphs throughout.
+# its largest graph and its median batch or time per token is BASIN_PUSH times, or its p99
+# time to first token BASIN_WAIT times, what the same traffic sees with graphs throughout.
 BASIN_PUSH = 1.1
+BASIN_WAIT = 1.25
 
 
 def metrics(
@@ -195,7 +197,7 @@ def basin_lines(rows: list[ClosedLoopRow], reference: str = "plan") -> list[str]
                 continue
             lines.append(
                 f"eager basin: the {_label(name)}'s decode graphs stop at batch {row.max_bs}, "
-                f"below the batch its own eager steps push the server to from {row.load:g}x "
+                f"below the batch its own eager steps hold the server at from {row.load:g}x "
                 f"load ({row.eager} eager cost): median decode batch {row.median_decode_batch} "
                 f"against {ref.median_decode_batch} with the {_label(reference)}'s graphs, "
                 f"{row.decode_eager_share:.0%} of its decode steps eager; TPOT p50 "
@@ -207,12 +209,14 @@ def basin_lines(rows: list[ClosedLoopRow], reference: str = "plan") -> list[str]
 
 
 def in_basin(row: ClosedLoopRow, reference: ClosedLoopRow) -> bool:
-    """Most of `row`'s decode steps run eagerly above its graphs, and its batch sits well above
-    the batch the same traffic reaches on `reference`'s graphs."""
-    return (
-        row.median_decode_batch > row.max_bs
-        and row.decode_eager_share > 0.5
-        and row.median_decode_batch >= BASIN_PUSH * max(reference.median_decode_batch, 1)
+    """Most of `row`'s decode steps run eagerly above its graphs, and that costs it: its batch,
+    its time per token or its wait for a first token sits well above what the same traffic
+    sees on `reference`'s graphs (a batch held down by the KV pool shows as a longer wait)."""
+    off_ceiling = row.median_decode_batch > row.max_bs and row.decode_eager_share > 0.5
+    return off_ceiling and (
+        row.median_decode_batch >= BASIN_PUSH * max(reference.median_decode_batch, 1)
+        or row.tpot_p50_ms >= BASIN_PUSH * reference.tpot_p50_ms
+        or row.ttft_p99_s >= BASIN_WAIT * reference.ttft_p99_s
     )
 
 

@@ -14,41 +14,28 @@ copies the planner's working results (histograms, scores) into it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cgtool.documents.plan_document import ClosedLoopRow, LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.errors import InputError
-from cgtool.documents.plan_document import (
-    ClosedLoopRow,
-    LoadSummary,
-    Plan,
-    PlanMemory,
-    Simulation,
-)
-from cgtool.planner.engine_buffers import engine_graph_buffers
-from cgtool.planner.finish import finish_plan
-from cgtool.planner.memory import plan_memory
-from cgtool.planner.optimiser import Limits
-from cgtool.planner.request import PlanRequest
-from cgtool.planner.plan_scores import compared_schedules
-from cgtool.planner.robust import RobustChoice, Scenario, Schedule, choose_robust
 from cgtool.planner.closed_loop import closed_loop
-from cgtool.planner.scenarios import (
-    LoadRun,
-    Traffic,
-    overload_warning,
-    replicas_needed,
-)
-from cgtool.planner.scoring import Histogram
+from cgtool.planner.finish import finish_plan
+from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
+from cgtool.planner.plan_scores import compared_schedules
+from cgtool.planner.plan_sizing import choose_and_size, limits_for, provisional_kv, size_memory
+from cgtool.planner.request import PlanRequest
+from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
+from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning, replicas_needed
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
-from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
+
+__all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
+           "plan_requests", "plan_traffic"]
 
 Progress = Callable[[str, float], None]
-# A batch trace says nothing of context: each decode request is taken to hold this many tokens.
-BATCH_TRACE_CONTEXT_TOKENS = 1024
 # The KV pool is re-simulated until the recommended one moves by less than this share.
 POOL_TOLERANCE = 0.02
 POOL_ROUNDS = 3
@@ -81,7 +68,7 @@ def plan_traffic(
     if len(traffic) == 0:
         raise InputError(f"{req.trace_name or 'the trace'} holds no request",
                          "Plan from a trace with requests.")
-    kv = _provisional_kv(req, server)
+    kv = provisional_kv(req, server)
     asked, runs, replicas = _enough_replicas(traffic, req, server, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
     pool = _fit_pool(traffic, req, server, runs, kv, replicas, progress, stop)
@@ -91,8 +78,13 @@ def plan_traffic(
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
     loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop)
+    covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
+    if covered is not None:
+        pool.choice, pool.memory, loop, note = covered
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
+    if covered is not None:
+        plan.warnings.append(note)
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
@@ -131,6 +123,33 @@ def _closed_loop(
     report = None if progress is None else (lambda f: progress("closed loop", f))
     loads = traffic.load_jobs(req.loads[:simulated_loads], replicas)
     return closed_loop(schedules, server.assumptions, loads, limits, report, stop)
+
+
+def _cover_own_batches(
+    traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
+    loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
+    """When the plan, served with its own step times, reaches batches past its decode graphs
+    (sizes were fitted on the default's steps), its decode graphs are extended to cover them
+    and its closed loop run again; None when it stays within them or a budget rules."""
+    own = max((r.largest_decode_batch for r in loop if r.schedule == "plan"), default=0)
+    top = max(pool.choice.decode_bs, default=0)
+    if own <= top or req.engine != "sglang" or req.budget_graphs or req.budget_memory_bytes:
+        return None
+    limits = limits_for(req, server)
+    decode_bs, tokens = cover_decode(pool.choice.decode_bs, pool.choice.tokens, own, limits,
+                                     server.cost, shared=False)
+    choice = replace(pool.choice, decode_bs=decode_bs, tokens=tokens)
+    first = pool.runs[0].result
+    memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
+                         first.typical_request_tokens)
+    plan_schedule = compared_schedules(req, server, choice, memory)[:1]
+    rows = _closed_loop(traffic, req, server, plan_schedule, replicas, len(pool.runs), progress,
+                        stop)
+    note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
+            f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
+    return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
 
 
 def _traffic_notes(traffic: Traffic, runs: list[LoadRun]) -> list[str]:
@@ -184,35 +203,6 @@ def _enough_replicas(
     return asked, runs, replicas
 
 
-def _provisional_kv(req: PlanRequest, server: Server) -> int:
-    """The pool the plan would recommend with the default's graphs: the first guess."""
-    d = server.default
-    return _memory(req, server, d.decode_bs, d.piecewise_tokens, 0, 1).kv_tokens
-
-
-def _memory(
-    req: PlanRequest,
-    server: Server,
-    decode_bs: list[int] | tuple[int, ...],
-    tokens: list[int] | tuple[int, ...],
-    peak_kv: int,
-    typical: int,
-) -> PlanMemory:
-    """plan_memory for these graphs on this server (peak KV demand and typical request size
-    in tokens)."""
-    return plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(decode_bs, tokens),
-        chunked_prefill_size=server.chunk,
-        max_running_requests=server.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical,
-        default_mem_fraction_static=server.default_fraction,
-        tp_size=req.tp_size,
-    )
-
-
 @dataclass(slots=True)
 class _PoolFit:
     """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
@@ -237,7 +227,7 @@ def _fit_pool(
             progress("optimise", 0.0)
         fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
         first = runs[0].result
-        choice, memory = _choose_and_size(
+        choice, memory = choose_and_size(
             req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
         )
         moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
@@ -302,97 +292,3 @@ def _note_incomplete(plan: Plan, runs: list[LoadRun], req: PlanRequest) -> None:
         if first.completed_fraction < 1.0
         else f"incomplete: stopped with only the {done} load simulated; sizes fit only it",
     )
-
-
-def plan_batches(
-    decode_sizes: np.ndarray,
-    decode_counts: np.ndarray,
-    extend_sizes: np.ndarray,
-    extend_counts: np.ndarray,
-    req: PlanRequest,
-    progress: Progress | None = None,
-) -> Plan:
-    """Plan from step histograms a server logged (no simulation, no held-out check)."""
-    server = server_for(req)
-    limits = _limits(req, server)
-    decode_sizes, decode_counts, d_over = _clip(decode_sizes, decode_counts, limits.max_bs)
-    extend_sizes, extend_counts, e_over = _clip(extend_sizes, extend_counts, limits.max_tokens)
-    cost, step_cost = server.cost, default_step_cost(server)
-    # No clock ran: time at each size is estimated as the default schedule would take it.
-    context_tokens = decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS)
-    context_ms = decode_counts * context_tokens * cost.kv_read_ms_per_token
-    pairs = attention_pairs(extend_sizes, 0)
-    attention = extend_counts * pairs * cost.attention_ms_per_pair
-    decode_ms = decode_step_ms(step_cost.decode_ms[decode_sizes], cost.kv_read_ms_per_token,
-                               context_tokens)
-    extend_ms = extend_step_ms(step_cost.extend_ms[extend_sizes], cost.attention_ms_per_pair, pairs)
-    decode_s, extend_s = decode_counts * decode_ms / 1e3, extend_counts * extend_ms / 1e3
-    decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
-    extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
-    if progress is not None:
-        progress("optimise", 0.0)
-    fit = [Scenario(1.0, decode, extend)]
-    choice, memory = _choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
-    summary = Simulation(
-        num_requests=0, dropped_requests=0, mean_queue_s=0.0, p99_queue_s=0.0,
-        steps=int(decode_counts.sum() + extend_counts.sum()),
-        duration_s=float(decode_s.sum() + extend_s.sum()),
-    )
-    plan = finish_plan(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
-    plan.warnings.append(
-        f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request; "
-        "no arrival times, so no held-out check and no load scenarios"
-    )
-    for steps, kind, limit, flag in (
-        (d_over, "decode steps", limits.max_bs, "--max-running-requests"),
-        (e_over, "extend steps", limits.max_tokens, "--chunked-prefill-size"),
-    ):
-        if steps:
-            plan.warnings.append(
-                f"{steps:,} {kind} of the trace exceed this server's limit ({limit}, {flag}) "
-                "and are left out of the plan: the log is from a server with larger limits"
-            )
-    if progress is not None:
-        progress("optimise", 1.0)
-    return plan
-
-
-def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """One entry per size within `limit`, ascending, and how many steps lay beyond it."""
-    sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
-    keep = (sizes >= 1) & (sizes <= limit) & (counts > 0)
-    over = int(counts[(sizes > limit) & (counts > 0)].sum())
-    unique, index = np.unique(sizes[keep], return_inverse=True)
-    merged = np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
-    return unique, merged, over
-
-
-def _limits(req: PlanRequest, server: Server) -> Limits:
-    return Limits(
-        server.max_running,
-        min(server.chunk, server.context_len),
-        req.budget_graphs,
-        req.budget_memory_bytes,
-    )
-
-
-def _choose_and_size(
-    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, PlanMemory]:
-    choice = choose_robust(
-        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
-    )
-    memory = _memory(req, server, choice.decode_bs, choice.tokens, peak_kv, typical)
-    if server.attention_backend is not None:
-        ours, default = (
-            engine_graph_buffers(
-                req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
-                req.gpu, server.version, req.tp_size,
-            )
-            for sizes in (choice.decode_bs, server.default.decode_bs)
-        )
-        memory.attention_backend = server.attention_backend
-        memory.attention_buffer_bytes, memory.static_input_bytes = ours.attention_bytes, ours.static_input_bytes
-        memory.default_attention_buffer_bytes = default.attention_bytes
-        memory.default_static_input_bytes = default.static_input_bytes
-    return choice, memory

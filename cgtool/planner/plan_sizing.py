@@ -1,0 +1,78 @@
+"""A schedule chosen and its memory sized: shared by plans from requests and from batches."""
+
+from __future__ import annotations
+
+from cgtool.documents.plan_document import PlanMemory
+from cgtool.planner.engine_buffers import engine_graph_buffers
+from cgtool.planner.memory import plan_memory
+from cgtool.planner.optimiser import Limits
+from cgtool.planner.request import PlanRequest
+from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
+from cgtool.planner.server import Server
+
+
+def provisional_kv(req: PlanRequest, server: Server) -> int:
+    """The pool the plan would recommend with the default's graphs: the first guess."""
+    d = server.default
+    return memory_for(req, server, d.decode_bs, d.piecewise_tokens, 0, 1).kv_tokens
+
+
+def memory_for(
+    req: PlanRequest,
+    server: Server,
+    decode_bs: list[int] | tuple[int, ...],
+    tokens: list[int] | tuple[int, ...],
+    peak_kv: int,
+    typical: int,
+) -> PlanMemory:
+    """plan_memory for these graphs on this server (peak KV demand and typical request size
+    in tokens)."""
+    return plan_memory(
+        req.cfg,
+        req.gpu.memory_bytes,
+        graph_bytes=server.cost.graph_bytes(decode_bs, tokens),
+        chunked_prefill_size=server.chunk,
+        max_running_requests=server.max_running,
+        peak_kv_demand_tokens=peak_kv,
+        typical_request_tokens=typical,
+        default_mem_fraction_static=server.default_fraction,
+        tp_size=req.tp_size,
+    )
+
+
+def limits_for(req: PlanRequest, server: Server) -> Limits:
+    return Limits(
+        server.max_running,
+        min(server.chunk, server.context_len),
+        req.budget_graphs,
+        req.budget_memory_bytes,
+    )
+
+
+def choose_and_size(
+    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
+) -> tuple[RobustChoice, PlanMemory]:
+    choice = choose_robust(
+        fit, list(server.assumptions), server.default, limits_for(req, server), req.engine
+    )
+    return choice, size_memory(req, server, choice, peak_kv, typical)
+
+
+def size_memory(
+    req: PlanRequest, server: Server, choice: RobustChoice, peak_kv: int, typical: int
+) -> PlanMemory:
+    """The memory plan of these sizes, with the engine's graph buffers where it has them."""
+    memory = memory_for(req, server, choice.decode_bs, choice.tokens, peak_kv, typical)
+    if server.attention_backend is not None:
+        ours, default = (
+            engine_graph_buffers(
+                req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
+                req.gpu, server.version, req.tp_size,
+            )
+            for sizes in (choice.decode_bs, server.default.decode_bs)
+        )
+        memory.attention_backend = server.attention_backend
+        memory.attention_buffer_bytes, memory.static_input_bytes = ours.attention_bytes, ours.static_input_bytes
+        memory.default_attention_buffer_bytes = default.attention_bytes
+        memory.default_static_input_bytes = default.static_input_bytes
+    return memory
