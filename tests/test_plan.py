@@ -350,9 +350,11 @@ def test_held_out_decode_coverage_is_full_at_every_load(base_plan):
             assert r.decode_coverage >= 0.99
 
 
-def test_the_kv_pool_simulated_is_the_one_recommended(base_plan):
-    simulated = base_plan.simulation.simulated_kv_tokens
-    assert abs(simulated - base_plan.memory.kv_tokens) <= 0.02 * simulated
+def test_sizes_are_fitted_on_the_default_server_and_each_schedule_served_on_its_own_pool(base_plan):
+    assert base_plan.simulation.simulated_kv_tokens == base_plan.memory.default_kv_tokens
+    pools = {row.schedule: row.kv_tokens for row in base_plan.closed_loop}
+    assert pools == {"plan": base_plan.memory.kv_tokens,
+                     "default": base_plan.memory.default_kv_tokens}
 
 
 def test_replicas_split_the_trace_between_servers():

@@ -17,7 +17,6 @@ eagerly is simulated once.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +35,9 @@ from cgtool.planner.step_time import StepCost
 # its largest graph and its median batch or time per token is BASIN_PUSH times, or its p99
 # time to first token BASIN_WAIT times, what the same traffic sees with graphs throughout.
 BASIN_PUSH = 1.1
+# Closed-loop runs simulated side by side (cgtool.planner.sim_parallel): each holds its trace's
+# lists, about 400 MB for a million requests.
+SIMULATIONS_AT_ONCE = 4
 BASIN_WAIT = 1.25
 
 
@@ -99,28 +101,32 @@ def closed_loop(
     limits: dict,
     progress: Callable[[float], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    known: dict[tuple[str, float, str], SimulationResult] | None = None,
 ) -> list[ClosedLoopRow]:
     """Every schedule (with its KV pool) at every load under every eager assumption, each run
     with its own step times; `limits` are simulate()'s server arguments. Runs that would take
     the same steps as one already simulated are not simulated again (see the module doc).
-    Fewer rows when `stop` fired."""
+    `known` holds runs already simulated, by (schedule, load, eager assumption), with that
+    schedule's step times and KV pool. Fewer rows when `stop` fired."""
     jobs = [
         _Job(schedule, a, load, schedule_step_cost(a.cost, schedule.decode_bs, schedule.tokens,
                                                    schedule.pads), kv)
         for load in loads for schedule, kv in schedules for a in assumptions
     ]
-    done: dict[int, SimulationResult] = {}
+    done = {
+        i: known[key] for i, job in enumerate(jobs)
+        if (key := (job.schedule.name, job.load.load, job.assumption.name)) in (known or {})
+    }
     while True:
         _reuse(jobs, done)
-        todo = [i for i in range(len(jobs)) if i not in done]
-        if not todo:
+        # Each (schedule, load) runs its assumptions in turn: a later one may then be found to
+        # take the same steps as an earlier one. Every group's next run goes at once.
+        batch = _next_of_each(jobs, done)
+        if not batch:
             break
-        # The first assumption of each (schedule, load) goes first; the others may then be
-        # found to take the same steps.
-        batch = _first_each(jobs, todo)
         results = _simulate_batch([jobs[i] for i in batch], limits, progress, stop)
         done.update(zip(batch, results))
-        if len(results) < len(batch) or results[-1].completed_fraction < 1.0:
+        if len(results) < len(batch) or any(r.completed_fraction < 1.0 for r in results):
             break
     return [
         metrics(done[i], job.schedule, job.load.load, job.assumption, job.kv_tokens)
@@ -155,21 +161,24 @@ def _same_steps(ran: _Job, result: SimulationResult, other: _Job) -> bool:
     )
 
 
-def _first_each(jobs: list[_Job], todo: list[int]) -> list[int]:
-    seen, first = set(), []
-    for i in todo:
-        key = (jobs[i].schedule.name, jobs[i].load.load)
-        if key not in seen:
-            seen.add(key)
-            first.append(i)
-    return first
+def _next_of_each(jobs: list[_Job], done: dict[int, SimulationResult]) -> list[int]:
+    """The next run of each (schedule, load) not yet simulated (jobs run assumption by
+    assumption within a group)."""
+    groups, batch = set(), []
+    for i, job in enumerate(jobs):
+        key = (job.schedule.name, job.load.load)
+        if i not in done and key not in groups:
+            groups.add(key)
+            batch.append(i)
+    return batch
 
 
 def _simulate_batch(
     jobs: list[_Job], limits: dict, progress, stop
 ) -> list[SimulationResult]:
-    """simulate() for each job, as many at once as there are cores."""
-    width = max(1, os.cpu_count() or 1)
+    """simulate() for each job, up to SIMULATIONS_AT_ONCE at a time (forked processes share
+    the cores; more at once only costs memory)."""
+    width = SIMULATIONS_AT_ONCE
     results: list[SimulationResult] = []
     for start in range(0, len(jobs), width):
         part = jobs[start : start + width]

@@ -1,11 +1,13 @@
 """A plan end to end: simulate the trace at each load, choose sizes, size memory, score.
 
-The trace is run through the scheduler once per load scenario, with the engine default's step
-times (the server as it runs today) and the KV pool the plan recommends (iterated to a fixed
-point, since the pool depends on the graphs chosen). Sizes are fitted on the steps before the
+The trace is run through the scheduler once per load scenario as the server runs today: the
+engine default's step times and its own KV pool. Sizes are fitted on the steps before the
 held-out split (cgtool.planner.scenarios) under every eager-cost assumption
 (cgtool.planner.robust); the plan, the default and an existing plan are then scored on the
-same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
+same held-out steps. Then each of them is served again with its own step times and KV pool
+(cgtool.planner.closed_loop): what clients see (TTFT, TPOT, throughput) is reported from those
+runs, and the plan's decode graphs grow to cover the batches its own run reaches. Every
+figure is a prediction of the cost model, and the plan says so.
 
 The result is the plan.json document itself (cgtool.documents.plan_document.Plan): cgtool.planner.finish
 copies the planner's working results (histograms, scores) into it.
@@ -24,7 +26,7 @@ from cgtool.planner.closed_loop import closed_loop
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
 from cgtool.planner.plan_scores import compared_schedules
-from cgtool.planner.plan_sizing import choose_and_size, limits_for, provisional_kv, size_memory
+from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
 from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning, replicas_needed
@@ -36,9 +38,6 @@ __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batch
            "plan_requests", "plan_traffic"]
 
 Progress = Callable[[str, float], None]
-# The KV pool is re-simulated until the recommended one moves by less than this share.
-POOL_TOLERANCE = 0.02
-POOL_ROUNDS = 3
 # Replica estimates are re-simulated until one sustains every load scenario, at most this often.
 REPLICA_ROUNDS = 4
 
@@ -68,16 +67,22 @@ def plan_traffic(
     if len(traffic) == 0:
         raise InputError(f"{req.trace_name or 'the trace'} holds no request",
                          "Plan from a trace with requests.")
-    kv = provisional_kv(req, server)
+    # The server as it runs today: the default's step times and its own KV pool. These runs are
+    # also the default's closed loop under the first eager assumption (its cost is the server's).
+    kv = server.default_kv_tokens
     asked, runs, replicas = _enough_replicas(traffic, req, server, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
-    pool = _fit_pool(traffic, req, server, runs, kv, replicas, progress, stop)
+    if progress is not None:
+        progress("optimise", 0.0)
+    pool = _fit(req, server, runs, kv)
     kv_ms = server.cost.kv_read_ms_per_token
     held = [Scenario(r.load, *fit_parts(r)[1].histograms(kv_ms)) for r in pool.runs]
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
-    loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop)
+    known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
+    loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop,
+                        known)
     covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
     if covered is not None:
         pool.choice, pool.memory, loop, note = covered
@@ -113,7 +118,7 @@ def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
 def _closed_loop(
     traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
     replicas: int, simulated_loads: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, known: dict | None = None,
 ) -> list[ClosedLoopRow]:
     """Each schedule served with its own step times at each load simulated."""
     if stop is not None and stop():
@@ -122,7 +127,7 @@ def _closed_loop(
               "context_len": server.context_len}
     report = None if progress is None else (lambda f: progress("closed loop", f))
     loads = traffic.load_jobs(req.loads[:simulated_loads], replicas)
-    return closed_loop(schedules, server.assumptions, loads, limits, report, stop)
+    return closed_loop(schedules, server.assumptions, loads, limits, report, stop, known)
 
 
 def _cover_own_batches(
@@ -135,11 +140,14 @@ def _cover_own_batches(
     and its closed loop run again; None when it stays within them or a budget rules."""
     own = max((r.largest_decode_batch for r in loop if r.schedule == "plan"), default=0)
     top = max(pool.choice.decode_bs, default=0)
-    if own <= top or req.engine != "sglang" or req.budget_graphs or req.budget_memory_bytes:
+    budgeted = req.budget_graphs is not None or req.budget_memory_bytes is not None
+    if own <= top or budgeted:
         return None
     limits = limits_for(req, server)
     decode_bs, tokens = cover_decode(pool.choice.decode_bs, pool.choice.tokens, own, limits,
-                                     server.cost, shared=False)
+                                     server.cost, shared=req.engine == "vllm")
+    if max(decode_bs, default=0) <= top:
+        return None
     choice = replace(pool.choice, decode_bs=decode_bs, tokens=tokens)
     first = pool.runs[0].result
     memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
@@ -205,7 +213,7 @@ def _enough_replicas(
 
 @dataclass(slots=True)
 class _PoolFit:
-    """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
+    """The runs the sizes are fitted on (the default's server), and the sizes chosen."""
 
     runs: list[LoadRun]
     kv_tokens: int  # the pool the runs admitted against
@@ -215,26 +223,15 @@ class _PoolFit:
     fit: list[Scenario]
 
 
-def _fit_pool(
-    traffic: Traffic, req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
-    replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
-) -> _PoolFit:
-    """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
+def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _PoolFit:
+    """Sizes and memory chosen on the steps before the held-out split of each load's run."""
     kv_ms = server.cost.kv_read_ms_per_token
-    rounds = 1
-    while True:
-        if progress is not None:
-            progress("optimise", 0.0)
-        fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
-        first = runs[0].result
-        choice, memory = choose_and_size(
-            req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
-        )
-        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
-        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
-            return _PoolFit(runs, kv, rounds, choice, memory, fit)
-        kv, rounds = memory.kv_tokens, rounds + 1
-        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
+    fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
+    first = runs[0].result
+    choice, memory = choose_and_size(
+        req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
+    )
+    return _PoolFit(runs, kv, 1, choice, memory, fit)
 
 
 def _simulate_loads(

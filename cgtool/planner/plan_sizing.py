@@ -11,12 +11,6 @@ from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.server import Server
 
 
-def provisional_kv(req: PlanRequest, server: Server) -> int:
-    """The pool the plan would recommend with the default's graphs: the first guess."""
-    d = server.default
-    return memory_for(req, server, d.decode_bs, d.piecewise_tokens, 0, 1).kv_tokens
-
-
 def memory_for(
     req: PlanRequest,
     server: Server,
