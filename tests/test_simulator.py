@@ -381,3 +381,25 @@ def test_queue_delay_is_the_wait_from_arrival_to_admission():
     # One request at a time: the second waits for the first (10 ms prefill, 4 decode steps).
     result = run([0.0, 0.001], [100, 100], [5, 5], max_running=1)
     assert result.mean_queue_s == pytest.approx((0.0 + (0.014 - 0.001)) / 2)
+
+
+def test_the_step_log_expands_to_every_step_timed_as_the_run_took_it():
+    rng = np.random.default_rng(5)
+    n = 200
+    arrival = np.cumsum(rng.exponential(0.02, n))
+    cost = flat_cost(max_bs=16, chunk=512, kv_ms=1e-4)
+    result = simulate(arrival, rng.integers(5, 900, n), rng.integers(1, 60, n), None, cost=cost,
+                      max_running_requests=16, chunked_prefill_size=512,
+                      kv_capacity_tokens=20_000, log_steps=True)
+    steps = result.steps_log.expand(cost)
+    assert len(steps["kind"]) == result.steps
+    busy_ms = (result.decode_time_s.sum() + result.extend_time_s.sum()) * 1e3
+    assert steps["elapsed_ms"].sum() == pytest.approx(busy_ms)
+    ends = steps["start_ms"] + steps["elapsed_ms"]
+    assert np.all(steps["start_ms"][1:] >= ends[:-1] - 1e-9)  # one step at a time, idle between
+    assert ends[-1] == pytest.approx(result.duration_s * 1e3)
+    decode = steps["kind"] == 0
+    assert np.bincount(steps["size"][decode], minlength=17).tolist() == result.decode_counts.tolist()
+    # Every request's first token comes at the end of some extend step.
+    extend_ends = set(np.round(ends[~decode], 9))
+    assert all(round(t * 1e3, 9) in extend_ends for t in result.requests.first_token_s)
