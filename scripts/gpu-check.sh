@@ -9,6 +9,7 @@
 # GEMVs), then bs-1 replay captured under cuBLAS and cuBLASLt in alternating rounds, and after heat.
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
+# `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then scripts/bench_prefill_backends.py in $OUT/engines.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -200,6 +201,15 @@ if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
         bench mooncake "$VERIFY_TRACE" "${VERIFY_TRACE_FORMAT:-mooncake}"
       else stamp "mooncake: skipped (set VERIFY_TRACE to a trace in the repo copy)"; fi ;;
   esac; done
+fi
+if [[ " $stages " == *" prefill-backends "* ]]; then  # issue 38, by name only: breakable beside torch.compile
+  E="$OUT/engines"; mkdir -p "$E"
+  echo "[$(date +%H:%M:%S)] breakable GPU tests" | tee -a "$E/stage.log"
+  timeout -k 10 "${PREFILL_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_breakable.py tests/test_cmd_capture_prefill.py >"$E/gpu-tests.log" 2>&1
+  echo "[$(date +%H:%M:%S)] breakable GPU tests exit $?" | tee -a "$E/stage.log"; tail -15 "$E/gpu-tests.log"
+  python3 scripts/bench_prefill_backends.py --out "$E" --models "${PREFILL_MODELS:-llama-3.1-8b,qwen3-30b-a3b}" \
+    --tokens "${PREFILL_TOKENS:-256,1024,4096}" 2>&1 | tee -a "$E/stage.log"
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)
