@@ -35,15 +35,14 @@ def replay(
     """Run a trace slice through cgtool's model, KV pool and graphs under the simulator's
     scheduling policy, and print measured against predicted TTFT, TPOT, throughput, step
     time and decode batch sizes."""
-    from cgtool.replay.run import prepare
-    from cgtool.specs.gpus import gpu_spec
+    from cgtool.replay.run import prepare, resolve_gpu
 
     if device not in ("cuda", "cpu"):
         raise InputError(f"--device {device!r} is neither cuda nor cpu", "Use --device cuda or --device cpu.")
     if device == "cuda":
         _require_gpu()
     inputs = prepare(trace, plan=plan, default=default, requests=requests, load=load, model=model,
-                     gpu=gpu_spec(gpu), chunked_prefill_size=chunked_prefill_size,
+                     gpu=resolve_gpu(gpu, device), chunked_prefill_size=chunked_prefill_size,
                      max_running_requests=max_running_requests, mem_fraction_static=mem_fraction_static,
                      max_total_tokens=max_total_tokens, profile=profile, device=device, seed=seed)
     try:

@@ -45,6 +45,7 @@ class ReplaySettings:
     seed: int
     dropped_requests: int = 0  # longer than the context or the whole pool, as the simulator drops
     profile: str | None = None  # capture report of the prediction, None: the roofline alone
+    gpu: str = ""  # the GPU table entry the roofline prediction is for
 
 
 @dataclass(slots=True)

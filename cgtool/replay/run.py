@@ -126,6 +126,20 @@ def _profile(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
     return load_profile(Path(path)), str(path)
 
 
+def resolve_gpu(name: str, device: str) -> GpuSpec:
+    """--gpu: a table name, or auto: the visible CUDA device (by torch's name, so NVML is not
+    needed), else cgtool's usual detection."""
+    from cgtool.specs.gpus import gpu_spec, match_nvml_name
+
+    if name.lower() == "auto" and device == "cuda":
+        import torch
+
+        spec = match_nvml_name(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else None
+        if spec is not None:
+            return spec
+    return gpu_spec(name)
+
+
 def kept(reqs: Requests, limit_tokens: int) -> tuple[Requests, int]:
     """The requests the simulator keeps: whole footprint within the pool and the context."""
     keep = [i for i in range(len(reqs.prompt)) if reqs.footprint(i) <= limit_tokens]

@@ -11,12 +11,14 @@ from typing import Any
 import torch
 
 from cgtool.replay.loop import Graphs, ReplayLoop
-from cgtool.replay.policy import Scheduler
+from cgtool.replay.policy import Requests, Scheduler
 from cgtool.replay.predict import PredictInputs, cost_model, predict
-from cgtool.replay.result import Prediction, ReplayResult, ReplaySettings
+from cgtool.replay.result import ReplayResult, ReplaySettings
 from cgtool.replay.run import Phase, ReplayInputs, context_width, with_limit
 from cgtool.replay.summary import compare, summarise
 from cgtool.runtime.engine import ModelRunner
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import GpuSpec
 
 
 @dataclass
@@ -54,6 +56,7 @@ def build_bench(inputs: ReplayInputs, width: int | None = None, rows: int | None
 
 def capture_graphs(bench: Bench, capture_bs: list[int], capture_num_tokens: list[int], phase: Phase) -> Graphs:
     """GPU only: piecewise first (it compiles), then decode, into a fresh global pool."""
+    from cgtool.runners.compile_cache import default_cache_dir
     from cgtool.runners.decode import DecodeGraphRunner
     from cgtool.runners.piecewise import PiecewiseGraphRunner
     from cgtool.runners.pool import reset_global_graph_memory_pool
@@ -62,7 +65,9 @@ def capture_graphs(bench: Bench, capture_bs: list[int], capture_num_tokens: list
     graphs = Graphs()
     start = time.perf_counter()
     if capture_num_tokens:
-        graphs.piecewise = PiecewiseGraphRunner(bench.runner, capture_num_tokens)
+        # The compile cache spares a second set (or a capture before it) dynamo's trace.
+        graphs.piecewise = PiecewiseGraphRunner(bench.runner, capture_num_tokens,
+                                                compile_cache_dir=default_cache_dir())
         graphs.piecewise.capture()
     if capture_bs:
         graphs.decode = DecodeGraphRunner(bench.runner, capture_bs)
@@ -108,23 +113,38 @@ def replay_once(inputs: ReplayInputs, bench: Bench, graphs: Graphs, phase: Phase
 
 
 def attach_predictions(result: ReplayResult, inputs: ReplayInputs) -> None:
-    """The simulator on the requests the replay ran, with the sizes it really captured."""
-    s = result.settings
-    pin = PredictInputs(inputs.reqs, s.chunked_prefill_size, s.max_running_requests, s.kv_tokens,
-                        s.capture_bs or inputs.capture_bs, s.capture_num_tokens or inputs.capture_num_tokens)
+    predict_replay(result, inputs.gpu, inputs.profile, inputs.profile_name)
+
+
+def predict_replay(result: ReplayResult, gpu: GpuSpec, profile: dict[str, Any] | None = None,
+                   profile_name: str | None = None) -> None:
+    """The simulator on the requests the replay ran, with the sizes it really captured (none
+    on the CPU, where every step runs eagerly); from replay.json alone, so a run can be
+    predicted again later from another capture report."""
+    s, r = result.settings, result.requests
+    reqs = Requests(list(r.arrival_ms), list(r.input_len), list(r.cached_len), list(r.output_len))
+    pin = PredictInputs(reqs, s.chunked_prefill_size, s.max_running_requests, s.kv_tokens,
+                        s.capture_bs, s.capture_num_tokens)
+    cfg = load_model_config(result.model.name)
     result.measured = summarise(result.requests, result.steps)
+    result.predictions, result.metrics = [], []
+    s.gpu, s.profile = gpu.name, profile_name if profile is not None else None
     sources: list[tuple[dict[str, Any] | None, str]] = [(None, "roofline")]
-    if inputs.profile is not None:
-        sources.insert(0, (inputs.profile, inputs.profile_name or "report"))
-    for profile, name in sources:
-        cost = cost_model(inputs.cfg, inputs.gpu, pin, profile, name)
-        prediction: Prediction = predict(pin, cost)
+    if profile is not None:
+        sources.insert(0, (profile, profile_name or "report"))
+    for table, name in sources:
+        cost = cost_model(cfg, gpu, pin, table, name)
+        prediction = predict(pin, cost)
         prediction.note = "; ".join(cost.warnings)
         result.predictions.append(prediction)
         result.metrics += compare(result.measured, prediction)
+    result.warnings = [w for w in result.warnings if not w.startswith(_EARLY)]
     if result.status == "incomplete":
-        result.warnings.append("the run stopped early: predictions cover every request of the slice, "
+        result.warnings.append(_EARLY + ": predictions cover every request of the slice, "
                                "the measurement only those that ran")
+
+
+_EARLY = "the run stopped early"
 
 
 def _environment(device: str) -> Any:
