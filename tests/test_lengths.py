@@ -24,6 +24,12 @@ def test_a_csv_of_lengths_reads_in_file_order(tmp_path):
     assert has_no_arrivals(path)
 
 
+def test_a_csv_with_a_time_column_is_not_taken_for_lengths(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    assert not has_no_arrivals(path)
+
+
 def test_json_lines_without_arrivals_are_lengths(tmp_path):
     path = tmp_path / "l.jsonl"
     path.write_text('{"input_len": 5, "output_len": 2}\n{"input_len": 7, "output_len": 1, '
