@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from cgtool.documents.plan_document import Plan
+from cgtool.documents.plan_document import ClosedLoopRow, Plan
 from cgtool.reports.plan_tables import (
     ENGINE_NAMES,
     engine_label,
@@ -66,8 +66,8 @@ def closed_loop_rows(plan: Plan) -> TableData | None:
     rows = plan.closed_loop
     if not rows:
         return None
-    columns = ["load", "eager", "schedule", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-               "tokens/s", "eager decode"]
+    columns = ["load", "eager", "schedule", "TTFT s p50/p99", "TPOT ms p50/p99", "tok/s",
+               "no graph"]
     body: list[list[str]] = []
     for load in dict.fromkeys(r.load for r in rows):
         at_load = [r for r in rows if r.load == load]
@@ -81,14 +81,15 @@ def closed_loop_rows(plan: Plan) -> TableData | None:
             for r in (x for x in at_load if x.eager == eagers[0]):
                 body.append([f"{load:g}x", ", ".join(eagers), _LOOP_NAMES.get(r.schedule, r.schedule),
                              *_loop_cells(r)])
+    # "no graph": the share of decode steps that ran eagerly.
     return TableData(
-        "Served with its own step times (closed loop, predicted)", columns, body
+        "Each schedule served with its own step times (closed loop, predicted)", columns, body
     )
 
 
-def _loop_cells(r) -> tuple[str, ...]:
-    return (f"{r.ttft_p50_s:,.3f} s", f"{r.ttft_p99_s:,.3f} s", f"{r.tpot_p50_ms:,.1f} ms",
-            f"{r.tpot_p99_ms:,.1f} ms", f"{r.output_tokens_per_s:,.0f}", f"{r.decode_eager_share:.0%}")
+def _loop_cells(r: ClosedLoopRow) -> tuple[str, ...]:
+    return (f"{r.ttft_p50_s:,.3f} / {r.ttft_p99_s:,.3f}", f"{r.tpot_p50_ms:,.1f} / {r.tpot_p99_ms:,.1f}",
+            f"{r.output_tokens_per_s:,.0f}", f"{r.decode_eager_share:.0%}")
 
 
 def _ratio(a: float, b: float) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from cgtool.documents.plan_document import Plan, Simulation
@@ -13,6 +15,7 @@ from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import default_step_cost, server_for
 from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
 
+Progress = Callable[[str, float], None]
 # A batch trace says nothing of context: each decode request is taken to hold this many tokens.
 BATCH_TRACE_CONTEXT_TOKENS = 1024
 
