@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from planner_fixture import CFG, H100, roofline_8b
 
-from cgtool.planner.closed_loop import closed_loop, in_basin
+from cgtool.planner.closed_loop import basin_lines, closed_loop, in_basin, worse_lines
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.plan import plan_requests
 from cgtool.planner.request import PlanRequest
@@ -74,11 +74,29 @@ def test_the_eager_basin_is_named_on_a_constructed_trace():
     # Batches of about 25 with graphs; eager steps 4x slower push them far past that.
     wide = Schedule("plan", tuple(range(1, 257)), TOKENS)
     narrow = Schedule("default", (1, 2, 4, 8), TOKENS)
-    rows = loop_rows([wide, narrow], (assumption("high", 4.0),))
+    current = Schedule("current", tuple(range(1, 65)), TOKENS)  # --compare-plan: covers them
+    rows = loop_rows([wide, narrow, current], (assumption("high", 4.0),))
     by = {r.schedule: r for r in rows}
     assert by["default"].median_decode_batch > 2 * by["plan"].median_decode_batch
     assert in_basin(by["default"], by["plan"])
-    assert not in_basin(by["plan"], by["plan"])
+    assert not in_basin(by["plan"], by["plan"]) and not in_basin(by["current"], by["plan"])
+    lines = basin_lines(rows)
+    assert len(lines) == 1 and "engine default's decode graphs stop at batch 8" in lines[0]
+    assert worse_lines(rows) == []
+
+
+def test_a_compared_plan_in_its_basin_is_named_too():
+    wide = Schedule("plan", tuple(range(1, 257)), TOKENS)
+    old = Schedule("current", (1, 2, 4, 8), TOKENS)
+    lines = basin_lines(loop_rows([wide, old], (assumption("high", 4.0),)))
+    assert len(lines) == 1 and "current plan's decode graphs stop at batch 8" in lines[0]
+
+
+def test_a_plan_whose_clients_fare_worse_than_the_default_s_says_so():
+    narrow = Schedule("plan", (1, 2, 4, 8), TOKENS)
+    wide = Schedule("default", tuple(range(1, 257)), TOKENS)
+    lines = worse_lines(loop_rows([narrow, wide], (assumption("high", 4.0),)))
+    assert len(lines) == 1 and "1x (high eager cost)" in lines[0]
 
 
 def l40s_request(**kwargs):

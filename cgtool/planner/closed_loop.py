@@ -217,6 +217,26 @@ def basin_lines(rows: list[ClosedLoopRow], reference: str = "plan") -> list[str]
     return lines
 
 
+def worse_lines(rows: list[ClosedLoopRow], margin: float = 0.02) -> list[str]:
+    """Where the plan's clients fare worse than the default's on both TTFT p99 and TPOT p50 (by
+    more than `margin`): the step-time choice did not carry over to the closed loop there."""
+    index = {(r.schedule, r.load, r.eager): r for r in rows}
+    worse = []
+    for (name, load, eager), plan in index.items():
+        default = index.get(("default", load, eager))
+        if name != "plan" or default is None:
+            continue
+        if (plan.ttft_p99_s > (1 + margin) * default.ttft_p99_s
+                and plan.tpot_p50_ms > (1 + margin) * default.tpot_p50_ms):
+            worse.append(f"{load:g}x ({eager} eager cost): TTFT p99 {plan.ttft_p99_s:,.2f} s "
+                         f"against {default.ttft_p99_s:,.2f} s, TPOT p50 {plan.tpot_p50_ms:,.1f} "
+                         f"ms against {default.tpot_p50_ms:,.1f} ms")
+    if not worse:
+        return []
+    return ["closed loop: served with their own step times, the engine default's clients would "
+            "fare better than the plan's at " + "; ".join(worse) + " (predicted)"]
+
+
 def in_basin(row: ClosedLoopRow, reference: ClosedLoopRow) -> bool:
     """Most of `row`'s decode steps run eagerly above its graphs, and that costs it: its batch,
     its time per token or its wait for a first token sits well above what the same traffic

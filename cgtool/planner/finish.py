@@ -18,7 +18,7 @@ from cgtool.documents.plan_document import (
     Simulation,
     StepHistogram,
 )
-from cgtool.planner.closed_loop import basin_lines
+from cgtool.planner.closed_loop import basin_lines, worse_lines
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan_notes import (
@@ -84,6 +84,7 @@ def finish_plan(
     plan.warnings.extend(ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
     plan.warnings.extend(basin_lines(loop or []))
+    plan.warnings.extend(worse_lines(loop or []))
     return plan
 
 
