@@ -18,6 +18,7 @@ from cgtool.documents.plan_document import (
     Simulation,
     StepHistogram,
 )
+from cgtool.documents.provenance import collect_provenance
 from cgtool.planner.closed_loop import basin_lines, worse_lines
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import check_plan_safety
@@ -38,7 +39,6 @@ from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server
-from cgtool.documents.provenance import collect_provenance
 
 
 def finish_plan(
