@@ -201,3 +201,23 @@ def test_a_part_without_steps_shows_a_dash_not_a_division_by_zero():
     console = Console(width=200, record=True)
     console.print(scenario_table(plan))
     assert " - " in console.export_text()
+
+
+def test_the_fit_runs_stand_for_the_default_s_own_closed_loop():
+    # The plan reuses its fit runs as the default's rows under the first eager cost: they must
+    # be what simulating the default afresh gives.
+    from cgtool.planner.server import server_for
+
+    trace = read_trace(EXAMPLE)
+    req = PlanRequest(CFG, H100, trace_name="t", loads=(1.0, 2.0))
+    plan = plan_requests(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len, req)
+    server = server_for(req)
+    d = server.default
+    default = Schedule("default", d.decode_bs, d.piecewise_tokens, d.pads)
+    jobs = Traffic(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len).load_jobs(
+        req.loads, 1)
+    limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
+              "context_len": server.context_len}
+    fresh = closed_loop([(default, server.default_kv_tokens)], server.assumptions[:1], jobs, limits)
+    planned = [r for r in plan.closed_loop if r.schedule == "default" and r.eager == "low"]
+    assert planned == fresh

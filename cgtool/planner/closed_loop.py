@@ -35,10 +35,10 @@ from cgtool.planner.step_time import StepCost
 # its largest graph and its median batch or time per token is BASIN_PUSH times, or its p99
 # time to first token BASIN_WAIT times, what the same traffic sees with graphs throughout.
 BASIN_PUSH = 1.1
+BASIN_WAIT = 1.25
 # Closed-loop runs simulated side by side (cgtool.planner.sim_parallel): each holds its trace's
 # lists, about 400 MB for a million requests.
 SIMULATIONS_AT_ONCE = 4
-BASIN_WAIT = 1.25
 
 
 def metrics(
