@@ -93,7 +93,7 @@ def plan_traffic(
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
-    plan.warnings.extend(_traffic_notes(traffic, pool.runs))
+    plan.warnings.extend(_traffic_notes(traffic, pool.runs, replicas))
     if first.dropped_requests:
         plan.warnings.append(
             f"{first.dropped_requests} requests were longer than the context or the KV pool "
@@ -160,11 +160,12 @@ def _cover_own_batches(
     return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
 
 
-def _traffic_notes(traffic: Traffic, runs: list[LoadRun]) -> list[str]:
+def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:
     notes = []
     if traffic.concurrency is not None:
+        per = f", split evenly over {replicas} replicas" if replicas > 1 else ""
         notes.append(
-            f"closed-loop client: {traffic.concurrency} requests in flight at 1x load (each "
+            f"closed-loop client: {traffic.concurrency} requests in flight at 1x load{per} (each "
             "load multiplies it), a new one sent as one finishes; no arrival times"
         )
     offline = [run for run in runs if run.offline]

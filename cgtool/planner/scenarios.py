@@ -99,12 +99,17 @@ class Traffic:
     def load_jobs(self, loads: tuple[float, ...], replicas: int) -> list[LoadJob]:
         """One simulation's arguments (requests, split) per load, for one replica's share."""
         if self.arrival_s is None:
+            # A client per replica: every N-th request, and its share of those in flight.
             assert self.concurrency is not None
-            columns = {"arrival_s": np.zeros(len(self)), "input_len": self.input_len,
-                       "output_len": self.output_len, "cached_len": self.cached_len}
+            share = slice(None, None, replicas)
+            columns = {"arrival_s": np.zeros(len(self.input_len[share])),
+                       "input_len": self.input_len[share], "output_len": self.output_len[share],
+                       "cached_len": None if self.cached_len is None else self.cached_len[share]}
+            n = len(columns["input_len"])
             return [
-                LoadJob(load, columns | {"concurrency": max(1, round(self.concurrency * load)),
-                                         "split_request": split_index(len(self))}, 0.0, False)
+                LoadJob(load, columns | {
+                    "concurrency": max(1, round(self.concurrency * load / replicas)),
+                    "split_request": split_index(n)}, 0.0, False)
                 for load in loads
             ]
         arrival, input_len, output_len, cached_len = replica_share(
