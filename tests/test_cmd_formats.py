@@ -64,7 +64,7 @@ def test_csv_and_json_carry_the_tables_rows(name, output, read, report_copy):
     args, expected = _commands(report_copy)[name]
     result = runner.invoke(app, [*args, "--format", output])
     assert result.exit_code == 0, result.output
-    assert read(result.stdout) == as_tuples(expected)
+    assert read(result.stdout) == as_tuples(expected, output)
 
 
 @pytest.mark.parametrize("name", ["models", "check", "report"])
@@ -139,5 +139,5 @@ def test_an_unknown_format_is_one_line_and_exit_2(args):
 
 def test_piped_csv_has_no_rich_markup_or_cut_cells():
     proc = piped("check", str(REPORT), str(REPORT), "--format", "csv")
-    assert csv_tables(proc.stdout) == as_tuples(_check_tables(REPORT))
+    assert csv_tables(proc.stdout) == as_tuples(_check_tables(REPORT), "csv")
     assert "PASS" in proc.stderr

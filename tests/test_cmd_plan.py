@@ -4,6 +4,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from cli_run import cgtool
 
 from cgtool.commands.plan import parse_bytes
@@ -303,7 +304,8 @@ def test_azure_csv_without_format_hints_the_format(tmp_path):
 
 def test_memory_table_fills_the_engine_default_column():
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
-    table = memory_table(Plan.from_dict(json.loads(result.stdout)))
+    fitted = memory_table(Plan.from_dict(json.loads(result.stdout)))
+    (table,) = fitted.tables(Console(width=200), 200)
     default = table.columns[2]
     assert default.header == "engine default"
     assert all(str(cell).strip() for cell in default._cells), list(default._cells)
