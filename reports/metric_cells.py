@@ -11,7 +11,7 @@ from typing import Any
 from cgtool.reports.tables import Cell, gib
 from cgtool.units import GIB
 
-_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "kv": "KV", "bs": "bs", "p50": "p50", "p99": "p99"}
+_WORDS = {"ttft": "TTFT", "tpot": "TPOT", "kv": "KV"}
 # Names that hold a share of 1 rather than a count or a time.
 _SHARES = ("coverage", "waste", "share", "fraction", "utilization")
 
@@ -40,12 +40,12 @@ _UNITS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
 
 def metric_label(name: str) -> str:
     """'ttft_p99_ms' -> 'TTFT p99'; 'kv_tokens' -> 'KV tokens'."""
-    stem = name
+    stem, per = name, ""
     for suffix, unit, _ in _UNITS:
         if unit and stem.endswith(suffix):
-            stem = stem[: -len(suffix)]
+            stem, per = stem[: -len(suffix)], "/s" if suffix == "_per_s" else ""
             break
-    return " ".join(_WORDS.get(word, word) for word in stem.split("_") if word)
+    return " ".join(_WORDS.get(word, word) for word in stem.split("_") if word) + per
 
 
 def metric_text(name: str, value: Any) -> str:

@@ -84,6 +84,41 @@ def plan_serving_rows(plan: Plan) -> TableData | None:
     return TableData(f"Serving figures per scenario on {part_label(plan)} (predicted)", columns, body)
 
 
+# What a user weighs first (issue 36): the terminal shows these of the closed-loop figures
+# where a plan carries them; plan.html, CSV and JSON show every figure.
+LOOP_HEADLINE = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms",
+                 "output_tokens_per_s", "decode_eager_share")
+_LOOP_KEYS = {"schedule", "load", "eager"}
+
+
+def plan_closed_loop_rows(plan: Plan, headline_only: bool = False) -> TableData | None:
+    """plan.json's `closed_loop`: each schedule served with its own step times, per load and
+    eager assumption, one column per figure the rows carry (named from the field). Eager
+    assumptions whose rows agree on every schedule at a load share a row."""
+    rows = list(getattr(plan, "closed_loop", None) or [])
+    if not rows:
+        return None
+    names = extra_figures(rows[0], _LOOP_KEYS)
+    if headline_only:
+        names = [n for n in names if n in LOOP_HEADLINE] or names
+    body: list[list[str]] = []
+    for load in dict.fromkeys(r.load for r in rows):
+        at_load = [r for r in rows if r.load == load]
+        groups: dict[tuple, list[str]] = {}
+        for eager in dict.fromkeys(r.eager for r in at_load):
+            figures = tuple((r.schedule, *(getattr(r, n) for n in names))
+                            for r in at_load if r.eager == eager)
+            groups.setdefault(figures, []).append(eager)
+        for eagers in groups.values():
+            for r in (x for x in at_load if x.eager == eagers[0]):
+                body.append([Cell(f"{load:g}x", load), Cell(", ".join(eagers), eagers),
+                             SCHEDULE_NAMES.get(r.schedule, r.schedule),
+                             *(metric_cell(n, getattr(r, n)) for n in names)])
+    columns = ["load", "eager", "schedule", *(label_cell(n) for n in names)]
+    return TableData("Served with its own step times (closed loop, predicted)", columns, body,
+                     wrapping={1})
+
+
 def plan_load_rows(plan: Plan) -> TableData | None:
     """The simulation at each load: how long it ran, how long requests queued, how far the
     KV pool and the decode batch reached."""
@@ -138,7 +173,8 @@ def plan_verdict_rows(plan: Plan) -> TableData | None:
 
 def plan_tables(plan: Plan) -> list[TableData]:
     """Every table of a plan, in the order plan.html and `cgtool report --format` give them."""
-    tables = [plan_sizes_rows(plan), plan_comparison_rows(plan), plan_scenario_rows(plan),
-              plan_serving_rows(plan), plan_verdict_rows(plan), plan_memory_rows(plan),
+    tables = [plan_sizes_rows(plan), plan_comparison_rows(plan), plan_closed_loop_rows(plan),
+              plan_scenario_rows(plan), plan_serving_rows(plan), plan_verdict_rows(plan),
+              plan_memory_rows(plan),
               plan_load_rows(plan), plan_inputs_rows(plan), plan_simulation_rows(plan)]
     return [t for t in tables if t is not None]

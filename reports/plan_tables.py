@@ -104,8 +104,31 @@ def plan_comparison_rows(plan: Plan) -> TableData:
         rows.append(["serving", *blank])
         rows += [[label_cell(name, "  " + metric_label(name)),
                   *(metric_cell(name, getattr(r, name, None)) for r in scores)] for name in extra]
+    served = _served(plan, [r.schedule for r in scores])
+    if served:
+        headings.add(len(rows))
+        rows.append(["served with its own step times (closed loop)", *blank])
+        names = extra_figures(next(r for r in served if r is not None), _SHOWN)
+        rows += [[label_cell(name, "  " + metric_label(name)),
+                  *(metric_cell(name, getattr(r, name, None)) for r in served)] for name in names]
     columns = ["", *(SCHEDULE_NAMES.get(r.schedule, r.schedule) for r in scores)]
     return TableData(title, columns, rows, headings=headings)
+
+
+def _served(plan: Plan, schedules: list[str]) -> list[Any]:
+    """Closed-loop rows (plan.json's `closed_loop`, where the plan has them) of `schedules`
+    at the headline's load and eager assumption; [] when there are none."""
+    rows = list(getattr(plan, "closed_loop", None) or [])
+    if not rows:
+        return []
+    load, eager = rows[0].load, rows[0].eager
+    if plan.basis and plan.basis.eager_assumptions:
+        eager = plan.basis.eager_assumptions[0].name
+    if plan.inputs.loads:
+        load = plan.inputs.loads[0]
+    at = {r.schedule: r for r in rows if (r.load, r.eager) == (load, eager)}
+    served = [at.get(name) for name in schedules]
+    return served if any(r is not None for r in served) else []
 
 
 def plan_memory_rows(plan: Plan) -> TableData:

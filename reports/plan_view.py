@@ -12,7 +12,11 @@ from rich.text import Text
 from cgtool.documents.compare import plan_verdict
 from cgtool.documents.plan_document import Plan
 from cgtool.reports.fit import FittedTable
-from cgtool.reports.plan_scenarios import plan_scenario_rows, plan_serving_rows
+from cgtool.reports.plan_scenarios import (
+    plan_closed_loop_rows,
+    plan_scenario_rows,
+    plan_serving_rows,
+)
 from cgtool.reports.plan_tables import (
     ENGINE_NAMES,
     engine_label,
@@ -52,8 +56,10 @@ def memory_table(plan: Plan) -> FittedTable:
 
 
 def scenario_tables(plan: Plan) -> list[FittedTable]:
-    """Every load and eager assumption, held out; then any serving figures they carry."""
-    tables = (plan_scenario_rows(plan), plan_serving_rows(plan))
+    """The closed loop's headline figures per load, then every load and eager assumption
+    held out, then any other figures the scenario rows carry."""
+    tables = (plan_closed_loop_rows(plan, headline_only=True), plan_scenario_rows(plan),
+              plan_serving_rows(plan))
     return [terminal_table(t) for t in tables if t is not None]
 
 
@@ -121,7 +127,8 @@ def _head(plan: Plan) -> Text:
 def plan_view(plan: Plan) -> RenderableType:
     engine = plan.inputs.engine
     warnings = plan.all_warnings()
-    overload = [w for w in warnings if w.startswith("overloaded")]
+    # Said first and in red: the server cannot keep up, or falls off its graph ceiling.
+    overload = [w for w in warnings if w.startswith(("overloaded", "eager basin"))]
     parts: list[RenderableType] = [_head(plan)]
     parts += [Text(f"warning: {w}", style="bold red") for w in overload]
     # SGLang's ViT graphs are switched on by an environment variable: it prefixes the launch.

@@ -114,10 +114,57 @@ def test_figures_a_scenario_row_gains_later_show_as_columns_and_rows():
                                                      and r.load == 1.0 and r.eager == "low"])
     serving = plan_serving_rows(plan)
     assert serving is not None
-    assert serving.columns[3:] == ["TTFT p99", "output tokens"]
+    assert serving.columns[3:] == ["TTFT p99", "output tokens/s"]
     assert "412.250 ms" in [row[3] for row in serving.rows]
     assert "1,234.5/s" in [row[4] for row in serving.rows]
     labels = [row[0].strip() for row in plan_comparison_rows(plan).rows]
     assert "TTFT p99" in labels and "serving" in labels
     assert serving.title in html.unescape(plan_html(plan, []))
     assert any(t.title == serving.title for t in plan_tables(plan))
+
+
+@dataclass(frozen=True, slots=True)
+class _LoopRow:
+    # The shape of a closed-loop row: a schedule served at one load under one eager cost.
+    schedule: str
+    load: float
+    eager: str
+    ttft_p99_s: float
+    tpot_p50_ms: float
+    output_tokens_per_s: float
+    decode_eager_share: float
+    kv_tokens: int
+
+
+@dataclass(slots=True, kw_only=True)
+class _LoopPlan(Plan):
+    closed_loop: list = dataclasses.field(default_factory=list)
+
+
+def _loop_plan() -> Plan:
+    plan = load_plan(PLAN)
+    rows = [_LoopRow(schedule, load, eager, 1.5 * load, 20.0 + (eager == "high"), 950.5, 0.25,
+                     123456) for load in (1.0, 2.0) for eager in ("low", "high")
+            for schedule in ("plan", "default")]
+    fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(Plan)}
+    return _LoopPlan(**fields, closed_loop=rows)
+
+
+def test_closed_loop_rows_show_every_figure_they_carry_in_the_page_and_the_data():
+    plan = _loop_plan()
+    tables = {t.title: t for t in plan_tables(plan)}
+    loop = tables["Served with its own step times (closed loop, predicted)"]
+    assert loop.columns == ["load", "eager", "schedule", "TTFT p99", "TPOT p50",
+                            "output tokens/s", "decode eager share", "KV tokens"]
+    assert ["1x", "low", "plan", "1.500 s", "20.000 ms", "950.5/s", "25.0%", "123,456"] in loop.rows
+    page = html.unescape(plan_html(plan, []))
+    assert loop.title in page and "950.5/s" in page
+    served = {row[0].strip(): row[1:] for row in plan_comparison_rows(plan).rows}
+    assert served["TTFT p99"] == ["1.500 s", "1.500 s"]  # plan and default at the headline
+
+
+def test_eager_assumptions_with_the_same_closed_loop_figures_share_a_row():
+    plan = _loop_plan()
+    plan.closed_loop = [replace(r, tpot_p50_ms=20.0) for r in plan.closed_loop]
+    loop = next(t for t in plan_tables(plan) if t.title.startswith("Served"))
+    assert [row[1] for row in loop.rows] == ["low, high"] * 4  # two loads, two schedules
