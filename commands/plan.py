@@ -29,6 +29,7 @@ from cgtool.documents.compare import compare_plan_warnings
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.releases import off_grid_ceilings, prefill_notes
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
@@ -37,7 +38,7 @@ from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS
-from cgtool.verify.profile import load_profile
+from cgtool.replay.profile import load_profile  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
 
@@ -152,6 +153,9 @@ def plan(
         result.warnings.insert(0, gpu_note)
         if json_out:
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
+    result.warnings.extend(_compare_ceiling_notes(compare_plan))
+    if isinstance(result, Plan):
+        result.warnings.extend(_prefill_notes(result, report))
     _show(result, out, json_out)
     if stop.requested():
         _exit_interrupted(result, stop)
@@ -175,6 +179,31 @@ def _compare_sizes(old: Plan | None) -> tuple[tuple[int, ...], tuple[int, ...], 
         tuple(old.piecewise.capture_num_tokens),
         old.memory.kv_tokens,
     )
+
+
+def _prefill_notes(plan: Plan, profile: dict | None) -> list[str]:
+    inputs = plan.inputs
+    settings = (profile or {}).get("settings") or {}
+    measured = settings.get("prefill_backend", "piecewise") if "kinds" in settings else None
+    return prefill_notes(inputs.engine, inputs.engine_version, tuple(plan.piecewise.capture_num_tokens),
+                         inputs.chunked_prefill_size, measured)
+
+
+def _compare_ceiling_notes(path: Path | None) -> list[str]:
+    """Sizes of the --compare-plan that its own engine release would not capture as written."""
+    if path is None:
+        return []
+    old = load_plan(path)
+    inputs = old.inputs
+    try:
+        notes = off_grid_ceilings(
+            inputs.engine, inputs.engine_version, tuple(old.decode.capture_bs),
+            tuple(old.piecewise.capture_num_tokens), inputs.chunked_prefill_size,
+            inputs.max_running_requests,
+        )
+    except CgtoolError:  # a release cgtool no longer knows: nothing to say of its grid
+        return []
+    return [f"--compare-plan {path.name}: {note}" for note in notes]
 
 
 def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
