@@ -19,6 +19,7 @@ from cgtool.documents.compare import compare_plans, compare_reports
 from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.documents.plan_document import Plan
 from cgtool.reports.render import printed_tables
+from cgtool.reports.schedule_view import schedule_rows
 from cgtool.reports.tables import TableData, comparison_rows, models_rows, vision_models_rows
 from cgtool.documents.results import load_document
 from cgtool.specs.vision import load_vision_preset, vision_preset_names
@@ -108,10 +109,12 @@ def test_schedule_csv_is_the_table_and_json_is_the_schedule_as_with_json():
     [(title, columns, rows)] = csv_tables(runner.invoke(
         app, ["schedule", "--engine", "vllm", "--format", "csv"]).stdout)
     assert title in table and columns == ["", "value"]
-    assert all(row[0] in table for row in rows) and len(rows) == 6
     as_format = runner.invoke(app, ["schedule", "--engine", "vllm", "--format", "json"]).stdout
     as_switch = runner.invoke(app, ["schedule", "--engine", "vllm", "--json"]).stdout
     assert json.loads(as_format) == json.loads(as_switch)
+    assert all(row[0] in table for row in rows)
+    assert rows == as_tuples([schedule_rows(json.loads(as_format))], "csv")[0][2]
+    assert rows[0][1] == " ".join(map(str, json.loads(as_format)["decode_bs"]))  # every size
     assert runner.invoke(app, ["schedule", "--json", "--format", "json"]).exit_code == 0
 
 
