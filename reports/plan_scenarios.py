@@ -158,8 +158,9 @@ def plan_verdict_rows(plan: Plan) -> TableData | None:
     if verdict is None:
         return None
     rows = [
-        [label_cell("keep_current"), Cell("yes" if verdict.keep_current else "no",
-                                          verdict.keep_current)],
+        [label_cell("keep_current"),
+         Cell({True: "yes", False: "no", None: "no verdict"}[verdict.keep_current],
+              verdict.keep_current)],
         [label_cell("verdict"), verdict.sentence],
         [label_cell("best_gain", "new plan's largest step-time gain"),
          Cell(f"{verdict.best_gain:+.2%}", verdict.best_gain)],

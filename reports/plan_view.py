@@ -67,8 +67,8 @@ def verdict_line(plan: Plan) -> Text | None:
     verdict = plan_verdict(plan)
     if verdict is None:
         return None
-    return Text(f"--compare-plan {plan.inputs.compare_plan}: {verdict.sentence}",
-                style="bold yellow" if verdict.keep_current else "bold green")
+    style = {True: "bold yellow", False: "bold green", None: "bold red"}[verdict.keep_current]
+    return Text(f"--compare-plan {plan.inputs.compare_plan}: {verdict.sentence}", style=style)
 
 
 def _size_lines(plan: Plan) -> list[Text]:

@@ -168,3 +168,13 @@ def test_eager_assumptions_with_the_same_closed_loop_figures_share_a_row():
     plan.closed_loop = [replace(r, tpot_p50_ms=20.0) for r in plan.closed_loop]
     loop = next(t for t in plan_tables(plan) if t.title.startswith("Served"))
     assert [row[1] for row in loop.rows] == ["low, high"] * 4  # two loads, two schedules
+
+
+def test_no_keep_or_switch_verdict_when_the_old_plan_was_for_another_engine():
+    plan = _with_current(load_plan(PLAN), 1.002)
+    old = replace(plan, inputs=replace(plan.inputs, engine="vllm"))
+    plan.warnings.extend(compare_plan_warnings(old, plan.inputs))
+    verdict = plan_verdict(plan)
+    assert verdict is not None and verdict.keep_current is None
+    assert verdict.sentence.startswith("no verdict: the old plan was made for another deployment "
+                                       "(engine vllm (now sglang))")

@@ -264,7 +264,7 @@ WORTH_SWITCHING = 0.01
 class PlanVerdict:
     """--compare-plan: whether the plan's sizes beat the old plan's on this trace."""
 
-    keep_current: bool
+    keep_current: bool | None  # None: no verdict, the old plan was for another deployment
     best_gain: float  # largest share of step time the new plan saves over the old sizes
     worst_gain: float  # smallest (negative: the new plan is slower somewhere)
     scenarios: int
@@ -284,6 +284,12 @@ def plan_verdict(plan: Plan) -> PlanVerdict | None:
     (best_at, best), (worst_at, worst) = max(gains.items(), key=lambda g: g[1]), min(
         gains.items(), key=lambda g: g[1])
     where = "held-out" if part == "held_out" else "simulated"
+    other = next((w for w in plan.warnings if w.startswith(OTHER_DEPLOYMENT)), None)
+    if other is not None:
+        differ = other.removeprefix(OTHER_DEPLOYMENT).split(";")[0].lstrip(": ")
+        return PlanVerdict(None, best, worst, len(gains),
+                           f"no verdict: the old plan was made for another deployment ({differ}); "
+                           "compare a plan of the same model, engine, GPU and --tp")
 
     def at(key: tuple[float, str]) -> str:
         return f"{key[0]:g}x load, {key[1]} eager cost"
@@ -302,6 +308,9 @@ def plan_verdict(plan: Plan) -> PlanVerdict | None:
     return PlanVerdict(True, best, worst, len(gains), f"keep your current sizes: {reason}")
 
 
+OTHER_DEPLOYMENT = "--compare-plan's plan was made for another deployment"
+
+
 def compare_plan_warnings(old: Plan, new_inputs: PlanInputs) -> list[str]:
     """What differs between the plan passed to --compare-plan and the plan being made: its
     sizes are scored here all the same, but were chosen for another deployment."""
@@ -311,5 +320,5 @@ def compare_plan_warnings(old: Plan, new_inputs: PlanInputs) -> list[str]:
               for name in names if getattr(before, name) != getattr(new_inputs, name)]
     if not differ:
         return []
-    return [f"--compare-plan's plan was made for another deployment: {', '.join(differ)}; its "
-            "sizes and KV tokens are scored here as they are, which says little about them"]
+    return [f"{OTHER_DEPLOYMENT}: {', '.join(differ)}; its sizes and KV tokens are scored here "
+            "as they are, which says little about them"]
