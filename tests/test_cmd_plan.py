@@ -348,6 +348,18 @@ def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
     assert data["inputs"]["compare_plan"].endswith("plan.json")
 
 
+def test_compare_plan_prints_a_verdict_and_names_an_old_plan_for_another_engine(tmp_path):
+    old = json.loads(min((ROOT / "benchmarks").glob("*/plan-*.json")).read_text())
+    old["inputs"]["engine"] = "vllm"
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB",
+                    "--compare-plan", tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "--compare-plan's plan was made for another deployment: engine vllm (now sglang)" in text
+    assert "no verdict: the old plan was made for another deployment" in text
+
+
 def test_hidden_states_grow_the_graph_memory_and_shrink_the_fraction_with_a_note():
     plans = {}
     for mode in ("null", "last", "full"):
