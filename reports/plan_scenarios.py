@@ -10,6 +10,7 @@ from cgtool.documents.compare import plan_verdict
 from cgtool.documents.plan_document import Plan, ScenarioScore
 from cgtool.reports.metric_cells import extra_figures, label_cell, metric_cell
 from cgtool.reports.plan_tables import (
+    LOOP_HEADLINE,
     SCHEDULE_NAMES,
     part_label,
     plan_comparison_rows,
@@ -84,10 +85,6 @@ def plan_serving_rows(plan: Plan) -> TableData | None:
     return TableData(f"Serving figures per scenario on {part_label(plan)} (predicted)", columns, body)
 
 
-# What a user weighs first (issue 36): the terminal shows these of the closed-loop figures
-# where a plan carries them; plan.html, CSV and JSON show every figure.
-LOOP_HEADLINE = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms",
-                 "output_tokens_per_s", "decode_eager_share")
 _LOOP_KEYS = {"schedule", "load", "eager"}
 
 

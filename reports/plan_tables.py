@@ -63,6 +63,10 @@ _COMPARISON: tuple[tuple[str, tuple[_Row, ...]], ...] = (
 _NOT_FIGURES = {"schedule", "part", "load", "eager", "comm_ms"}
 _SHOWN = {name for _, metrics in _COMPARISON for _, name, _ in metrics} | _NOT_FIGURES
 SCHEDULE_NAMES = {"plan": "plan", "default": "default", "current": "--compare-plan"}
+# What a user weighs first of the closed-loop figures (issue 36): the headline table and the
+# terminal show these where a plan carries them; plan.html, CSV and JSON show every figure.
+LOOP_HEADLINE = ("ttft_p50_s", "ttft_p99_s", "tpot_p50_ms", "tpot_p99_ms",
+                 "output_tokens_per_s", "mean_queue_s", "decode_eager_share")
 
 
 def headline_rows(plan: Plan) -> list[ScheduleScore]:
@@ -109,6 +113,7 @@ def plan_comparison_rows(plan: Plan) -> TableData:
         headings.add(len(rows))
         rows.append(["served with its own step times (closed loop)", *blank])
         names = extra_figures(next(r for r in served if r is not None), _SHOWN)
+        names = [n for n in names if n in LOOP_HEADLINE] or names
         rows += [[label_cell(name, "  " + metric_label(name)),
                   *(metric_cell(name, getattr(r, name, None)) for r in served)] for name in names]
     columns = ["", *(SCHEDULE_NAMES.get(r.schedule, r.schedule) for r in scores)]

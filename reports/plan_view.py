@@ -55,6 +55,12 @@ def memory_table(plan: Plan) -> FittedTable:
     return terminal_table(plan_memory_rows(plan))
 
 
+def scenario_table(plan: Plan) -> FittedTable | None:
+    """Expected step per load and eager assumption: held out, and as fitted."""
+    data = plan_scenario_rows(plan)
+    return None if data is None else terminal_table(data)
+
+
 def scenario_tables(plan: Plan) -> list[FittedTable]:
     """The closed loop's headline figures per load, then every load and eager assumption
     held out, then any other figures the scenario rows carry."""
