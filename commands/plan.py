@@ -27,6 +27,7 @@ from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.specs.gpus import GpuSpec, gpu_spec
 from cgtool.specs.hidden_states import parse_hidden_modes
+from cgtool.documents.compare import compare_plan_warnings
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests, plan_traffic
@@ -154,7 +155,8 @@ def plan(
         raise InputError(
             f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
         )
-    compare = _compare_sizes(compare_plan)
+    old_plan = load_plan(compare_plan) if compare_plan is not None else None
+    compare = _compare_sizes(old_plan)
     gpu_choice, gpu_note = resolve_gpu(gpu)
     report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
@@ -179,6 +181,8 @@ def plan(
     )
     stop = StopRequest()
     result = _plan_or_exit(trace, trace_format, request, stop, shape)
+    if old_plan is not None:
+        result.warnings.extend(compare_plan_warnings(old_plan, result.inputs))
     if gpu_note:
         result.warnings.insert(0, gpu_note)
         if json_out:
@@ -200,11 +204,10 @@ def _check_engine(engine: str, engine_version: str | None) -> None:
     resolve_version(engine, engine_version)
 
 
-def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+def _compare_sizes(old: Plan | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
-    if path is None:
+    if old is None:
         return None
-    old = load_plan(path)
     return (
         tuple(old.decode.capture_bs),
         tuple(old.piecewise.capture_num_tokens),

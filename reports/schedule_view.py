@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cgtool.reports.plan_view import ENGINE_NAMES
-from cgtool.reports.tables import TableData
+from cgtool.reports.tables import Cell, TableData
 
 
-def _every_size(sizes: list[int]) -> str:
-    # Every size, never an ellipsis: this is the list a user copies.
-    return f"{' '.join(map(str, sizes))}  ({len(sizes)} sizes)" if sizes else "none (eager)"
+def _every_size(sizes: list[int]) -> Cell:
+    # Every size, never an ellipsis: this is the list a user copies. CSV/JSON: the list alone.
+    text = f"{' '.join(map(str, sizes))}  ({len(sizes)} sizes)" if sizes else "none (eager)"
+    return Cell(text, list(sizes))
 
 
 def schedule_rows(schedule: dict[str, Any]) -> TableData:

@@ -15,6 +15,9 @@
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
+# `memory` (by name only): per MEM_RUNS ("model:trace:format ...") plan, verify with its
+# proven fraction, and plan --profile verify.json; then issue 32's memory parts (scripts/bench_memory_parts.py,
+# MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
 # `tp` (two GPUs): tensor-parallel GPU tests and scripts/bench_tp.py, logs and reports in $OUT/tp.
@@ -212,6 +215,28 @@ if [[ " $stages " == *" prefill-backends "* ]]; then  # issue 38, by name only: 
   echo "[$(date +%H:%M:%S)] breakable GPU tests exit $?" | tee -a "$E/stage.log"; tail -15 "$E/gpu-tests.log"
   python3 scripts/bench_prefill_backends.py --out "$E" --models "${PREFILL_MODELS:-llama-3.1-8b,qwen3-30b-a3b}" \
     --tokens "${PREFILL_TOKENS:-256,1024,4096}" 2>&1 | tee -a "$E/stage.log"
+fi
+if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory parts, then verify's proven fraction
+  M="$OUT/memory"; mkdir -p "$M"
+  mstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$M/phases.log"; }
+  # "MODEL:TRACE:FORMAT" runs: plan, verify (its proof included), then plan --profile verify.json
+  for run in ${MEM_RUNS:-llama-3.1-8b:examples/azure-conv-first-1000.jsonl:cgtool}; do
+    IFS=: read -r m trace fmt <<<"$run"; name="$m-$(basename "${trace%%.*}")"; d="$M/$name"; mkdir -p "$d"
+    cgtool plan --trace "$trace" --format "$fmt" --model "$m" --out "$d/plan" >"$d-plan.log" 2>&1
+    mstamp "$name plan exit $?"
+    timeout -k 10 "${MEM_VERIFY_TIMEOUT:-300}" cgtool verify --plan "$d/plan/plan.json" --trace "$trace" --format "$fmt" \
+      --steps "${MEM_STEPS:-100}" --repeats 2 --out "$d/verify" >"$d-verify.log" 2>&1
+    mstamp "$name verify exit $?"; grep -E "^\[|recommended|proven|headroom" "$d-verify.log" | tail -16
+    cgtool plan --trace "$trace" --format "$fmt" --model "$m" --profile "$d/verify/verify.json" --out "$d/replan" \
+      >"$d-replan.log" 2>&1; mstamp "$name plan --profile exit $?"; grep -E "mem-fraction-static" "$d-replan.log" | head -3
+    rm -rf "$d/plan/"*.png "$d/verify/"*.png "$d/replan/"*.png "$d"/*/*.html 2>/dev/null
+  done
+  if [[ -n "${MEM_PARTS:-1}" ]]; then
+    mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
+    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 scripts/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
+      --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"
+  fi
+  tar czf "$OUT/memory.tgz" -C "$OUT" memory && rm -rf "$M"
 fi
 if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool replay against the simulator
   R="$OUT/replay"; mkdir -p "$R"
