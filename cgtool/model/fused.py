@@ -14,10 +14,12 @@ from __future__ import annotations
 import torch
 
 from cgtool.model.fused_launch import (
-    launch_rms_norm, launch_rope, launch_rope_and_store, launch_rope_and_store_qkv, launch_silu_and_mul,
+    launch_rms_norm, launch_rope, launch_rope_and_store, launch_rope_and_store_qkv,
+    launch_silu_and_mul,
 )
 from cgtool.model.fused_ref import (
-    apply_rope_and_store_ref, apply_rope_ref, fused_add_rms_norm_ref, rms_norm_ref, silu_and_mul_ref,
+    apply_rope_and_store_ref, apply_rope_ref, fused_add_rms_norm_ref, rms_norm_ref,
+    silu_and_mul_ref,
 )
 
 # The references are part of this module's interface (the MoE and MLA code and tests use them).
@@ -116,7 +118,9 @@ def apply_rope_and_store_qkv(
             k_cache, v_cache, loc,
         )
         return q_out.view(-1, heads * head_dim)
-    return launch_rope_and_store_qkv(qkv, heads, kv_heads, head_dim, positions, cos_sin, k_cache, v_cache, loc)
+    return launch_rope_and_store_qkv(
+        qkv, heads, kv_heads, head_dim, positions, cos_sin, k_cache, v_cache, loc
+    )
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
