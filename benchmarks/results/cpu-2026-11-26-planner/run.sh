@@ -15,11 +15,11 @@ host="Model name: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
 loadavg() { uptime | sed 's/.*\(load average\)/\1/'; }
 if [ "$what" = heldout ]; then args=(--heldout --load 1,2); else args=(); fi
 for i in $(seq 1 "$runs"); do
-  echo "# run $i: scripts/bench_plan.py ${args[*]}"
+  echo "# run $i: benchmarks/bench_plan.py ${args[*]}"
   echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ)  commit: $commit${dirty:+ (uncommitted changes)}"
   echo "# host: $host; before: $(loadavg)"
   PYTHONPATH=$checkout /usr/bin/time -f '# wall %e s, user %U s, sys %S s (all processes)' \
-    "$python" scripts/bench_plan.py "${args[@]}" 2>&1
+    "$python" benchmarks/bench_plan.py "${args[@]}" 2>&1
   echo "# after: $(loadavg)"
   echo
 done

@@ -4,7 +4,7 @@ issue one (its input copies, then the graph launch), in one process.
 A lone replay is timed from before its input copies, so the host's issuing time is in it;
 replays timed k to a batch overlap the next one's issuing with the GPU's work, and the
 per-replay time falls toward the GPU's own. Issue 14 compares replay with the bandwidth
-roofline. Usage: python scripts/bench_replay.py [--model llama-3.1-8b] [--bs 1,64] [--out F]
+roofline. Usage: python benchmarks/bench_replay.py [--model llama-3.1-8b] [--bs 1,64] [--out F]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The phase table of capture reports, beside each run's wall time from process start.
 
-Usage: python scripts/bench_phases.py RUN_DIR=WALL_S [RUN_DIR=WALL_S ...]
+Usage: python benchmarks/bench_phases.py RUN_DIR=WALL_S [RUN_DIR=WALL_S ...]
 """
 
 from __future__ import annotations

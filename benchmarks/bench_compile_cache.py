@@ -5,8 +5,8 @@ Each child builds the model with random weights, then times what a capture's `co
 phase times: building PiecewiseGraphRunner and its warm-up forward. The cache lives in a
 fresh folder, so the first child always misses.
 
-    python scripts/bench_compile_cache.py --model tiny --layers 32 --out benchmarks/.../compile-cache.json
-    python scripts/bench_compile_cache.py --model llama-3.1-8b --device cuda --tokens 8192 --out ...
+    python benchmarks/bench_compile_cache.py --model tiny --layers 32 --out benchmarks/.../compile-cache.json
+    python benchmarks/bench_compile_cache.py --model llama-3.1-8b --device cuda --tokens 8192 --out ...
 """
 
 from __future__ import annotations

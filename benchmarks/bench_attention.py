@@ -4,7 +4,7 @@ Decode is timed eagerly and as a replayed CUDA graph (what serving runs); its bo
 the K/V bytes read over the device-to-device copy bandwidth measured here. Extend is
 compared with PyTorch's flash SDPA on the same causal shape.
 
-    python3 scripts/bench_attention.py [--sweep]
+    python3 benchmarks/bench_attention.py [--sweep]
 """
 
 from __future__ import annotations

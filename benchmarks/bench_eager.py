@@ -3,7 +3,7 @@
 The old path is restored by patching, not kept in the library: every fused op and the
 attention op go through `torch.ops.cgtool.*` (as under torch.compile) and every Triton
 launch through Triton's own binder. Prints one JSON object; ratios are within this run.
-Usage: python scripts/bench_eager.py --model llama-3.1-8b [--bs 1] [--out FILE]
+Usage: python benchmarks/bench_eager.py --model llama-3.1-8b [--bs 1] [--out FILE]
        [--after-compile | --after-captures]
 """
 

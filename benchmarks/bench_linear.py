@@ -8,7 +8,7 @@ stays in L2 between calls and reads optimistic.
 
 Issue 14: a bs-1 replay's kernel trace had o_proj (4096x4096) at ~53% of the weight-read
 bound while qkv, gate_up, down and the LM head ran at 95-100%. Run on the GPU machine:
-  python3 scripts/bench_linear.py [--out FILE.json]
+  python3 benchmarks/bench_linear.py [--out FILE.json]
 """
 
 from __future__ import annotations

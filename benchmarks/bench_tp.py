@@ -1,6 +1,6 @@
 """TP=2 against TP=1: decode replay latency per batch size, from two `cgtool capture` runs.
 
-    python scripts/bench_tp.py --model llama-3.1-8b --out gpu-out/tp
+    python benchmarks/bench_tp.py --model llama-3.1-8b --out gpu-out/tp
 
 runs `cgtool capture --kind decode` at TP=1 and `cgtool capture --tp 2 --kind both` (every
 replay verified against eager on every rank) with random weights, then prints one table.

@@ -1,7 +1,7 @@
 """Planner benchmark: a million synthetic requests through the whole plan.
 
-    .venv/bin/python scripts/bench_plan.py [--requests 1000000] [--rate 10] [--seed 0] [--load 1,2]
-    .venv/bin/python scripts/bench_plan.py --heldout [--load 1,2]   # the real traces instead
+    .venv/bin/python benchmarks/bench_plan.py [--requests 1000000] [--rate 10] [--seed 0] [--load 1,2]
+    .venv/bin/python benchmarks/bench_plan.py --heldout [--load 1,2]   # the real traces instead
 
 Requests are chat-like (Poisson arrivals; log-normal prompts around 900 tokens and outputs
 around 150), generated from a fixed seed, planned for llama-3.1-8b on an H100 with SGLang's

@@ -1,6 +1,6 @@
 """Time writing and reading a synthetic cgtool trace (default: one million requests).
 
-    python scripts/bench_trace_io.py [NUM_REQUESTS]
+    python benchmarks/bench_trace_io.py [NUM_REQUESTS]
 
 The requests are random (seed 0): Poisson arrivals at 100 req/s, prompts 1-8,000 tokens,
 outputs 0-1,000 tokens.
