@@ -36,7 +36,7 @@ from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS
-from cgtool.verify.profile import load_profile
+from cgtool.replay.profile import load_profile  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
 

@@ -22,5 +22,14 @@ def schedule_rows(schedule: dict[str, Any]) -> TableData:
         ["piecewise on by default", "yes" if schedule["piecewise_on_by_default"] else "no"],
         ["rule from", schedule["source"]],
     ]
+    rules = schedule.get("release_rules")
+    if rules:
+        backend = rules["prefill_backend"]
+        if rules["capture_through_chunk"]:
+            backend += " (capture through --chunked-prefill-size, or not at all)"
+        rows += [["prefill graphs", backend], ["off-grid sizes", rules["ceiling_rule"]],
+                 ["memory flag counts", rules["fraction"]]]
+        rows += [[f"assumes {e['name']}={e['assumed']}", e["effect"]] for e in rules["env"]]
+        rows += [["read from", source] for source in rules["sources"]]
     title = f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule"
     return TableData(title, ["", "value"], rows, wrap_last=True)
