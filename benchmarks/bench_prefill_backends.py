@@ -83,12 +83,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--models", default="llama-3.1-8b,qwen3-30b-a3b")
     parser.add_argument("--tokens", default="256,1024,4096")
-    parser.add_argument("--timeout-s", type=int, default=150)
+    parser.add_argument("--timeout-s", type=int, default=100)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_one(m, b, args.tokens, args.out, args.timeout_s)
-            for m in args.models.split(",") for b in BACKENDS]
-    (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
+    rows = []
+    for model in args.models.split(","):
+        for backend in BACKENDS:
+            rows.append(run_one(model, backend, args.tokens, args.out, args.timeout_s))
+            # Written after each session, so a stage cut short keeps what it measured.
+            (args.out / "summary.json").write_text(json.dumps(rows, indent=1))
     print(table(rows), flush=True)
 
 

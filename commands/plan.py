@@ -28,6 +28,7 @@ from cgtool.specs.hidden_states import parse_hidden_modes
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.releases import off_grid_ceilings
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
@@ -148,6 +149,7 @@ def plan(
         result.warnings.insert(0, gpu_note)
         if json_out:
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
+    result.warnings.extend(_compare_ceiling_notes(compare_plan))
     _show(result, out, json_out)
     if stop.requested():
         _exit_interrupted(result, stop)
@@ -172,6 +174,23 @@ def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...],
         tuple(old.piecewise.capture_num_tokens),
         old.memory.kv_tokens,
     )
+
+
+def _compare_ceiling_notes(path: Path | None) -> list[str]:
+    """Sizes of the --compare-plan that its own engine release would not capture as written."""
+    if path is None:
+        return []
+    old = load_plan(path)
+    inputs = old.inputs
+    try:
+        notes = off_grid_ceilings(
+            inputs.engine, inputs.engine_version, tuple(old.decode.capture_bs),
+            tuple(old.piecewise.capture_num_tokens), inputs.chunked_prefill_size,
+            inputs.max_running_requests,
+        )
+    except CgtoolError:  # a release cgtool no longer knows: nothing to say of its grid
+        return []
+    return [f"--compare-plan {path.name}: {note}" for note in notes]
 
 
 def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:
