@@ -28,7 +28,7 @@ from cgtool.specs.hidden_states import parse_hidden_modes
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
-from cgtool.planner.releases import off_grid_ceilings
+from cgtool.planner.releases import off_grid_ceilings, prefill_notes
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
@@ -150,6 +150,8 @@ def plan(
         if json_out:
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
     result.warnings.extend(_compare_ceiling_notes(compare_plan))
+    if isinstance(result, Plan):
+        result.warnings.extend(_prefill_notes(result, report))
     _show(result, out, json_out)
     if stop.requested():
         _exit_interrupted(result, stop)
@@ -174,6 +176,14 @@ def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...],
         tuple(old.piecewise.capture_num_tokens),
         old.memory.kv_tokens,
     )
+
+
+def _prefill_notes(plan: Plan, profile: dict | None) -> list[str]:
+    inputs = plan.inputs
+    settings = (profile or {}).get("settings") or {}
+    measured = settings.get("prefill_backend", "piecewise") if "kinds" in settings else None
+    return prefill_notes(inputs.engine, inputs.engine_version, tuple(plan.piecewise.capture_num_tokens),
+                         inputs.chunked_prefill_size, measured)
 
 
 def _compare_ceiling_notes(path: Path | None) -> list[str]:

@@ -20,3 +20,18 @@ def test_compare_plan_says_which_of_its_sizes_the_engine_would_not_capture(tmp_p
     warnings = json.loads(result.stdout)["warnings"]
     assert f"--compare-plan plan.json: prefill ceiling 512 is below --chunked-prefill-size {chunk}: " \
         "SGLang 0.5.23's breakable graphs then keep the eager peak too" in warnings
+
+
+REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "report.json"
+
+
+def test_plan_names_the_release_prefill_backend_and_a_profile_of_another():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--profile", REPORT, "--json")
+    assert result.exit_code == 0, result.output
+    warnings = json.loads(result.stdout)["warnings"]
+    # The fixture report predates --prefill-backend: its prefill rows are torch.compile pieces.
+    assert any(w.startswith("the --profile report measured torch.compile piecewise prefill graphs; "
+                            "SGLang 0.5.23 records breakable ones") for w in warnings)
+    plain = json.loads(cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine-version", "0.5.10",
+                              "--json").stdout)["warnings"]
+    assert not any("prefill graphs" in w for w in plain)
