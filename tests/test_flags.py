@@ -153,3 +153,15 @@ def test_vllm_never_gets_a_size_above_its_token_budget():
     assert "--max-cudagraph-capture-size 8192" in lines
     assert not any("12288" in line for line in lines if line.startswith("--"))
     assert "# left out, above --max-num-batched-tokens 8192: 12288" in lines
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+def test_sglang_decode_sizes_above_the_request_pool_become_the_pool_size(version):
+    # 0.5.23 runner/base_cuda_graph_runner.py get_batch_sizes_to_capture: sizes above
+    # req_to_token_pool.size are filtered out and the pool size added.
+    over = FlagValues(**{**{f: getattr(VALUES, f) for f in VALUES.__slots__},
+                         "decode_bs": (1, 8, 200, 300), "max_running_requests": 256})
+    lines = sglang_flags(over, version)
+    expected = "1 8 200 256"
+    assert any(line.endswith(expected) and "bs" in line for line in lines)
+    assert any(line.startswith("# decode sizes above --max-running-requests 256 (300)") for line in lines)

@@ -70,10 +70,22 @@ def _limit_lines(engine: str, values: FlagValues) -> list[str]:
     ]
 
 
+def within_running(decode_bs: tuple[int, ...], max_running: int) -> tuple[tuple[int, ...], list[str]]:
+    """Decode sizes as SGLang captures them: sizes above the request pool dropped and the
+    pool's size captured instead (model_executor/runner/base_cuda_graph_runner.py
+    get_batch_sizes_to_capture, 0.5.23; cuda_graph_runner.py before), so the flags hold what runs."""
+    if not decode_bs or max(decode_bs) <= max_running:
+        return decode_bs, []
+    kept = tuple(sorted({s for s in decode_bs if s <= max_running} | {max_running}))
+    above = " ".join(str(s) for s in decode_bs if s > max_running)
+    return kept, [f"# decode sizes above --max-running-requests {max_running} ({above}) replaced by "
+                  f"{max_running}, as the engine would"]
+
+
 def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
     release = sglang_release(version)
     rules = release_rules("sglang", release.version)
-    decode = values.decode_bs
+    decode, notes = within_running(values.decode_bs, values.max_running_requests)
     tokens, note = through_chunk(rules, values.piecewise_tokens, values.chunked_prefill_size)
     lines = _tp_lines("sglang", values)
     if release.per_phase_flags:
@@ -108,7 +120,7 @@ def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
             ]
         elif release.piecewise_on_by_default:
             lines.append("--disable-piecewise-cuda-graph")
-    notes = [f"# {note}"] if note else []
+    notes += [f"# {note}"] if note else []
     return lines + _limit_lines("sglang", values) + notes + env_lines(rules)
 
 
