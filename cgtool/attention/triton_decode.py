@@ -29,7 +29,7 @@ MIN_BLOCK_H = 16
 
 
 # Chunks per request: enough programs to keep an H100's 132 SMs busy several times over.
-# On the H100 sweep (scripts/bench_attention.py --sweep, 32/8 heads, head_dim 128) a 32k-token
+# On the H100 sweep (benchmarks/bench_attention.py --sweep, 32/8 heads, head_dim 128) a 32k-token
 # decode at batch size 1 ran in 57 us with 64 chunks against 143 us with 16, while from batch
 # size 8 on more chunks only add partial results to write and merge.
 TARGET_PROGRAMS = 1024

@@ -21,7 +21,7 @@ from cgtool.planner.profile_fit import profile_cost
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scoring import padded_sizes
 from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
-from cgtool.verify.steps import KindSteps, Step, StepPopulation, kind_steps
+from cgtool.verify.steps import KindPopulation, Step, StepPopulation, kind_steps
 
 
 def plan_model(plan: Plan) -> tuple[ModelConfig, GpuSpec, int]:
@@ -30,7 +30,7 @@ def plan_model(plan: Plan) -> tuple[ModelConfig, GpuSpec, int]:
 
 
 def population_from_histograms(plan: Plan) -> StepPopulation:
-    def of(hist: StepHistogram, context: int) -> KindSteps:
+    def of(hist: StepHistogram, context: int) -> KindPopulation:
         return kind_steps(hist.sizes, hist.counts, [context] * len(hist.sizes))
 
     return StepPopulation(of(plan.decode.histogram, BATCH_TRACE_CONTEXT_TOKENS),
