@@ -169,7 +169,7 @@ def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list
             "load multiplies it), a new one sent as one finishes; no arrival times"
         )
     offline = [run for run in runs if run.offline]
-    if offline:
+    if offline and len(traffic) > 1:  # one request is no batch job
         loads = ", ".join(f"{run.load:g}x" for run in offline)
         notes.append(
             f"offline batch at {loads}: most requests arrive at once, so the queue drains by "
