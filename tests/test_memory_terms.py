@@ -1,5 +1,5 @@
 """Each predicted memory term against the figure the H100 80GB HBM3 measured on 2026-11-26
-(benchmarks/results/h100-2026-11-26-memory: parts-call3.json from scripts/bench_memory_parts.py,
+(benchmarks/results/h100-2026-11-26-memory: parts-call3.json from benchmarks/bench_memory_parts.py,
 verify.json from `cgtool verify` of each model's plan on the Azure example and the Mooncake
 conversation trace). The files are read here, never copied."""
 

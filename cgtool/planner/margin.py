@@ -1,7 +1,7 @@
 """The margin a --mem-fraction-static keeps free beyond activations and graphs, part by part.
 
 Every figure was measured on an H100 80GB HBM3 (driver 580.159, CUDA 13, torch 2.11) on
-2026-11-26 by scripts/bench_memory_parts.py and `cgtool verify` (raw files in
+2026-11-26 by benchmarks/bench_memory_parts.py and `cgtool verify` (raw files in
 benchmarks/results/h100-2026-11-26-memory; tests/test_margin.py reads them):
 
 - cuda_context: what the device holds once torch has initialised CUDA, before any tensor
