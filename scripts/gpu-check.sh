@@ -16,7 +16,7 @@
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
 # `memory` (by name only): per MEM_RUNS ("model:trace:format ...") plan, verify with its
-# proven fraction, and plan --profile verify.json; then issue 32's memory parts (scripts/bench_memory_parts.py,
+# proven fraction, and plan --profile verify.json; then issue 32's memory parts (benchmarks/bench_memory_parts.py,
 # MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
@@ -233,7 +233,7 @@ if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory par
   done
   if [[ -n "${MEM_PARTS:-1}" ]]; then
     mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
-    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 scripts/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
+    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 benchmarks/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
       --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"
   fi
   tar czf "$OUT/memory.tgz" -C "$OUT" memory && rm -rf "$M"
