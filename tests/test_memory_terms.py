@@ -87,3 +87,23 @@ def test_graph_memory_of_the_plan_set_with_the_first_forward_within_15_percent_o
     plan = next(s for s in result["sets"] if s["name"] == "plan")
     predicted = _predicted_graphs(model, plan) + FIRST_FORWARD_BYTES[family(load_model_config(model))]
     assert predicted == pytest.approx(plan["graph_bytes"], rel=0.15)
+
+
+@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.parent.name)
+def test_the_predicted_fraction_is_never_above_the_one_verify_proved(path):
+    # The plan's prediction with these terms, for the verified plan's own sizes, limits and GPU:
+    # at or below the fraction the H100 proved, and within 0.035 of it.
+    from cgtool.planner.memory import plan_memory
+
+    result = json.loads(path.read_text())
+    cfg = load_model_config(result["model"]["name"])
+    plan = next(s for s in result["sets"] if s["name"] == "plan")
+    settings = result["settings"]
+    memory = plan_memory(
+        cfg, H100.memory_bytes, graph_bytes=_predicted_graphs(cfg.name, plan),
+        chunked_prefill_size=settings["chunked_prefill_size"],
+        max_running_requests=settings["max_running_requests"], peak_kv_demand_tokens=0,
+        typical_request_tokens=1, default_mem_fraction_static=0.83,
+    )
+    proven = result["recommended_mem_fraction_static"]
+    assert proven - 0.035 <= memory.mem_fraction_static <= proven

@@ -17,7 +17,7 @@ from cgtool.documents.plan_document import PlanMemory
 from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
 from cgtool.planner.margin import named_margin
-from cgtool.planner.memory_terms import activation_bytes_per_token
+from cgtool.planner.memory_terms import activation_bytes_per_token, decode_partials_bytes
 from cgtool.units import BF16_BYTES, GIB, MIB
 
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm 0.33 CacheConfig default
@@ -45,9 +45,13 @@ def activation_bytes(
     cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int, tp_size: int = 1
 ) -> int:
     """Peak of an eager forward on one rank: a full prefill chunk, or a decode of every
-    running request; the logits and the sampler are a part of the margin."""
+    running request with the decode kernel's split partials (2.0 GiB of deepseek-v2-lite's
+    3,975 requests: 16 heads x 16 splits x 513 fp32 a request); the logits and the sampler
+    are a part of the margin."""
     per_token = activation_bytes_per_token(cfg, tp_size)
-    return int(max(chunked_prefill_size, max_running_requests) * per_token)
+    bs = max_running_requests
+    decode = bs * (per_token + decode_partials_bytes(cfg, bs, tp_size))
+    return int(max(chunked_prefill_size * per_token, decode))
 
 
 def sglang_default_mem_fraction(

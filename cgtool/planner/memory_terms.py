@@ -79,6 +79,14 @@ def decode_kv_splits(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
     return max(_MIN_SPLITS, min(_MAX_SPLITS, wanted))
 
 
+def decode_partials_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
+    """Per request, the decode kernel's fp32 partial outputs and log-sum-exps of every split;
+    an eager decode allocates them once for all layers, a captured one per layer (reused)."""
+    shard = rank_shapes(cfg, tp_size)
+    width = cfg.mla.kv_lora_rank if cfg.mla is not None else cfg.head_dim
+    return shard.num_heads * decode_kv_splits(cfg, bs, tp_size) * (width + 1) * FP32_BYTES
+
+
 def decode_graph_pool_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> float:
     """The pool the largest decode graph adds: per request, the decode kernel's fp32 partial
     outputs and log-sum-exps of every split beside one token's activations; the bf16 logits,
@@ -86,9 +94,7 @@ def decode_graph_pool_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> floa
     not (qwen3-30b-a3b: 297 KB of logits a request against 264 KB of partials, +74 MiB at 256)."""
     if bs <= 0:
         return 0.0
-    shard = rank_shapes(cfg, tp_size)
-    width = cfg.mla.kv_lora_rank if cfg.mla is not None else cfg.head_dim
-    partials = shard.num_heads * decode_kv_splits(cfg, bs, tp_size) * (width + 1) * FP32_BYTES
+    partials = decode_partials_bytes(cfg, bs, tp_size)
     logits = cfg.vocab_size * BF16_BYTES  # gathered whole on every rank
     row = partials + activation_bytes_per_token(cfg, tp_size) + (logits if logits > partials else 0)
     return float(bs * row)
