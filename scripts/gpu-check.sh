@@ -267,7 +267,7 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
     else cases+=(--case "$c=$m,$schedule,${REPLAY_MOONCAKE_N:-70},$mc_load"); fi
   done
   python3 benchmarks/bench_replay_trace.py run --out "$R/runs" --budget-s "${REPLAY_BUDGET_S:-400}" "${cases[@]}" 2>&1 | tee -a "$OUT/replay-stage.log"
-  [[ -f "$R/capture/report.json" ]] && python3 benchmarks/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
+  compgen -G "$R/runs/*.json" >/dev/null && [[ -f "$R/capture/report.json" ]] && python3 benchmarks/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
     "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
   tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
   rm -rf "$R"
