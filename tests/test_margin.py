@@ -58,6 +58,6 @@ def test_first_forward_covers_what_each_familys_first_capture_paid_beyond_its_gr
 
 def test_nccl_is_a_part_only_with_tensor_parallelism():
     cfg = load_model_config("llama-3.1-8b")
-    assert "nccl" not in margin.named_margin(cfg, 80 << 30, 256, 1 << 30)
-    assert margin.named_margin(cfg, 80 << 30, 256, 1 << 30, tp_size=4)["nccl"] == 4 * margin.COMM_RESERVE_BYTES_PER_RANK
-    assert set(margin.SOURCES) >= set(margin.named_margin(cfg, 80 << 30, 256, 1 << 30, tp_size=4))
+    assert "nccl" not in margin.named_margin(cfg, 256, 1 << 30)
+    assert margin.named_margin(cfg, 256, 1 << 30, tp_size=4)["nccl"] == 4 * margin.COMM_RESERVE_BYTES_PER_RANK
+    assert set(margin.SOURCES) >= set(margin.named_margin(cfg, 256, 1 << 30, tp_size=4))

@@ -68,7 +68,7 @@ def test_recommended_fraction_leaves_activations_graphs_and_the_margin_free():
     assert (
         free - (memory.activation_bytes + memory.graph_bytes + memory.margin_bytes) < 0.001 * H100
     )
-    assert memory.margin_bytes == margin_bytes(CFG, H100, 256) == sum(memory.margin_parts.values())
+    assert memory.margin_bytes == margin_bytes(CFG, 256) == sum(memory.margin_parts.values())
     assert {"cuda_context", "cublas_workspaces", "sampler_logits", "first_forward", "fragmentation",
             "headroom"} == set(memory.margin_parts)
 
@@ -148,8 +148,8 @@ def test_tp2_sizes_each_gpu_from_its_shard():
 def test_activations_shrink_with_tp_but_the_gathered_logits_do_not():
     assert activation_bytes(CFG, 8192, 256, tp_size=2) < activation_bytes(CFG, 8192, 256)
     # The logits are gathered whole on every GPU: the sampler's part of the margin keeps them.
-    one = margin_parts(CFG, H100, 4096)["sampler_logits"]
-    assert margin_parts(CFG, H100, 4096, tp_size=8)["sampler_logits"] == one
+    one = margin_parts(CFG, 4096)["sampler_logits"]
+    assert margin_parts(CFG, 4096, tp_size=8)["sampler_logits"] == one
 
 
 def test_replicated_kv_heads_stop_the_kv_saving():

@@ -39,13 +39,11 @@ COMM_RESERVE_BYTES_PER_RANK = GIB // 8
 
 
 def named_margin(
-    cfg: ModelConfig, gpu_memory_bytes: int, max_running_requests: int, extend_activation_bytes: int,
-    tp_size: int = 1,
+    cfg: ModelConfig, max_running_requests: int, extend_activation_bytes: int, tp_size: int = 1
 ) -> dict[str, int]:
-    """{part: bytes} of one GPU's margin (gpu_memory_bytes kept for parts that scale with it)."""
+    """{part: bytes} of one GPU's margin; no part is a share of the GPU's memory."""
     from cgtool.planner.memory_terms import family
 
-    del gpu_memory_bytes  # no part is a share of the GPU any more
     parts = {
         "cuda_context": CUDA_CONTEXT_BYTES,
         "cublas_workspaces": CUBLAS_WORKSPACE_BYTES,

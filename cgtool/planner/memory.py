@@ -25,20 +25,18 @@ TRTLLM_DEFAULT_FREE_FRACTION = 0.9  # TensorRT-LLM KvCacheConfig default
 
 
 def margin_bytes(
-    cfg: ModelConfig, gpu_memory_bytes: int, max_running_requests: int, tp_size: int = 1,
-    chunked_prefill_size: int = 8192,
+    cfg: ModelConfig, max_running_requests: int, tp_size: int = 1, chunked_prefill_size: int = 8192
 ) -> int:
     """The margin kept free beyond activations and graphs: the sum of its named parts."""
-    return sum(margin_parts(cfg, gpu_memory_bytes, max_running_requests, tp_size, chunked_prefill_size).values())
+    return sum(margin_parts(cfg, max_running_requests, tp_size, chunked_prefill_size).values())
 
 
 def margin_parts(
-    cfg: ModelConfig, gpu_memory_bytes: int, max_running_requests: int, tp_size: int = 1,
-    chunked_prefill_size: int = 8192,
+    cfg: ModelConfig, max_running_requests: int, tp_size: int = 1, chunked_prefill_size: int = 8192
 ) -> dict[str, int]:
     """Each part of the margin by name (cgtool.planner.margin gives each its figure and source)."""
     extend = chunked_prefill_size * activation_bytes_per_token(cfg, tp_size)
-    return named_margin(cfg, gpu_memory_bytes, max_running_requests, extend, tp_size)
+    return named_margin(cfg, max_running_requests, extend, tp_size)
 
 
 def activation_bytes(
@@ -120,7 +118,7 @@ def plan_memory(
     shard = rank_shapes(cfg, tp_size)
     weights = shard.weight_bytes(BF16_BYTES)
     activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests, tp_size)
-    parts = margin_parts(cfg, gpu_memory_bytes, max_running_requests, tp_size, chunked_prefill_size)
+    parts = margin_parts(cfg, max_running_requests, tp_size, chunked_prefill_size)
     margin = sum(parts.values())
     outside = activations + graph_bytes + margin
     # Rounded down to SGLang's 3 decimals, so the margin is never eaten by rounding.
