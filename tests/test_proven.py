@@ -56,3 +56,15 @@ def test_a_fraction_that_failed_is_never_recommended():
 def test_families():
     assert [model_family(load_model_config(m)) for m in ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite")] == [
         "dense", "MoE", "MLA"]
+
+
+def test_a_verify_too_short_to_time_a_kind_still_feeds_its_proof_to_the_plan():
+    # qwen3-30b-a3b's 100-step verify timed no kind on both eager and graph steps: on the GPU,
+    # `plan --profile` exited 2 on it; its step times now stay the roofline's.
+    from cgtool.planner.profile_fit import profile_cost
+
+    _, profile = _memory_and_profile()
+    assert profile["sizes"] == []
+    cost = profile_cost(profile, load_model_config("qwen3-30b-a3b"), H100, max_bs=256, max_tokens=8192,
+                        source="verify.json")
+    assert cost.source == "roofline"
