@@ -57,6 +57,10 @@ def named_margin(
     return parts
 
 
+# (GPU, family) whose terms and margin were measured and whose fraction verify proved: these
+# benchmarks/results/h100-2026-11-26-memory runs. Any other pair is planned unproven.
+CALIBRATED = frozenset({("H100-80GB", "dense"), ("H100-80GB", "MoE"), ("H100-80GB", "MLA")})
+
 # Each part's source, for the plan's memory table and docs/memory.md.
 SOURCES = {
     "cuda_context": "measured, H100",
