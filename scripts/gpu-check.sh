@@ -10,13 +10,14 @@
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
+# `moe-mla` (by name only): scripts/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
 # `memory` (by name only): per MEM_RUNS ("model:trace:format ...") plan, verify with its
-# proven fraction, and plan --profile verify.json; then issue 32's memory parts (scripts/bench_memory_parts.py,
+# proven fraction, and plan --profile verify.json; then issue 32's memory parts (benchmarks/bench_memory_parts.py,
 # MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
@@ -130,6 +131,12 @@ if [[ " $stages " == *" moe "* ]]; then  # issue 19: MoE/MLA presets, decode at 
     echo "[$(date +%H:%M:%S)] moe $m exit $?"; tail -25 "$OUT/runs/moe-$m.log"
   done
 fi
+if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA kernels against their limits
+  echo "[$(date +%H:%M:%S)] bench_moe_mla ${MOE_MLA_ARGS:-}"
+  timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 scripts/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
+    2>&1 | tee "$OUT/moe-mla.log"
+  echo "[$(date +%H:%M:%S)] bench_moe_mla exit ${PIPESTATUS[0]}"
+fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \
     --context-len 1024 --out "$OUT/runs/llama8b-decode" >"$OUT/runs/llama8b-decode.log" 2>&1
@@ -233,7 +240,7 @@ if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory par
   done
   if [[ -n "${MEM_PARTS:-1}" ]]; then
     mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
-    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 scripts/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
+    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 benchmarks/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
       --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"
   fi
   tar czf "$OUT/memory.tgz" -C "$OUT" memory && rm -rf "$M"
@@ -267,7 +274,7 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
     else cases+=(--case "$c=$m,$schedule,${REPLAY_MOONCAKE_N:-70},$mc_load"); fi
   done
   python3 benchmarks/bench_replay_trace.py run --out "$R/runs" --budget-s "${REPLAY_BUDGET_S:-400}" "${cases[@]}" 2>&1 | tee -a "$OUT/replay-stage.log"
-  [[ -f "$R/capture/report.json" ]] && python3 benchmarks/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
+  compgen -G "$R/runs/*.json" >/dev/null && [[ -f "$R/capture/report.json" ]] && python3 benchmarks/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
     "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
   tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
   rm -rf "$R"

@@ -34,12 +34,14 @@ def test_faster_gpu_gives_faster_steps():
     assert h200.decode_graph_ms[32] < a100.decode_graph_ms[32]
 
 
-def test_both_kinds_share_one_pool_sized_by_the_larger_need(roofline):
+def test_both_kinds_pools_add_up_since_each_kind_captures_on_a_stream_of_its_own(roofline):
+    # Measured (H100, 2026-11-26, benchmarks/results/h100-2026-11-26-memory/parts-call3.json):
+    # decode graphs captured after the piecewise ones grew the shared pool by 88-166 MiB.
     decode, tokens = [1, 8, 64], [256, 4096]
     both = roofline.graph_bytes(decode, tokens)
     apart = roofline.graph_bytes(decode, []) + roofline.graph_bytes([], tokens)
-    assert both < apart
-    expected = max(roofline.decode_pool_bytes[64], roofline.extend_pool_bytes[4096])
+    assert both == apart
+    expected = roofline.decode_pool_bytes[64] + roofline.extend_pool_bytes[4096]
     expected += 3 * roofline.decode_graph_bytes + 2 * roofline.extend_graph_bytes
     assert both == int(expected)
 

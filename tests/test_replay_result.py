@@ -103,3 +103,15 @@ def test_attention_price_is_fitted_within_steps_of_one_graph_and_reaches_the_cos
                         max_tokens=1024, source="replay.json")
     assert cost.kv_read_ms_per_token == pytest.approx(4e-5)
     assert cost.decode_graph_ms[16] == pytest.approx(6.0)
+
+
+def test_near_sizes_are_one_point_so_the_tables_tail_slope_is_not_noise():
+    result = _result()
+    steps = StepLog()
+    for _ in range(20):
+        steps.append("extend", 4090, 4096, 0.0, 100.0, 0, 0.0)
+        steps.append("extend", 2000, 2048, 0.0, 50.0, 0, 0.0)
+    steps.append("extend", 4107, 0, 0.0, 110.0, 0, 0.0)  # one eager step just past the graph
+    result.steps = steps
+    sizes = [r["size"] for r in replay_as_profile(result)["sizes"] if r["kind"] == "piecewise"]
+    assert sizes == [2048, 4096]

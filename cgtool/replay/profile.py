@@ -88,7 +88,8 @@ def _rows(result: ReplayResult, kind: str, unit: Any) -> tuple[list[dict[str, An
     dense = ms - (slope or 0.0) * load
     eager = {int(-g): float(np.mean(dense[group == g])) for g in np.unique(group) if g < 0}
     graph = {int(g): float(np.mean(dense[group == g])) for g in np.unique(group) if g > 0}
-    sizes = sorted(set(eager) | set(graph))
+    counts = {abs(int(g)): int(np.count_nonzero(group == g)) for g in np.unique(group)}
+    sizes = _spread(sorted(set(eager) | set(graph)), counts)
     gap = _gap(unit, kind, np.array(sizes))
     e_ms = _at(sizes, eager, graph, gap)
     r_ms = _at(sizes, graph, eager, -gap)
@@ -98,6 +99,24 @@ def _rows(result: ReplayResult, kind: str, unit: Any) -> tuple[list[dict[str, An
         for n, e, r in zip(sizes, e_ms, r_ms)
     ]
     return rows, slope
+
+
+# Sizes closer than this share are one point: the profile fit extends its tables beyond the
+# largest size along the last two points' slope, and two near sizes (a graph of 4,096 tokens and
+# one eager step of 4,107) would make that slope noise.
+_MIN_SIZE_STEP = 0.05
+
+
+def _spread(sizes: list[int], counts: dict[int, int]) -> list[int]:
+    """Of sizes within _MIN_SIZE_STEP of each other, the one with the most steps."""
+    kept: list[int] = []
+    for size in sizes:
+        if kept and size < kept[-1] * (1 + _MIN_SIZE_STEP):
+            if counts[size] > counts[kept[-1]]:
+                kept[-1] = size
+            continue
+        kept.append(size)
+    return kept
 
 
 def _within_slope(group: np.ndarray, x: np.ndarray, y: np.ndarray) -> float | None:

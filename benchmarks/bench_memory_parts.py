@@ -5,7 +5,7 @@ model (random weights, a small KV pool): the eager activation peak of an extend 
 decode at two sizes each, allocator fragmentation at those peaks, and graph memory size by size
 (the pool and outside torch), captured twice in one process. One JSON file, figures in bytes.
 
-    python3 scripts/bench_memory_parts.py --models llama-3.1-8b,qwen3-30b-a3b --out parts.json
+    python3 benchmarks/bench_memory_parts.py --models llama-3.1-8b,qwen3-30b-a3b --out parts.json
 """
 
 from __future__ import annotations
