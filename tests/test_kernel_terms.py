@@ -13,34 +13,44 @@ from cgtool.planner.kernel_terms import kernel_floor_ms, moe_layers_ms
 from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
 
-RAW = Path(__file__).parent.parent / "benchmarks/results/h200-2026-11-26-moe-mla/call2"
+RESULTS = Path(__file__).parent.parent / "benchmarks/results"
+# Fitted on the H200 (call2); the H100 run checks that the same fractions carry over to the
+# other GPU class by its datasheet figures alone. qwen3-30b-a3b did not fit a 256 x 1k KV
+# pool on the H100 at 0.85, so only its layers were measured there.
+H200_RUN = (RESULTS / "h200-2026-11-26-moe-mla/call2", "H200", "H200")
+H100_RUN = (RESULTS / "h100-2026-11-26-moe-mla", "H100-80GB", "H100")
 MODELS = ["qwen3-30b-a3b", "deepseek-v2-lite"]
-H200 = gpu_spec("H200")
 
 
-def _load(name: str) -> dict:
-    return json.loads((RAW / name).read_text())
+def _load(run: Path, name: str) -> dict:
+    return json.loads((run / name).read_text())
 
 
+@pytest.mark.parametrize("run", [H200_RUN, H100_RUN], ids=["H200", "H100"])
 @pytest.mark.parametrize("model", MODELS)
-def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model):
-    bench = _load("moe-mla.json")
-    assert bench["device"] == "NVIDIA H200"
+def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model, run):
+    folder, gpu, nvml = run
+    bench = _load(folder, "moe-mla.json")
+    assert nvml in bench["device"]
     cfg = load_model_config(model)
     rows = bench["moe"][model]
     assert [r["tokens"] for r in rows] == [1, 8, 64, 256, 512, 2048, 8192]
     for row in rows:
-        predicted_us = moe_layers_ms(cfg, H200, row["tokens"]) / cfg.num_moe_layers * 1e3
+        predicted_us = moe_layers_ms(cfg, gpu_spec(gpu), row["tokens"]) / cfg.num_moe_layers * 1e3
         assert predicted_us == pytest.approx(row["layer_us"], rel=0.10), row["tokens"]
 
 
-@pytest.mark.parametrize("model", MODELS)
-def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model):
-    report = _load(f"capture-{model}.json")
-    assert "H200" in report["environment"]["gpu_name"]
+@pytest.mark.parametrize(
+    "model,run", [(m, H200_RUN) for m in MODELS] + [("deepseek-v2-lite", H100_RUN)],
+    ids=["qwen3-H200", "deepseek-H200", "deepseek-H100"],
+)
+def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model, run):
+    folder, gpu, nvml = run
+    report = _load(folder, f"capture-{model}.json")
+    assert nvml in report["environment"]["gpu_name"]
     cfg = load_model_config(model)
     context = report["settings"]["context_len"]
-    cost = roofline_cost(cfg, H200, max_bs=256, max_tokens=8192)
+    cost = roofline_cost(cfg, gpu_spec(gpu), max_bs=256, max_tokens=8192)
     checked = 0
     for size in report["sizes"]:
         n = size["size"]
@@ -61,5 +71,5 @@ def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model):
 def test_dense_models_keep_the_plain_roofline():
     llama = load_model_config("llama-3.1-8b")
     assert kernel_floor_ms(llama, 356) == 0.0
-    assert (moe_layers_ms(llama, H200, [1, 64]) == 0).all()
+    assert (moe_layers_ms(llama, gpu_spec("H200"), [1, 64]) == 0).all()
     assert kernel_floor_ms(load_model_config("deepseek-v2-lite"), 100) > 0
