@@ -349,7 +349,7 @@ def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
 
 
 def test_compare_plan_prints_a_verdict_and_names_an_old_plan_for_another_engine(tmp_path):
-    old = json.loads(min((ROOT / "benchmarks").rglob("plan-*.json")).read_text())
+    old = json.loads((ROOT / "tests" / "data" / "plans" / "plan-1.3-example.json").read_text())
     old["inputs"]["engine"] = "vllm"
     (tmp_path / "plan.json").write_text(json.dumps(old))
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB",
