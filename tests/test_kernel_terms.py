@@ -14,10 +14,10 @@ from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
 
 RESULTS = Path(__file__).parent.parent / "benchmarks/results"
-# Fitted on the H200 (call2); the H100 run checks that the same fractions carry over to the
+# Fitted on the H200 (call3, the final kernels); the H100 run checks that the same fractions carry over to the
 # other GPU class by its datasheet figures alone. qwen3-30b-a3b did not fit a 256 x 1k KV
 # pool on the H100 at 0.85, so only its layers were measured there.
-H200_RUN = (RESULTS / "h200-2026-11-26-moe-mla/call2", "H200", "H200")
+H200_RUN = (RESULTS / "h200-2026-11-26-moe-mla/call3", "H200", "H200")
 H100_RUN = (RESULTS / "h100-2026-11-26-moe-mla", "H100-80GB", "H100")
 MODELS = ["qwen3-30b-a3b", "deepseek-v2-lite"]
 

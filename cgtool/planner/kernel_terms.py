@@ -6,19 +6,20 @@ layers are not that: their experts' reads, their grouped GEMMs' FLOPs and the sm
 around them (router GEMM, routing, alignment, top-k sum) were fitted here to issue 33's
 measurements, each figure a replayed CUDA graph over six layers of distinct weights:
 
-  H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call2/moe-mla.json
+  H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call3/moe-mla.json
   (scripts/bench_moe_mla.py --no-sweep; qwen3-30b-a3b and deepseek-v2-lite shapes).
 
-MoE layer (least squares over 14 sizes, bs 1 to 8,192 tokens, both models; every size
-within 8.2% of its measurement): the experts reached plus each pair's activations read at
-0.94 of the datasheet bandwidth, the pairs' FLOPs at 0.51 of the bf16 peak, and 3.43 us for
-each kernel of the layer. The last is a kernel's floor in a replay (launch and ramp), which
-a one-token step pays some twenty times a layer.
+MoE layer (least squares over 14 sizes, bs 1 to 8,192 tokens, both models, relative error
+weighted; every size within 5.4% of its measurement): the experts reached plus each pair's
+activations read at 0.93 of the datasheet bandwidth, the pairs' FLOPs at 0.54 of the bf16
+peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in a replay
+(launch and ramp), which a one-token step pays some twenty times a layer.
 
-MLA decode (bs 64 and 256 at 1k and 8k contexts): the latent rows read at 0.78 of the
-datasheet bandwidth, plus 12 us a layer and 0.32 us a request and layer (the chunk merge).
-MLA extend (512-8,192 new tokens, with a 6k prefix too): 0.22 of the bf16 peak, counting
-4 x (rank + rope) FLOPs a head and (query, key) pair as the cost model does.
+MLA decode (bs 64 and 256 at 1k and 8k contexts): the latent rows read at 0.76-0.78 of the
+datasheet bandwidth, plus 0.32 us a request and layer (the chunk merge; the two kernels'
+floors are counted with the rest). MLA extend (2,048-8,192 new tokens, with a 6k prefix
+too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head and (query, key)
+pair as the cost model does (512 tokens: 0.10).
 """
 
 from __future__ import annotations
@@ -30,19 +31,18 @@ from cgtool.specs.config_parts import expected_experts
 from cgtool.specs.gpus import GpuSpec
 from cgtool.units import BF16_BYTES
 
-MOE_READ_EFFICIENCY = 0.94
-MOE_FLOPS_EFFICIENCY = 0.51
-KERNEL_FLOOR_MS = 3.43e-3  # one kernel of a replayed graph, at the least
+MOE_READ_EFFICIENCY = 0.93
+MOE_FLOPS_EFFICIENCY = 0.54
+KERNEL_FLOOR_MS = 3.91e-3  # one kernel of a replayed graph, at the least
 # Bytes a (token, expert) pair moves besides the weights: its token's row read by the gate/up
 # GEMM (bf16) and its fp32 partial output written by the down GEMM and read by the top-k sum.
 MOE_PAIR_BYTES_PER_HIDDEN = BF16_BYTES + 2 * 4
-# x in fp32, the router weight in fp32, the router GEMM, routing, alignment, gate/up GEMM,
-# down GEMM, top-k sum; past ONE_PROGRAM_PAIRS the alignment takes four kernels, not one.
-MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 8, 11
+# Router logits, routing, alignment, gate/up GEMM, down GEMM, top-k sum; past
+# ONE_PROGRAM_PAIRS the alignment takes four kernels, not one.
+MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 6, 9
 MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
 MLA_DECODE_READ_EFFICIENCY = 0.78
-MLA_DECODE_LAYER_MS = 12e-3
 MLA_DECODE_REQUEST_MS = 0.32e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 
