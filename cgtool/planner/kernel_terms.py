@@ -7,7 +7,7 @@ around them (router GEMM, routing, alignment, top-k sum) were fitted here to iss
 measurements, each figure a replayed CUDA graph over six layers of distinct weights:
 
   H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call3/moe-mla.json
-  (scripts/bench_moe_mla.py --no-sweep; qwen3-30b-a3b and deepseek-v2-lite shapes).
+  (benchmarks/bench_moe_mla.py --no-sweep; qwen3-30b-a3b and deepseek-v2-lite shapes).
 
 MoE layer (least squares over 14 sizes, bs 1 to 8,192 tokens, both models, relative error
 weighted; every size within 5.4% of its measurement): the experts reached plus each pair's

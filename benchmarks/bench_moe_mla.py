@@ -13,7 +13,7 @@ device-to-device copy bandwidth and the throughput of one large bf16 torch.mm.
   roofline: the latent rows read at the copy bandwidth. MLA extend of 512-8192 new tokens,
   with and without a cached prefix, against the torch.mm rate.
 
-    python3 scripts/bench_moe_mla.py --out results.json [--quick]
+    python3 benchmarks/bench_moe_mla.py --out results.json [--no-sweep] [--parts mla,moe] [--dry]
 """
 
 from __future__ import annotations
