@@ -220,7 +220,7 @@ def _prefill_notes(plan: Plan, profile: dict | None) -> list[str]:
     settings = (profile or {}).get("settings") or {}
     measured = settings.get("prefill_backend", "piecewise") if "kinds" in settings else None
     return prefill_notes(inputs.engine, inputs.engine_version, tuple(plan.piecewise.capture_num_tokens),
-                         inputs.chunked_prefill_size, measured)
+                         measured)
 
 
 def _compare_ceiling_notes(path: Path | None) -> list[str]:

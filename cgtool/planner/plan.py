@@ -88,6 +88,7 @@ def plan_traffic(
         pool.choice, pool.memory, loop, note = covered
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
+    plan.warnings.extend(pool.notes)
     if covered is not None:
         plan.warnings.append(note)
     if replicas != req.replicas:
@@ -222,6 +223,7 @@ class _PoolFit:
     choice: RobustChoice
     memory: PlanMemory
     fit: list[Scenario]
+    notes: list[str]  # sizes the release's rules added to the choice
 
 
 def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _PoolFit:
@@ -229,10 +231,10 @@ def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _Poo
     kv_ms = server.cost.kv_read_ms_per_token
     fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
     first = runs[0].result
-    choice, memory = choose_and_size(
+    choice, memory, notes = choose_and_size(
         req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
     )
-    return _PoolFit(runs, kv, 1, choice, memory, fit)
+    return _PoolFit(runs, kv, 1, choice, memory, fit, notes)
 
 
 def _simulate_loads(

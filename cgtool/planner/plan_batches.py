@@ -48,13 +48,14 @@ def plan_batches(
     if progress is not None:
         progress("optimise", 0.0)
     fit = [Scenario(1.0, decode, extend)]
-    choice, memory = choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
+    choice, memory, notes = choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
     summary = Simulation(
         num_requests=0, dropped_requests=0, mean_queue_s=0.0, p99_queue_s=0.0,
         steps=int(decode_counts.sum() + extend_counts.sum()),
         duration_s=float(decode_s.sum() + extend_s.sum()),
     )
     plan = finish_plan(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
+    plan.warnings.extend(notes)
     plan.warnings.append(
         f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request; "
         "no arrival times, so no held-out check and no load scenarios"

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from cgtool.documents.plan_document import PlanMemory
+from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.memory import plan_memory
 from cgtool.planner.optimiser import Limits
+from cgtool.planner.releases import release_rules, through_chunk
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
 from cgtool.planner.server import Server
@@ -45,11 +51,40 @@ def limits_for(req: PlanRequest, server: Server) -> Limits:
 
 def choose_and_size(
     req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, PlanMemory]:
-    choice = choose_robust(
-        fit, list(server.assumptions), server.default, limits_for(req, server), req.engine
-    )
-    return choice, size_memory(req, server, choice, peak_kv, typical)
+) -> tuple[RobustChoice, PlanMemory, list[str]]:
+    """Sizes, their memory plan, and a note where the release's own rule changed them."""
+    rules = release_rules(req.engine, server.version)
+    limits = given = limits_for(req, server)
+    assumptions = list(server.assumptions)
+    top = limits.max_tokens  # the chunk, or the context where that is shorter
+    if rules.capture_through_chunk:
+        assumptions = [_padded_to_chunk(a, top) for a in assumptions]
+        if limits.budget_graphs is not None:
+            limits = replace(limits, budget_graphs=max(limits.budget_graphs - 1, 0))
+    choice = choose_robust(fit, assumptions, server.default, limits, req.engine)
+    if not rules.capture_through_chunk:
+        return choice, size_memory(req, server, choice, peak_kv, typical), []
+    # SGLang 0.5.23 captures prefill graphs through the chunk (releases.through_chunk): the
+    # plan holds that size itself, so plan.json, its memory plan and its flags agree.
+    tokens, note = through_chunk(rules, tuple(choice.tokens) or (top,), top)
+    if not _within(given, server, choice.decode_bs, tokens):
+        tokens, note = (), (f"no prefill graphs: {rules.engine} {rules.version}'s must reach "
+                            f"{top} tokens, which the budgets given cannot hold")
+    choice.tokens = list(tokens)
+    return choice, size_memory(req, server, choice, peak_kv, typical), [note] if note else []
+
+
+def _within(limits: Limits, server: Server, decode_bs: list[int], tokens: tuple[int, ...]) -> bool:
+    graphs, memory = limits.budget_graphs, limits.budget_memory_bytes
+    return (graphs is None or len(decode_bs) + len(tokens) <= graphs) and (
+        memory is None or server.cost.graph_bytes(decode_bs, tokens) <= memory)
+
+
+def _padded_to_chunk(a: EagerAssumption, chunk: int) -> EagerAssumption:
+    """With a graph at the chunk always captured, a prefill step above the chosen sizes pads
+    to it rather than running eagerly: the sizes are chosen at that price."""
+    extend_eager = np.full_like(a.cost.extend_eager_ms, a.cost.extend_graph_ms[chunk])
+    return replace(a, cost=replace(a.cost, extend_eager_ms=extend_eager))
 
 
 def size_memory(

@@ -50,8 +50,11 @@ def server_for(req: PlanRequest) -> Server:
     fraction, kv_tokens, max_running = _default_pool(req, version, chunk, len(probe.piecewise_tokens))
     default = _schedule(req, version, chunk, max_running)
     # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
-    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
-    max_tokens = max(chunk, default.max_tokens)
+    # An existing plan (--compare-plan) may hold sizes past both: its steps pad up to them, and
+    # its graphs' memory and capture time are priced there.
+    old_bs, old_tokens = req.compare[:2] if req.compare is not None else ((), ())
+    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0, *old_bs)
+    max_tokens = max(chunk, default.max_tokens, *old_tokens)
     cost = with_hidden_states(_cost_model(req, max_bs, max_tokens), req.cfg, req.hidden_mode)
     backend = _attention_backend(req, version)
     if backend is not None:

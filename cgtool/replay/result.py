@@ -46,6 +46,9 @@ class ReplaySettings:
     dropped_requests: int = 0  # longer than the context or the whole pool, as the simulator drops
     profile: str | None = None  # capture report of the prediction, None: the roofline alone
     gpu: str = ""  # the GPU table entry the roofline prediction is for
+    # The prefill graphs' runner; replay.json files written before it was recorded ran
+    # torch.compile pieces.
+    prefill_backend: str = "piecewise"
 
 
 @dataclass(slots=True)

@@ -122,6 +122,9 @@ class VerifySettings:
     chunked_prefill_size: int
     max_running_requests: int
     simulated_steps: int
+    # The prefill graphs' runner; verify.json files written before it was recorded ran
+    # torch.compile pieces.
+    prefill_backend: str = "piecewise"
 
 
 @dataclass(slots=True)
