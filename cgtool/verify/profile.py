@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from cgtool.documents.results import load_report
+from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
 from cgtool.verify.result import (
     SetResult,
     SizeTiming,
@@ -24,7 +25,6 @@ from cgtool.verify.result import (
     load_verify,
 )
 
-_KIND = {"decode": "decode", "extend": "piecewise"}
 
 
 def load_profile(path: Path) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def _rows(sets: list[SetResult], kind: str, unit: Any) -> list[dict[str, Any]]:
     e_ms = np.interp(sizes, e_sizes, [float(np.mean(eager[s])) for s in e_sizes])
     r_ms = np.interp(sizes, r_sizes, [float(np.mean(replay[s])) for s in r_sizes])
     return [
-        {"kind": _KIND[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
+        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
          "replay_ms": float(min(r, e)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
         for s, e, r in zip(sizes, e_ms, r_ms)
     ]
