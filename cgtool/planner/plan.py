@@ -33,6 +33,7 @@ from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning, replica
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
+from cgtool.planner.tails import TAIL_TOLERANCE, by_saving, fewest_that_fix, offered_sizes, shortfall
 
 __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
            "plan_requests", "plan_traffic"]
@@ -86,11 +87,16 @@ def plan_traffic(
     covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
     if covered is not None:
         pool.choice, pool.memory, loop, note = covered
+    matched = _match_default_tails(traffic, req, server, pool, loop, replicas, progress, stop)
+    if matched is not None:
+        pool.choice, pool.memory, loop, tail_note = matched
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
     plan.warnings.extend(pool.notes)
     if covered is not None:
         plan.warnings.append(note)
+    if matched is not None:
+        plan.warnings.append(tail_note)
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
@@ -159,6 +165,56 @@ def _cover_own_batches(
     note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
             f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
     return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
+
+
+def _match_default_tails(
+    traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
+    loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
+    """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
+    fewest of the default's sizes that the plan pads much more than it does, prefill first,
+    that bring every figure within the tolerance; None when it loses nowhere, a budget
+    rules, or no such addition fixes it."""
+    before, where = shortfall(loop)
+    if before <= TAIL_TOLERANCE or req.budget_graphs is not None or req.budget_memory_bytes is not None:
+        return None
+    d, cost, kv_ms = server.default, server.cost, server.cost.kv_read_ms_per_token
+    steps = [r.result.tally().histograms(kv_ms) for r in pool.runs]
+    ours = pool.choice
+    tokens = by_saving(offered_sizes(ours.tokens, d.piecewise_tokens, max(ours.tokens, default=0)),
+                       ours.tokens, [e for _, e in steps], cost.extend_graph_ms, cost.extend_eager_ms)
+    decode = by_saving(offered_sizes(ours.decode_bs, d.decode_bs, max(ours.decode_bs, default=0)),
+                       ours.decode_bs, [dec for dec, _ in steps], cost.decode_graph_ms,
+                       cost.decode_eager_ms)
+    order = [("prefill", s) for s in tokens] + [("decode", s) for s in decode]
+    first = pool.runs[0].result
+    tried: dict[int, tuple[RobustChoice, PlanMemory, list[ClosedLoopRow]]] = {}
+
+    def worst_with(added: list[tuple[str, int]]) -> float:
+        choice = replace(ours, tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}),
+                         decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}))
+        memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
+                             first.typical_request_tokens)
+        rows = _closed_loop(traffic, req, server, compared_schedules(req, server, choice, memory)[:1],
+                            replicas, len(pool.runs), progress, stop)
+        rows += [r for r in loop if r.schedule != "plan"]
+        tried[len(added)] = choice, memory, rows
+        return shortfall(rows)[0]
+
+    fix = fewest_that_fix(order, worst_with)
+    if fix is None:
+        return None
+    choice, memory, rows = tried[len(fix)]
+    after = shortfall(rows)[0]
+    now = f"now within {after:.1%} of it" if after > 0 else "now no worse than it"
+    names = "; ".join(f"{kind} {' '.join(str(s) for k, s in fix if k == kind)}"
+                      for kind in dict.fromkeys(k for k, _ in fix))
+    note = (f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}, from "
+            f"rare steps padded far past their size; added the default's {names} (where the plan "
+            f"padded much more than the default), {now} on every client figure "
+            "(predicted)")
+    return choice, memory, rows, note
 
 
 def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:
