@@ -33,7 +33,7 @@ from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning, replica
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
-from cgtool.planner.tails import TAIL_TOLERANCE, by_saving, fewest_that_fix, offered_sizes, shortfall
+from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall
 
 __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
            "plan_requests", "plan_traffic"]
@@ -82,8 +82,8 @@ def plan_traffic(
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
     known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
-    loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop,
-                        known)
+    loop = _closed_loop(traffic, req, server, schedules, replicas, req.loads[:len(pool.runs)],
+                        progress, stop, known)
     covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
     if covered is not None:
         pool.choice, pool.memory, loop, note = covered
@@ -124,17 +124,17 @@ def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
 
 def _closed_loop(
     traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
-    replicas: int, simulated_loads: int, progress: Progress | None,
+    replicas: int, loads: tuple[float, ...], progress: Progress | None,
     stop: Callable[[], bool] | None, known: dict | None = None,
 ) -> list[ClosedLoopRow]:
-    """Each schedule served with its own step times at each load simulated."""
+    """Each schedule served with its own step times at each of these loads."""
     if stop is not None and stop():
         return []
     limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
               "context_len": server.context_len}
     report = None if progress is None else (lambda f: progress("closed loop", f))
-    loads = traffic.load_jobs(req.loads[:simulated_loads], replicas)
-    return closed_loop(schedules, server.assumptions, loads, limits, report, stop, known)
+    jobs = traffic.load_jobs(loads, replicas)
+    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, known)
 
 
 def _cover_own_batches(
@@ -160,8 +160,8 @@ def _cover_own_batches(
     memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
                          first.typical_request_tokens)
     plan_schedule = compared_schedules(req, server, choice, memory)[:1]
-    rows = _closed_loop(traffic, req, server, plan_schedule, replicas, len(pool.runs), progress,
-                        stop)
+    rows = _closed_loop(traffic, req, server, plan_schedule, replicas, req.loads[:len(pool.runs)],
+                        progress, stop)
     note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
             f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
     return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
@@ -173,48 +173,48 @@ def _match_default_tails(
     stop: Callable[[], bool] | None,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
-    fewest of the default's sizes that the plan pads much more than it does, prefill first,
-    that bring every figure within the tolerance; None when it loses nowhere, a budget
-    rules, or no such addition fixes it."""
+    fewest of the default's sizes the plan lacks, prefill first, that bring every figure
+    within the tolerance, or the plan unchanged with a note when none do; None when it loses
+    nowhere or a budget rules."""
     before, where = shortfall(loop)
     if before <= TAIL_TOLERANCE or req.budget_graphs is not None or req.budget_memory_bytes is not None:
         return None
-    d, cost, kv_ms = server.default, server.cost, server.cost.kv_read_ms_per_token
-    steps = [r.result.tally().histograms(kv_ms) for r in pool.runs]
+    steps = [r.result.tally().histograms(server.cost.kv_read_ms_per_token) for r in pool.runs]
     ours = pool.choice
-    tokens = by_saving(offered_sizes(ours.tokens, d.piecewise_tokens, max(ours.tokens, default=0)),
-                       ours.tokens, [e for _, e in steps], cost.extend_graph_ms, cost.extend_eager_ms)
-    decode = by_saving(offered_sizes(ours.decode_bs, d.decode_bs, max(ours.decode_bs, default=0)),
-                       ours.decode_bs, [dec for dec, _ in steps], cost.decode_graph_ms,
-                       cost.decode_eager_ms)
-    order = [("prefill", s) for s in tokens] + [("decode", s) for s in decode]
-    first = pool.runs[0].result
-    tried: dict[int, tuple[RobustChoice, PlanMemory, list[ClosedLoopRow]]] = {}
+    order = offers(ours.decode_bs, ours.tokens, server.default, steps, server.cost)
+    first, others = pool.runs[0].result, [r for r in loop if r.schedule != "plan"]
+    loads = req.loads[:len(pool.runs)]
+    # The search serves only the loads where the plan loses; the head it keeps, every load.
+    losing = tuple(x for x in loads if shortfall([r for r in loop if r.load == x])[0] > TAIL_TOLERANCE)
 
-    def worst_with(added: list[tuple[str, int]]) -> float:
-        choice = replace(ours, tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}),
-                         decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}))
+    runs: dict = {}
+
+    def served(added: list[tuple[str, int]], at: tuple[float, ...]):
+        if (tuple(added), at) in runs:
+            return runs[tuple(added), at]
+        choice = replace(ours, decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}),
+                         tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}))
         memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
                              first.typical_request_tokens)
         rows = _closed_loop(traffic, req, server, compared_schedules(req, server, choice, memory)[:1],
-                            replicas, len(pool.runs), progress, stop)
-        rows += [r for r in loop if r.schedule != "plan"]
-        tried[len(added)] = choice, memory, rows
-        return shortfall(rows)[0]
+                            replicas, at, progress, stop)
+        runs[tuple(added), at] = choice, memory, rows + others
+        return runs[tuple(added), at]
 
-    fix = fewest_that_fix(order, worst_with)
-    if fix is None:
-        return None
-    choice, memory, rows = tried[len(fix)]
+    fix = fewest_that_fix(order, lambda added: shortfall(served(added, losing)[2])[0])
+    choice, memory, rows = served(fix, loads) if fix else (ours, pool.memory, loop)
     after = shortfall(rows)[0]
-    now = f"now within {after:.1%} of it" if after > 0 else "now no worse than it"
+    if not fix or after > TAIL_TOLERANCE:
+        return ours, pool.memory, loop, (
+            f"closed loop: the plan's {where} trails the engine default's by {before:.0%}; adding "
+            "the default's sizes the plan lacks does not close that, so none are added (predicted)")
     names = "; ".join(f"{kind} {' '.join(str(s) for k, s in fix if k == kind)}"
                       for kind in dict.fromkeys(k for k, _ in fix))
-    note = (f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}, from "
-            f"rare steps padded far past their size; added the default's {names} (where the plan "
-            f"padded much more than the default), {now} on every client figure "
-            "(predicted)")
-    return choice, memory, rows, note
+    now = f"now within {after:.1%} of it" if after > 0 else "now no worse than it"
+    return choice, memory, rows, (
+        f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}; added the "
+        f"default's {names} (sizes the plan lacked, those saving the most step time first), "
+        f"{now} on every client figure (predicted)")
 
 
 def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:

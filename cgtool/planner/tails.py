@@ -20,6 +20,8 @@ from typing import TypeVar
 import numpy as np
 
 from cgtool.documents.plan_document import ClosedLoopRow
+from cgtool.planner.cost import CostModel
+from cgtool.planner.schedules import EngineSchedule
 from cgtool.planner.scoring import Histogram, dense_ms
 
 T = TypeVar("T")
@@ -78,6 +80,20 @@ def by_saving(
         left.remove(best)
         order.append(best)
     return order
+
+
+def offers(
+    decode_bs: Sequence[int], tokens: Sequence[int], default: EngineSchedule,
+    steps: list[tuple[Histogram, Histogram]], cost: CostModel,
+) -> list[tuple[str, int]]:
+    """The default's sizes the plan lacks, ("prefill" or "decode", size): prefill first, as the
+    rare long prefill steps set the tails, each kind by step time saved over `steps` (every
+    load's (decode, extend) histograms)."""
+    prefill = by_saving(offered_sizes(tokens, default.piecewise_tokens, max(tokens, default=0)),
+                        tokens, [e for _, e in steps], cost.extend_graph_ms, cost.extend_eager_ms)
+    decode = by_saving(offered_sizes(decode_bs, default.decode_bs, max(decode_bs, default=0)),
+                       decode_bs, [d for d, _ in steps], cost.decode_graph_ms, cost.decode_eager_ms)
+    return [("prefill", s) for s in prefill] + [("decode", s) for s in decode]
 
 
 def fewest_that_fix(
