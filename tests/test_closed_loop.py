@@ -226,8 +226,8 @@ def test_the_fit_runs_stand_for_the_default_s_own_closed_loop():
 
 def test_the_bundled_examples_plan_keeps_the_defaults_tails_at_every_load():
     # SGLang 0.5.23 captures prefill through the chunk: the rare steps above the plan's fitted
-    # ceiling padded to 8,192 and its TTFT p99 trailed the default's by 45% until the default's
-    # sizes in that gap were added back (cgtool.planner.tails).
+    # ceiling padded to 8,192 and its TTFT p99 trailed the default's by 45% until some of the
+    # default's sizes were added back (cgtool.planner.tails).
     trace = read_trace(EXAMPLE)
     plan = plan_requests(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len,
                          PlanRequest(CFG, H100, loads=(1.0, 2.0)))
