@@ -143,6 +143,7 @@ def attention(args: argparse.Namespace) -> int:
     from cgtool.specs.config import load_model_config
 
     report = merge_context_reports([json.loads(p.read_text()) for p in args.profile])
+    per_token = None  # ms per longest-request token, fitted on the first file, tried on all
     for path in args.files:
         result = load_replay(path)
         cost = profile_cost(report, load_model_config(result.model.name), resolve_gpu(args.gpu, "cuda"),
@@ -163,6 +164,12 @@ def attention(args: argparse.Namespace) -> int:
         print(f"    within graph sizes: {one:.3e} ms per context token alone (residual rms "
               f"{_rms(pad, np.c_[context], ms, [one]):.3f} ms); with the longest request: {both[0]:.3e} per "
               f"context token + {both[1]:.3e} per longest-request token (rms {_rms(pad, np.c_[context, longest], ms, both):.3f} ms)")
+        if per_token is None:
+            per_token = float((ms - priced) @ longest / (longest @ longest))
+            print(f"    what the profile leaves, fitted to the longest request's context alone: {per_token:.3e} ms a token")
+        with_term = priced + per_token * longest
+        print(f"    priced with that term ({per_token:.3e} ms a longest-request token, fitted on "
+              f"{args.files[0].stem}): {with_term.mean():.3f} ms ({ms.mean() / with_term.mean() - 1:+.1%})")
     return 0
 
 
