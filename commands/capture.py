@@ -52,9 +52,13 @@ def parse_sizes(text: str | None, flag: str) -> list[int] | None:
     except ValueError:
         raise CgtoolError(f"{flag} '{text}' is not a list of integers", f"Write e.g. {flag} 1,2,4,8.") from None
     try:
-        return capture_sizes(sizes)
+        checked = capture_sizes(sizes)
     except ValueError:
         raise CgtoolError(f"{flag} '{text}' must list positive integers", f"Write e.g. {flag} 1,2,4,8.") from None
+    from cgtool.capture.options import check_capture_size
+
+    check_capture_size(flag, checked[-1])
+    return checked
 
 
 def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
@@ -84,8 +88,11 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
+    from cgtool.capture.options import check_capture_size
     from cgtool.planner.schedules import default_schedule
 
+    check_capture_size("--max-bs", max_bs)
+    check_capture_size("--max-tokens", max_tokens)
     plan_bs, plan_tokens = sizes_from_plan(plan) if plan else (None, None)
     sglang = default_schedule("sglang", max_bs=max_bs, max_tokens=max_tokens)
     capture_bs = parse_sizes(bs, "--bs") or plan_bs or list(sglang.decode_bs)

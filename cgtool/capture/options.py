@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from cgtool.capture.measure import ReplayCheck
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
+# Each size is one captured graph, and SGLang's lists step by 32 batches / 512 tokens at the top:
+# up to these limits that is already ~2,000 graphs of each kind, 64-128x past the engines' own
+# defaults (SGLang's max_bs 512, vLLM's 1024; chunks of 8,192-16,384 tokens). Past them a
+# capture never ends, and the size list alone outgrows host memory (1e11 took 24 GiB).
+MAX_CAPTURE_SIZES = {"--max-bs": 1 << 16, "--bs": 1 << 16, "--max-tokens": 1 << 20, "--tokens": 1 << 20}
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,17 @@ class SessionState:
             raise
         finally:
             self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - start
+
+
+def check_capture_size(flag: str, value: int) -> None:
+    """Refuse a size past MAX_CAPTURE_SIZES before any list is built from it."""
+    limit = MAX_CAPTURE_SIZES[flag]
+    if value > limit:
+        raise EnvironmentProblem(
+            f"{flag} {value} is past the {limit:,} cgtool captures up to (one graph per size: "
+            "SGLang's list that far is already ~2,000 graphs)",
+            f"Pass {flag} {limit} or less; `cgtool plan` picks the sizes a trace needs.",
+        )
 
 
 def require_cuda() -> None:
