@@ -150,7 +150,10 @@ def plan_memory(
         raise CgtoolError(
             f"{cfg.name} does not fit: weights {weights / GIB:.1f} GiB plus activations, graphs and the "
             f"{margin / GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / GIB:.1f} GiB{per_gpu}",
-            "Use a GPU with more memory, tensor parallelism, or a smaller --chunked-prefill-size.",
+            # cgtool does not shard MoE or MLA models (--tp refuses them): no TP to suggest.
+            "Use a GPU with more memory, "
+            + ("" if cfg.moe or cfg.mla else "tensor parallelism (--tp), ")
+            + "a smaller --chunked-prefill-size or --max-running-requests.",
         )
     kv_bytes = kv_tokens * shard.kv_bytes_per_token(BF16_BYTES)
     free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
