@@ -124,10 +124,16 @@ class SessionState:
     # kind's pools are complete (per_size.timed_sizes).
     timed_rows: list[tuple[SizeResult, ReplayCheck]] = field(default_factory=list)
     sample_spread: dict[str, SampleSpread] = field(default_factory=dict)  # totals.sample_spread
+    # Called as each phase begins, outside its timing: the command saves the report so far, so
+    # a process killed or crashed inside the phase still leaves one (issue 34: a SIGTERM while
+    # counting kernels left none).
+    on_phase: Callable[[str], None] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
+        if self.on_phase is not None:
+            self.on_phase(name)
         start = time.perf_counter()
         try:
             yield
