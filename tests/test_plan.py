@@ -218,6 +218,30 @@ def test_safety_check_refuses_bins_above_the_chunk_or_context(base_plan):
         check_plan_safety([256, 5000], 8192, 4096, base_plan.memory)
 
 
+def test_safety_check_remedy_for_bins_past_the_context_lowers_the_chunk(base_plan):
+    # Raising --chunked-prefill-size, as it said before, only adds bins past the context.
+    with pytest.raises(CgtoolError) as exc:
+        check_plan_safety([256, 5000], 8192, 4096, base_plan.memory)
+    assert "lower --chunked-prefill-size to 4096 or less" in exc.value.remedy
+    with pytest.raises(CgtoolError) as exc:
+        check_plan_safety([256, 9000], 8192, 131072, base_plan.memory)
+    assert "raise --chunked-prefill-size" in exc.value.remedy
+
+
+def test_a_model_whose_context_is_below_the_chunk_plans_without_flags():
+    # tiny's context (2,048) is below SGLang's H100 chunk (8,192); a burst of prompts fills
+    # extend steps past the context, where the default's bins win: chosen whole, they broke
+    # the plan with "token bins [2304, ..., 8192] exceed the context length".
+    rng = np.random.default_rng(0)
+    n = 2000
+    arrival = np.cumsum(rng.exponential(1 / 20000, n))
+    prompt, output = rng.integers(200, 1800, n), rng.integers(1, 200, n)
+    tiny = load_model_config("tiny")
+    plan = plan_requests(arrival, prompt, output, np.zeros(n, int), PlanRequest(tiny, H100))
+    assert plan.status == "complete"
+    assert max(plan.piecewise.capture_num_tokens) <= tiny.max_context_len == 2048
+
+
 def test_safety_check_refuses_a_fraction_that_eats_the_margin(base_plan):
     greedy = replace(base_plan.memory, mem_fraction_static=0.99)
     with pytest.raises(CgtoolError, match="margin") as exc:

@@ -219,7 +219,9 @@ def check_plan_safety(
         limit = "chunked prefill size" if ceiling == chunked_prefill_size else "context length"
         raise CgtoolError(
             f"token bins {over} exceed the {limit} ({ceiling}): an extend step never has that many tokens",
-            "Drop them, or raise --chunked-prefill-size (within the model's context).",
+            "Drop them, or raise --chunked-prefill-size (within the model's context)."
+            if ceiling == chunked_prefill_size else
+            f"Drop them, or lower --chunked-prefill-size to {context_len} or less.",
         )
     free = (1 - memory.mem_fraction_static) * memory.gpu_memory_bytes
     needed = memory.activation_bytes + memory.graph_bytes + memory.margin_bytes

@@ -119,7 +119,10 @@ def choose_robust(
     cost = assumptions[0].cost  # graph memory and capture time do not depend on eager cost
     choose = choose_shared if engine == "vllm" else choose_separate
     reached = max((sc.largest_batch for sc in scenarios), default=0)
-    candidates = [Schedule("default", default.decode_bs, default.piecewise_tokens, default.pads)]
+    # The default's token sizes past the limit (a model's context below the engine's chunk)
+    # serve no step the plan allows: as a candidate it keeps those within.
+    within = tuple(t for t in default.piecewise_tokens if t <= limits.max_tokens)
+    candidates = [Schedule("default", default.decode_bs, within, default.pads)]
     tops: dict[str, int] = {}
     for weights in _weightings(assumptions):
         steps = Steps(
