@@ -35,7 +35,7 @@ from cgtool.traces.trace import RequestTrace
 from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
-from cgtool.units import BYTE_UNITS
+from cgtool.units import BYTE_UNITS, counted
 from cgtool.verify.profile import load_profile
 
 FALLBACK_GPU = "H100-80GB"
@@ -224,7 +224,7 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRe
         TimeElapsedColumn(),
     )
     if isinstance(loaded, RequestTrace):
-        err_console.print(f"simulating {len(loaded.arrival_s):,} requests", highlight=False)
+        err_console.print(f"simulating {counted(len(loaded.arrival_s), 'request')}", highlight=False)
     # From here a signal ends the simulation at its next poll, and the plan of what was
     # simulated is still written; before, there is nothing worth keeping.
     stop.defer()

@@ -20,13 +20,14 @@ from cgtool.reports.plan_tables import (
     plan_memory_rows,
 )
 from cgtool.reports.tables import TableData, row_style
+from cgtool.units import counted
 
 
 def _sizes(sizes: list[int], limit: int = 40) -> str:
     if not sizes:
         return "none (eager)"
     shown = " ".join(str(s) for s in sizes[:limit])
-    return shown + (f" … ({len(sizes)} sizes)" if len(sizes) > limit else f"  ({len(sizes)} sizes)")
+    return shown + (f" … ({len(sizes)} sizes)" if len(sizes) > limit else f"  ({counted(len(sizes), 'size')})")
 
 
 def flag_block(lines: list[str], title: str, launch: str | None = None) -> Text:
@@ -141,7 +142,7 @@ def _head(plan: Plan) -> Text:
     kind = f"{inputs.trace_kind}: " if inputs.trace_kind else ""
     return Text(
         f"{inputs.model} on {gpus_label(plan)}{per}, {engine_label(plan)}; "
-        f"trace {inputs.trace} ({kind}{sim.num_requests:,} requests, {sim.steps:,} steps); "
+        f"trace {inputs.trace} ({kind}{counted(sim.num_requests, 'request')}, {counted(sim.steps, 'step')}); "
         f"step times from {inputs.profile or 'the roofline model'}",
     )
 

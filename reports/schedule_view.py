@@ -6,11 +6,12 @@ from typing import Any
 
 from cgtool.reports.plan_view import ENGINE_NAMES
 from cgtool.reports.tables import TableData
+from cgtool.units import counted
 
 
 def _every_size(sizes: list[int]) -> str:
     # Every size, never an ellipsis: this is the list a user copies.
-    return f"{' '.join(map(str, sizes))}  ({len(sizes)} sizes)" if sizes else "none (eager)"
+    return f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
 
 
 def schedule_rows(schedule: dict[str, Any]) -> TableData:
