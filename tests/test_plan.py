@@ -458,3 +458,18 @@ def test_a_vllm_plan_for_an_a100_uses_its_smaller_defaults():
     plan = plan_requests(*synthetic(300), PlanRequest(CFG, gpu_spec("A100-80GB"), engine="vllm"))
     assert plan.inputs.max_running_requests == 256
     assert plan.inputs.chunked_prefill_size == 2048
+
+
+def test_a_vllm_plan_states_one_default_kv_pool():
+    # The memory table said 453,600 default KV tokens (from the fraction rounded to 3
+    # decimals) while the comparison beside it scored the default at 453,342.
+    plan = plan_requests(*synthetic(600), PlanRequest(CFG, H100, engine="vllm"))
+    scored = {row.kv_tokens for row in plan.comparison if row.schedule == "default"}
+    assert scored == {plan.memory.default_kv_tokens}
+
+
+def test_the_max_bs_reason_names_the_batch_of_the_fitted_requests(base_plan):
+    # plan.json's loads count the whole trace; the reason counts the part sizes were fitted on.
+    reached = base_plan.basis.largest_batch_fitted
+    assert f"the fitted requests reached at any load ({reached})" in base_plan.basis.max_bs_reason
+

@@ -6,7 +6,7 @@ its steps differently (cgtool.planner.eager). Candidate schedules are the exact 
 scenario weighing the same, plus the engine default. Each candidate is then made robust:
 
 - decode: bs 1 always (an idle server runs it), and SGLang's batch list from the optimum's
-  largest size up to the largest batch any scenario reached plus COVER_HEADROOM. Decode
+  largest size up to the largest batch any (fit) scenario reached plus COVER_HEADROOM. Decode
   graphs share one pool and cost a few MB and ~0.1 s each: coverage is not traded away
   unless a budget says so;
 - token bins: on the grid, and each serving at least MIN_BIN_SHARE of the extend steps.
@@ -141,7 +141,8 @@ def choose_robust(
     cover = cover_size(reached, limits)
     if engine == "vllm":
         reason = (
-            f"decode graphs reach {cover}: the largest batch any scenario reached ({reached}) "
+            f"decode graphs reach {cover}: the largest batch the fitted requests reached at any "
+            f"load ({reached}) "
             f"with {COVER_HEADROOM - 1:.0%} headroom; vLLM also captures a full graph for every "
             f"larger size of its one list up to --max-num-seqs {limits.max_bs}"
         )
@@ -230,8 +231,10 @@ def _max_bs_reason(best: Schedule, reached: int, tops: dict[str, int], limits: L
         return f"max-bs {top}: the engine default's, which regrets least here"
     if top >= reached:
         return (
-            f"max-bs {top}: covers the largest decode batch any scenario reached ({reached}) "
+            f"max-bs {top}: covers the largest decode batch the fitted requests reached at any "
+            f"load ({reached}) "
             f"with {COVER_HEADROOM - 1:.0%} headroom, capped at {limits.max_bs}; "
             f"step time alone would stop at {alone}"
         )
-    return f"max-bs {top}: a budget stops decode graphs below the largest batch reached ({reached})"
+    return (f"max-bs {top}: a budget stops decode graphs below the largest batch the fitted "
+            f"requests reached ({reached})")
