@@ -1,4 +1,5 @@
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from cgtool.traces.convert_public import convert_azure, convert_mooncake
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
+from cgtool.planner.scenarios import HELD_OUT_SPLIT
 
 # The public traces sit beside the checkout (../shared/traces); tests that need them skip without.
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -472,4 +474,39 @@ def test_the_max_bs_reason_names_the_batch_of_the_fitted_requests(base_plan):
     # plan.json's loads count the whole trace; the reason counts the part sizes were fitted on.
     reached = base_plan.basis.largest_batch_fitted
     assert f"the fitted requests reached at any load ({reached})" in base_plan.basis.max_bs_reason
+
+
+def _same_fit(plan_a, plan_b):
+    return (plan_a.basis.fit_steps == plan_b.basis.fit_steps
+            and plan_a.decode.capture_bs == plan_b.decode.capture_bs
+            and plan_a.piecewise.capture_num_tokens == plan_b.piecewise.capture_num_tokens)
+
+
+def test_the_fit_part_does_not_depend_on_whether_the_first_held_out_request_fits():
+    # A decode run went on past the split when the request arriving there could not be
+    # admitted: 19 steps more in the fit part when that request was too long for the model.
+    arrival, prompt, output, cached = synthetic(3000)
+    first_held = min(math.ceil(HELD_OUT_SPLIT * 3000), 2999)
+    too_long = prompt.copy()
+    too_long[first_held] = CFG.max_context_len + 10
+    kept = plan_requests(arrival, prompt, output, cached, PlanRequest(CFG, H100))
+    dropped = plan_requests(arrival, too_long, output, cached, PlanRequest(CFG, H100))
+    assert dropped.simulation.dropped_requests == 1
+    assert _same_fit(kept, dropped)
+
+
+def test_held_out_requests_do_not_choose_the_replica_count():
+    # 700 light requests every 0.5 s, then 300 heavy ones in a burst: judged on the whole
+    # trace, one server overloaded and the plan was for one of 20 replicas, fitted on 7,000
+    # steps instead of 89,015.
+    n, first_held = 1000, 700
+    arrival, prompt, output = np.arange(n) * 0.5, np.full(n, 500), np.full(n, 100)
+    heavy_arrival, heavy_prompt, heavy_output = arrival.copy(), prompt.copy(), output.copy()
+    heavy_arrival[first_held:] = arrival[first_held] + np.arange(n - first_held) * 0.001
+    heavy_prompt[first_held:], heavy_output[first_held:] = 8000, 4000
+    light = plan_requests(arrival, prompt, output, np.zeros(n, int), PlanRequest(CFG, H100))
+    heavy = plan_requests(heavy_arrival, heavy_prompt, heavy_output, np.zeros(n, int),
+                          PlanRequest(CFG, H100))
+    assert light.simulation.replicas == heavy.simulation.replicas == 1
+    assert _same_fit(light, heavy)
 

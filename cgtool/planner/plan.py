@@ -66,7 +66,8 @@ def plan_requests(
                          "Plan from a trace with requests.")
     arrays = (arrival_s, input_len, output_len, cached_len)
     kv = _provisional_kv(req, server)
-    asked, runs, replicas = _enough_replicas(arrays, req, server, kv, progress, stop)
+    asked, replicas = _enough_replicas(_fit_requests(arrays), req, server, kv, progress, stop)
+    runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
     pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
     kv_ms = server.cost.kv_read_ms_per_token
@@ -97,23 +98,34 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
         )
 
 
+def _fit_requests(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The requests that arrive before the whole trace's held-out split: all the replica
+    count is chosen on, so that no held-out request moves it (issue 34). A trace whose
+    requests all arrive at the split (one burst) has no fit part: then all of it."""
+    arrival = np.asarray(arrays[0], dtype=np.float64)
+    keep = arrival < split_time(np.sort(arrival))
+    if not keep.any():
+        return arrays
+    return tuple(None if a is None else np.asarray(a)[keep] for a in arrays)
+
+
 def _enough_replicas(
-    arrays: tuple[Any, ...], req: PlanRequest, server: Server, kv: int,
+    fit_arrays: tuple[Any, ...], req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], list[LoadRun], int]:
-    """(runs at the asked-for replicas, runs at the fewest replicas from there up at which no
-    load scenario overloads, that count). Each estimate is checked by simulating it, so
-    re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
-    finds it again."""
+) -> tuple[list[LoadRun], int]:
+    """(runs of the fit requests at the asked-for replicas, the fewest replicas from there up
+    at which no load scenario of them overloads). Each estimate is checked by simulating it,
+    so re-planning at the count the plan names (as `verify` does, or a user pasting
+    --replicas) finds it again."""
     replicas = req.replicas
-    asked = runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    asked = runs = _simulate_loads(fit_arrays, req, server, replicas, kv, progress, stop)
     for _ in range(REPLICA_ROUNDS):
         needed = replicas_needed(runs, replicas)
         if needed is None or runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
-    return asked, runs, replicas
+        runs = _simulate_loads(fit_arrays, req, server, replicas, kv, progress, stop)
+    return asked, replicas
 
 
 def _provisional_kv(req: PlanRequest, server: Server) -> int:

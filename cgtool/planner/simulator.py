@@ -273,19 +273,24 @@ def _run(
         first_ms = decode_ms[batch] + kv_ms * context
         growth_ms = kv_ms * batch
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+        # The held-out split ends a run as an admissible arrival does, so the fit part never
+        # holds steps after it, whether or not the request arriving then fits (issue 34).
+        wait = split_ms - clock
         if head == arrived and batch < max_running and kv_used + footprint[head] <= kv_capacity:
-            wait = arrival_ms[head] - clock
-            if elapsed >= wait:  # the arrival comes first (or with the completion)
-                # Steps until it: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
-                b = first_ms - growth_ms / 2
-                until = (
-                    ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
-                    if growth_ms > 0
-                    else ceil(wait / first_ms)
-                )
-                if until < run:
-                    run = until if until > 1 else 1  # noqa: FURB136 - no call: hot
-                    elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+            arrives = arrival_ms[head] - clock
+            if arrives < wait:  # noqa: PLR1730 - no call: hot
+                wait = arrives
+        if elapsed >= wait:  # the arrival or the split comes first (or with the completion)
+            # Steps until it: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
+            b = first_ms - growth_ms / 2
+            until = (
+                ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
+                if growth_ms > 0
+                else ceil(wait / first_ms)
+            )
+            if until < run:
+                run = until if until > 1 else 1  # noqa: FURB136 - no call: hot
+                elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
         decode_context[batch] += run * context + batch * run * (run - 1) // 2
