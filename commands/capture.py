@@ -12,6 +12,7 @@ import typer
 
 from cgtool.commands.common import (
     DEFAULT_MODEL,
+    check_out_folder,
     cli_errors,
     console,
     err_console,
@@ -146,6 +147,7 @@ def capture(
         validate_tp(model, tp, None)
         capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens, patches)
+    check_out_folder(out)
     import torch
 
     from cgtool.capture.options import CaptureOptions, require_cuda

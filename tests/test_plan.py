@@ -13,9 +13,10 @@ from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import Plan
 from cgtool.traces.convert_public import convert_azure, convert_mooncake
 from cgtool.planner.memory import check_plan_safety
-from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.plan import POOL_TOLERANCE, _provisional_kv, plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import HELD_OUT_SPLIT
+from cgtool.planner.server import server_for
 
 # The public traces sit beside the checkout (../shared/traces); tests that need them skip without.
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -509,4 +510,17 @@ def test_held_out_requests_do_not_choose_the_replica_count():
                           PlanRequest(CFG, H100))
     assert light.simulation.replicas == heavy.simulation.replicas == 1
     assert _same_fit(light, heavy)
+
+
+def test_the_kv_pool_is_simulated_again_until_it_settles():
+    # On an A10 (22.5 GiB) the 8B model leaves a pool of some 23,000 tokens, which the plan's
+    # graphs move by more than POOL_TOLERANCE from the first guess (the default's graphs):
+    # the trace is simulated a second time at the recommended pool, which then holds.
+    req = PlanRequest(CFG, gpu_spec("A10"))
+    plan = plan_requests(*synthetic(800), req)
+    first_guess = _provisional_kv(req, server_for(req))
+    simulated, recommended = plan.simulation.simulated_kv_tokens, plan.memory.kv_tokens
+    assert plan.simulation.pool_rounds == 2
+    assert abs(first_guess - recommended) > POOL_TOLERANCE * first_guess
+    assert abs(simulated - recommended) <= POOL_TOLERANCE * simulated
 

@@ -81,10 +81,12 @@ def test_the_reason_for_max_bs_names_the_batch_it_covers(choice):
 
 
 def test_rare_bins_are_dropped_and_their_steps_pad_up():
-    sc = Scenario(1.0, hist([1], [1]), hist([100, 200, 300], [1000, 1, 1000]))
-    kept = prune_rare_bins([112, 208, 304], [sc])
-    assert kept == [112, 304]
-    assert 1 / 2001 < MIN_BIN_SHARE  # the dropped bin was below the stated share
+    # README's rule: a bin serves at least 0.5% of extend steps. 4 of 1,000 is below it,
+    # 5 of 1,000 is not.
+    below = Scenario(1.0, hist([1], [1]), hist([100, 200, 300], [498, 4, 498]))
+    assert prune_rare_bins([112, 208, 304], [below]) == [112, 304]
+    at = Scenario(1.0, hist([1], [1]), hist([100, 200, 300], [497, 5, 498]))
+    assert prune_rare_bins([112, 208, 304], [at]) == [112, 208, 304]
 
 
 def test_cover_adds_bs_1_and_the_batch_list_up_to_the_headroom():
