@@ -12,6 +12,7 @@ from cgtool.commands.check import check
 from cgtool.commands.common import widen_help_for_logs
 from cgtool.commands.models import models
 from cgtool.commands.plan import plan
+from cgtool.commands.replay import replay
 from cgtool.commands.report import report
 from cgtool.commands.schedule import schedule
 from cgtool.commands.trace import trace_app
@@ -47,6 +48,7 @@ def root(
 app.command("plan", cls=CgtoolCommand)(plan)
 app.command("capture", cls=CgtoolCommand)(capture)
 app.command("verify", cls=CgtoolCommand)(verify)
+app.command("replay", cls=CgtoolCommand)(replay)
 app.command("check", cls=CgtoolCommand)(check)
 app.command("schedule", cls=CgtoolCommand)(schedule)
 app.add_typer(trace_app, name="trace")

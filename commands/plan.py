@@ -25,9 +25,11 @@ from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
 from cgtool.specs.gpus import GpuSpec, gpu_spec
 from cgtool.specs.hidden_states import parse_hidden_modes
+from cgtool.documents.compare import compare_plan_warnings
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
 from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.releases import off_grid_ceilings, prefill_notes
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
@@ -36,7 +38,7 @@ from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS, counted
-from cgtool.verify.profile import load_profile
+from cgtool.replay.profile import load_profile  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
 
@@ -119,7 +121,8 @@ def plan(
         raise InputError(
             f"--replicas {replicas} is not a number of servers", "Use --replicas 1 or more."
         )
-    compare = _compare_sizes(compare_plan)
+    old_plan = load_plan(compare_plan) if compare_plan is not None else None
+    compare = _compare_sizes(old_plan)
     gpu_choice, gpu_note = resolve_gpu(gpu)
     report = load_profile(profile) if profile is not None else None  # report.json or verify.json
     request = PlanRequest(
@@ -144,10 +147,15 @@ def plan(
     )
     stop = StopRequest()
     result = _plan_or_exit(trace, trace_format, request, stop)
+    if old_plan is not None:
+        result.warnings.extend(compare_plan_warnings(old_plan, result.inputs))
     if gpu_note:
         result.warnings.insert(0, gpu_note)
         if json_out:
             err_console.print(f"[yellow]note:[/] {gpu_note}", highlight=False)
+    result.warnings.extend(_compare_ceiling_notes(compare_plan))
+    if isinstance(result, Plan):
+        result.warnings.extend(_prefill_notes(result, report))
     _show(result, out, json_out)
     if stop.requested():
         _exit_interrupted(result, stop)
@@ -162,16 +170,40 @@ def _check_engine(engine: str, engine_version: str | None) -> None:
     resolve_version(engine, engine_version)
 
 
-def _compare_sizes(path: Path | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+def _compare_sizes(old: Plan | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     """An existing plan's decode sizes, token sizes and KV tokens, to score beside the new one."""
-    if path is None:
+    if old is None:
         return None
-    old = load_plan(path)
     return (
         tuple(old.decode.capture_bs),
         tuple(old.piecewise.capture_num_tokens),
         old.memory.kv_tokens,
     )
+
+
+def _prefill_notes(plan: Plan, profile: dict | None) -> list[str]:
+    inputs = plan.inputs
+    settings = (profile or {}).get("settings") or {}
+    measured = settings.get("prefill_backend", "piecewise") if "kinds" in settings else None
+    return prefill_notes(inputs.engine, inputs.engine_version, tuple(plan.piecewise.capture_num_tokens),
+                         inputs.chunked_prefill_size, measured)
+
+
+def _compare_ceiling_notes(path: Path | None) -> list[str]:
+    """Sizes of the --compare-plan that its own engine release would not capture as written."""
+    if path is None:
+        return []
+    old = load_plan(path)
+    inputs = old.inputs
+    try:
+        notes = off_grid_ceilings(
+            inputs.engine, inputs.engine_version, tuple(old.decode.capture_bs),
+            tuple(old.piecewise.capture_num_tokens), inputs.chunked_prefill_size,
+            inputs.max_running_requests,
+        )
+    except CgtoolError:  # a release cgtool no longer knows: nothing to say of its grid
+        return []
+    return [f"--compare-plan {path.name}: {note}" for note in notes]
 
 
 def resolve_gpu(name: str) -> tuple[GpuSpec, str | None]:

@@ -18,6 +18,7 @@ from cgtool.commands.common import (
 )
 from cgtool.commands.plan import resolve_gpu
 from cgtool.errors import InputError
+from cgtool.planner.releases import release_rules
 from cgtool.planner.schedules import ENGINES, default_schedule
 from cgtool.reports.formats import print_tables
 from cgtool.reports.schedule_view import schedule_rows
@@ -65,6 +66,16 @@ def schedule(
         list(result.decode_bs),
         list(result.piecewise_tokens),
     )
+    rules = release_rules(result.engine, result.version)
+    data["release_rules"] = {
+        "prefill_backend": rules.prefill_backend,
+        "prefill_on_by_default": rules.prefill_on_by_default,
+        "capture_through_chunk": rules.capture_through_chunk,
+        "ceiling_rule": rules.ceiling_rule,
+        "fraction": rules.fraction,
+        "env": [dataclasses.asdict(e) for e in rules.env],
+        "sources": [s.cite() for s in rules.sources],
+    }
     if output is OutputFormat.json:
         # The schedule itself, as `--json` has always printed it: whole lists and numbers.
         console.print_json(json.dumps(data))

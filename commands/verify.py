@@ -29,17 +29,22 @@ def verify(
     seed: Annotated[int, typer.Option(help="Seed of the step sample.")] = 0,
     mem_fraction_static: Annotated[float | None, typer.Option(help="Override the plan's --mem-fraction-static.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for verify.json, figures and verify.html.")] = Path("cgtool-verify"),
+    headroom: Annotated[str, typer.Option(help="GPU memory the proven fraction must leave free at the worst step (a second build and rehearsal proves it).")] = "1.5GiB",
 ) -> None:
     """Capture the plan's and the default's graphs, replay sampled steps through both, compare
     with the predictions and rehearse the plan's memory fraction (GPU only)."""
+    from cgtool.commands.plan import parse_bytes
+
     # What can be checked without the GPU modules (their import needs Triton) is, first.
+    headroom_bytes = parse_bytes(headroom, "--headroom")
     if trace_format not in FORMATS:
         raise InputError(f"--format {trace_format} is not a trace format",
                          f"Use one of {', '.join(FORMATS)} (as for `cgtool plan`).")
     check_out_folder(out)
     prepare = import_gpu_module("cgtool.verify.run", _require_gpu).prepare
     inputs = prepare(plan, trace=trace, trace_format=trace_format, num_steps=steps,
-                     repeats=repeats, seed=seed, mem_fraction_static=mem_fraction_static)
+                     repeats=repeats, seed=seed, mem_fraction_static=mem_fraction_static,
+                     headroom_bytes=headroom_bytes)
     _require_gpu()
     _prepare_out(out)
     from cgtool.reports.verify_html import render_verify

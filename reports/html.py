@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import base64
 import html
-from dataclasses import asdict
 from pathlib import Path
 
 from cgtool.documents.plan_document import Plan
-from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
+from cgtool.documents.compare import plan_verdict
+from cgtool.reports.plan_scenarios import plan_tables
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import (
     TableData,
     environment_rows,
+    for_people,
     kernel_rows,
     mib,
     phase_rows,
@@ -86,26 +87,31 @@ def plan_html(plan: Plan, figures: list[Path]) -> str:
             (f"<div class='sub'>trace {_e(inputs.trace)}, created {_e(plan.created)}, "
              f"status {_e(plan.status)}</div>")]
     body += [f"<div class='banner'>{_e(w)}</div>" for w in plan.all_warnings()]
+    verdict = plan_verdict(plan)
+    if verdict is not None:
+        body.append(f"<div class='banner'>--compare-plan {_e(inputs.compare_plan or '')}: "
+                    f"{_e(verdict.sentence)}</div>")
     body.append(_plan_cards(plan))
     body.append("<h2>Recommended flags</h2>")
-    for engine, flags in plan.flags.items():
-        if flags:
-            body.append(f"<b>{_e(engine)}</b><pre>{_e(' '.join(flags))}</pre>")
+    # The planned engine first, then the same sizes spelled for the others.
+    for engine in sorted(plan.flags, key=lambda e: e != inputs.engine):
+        body.append(f"<b>{_e(engine)}</b><pre>{_e(flag_text(plan.flags[engine]))}</pre>")
     body.append("<h2>Figures</h2>")
     body.append(_figures(figures) if figures else "<p>No figures.</p>")
     body.append(f"<h2>{_e(PLAN_VS_DEFAULT)}</h2>")
-    body += [table_html(t(plan)) for t in (plan_sizes_rows, plan_comparison_rows, plan_memory_rows)]
-    body.append(_pairs_html("Inputs", asdict(inputs)))
-    simulation = {k: v for k, v in asdict(plan.simulation).items() if v is not None}
-    body.append(_pairs_html("Simulation", simulation))
+    body += [table_html(t) for t in plan_tables(plan)]
     return _page(f"cgtool plan: {title}", "\n".join(body))
 
 
-def _pairs_html(title: str, pairs: dict[str, object]) -> str:
-    return table_html(TableData(title, ["", "value"], [[k, str(v)] for k, v in pairs.items()]))
+def flag_text(lines: list[str]) -> str:
+    """Flags one a line, continued with a backslash, as a shell takes them; notes after."""
+    flags = [line for line in lines if line.startswith("--")]
+    notes = [line for line in lines if not line.startswith("--")]
+    return "\n".join([" \\\n".join(flags), *notes]).strip()
 
 
 def table_html(data: TableData) -> str:
+    data = for_people(data)
     head = "".join(f"<th>{_e(c)}</th>" for c in data.columns)
     rows = "".join(
         _row_open(data, i)
@@ -113,7 +119,8 @@ def table_html(data: TableData) -> str:
         for i, row in enumerate(data.rows)
     )
     caption = f"<caption>{_e(data.title)}</caption>" if data.title else ""
-    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+    note = f"<p class='sub'>{_e(data.caption)}</p>" if data.caption else ""
+    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{note}"
 
 
 def _row_open(data: TableData, i: int) -> str:
@@ -153,14 +160,26 @@ def _report_cards(report: CaptureReport) -> str:
 
 def _plan_cards(plan: Plan) -> str:
     memory = plan.memory
-    items = [(f"{memory.mem_fraction_static:g}", "mem-fraction-static"),
-             (mib(memory.graph_bytes), "graph memory"), (f"{memory.kv_tokens:,}", "KV tokens"),
-             (str(len(plan.decode.capture_bs)), "decode sizes"),
-             (str(len(plan.piecewise.capture_num_tokens)), "piecewise sizes")]
+    items = [headline_flag(plan), (mib(memory.graph_bytes), "graph memory"),
+             (f"{memory.kv_tokens:,}", "KV tokens")]
+    if plan.inputs.engine == "vllm":  # one shared list; its small sizes are full decode graphs
+        items += [(str(len(plan.piecewise.capture_num_tokens)), "capture sizes (one list)"),
+                  (str(len(plan.decode.capture_bs)), "of them full decode graphs")]
+    else:
+        items += [(str(len(plan.decode.capture_bs)), "decode sizes"),
+                  (str(len(plan.piecewise.capture_num_tokens)), "piecewise sizes")]
     row = plan.row("plan")
     if row:
         items.append((f"{row.expected_step_ms:.3f} ms", "expected step time"))
     return _cards(items)
+
+
+def headline_flag(plan: Plan) -> tuple[str, str]:
+    """The planned engine's own memory flag and its value, as its flags spell it."""
+    memory = plan.memory
+    if plan.inputs.engine == "vllm" and memory.gpu_memory_utilization is not None:
+        return f"{memory.gpu_memory_utilization:.3f}", "--gpu-memory-utilization"
+    return f"{memory.mem_fraction_static:.3f}", "--mem-fraction-static"
 
 
 def _kernel_sections(report: CaptureReport) -> str:

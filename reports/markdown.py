@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from cgtool.documents.compare import Comparison
-from cgtool.reports.tables import TableData, comparison_rows, limits_text
+from cgtool.reports.tables import TableData, comparison_rows, for_people, limits_text
 
 
 def table_markdown(data: TableData) -> str:
+    data = for_people(data)
     lines = [
         "| " + " | ".join(data.columns) + " |",
         "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(data.columns))) + " |",
@@ -29,7 +30,7 @@ def comparison_markdown(comparison: Comparison, baseline_name: str, current_name
          f"limits {limits_text(comparison)}."),
     ]
     if comparison.regressions:
-        full = comparison_rows(comparison)
+        full = for_people(comparison_rows(comparison))
         parts.append(table_markdown(TableData("", full.columns,
                                               [full.rows[i] for i in sorted(full.marked)])))
     if comparison.added:

@@ -7,27 +7,30 @@ The comparison and memory tables are reports/plan_tables.py's, the rows plan.htm
 from __future__ import annotations
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
+from cgtool.documents.compare import plan_verdict
 from cgtool.documents.plan_document import Plan
+from cgtool.reports.fit import FittedTable
+from cgtool.reports.plan_scenarios import (
+    plan_closed_loop_rows,
+    plan_scenario_rows,
+    plan_serving_rows,
+)
 from cgtool.reports.plan_tables import (
     ENGINE_NAMES,
     engine_label,
     gpus_label,
-    part_label,
     plan_comparison_rows,
     plan_memory_rows,
 )
-from cgtool.reports.tables import TableData, row_style
+from cgtool.reports.tables import TableData
 from cgtool.units import counted
 
 
-def _sizes(sizes: list[int], limit: int = 40) -> str:
-    if not sizes:
-        return "none (eager)"
-    shown = " ".join(str(s) for s in sizes[:limit])
-    return shown + (f" … ({len(sizes)} sizes)" if len(sizes) > limit else f"  ({counted(len(sizes), 'size')})")
+def _sizes(sizes: list[int]) -> str:
+    # Every size: a line wraps in the terminal, and a list cut short is a different list.
+    return f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
 
 
 def flag_block(lines: list[str], title: str, launch: str | None = None) -> Text:
@@ -41,57 +44,38 @@ def flag_block(lines: list[str], title: str, launch: str | None = None) -> Text:
     return text
 
 
-def terminal_table(data: TableData) -> Table:
-    table = Table(title=data.title)
-    for i, column in enumerate(data.columns):
-        table.add_column(column, justify="left" if i == 0 else "right", no_wrap=True)
-    for i, row in enumerate(data.rows):
-        table.add_row(*row, style=row_style(data, i))
-    return table
+def terminal_table(data: TableData) -> FittedTable:
+    return FittedTable(data, boxed=True, stack_headers=False)
 
 
-def comparison_table(plan: Plan) -> Table:
+def comparison_table(plan: Plan) -> FittedTable:
     return terminal_table(plan_comparison_rows(plan))
 
 
-def memory_table(plan: Plan) -> Table:
+def memory_table(plan: Plan) -> FittedTable:
     return terminal_table(plan_memory_rows(plan))
 
 
-def scenario_table(plan: Plan) -> Table | None:
+def scenario_table(plan: Plan) -> FittedTable | None:
     """Expected step per load and eager assumption: held out, and as fitted."""
-    rows = plan.scenarios
-    if not rows:
+    data = plan_scenario_rows(plan)
+    return None if data is None else terminal_table(data)
+
+
+def scenario_tables(plan: Plan) -> list[FittedTable]:
+    """The closed loop's headline figures per load, then every load and eager assumption
+    held out, then any other figures the scenario rows carry."""
+    tables = (plan_closed_loop_rows(plan, headline_only=True), plan_scenario_rows(plan),
+              plan_serving_rows(plan))
+    return [terminal_table(t) for t in tables if t is not None]
+
+
+def verdict_line(plan: Plan) -> Text | None:
+    verdict = plan_verdict(plan)
+    if verdict is None:
         return None
-    index = {(r.part, r.load, r.eager, r.schedule): r for r in rows}
-    part = "held_out" if any(r.part == "held_out" for r in rows) else "fit"
-    current = any(r.schedule == "current" for r in rows)
-    table = Table(
-        title=f"Every scenario on {part_label(plan)}, predicted; ratio = plan / default",
-        caption="in-sample: the same ratio on the steps the sizes were fitted on",
-    )
-    columns = ["load", "eager", "plan ms", "default ms", "ratio", "in-sample", "decode cov."]
-    columns += ["current ms", "current ratio"] if current else []
-    for i, column in enumerate(columns):
-        table.add_column(column, justify="left" if i < 2 else "right", no_wrap=True)
-    keys = list(dict.fromkeys((r.load, r.eager) for r in rows if r.part == part))
-    for load, eager in keys:
-        p, d = index[(part, load, eager, "plan")], index[(part, load, eager, "default")]
-        fp, fd = index[("fit", load, eager, "plan")], index[("fit", load, eager, "default")]
-        cells = [
-            f"{load:g}x",
-            eager,
-            f"{p.expected_step_ms:.3f}",
-            f"{d.expected_step_ms:.3f}",
-            f"{p.expected_step_ms / d.expected_step_ms:.3f}",
-            f"{fp.expected_step_ms / fd.expected_step_ms:.3f}",
-            f"{p.decode_coverage:.1%}",
-        ]
-        if current:
-            c = index[(part, load, eager, "current")]
-            cells += [f"{c.expected_step_ms:.3f}", f"{c.expected_step_ms / d.expected_step_ms:.3f}"]
-        table.add_row(*cells)
-    return table
+    style = {True: "bold yellow", False: "bold green", None: "bold red"}[verdict.keep_current]
+    return Text(f"--compare-plan {plan.inputs.compare_plan}: {verdict.sentence}", style=style)
 
 
 def _size_lines(plan: Plan) -> list[Text]:
@@ -150,7 +134,8 @@ def _head(plan: Plan) -> Text:
 def plan_view(plan: Plan) -> RenderableType:
     engine = plan.inputs.engine
     warnings = plan.all_warnings()
-    overload = [w for w in warnings if w.startswith("overloaded")]
+    # Said first and in red: the server cannot keep up, or falls off its graph ceiling.
+    overload = [w for w in warnings if w.startswith(("overloaded", "eager basin"))]
     parts: list[RenderableType] = [_head(plan)]
     parts += [Text(f"warning: {w}", style="bold red") for w in overload]
     # SGLang's ViT graphs are switched on by an environment variable: it prefixes the launch.
@@ -161,10 +146,11 @@ def plan_view(plan: Plan) -> RenderableType:
         *vit_lines(plan),
         *_basis_lines(plan),
         comparison_table(plan),
+        *scenario_tables(plan),
     ]
-    scenarios = scenario_table(plan)
-    if scenarios is not None:
-        parts.append(scenarios)
+    verdict = verdict_line(plan)
+    if verdict is not None:
+        parts.append(verdict)
     parts.append(memory_table(plan))
     rest = [w for w in warnings if w not in overload]
     if rest:

@@ -12,7 +12,7 @@ from cgtool.documents.plan_document import Plan
 from cgtool.reports.csv import write_sizes_csv
 from cgtool.reports.figures import write_report_figures
 from cgtool.reports.html import plan_html, report_html
-from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows, plan_sizes_rows
+from cgtool.reports.plan_scenarios import plan_tables
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import TableData, phase_rows, size_rows, spread_rows, totals_rows
 from cgtool.documents.results import CaptureReport, load_document, resolve_document
@@ -40,7 +40,7 @@ def render_path(path: Path, out_dir: Path | None = None) -> Rendered:
 
 def printed_tables(document: CaptureReport | Plan) -> list[TableData]:
     """The tables `cgtool report` prints: a report's as `capture` printed them (sizes, totals,
-    timing spread, phases, and every rank's with --tp); a plan's as plan.html and the terminal show them."""
+    timing spread, phases, and every rank's with --tp); a plan's as plan.html shows them."""
     if isinstance(document, CaptureReport):
         tables = [size_rows(document, kind) for kind in document.kinds()] + [totals_rows(document)]
         if document.totals.sample_spread:
@@ -48,7 +48,7 @@ def printed_tables(document: CaptureReport | Plan) -> list[TableData]:
         if document.totals.phase_s:
             tables.append(phase_rows(document))
         return tables + rank_tables(document)
-    return [plan_sizes_rows(document), plan_comparison_rows(document), plan_memory_rows(document)]
+    return plan_tables(document)
 
 
 def render_report(report: CaptureReport, out_dir: Path, report_dir: Path | None = None) -> list[Path]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from cgtool.reports.plan_view import ENGINE_NAMES
-from cgtool.reports.tables import TableData
+from cgtool.reports.tables import Cell, TableData
 from cgtool.units import counted
 
 
-def _every_size(sizes: list[int]) -> str:
-    # Every size, never an ellipsis: this is the list a user copies.
-    return f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
+def _every_size(sizes: list[int]) -> Cell:
+    # Every size, never an ellipsis: this is the list a user copies. CSV/JSON: the list alone.
+    text = f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
+    return Cell(text, list(sizes))
 
 
 def schedule_rows(schedule: dict[str, Any]) -> TableData:
@@ -23,5 +24,14 @@ def schedule_rows(schedule: dict[str, Any]) -> TableData:
         ["piecewise on by default", "yes" if schedule["piecewise_on_by_default"] else "no"],
         ["rule from", schedule["source"]],
     ]
+    rules = schedule.get("release_rules")
+    if rules:
+        backend = rules["prefill_backend"]
+        if rules["capture_through_chunk"]:
+            backend += " (capture through --chunked-prefill-size, or not at all)"
+        rows += [["prefill graphs", backend], ["off-grid sizes", rules["ceiling_rule"]],
+                 ["memory flag counts", rules["fraction"]]]
+        rows += [[f"assumes {e['name']}={e['assumed']}", e["effect"]] for e in rules["env"]]
+        rows += [["read from", source] for source in rules["sources"]]
     title = f"{ENGINE_NAMES[schedule['engine']]} {schedule['version']} default capture schedule"
     return TableData(title, ["", "value"], rows, wrap_last=True)

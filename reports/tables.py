@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rich import box
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from cgtool.documents.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
 from cgtool.specs.config import ModelConfig
@@ -14,73 +13,103 @@ from cgtool.documents.results import SIZE_UNITS, CaptureReport
 from cgtool.units import BF16_BYTES, GIB, MIB
 from cgtool.specs.vision import VisionPreset
 
+if TYPE_CHECKING:
+    from cgtool.reports.fit import FittedTable
 
-def gib(num_bytes: float) -> str:
-    return f"{num_bytes / GIB:.2f} GiB"
+
+def gib(num_bytes: float) -> Cell:
+    return Cell(f"{num_bytes / GIB:.2f} GiB", num_bytes)
 
 
 # --- Capture reports and `check` comparisons (plans: reports/plan_tables.py) -----------------------------------
 # Each table is built once as TableData and rendered by rich (here), HTML and markdown.
 
 
+class Cell(str):
+    """A cell's text as a person reads it ("11.004 ms", "1 2 4 ... (28 sizes)"), carrying the
+    plain value that CSV and JSON write instead (11.004, the full list). A str, so that every
+    view that shows text takes it as it is."""
+
+    value: Any
+
+    def __new__(cls, text: str, value: Any) -> Cell:
+        cell = super().__new__(cls, text)
+        cell.value = value
+        return cell
+
+
+def plain(cell: str) -> Any:
+    """What machine-readable output carries for a cell: its value, or its text."""
+    return cell.value if isinstance(cell, Cell) else str(cell)
+
+
 @dataclass(slots=True)
 class TableData:
     title: str
     columns: list[str]
-    rows: list[list[str]]
+    rows: list[list[str]]  # str or Cell
     marked: set[int] = field(default_factory=set)  # row indices to highlight (regressions)
     headings: set[int] = field(default_factory=set)  # rows that title the rows below them
     wrap_last: bool = False  # a long list in the last column wraps in a terminal, never cut
+    wrapping: set[int] = field(default_factory=set)  # other text columns that may wrap
+    caption: str = ""  # a note under the table (terminal and HTML; not data)
+    machine_only: set[int] = field(default_factory=set)  # columns CSV and JSON carry, views not
 
 
-def mib_number(num_bytes: float | None) -> str:
-    """MiB without the unit, for a column whose header names it."""
-    return "-" if num_bytes is None else f"{num_bytes / MIB:,.1f}"
+def for_people(data: TableData) -> TableData:
+    """`data` without the columns only CSV and JSON carry (a unit that the cells spell out)."""
+    if not data.machine_only:
+        return data
+    keep = [i for i in range(len(data.columns)) if i not in data.machine_only]
+    at = {old: new for new, old in enumerate(keep)}
+    return TableData(data.title, [data.columns[i] for i in keep],
+                     [[row[i] for i in keep if i < len(row)] for row in data.rows],
+                     data.marked, data.headings, data.wrap_last,
+                     {at[i] for i in data.wrapping if i in at}, data.caption)
 
 
-def mib(num_bytes: float | None) -> str:
-    return "-" if num_bytes is None else f"{mib_number(num_bytes)} MiB"
+def mib_number(num_bytes: float | None) -> Cell:
+    """MiB without the unit, for a column whose header names it; CSV and JSON carry bytes."""
+    return Cell("-" if num_bytes is None else f"{num_bytes / MIB:,.1f}", num_bytes)
 
 
-def _num(value: float | None, digits: int = 3, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:,.{digits}f}{suffix}"
+def mib(num_bytes: float | None) -> Cell:
+    return Cell("-" if num_bytes is None else f"{mib_number(num_bytes)} MiB", num_bytes)
 
 
-def format_value(value: float | None, unit: str) -> str:
+def _num(value: float | None, digits: int = 3, suffix: str = "") -> Cell:
+    return Cell("-" if value is None else f"{value:,.{digits}f}{suffix}", value)
+
+
+def format_value(value: float | None, unit: str) -> Cell:
     if unit == "bytes":
         return mib(value)
     if unit == "tokens":
-        return "-" if value is None else f"{int(value):,}"
+        return Cell("-" if value is None else f"{int(value):,}", value)
     return _num(value, 3, f" {unit}" if unit else "")
 
 
-def format_change(pct: float | None) -> str:
+def format_change(pct: float | None) -> Cell:
     if pct is None:
-        return "-"
+        return Cell("-", None)
     if math.isinf(pct):
-        return "new" if pct > 0 else "gone"
-    return f"{pct:+.1f}%"
+        word = "new" if pct > 0 else "gone"
+        return Cell(word, word)
+    return Cell(f"{pct:+.1f}%", pct)
 
 
-def _stacked(header: str) -> str:
+def stacked(header: str) -> str:
     # "retained MiB" -> "retained" over "MiB": a column is then as wide as its widest word or
     # cell, which keeps the capture table within 120 columns without cutting or wrapping.
     name, _, last = header.rpartition(" ")
     return f"{name}\n{last}" if name else header
 
 
-def to_rich(data: TableData) -> Table:
-    # As wide as its title at least, so that a long title (check's limits) stays on one line.
-    table = Table(title=data.title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False,
-                  min_width=len(data.title))
-    last = len(data.columns) - 1
-    for i, column in enumerate(data.columns):
-        wraps = data.wrap_last and i == last
-        table.add_column(_stacked(column), justify="left" if i == 0 or wraps else "right",
-                         no_wrap=not wraps)
-    for i, row in enumerate(data.rows):
-        table.add_row(*row, style=row_style(data, i))
-    return table
+def to_rich(data: TableData) -> FittedTable:
+    """`data` for a terminal: as wide as the console allows, never a number cut short."""
+    from cgtool.reports.fit import FittedTable
+
+    return FittedTable(data)
 
 
 def row_style(data: TableData, i: int) -> str | None:
@@ -109,12 +138,16 @@ def vision_models_rows(presets: list[VisionPreset]) -> TableData:
 
 def size_rows(report: CaptureReport, kind: str) -> TableData:
     # Units live in the headers so that cells stay short numbers that never wrap.
-    columns = [SIZE_UNITS[kind], "status", "capture s",
-               "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
-               "replay ms", "speedup", "roofline %", "kernels", "max |diff|"]
+    # CSV and JSON name each column as report.json and sizes.csv do, with bytes for MiB.
+    names = ["size", "status", "capture_s", "retained_bytes", "cumulative_retained_bytes",
+             "peak_bytes", "non_torch_bytes", "eager_ms", "replay_ms", "speedup", "roofline_pct",
+             "kernels_per_forward", "max_abs_diff", "experts_active"]
+    shown = [SIZE_UNITS[kind], "status", "capture s",
+             "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
+             "replay ms", "speedup", "roofline %", "kernels", "max |diff|", "experts"]
     moe = any(row.experts_active is not None for row in report.sizes_of(kind))
-    if moe:
-        columns.append("experts")  # distinct routed experts per MoE layer, mean over layers
+    # experts: distinct routed experts per MoE layer, mean over layers; MoE models only
+    columns: list[str] = [Cell(a, b) for a, b in zip(shown, names)][:len(shown) - (not moe)]
     rows: list[list[str]] = []
     marked: set[int] = set()
     cumulative = 0
@@ -126,11 +159,12 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
             marked.add(len(rows))
         mode = "" if row.hidden_mode == "null" else f" hidden {row.hidden_mode}"
         rows.append([
-            f"{row.size}{mode}", row.status, _num(row.capture_s, 2), mib_number(row.retained_bytes),
-            mib_number(cumulative), mib_number(row.peak_bytes), mib_number(row.non_torch_bytes),
-            _num(row.eager_ms, 3), _num(row.replay_ms, 3), _num(row.speedup, 2, "x"),
-            _num(roofline, 0), str(row.kernels_per_forward),
-            "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}",
+            Cell(f"{row.size}{mode}", row.size), row.status, _num(row.capture_s, 2),
+            mib_number(row.retained_bytes), mib_number(cumulative), mib_number(row.peak_bytes),
+            mib_number(row.non_torch_bytes), _num(row.eager_ms, 3), _num(row.replay_ms, 3),
+            _num(row.speedup, 2, "x"), _num(roofline, 0),
+            Cell(str(row.kernels_per_forward), row.kernels_per_forward),
+            Cell("-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}", row.max_abs_diff),
         ] + ([_num(row.experts_active, 1)] if moe else []))
     return TableData(f"{kind} graphs", columns, rows, marked)
 
@@ -138,23 +172,29 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
 def totals_rows(report: CaptureReport) -> TableData:
     t = report.totals
     bandwidth = t.copy_bandwidth_bytes_s
+    # Labels for a person; CSV and JSON name each row by its report.json field.
     rows = [
-        ["weights", mib(t.weights_bytes)],
-        ["KV pool", f"{mib(t.kv_pool_bytes)} ({t.kv_tokens:,} tokens)"],
-        ["graph pool", mib(t.graph_pool_bytes)],
-        ["non-torch (graphs, workspaces)", mib(t.non_torch_bytes)],
-        ["peak", mib(t.peak_bytes)],
-        ["free before capture", mib(t.free_before_capture_bytes)],
-        ["free after capture", mib(t.free_after_capture_bytes)],
-        ["capture time (capturing alone)", _num(t.capture_s, 2, " s")],
-        ["copy bandwidth", "-" if bandwidth is None else f"{bandwidth / 1e9:,.0f} GB/s"],
+        [Cell("weights", "weights_bytes"), mib(t.weights_bytes)],
+        [Cell("KV pool", "kv_pool_bytes"), Cell(f"{mib(t.kv_pool_bytes)} ({t.kv_tokens:,} tokens)",
+                                                t.kv_pool_bytes)],
+        [Cell("KV tokens", "kv_tokens"), Cell(f"{t.kv_tokens:,}", t.kv_tokens)],
+        [Cell("graph pool", "graph_pool_bytes"), mib(t.graph_pool_bytes)],
+        [Cell("non-torch (graphs, workspaces)", "non_torch_bytes"), mib(t.non_torch_bytes)],
+        [Cell("peak", "peak_bytes"), mib(t.peak_bytes)],
+        [Cell("free before capture", "free_before_capture_bytes"), mib(t.free_before_capture_bytes)],
+        [Cell("free after capture", "free_after_capture_bytes"), mib(t.free_after_capture_bytes)],
+        [Cell("capture time (capturing alone)", "capture_s"), _num(t.capture_s, 2, " s")],
+        [Cell("copy bandwidth", "copy_bandwidth_bytes_s"),
+         Cell("-" if bandwidth is None else f"{bandwidth / 1e9:,.0f} GB/s", bandwidth)],
     ]
     for kind, used in t.sglang_mem_usage_bytes.items():
-        rows.append([f"SGLang 'mem usage', {kind}", mib(used)])
+        rows.append([Cell(f"SGLang 'mem usage', {kind}", f"sglang_mem_usage_bytes.{kind}"), mib(used)])
     if t.eager_host_us_per_kernel is not None:
-        rows.append(["eager host time per kernel", _num(t.eager_host_us_per_kernel, 1, " µs")])
+        rows.append([Cell("eager host time per kernel", "eager_host_us_per_kernel"),
+                     _num(t.eager_host_us_per_kernel, 1, " µs")])
     if t.plain_torch_host_us_per_kernel is not None:
-        rows.append(["plain PyTorch host time per kernel", _num(t.plain_torch_host_us_per_kernel, 1, " µs")])
+        rows.append([Cell("plain PyTorch host time per kernel", "plain_torch_host_us_per_kernel"),
+                     _num(t.plain_torch_host_us_per_kernel, 1, " µs")])
     return TableData("Totals", ["", "value"], rows)
 
 
@@ -173,7 +213,8 @@ def phase_rows(report: CaptureReport) -> TableData:
     labels = {"compile": f"compile ({_COMPILE_CACHE[cache]})"} if cache else {}
     rows = [[labels.get(name, name), _num(phases[name], 2),
              _num(100 * phases[name] / total if total else None, 0)] for name in names]
-    return TableData("Phases", ["phase", "time s", "share %"], rows)
+    return TableData("Phases", ["phase", Cell("time s", "time_s"), Cell("share %", "share_pct")],
+                     rows)
 
 
 def spread_rows(report: CaptureReport) -> TableData:
@@ -182,9 +223,10 @@ def spread_rows(report: CaptureReport) -> TableData:
     rows = []
     for key, spread in report.totals.sample_spread.items():
         kind, path, regime = key.split(":")
-        rows.append([kind, path, f"{regime} calls", _num(100 * spread.rel_sd, 2), str(spread.dof)])
+        rows.append([kind, path, Cell(f"{regime} calls", regime), _num(100 * spread.rel_sd, 2),
+                     Cell(str(spread.dof), spread.dof)])
     return TableData("Timing spread (each size's 95% interval comes from it)",
-                     ["kind", "path", "regime", "sd %", "dof"], rows)
+                     ["kind", "path", "regime", Cell("sd %", "sd_pct"), "dof"], rows)
 
 
 def environment_rows(report: CaptureReport) -> TableData:
@@ -246,7 +288,8 @@ def _verdict(comparison: Comparison, change: MetricChange) -> str:
 
 
 def comparison_rows(comparison: Comparison) -> TableData:
-    columns = ["size", "metric", "baseline", "current", "change", "verdict"]
+    columns = ["size", "metric", "baseline", "current", Cell("change", "change_pct"), "verdict",
+               "unit"]
     rows: list[list[str]] = []
     marked: set[int] = set()
     for change in comparison.changes:
@@ -256,6 +299,8 @@ def comparison_rows(comparison: Comparison) -> TableData:
             change.label, change.metric, format_value(change.baseline, change.unit),
             format_value(change.current, change.unit),
             change.note or format_change(change.change_pct), _verdict(comparison, change),
+            change.unit,
         ])
     title = f"cgtool check ({comparison.subject}; limits {limits_text(comparison)})"
-    return TableData(title, columns, rows, marked)
+    # The unit: CSV and JSON carry plain numbers; the cells a person reads spell it out.
+    return TableData(title, columns, rows, marked, machine_only={6})

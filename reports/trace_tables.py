@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from rich.table import Table
-
+from cgtool.reports.fit import FittedTable
+from cgtool.reports.tables import Cell, TableData
 from cgtool.traces.stats import (
     PERCENTILES,
     BatchStats,
@@ -21,22 +21,20 @@ def _distribution_row(name: str, unit: str, dist: Distribution) -> list[str]:
     return [
         name,
         unit,
-        f"{dist.mean:,.1f}",
-        *(f"{dist.p[q]:,}" for q in PERCENTILES),
-        f"{dist.max:,}",
+        Cell(f"{dist.mean:,.1f}", dist.mean),
+        *(Cell(f"{dist.p[q]:,}", dist.p[q]) for q in PERCENTILES),
+        Cell(f"{dist.max:,}", dist.max),
     ]
 
 
-def _distribution_table(title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("", no_wrap=True)
-    table.add_column("unit", no_wrap=True)
-    for column in ("mean", *(f"p{q}" for q in PERCENTILES), "max"):
-        table.add_column(column, justify="right", no_wrap=True)
-    return table
+def _distribution_table(title: str, rows: list[list[str]], caption: str) -> FittedTable:
+    # Fitted to the terminal: at 80 columns a long trace's figures stay whole.
+    columns = ["", "unit", "mean", *(f"p{q}" for q in PERCENTILES), "max"]
+    return FittedTable(TableData(title, columns, rows, wrapping={1}, caption=caption), boxed=True,
+                       stack_headers=False)
 
 
-def request_stats_table(stats: RequestStats, context: ContextFilter | None = None) -> Table:
+def request_stats_table(stats: RequestStats, context: ContextFilter | None = None) -> FittedTable:
     minutes = stats.duration_s / 60
     caption = (
         f"{counted(stats.num_requests, 'request')} over {minutes:,.1f} min, {stats.rate_per_s:,.2f} req/s"
@@ -47,23 +45,24 @@ def request_stats_table(stats: RequestStats, context: ContextFilter | None = Non
             f"; {context.dropped:,} longer than the {context.context_len:,}-token context "
             "(dropped, as a server rejects them)"
         )
-    table = _distribution_table(f"Trace {stats.source}")
-    table.caption = caption
-    table.add_row(*_distribution_row("prompt", "tokens", stats.input_len))
-    table.add_row(*_distribution_row("cached prefix", "tokens", stats.cached_len))
-    table.add_row(*_distribution_row("output", "tokens", stats.output_len))
-    return table
+    rows = [
+        _distribution_row("prompt", "tokens", stats.input_len),
+        _distribution_row("cached prefix", "tokens", stats.cached_len),
+        _distribution_row("output", "tokens", stats.output_len),
+    ]
+    return _distribution_table(f"Trace {stats.source}", rows, caption)
 
 
-def batch_stats_table(stats: BatchStats) -> Table:
-    table = _distribution_table(f"Batch trace {stats.source}")
-    table.caption = (
+def batch_stats_table(stats: BatchStats) -> FittedTable:
+    caption = (
         f"{stats.num_steps:,} steps: {stats.decode_steps:,} decode, {stats.extend_steps:,} extend "
         "(percentiles weighted by steps)"
     )
-    table.add_row(*_distribution_row("decode batch", "requests", stats.decode_batch_size))
-    table.add_row(*_distribution_row("extend batch", "tokens", stats.extend_num_tokens))
-    return table
+    rows = [
+        _distribution_row("decode batch", "requests", stats.decode_batch_size),
+        _distribution_row("extend batch", "tokens", stats.extend_num_tokens),
+    ]
+    return _distribution_table(f"Batch trace {stats.source}", rows, caption)
 
 
 def stats_json(

@@ -62,8 +62,28 @@ def rehearsal_rows(result: VerifyResult) -> TableData:
                      {4} if h.status == "oom" else set())
 
 
+def proof_rows(result: VerifyResult) -> TableData:
+    """The fraction that leaves --headroom free, proven by a second build and rehearsal."""
+    p, rows = result.proof, []
+    if p is not None:
+        h = p.rehearsal
+        rows += [["proven at", f"{p.mem_fraction_static:g} ({p.kv_tokens:,} KV tokens)"],
+                 ["status", h.status], ["headroom", f"{mib(h.headroom_bytes)} (asked {mib(p.headroom_target_bytes)})"],
+                 ["graphs", mib(p.graph_bytes)]]
+        if h.failed_step:
+            rows.append(["ran out of memory", h.failed_step])
+    recommended = result.recommended_mem_fraction_static
+    rows.append(["recommended", "none" if recommended is None else f"{recommended:g}"])
+    if result.default_kv_tokens is not None:
+        rows.append(["SGLang default's KV tokens", f"{result.default_kv_tokens:,}"])
+    return TableData("Largest safe fraction", ["", "value"], rows,
+                     {1} if p is not None and p.rehearsal.status == "oom" else set())
+
+
 def verify_tables(result: VerifyResult) -> list[TableData]:
     tables = [rehearsal_rows(result)]
+    if result.proof is not None or result.recommended_mem_fraction_static is not None:
+        tables.append(proof_rows(result))
     if result.sets:
         tables += [summary_rows(result), kind_rows(result), ratio_rows(result)]
     return tables

@@ -9,11 +9,17 @@
 # GEMVs), then bs-1 replay captured under cuBLAS and cuBLASLt in alternating rounds, and after heat.
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
+# `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then scripts/bench_prefill_backends.py in $OUT/engines.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
+# `memory` (by name only): per MEM_RUNS ("model:trace:format ...") plan, verify with its
+# proven fraction, and plan --profile verify.json; then issue 32's memory parts (scripts/bench_memory_parts.py,
+# MEM_PARTS= skips them); all in $OUT/memory.tgz.
+# `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
+# examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
 # `tp` (two GPUs): tensor-parallel GPU tests and scripts/bench_tp.py, logs and reports in $OUT/tp.
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
@@ -200,6 +206,65 @@ if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
         bench mooncake "$VERIFY_TRACE" "${VERIFY_TRACE_FORMAT:-mooncake}"
       else stamp "mooncake: skipped (set VERIFY_TRACE to a trace in the repo copy)"; fi ;;
   esac; done
+fi
+if [[ " $stages " == *" prefill-backends "* ]]; then  # issue 38, by name only: breakable beside torch.compile
+  E="$OUT/engines"; mkdir -p "$E"
+  echo "[$(date +%H:%M:%S)] breakable GPU tests" | tee -a "$E/stage.log"
+  timeout -k 10 "${PREFILL_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_breakable.py >"$E/gpu-tests.log" 2>&1
+  echo "[$(date +%H:%M:%S)] breakable GPU tests exit $?" | tee -a "$E/stage.log"; tail -15 "$E/gpu-tests.log"
+  python3 scripts/bench_prefill_backends.py --out "$E" --models "${PREFILL_MODELS:-llama-3.1-8b,qwen3-30b-a3b}" \
+    --tokens "${PREFILL_TOKENS:-256,1024,4096}" 2>&1 | tee -a "$E/stage.log"
+fi
+if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory parts, then verify's proven fraction
+  M="$OUT/memory"; mkdir -p "$M"
+  mstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$M/phases.log"; }
+  # "MODEL:TRACE:FORMAT" runs: plan, verify (its proof included), then plan --profile verify.json
+  for run in ${MEM_RUNS:-llama-3.1-8b:examples/azure-conv-first-1000.jsonl:cgtool}; do
+    IFS=: read -r m trace fmt <<<"$run"; name="$m-$(basename "${trace%%.*}")"; d="$M/$name"; mkdir -p "$d"
+    cgtool plan --trace "$trace" --format "$fmt" --model "$m" --out "$d/plan" >"$d-plan.log" 2>&1
+    mstamp "$name plan exit $?"
+    timeout -k 10 "${MEM_VERIFY_TIMEOUT:-300}" cgtool verify --plan "$d/plan/plan.json" --trace "$trace" --format "$fmt" \
+      --steps "${MEM_STEPS:-100}" --repeats 2 --out "$d/verify" >"$d-verify.log" 2>&1
+    mstamp "$name verify exit $?"; grep -E "^\[|recommended|proven|headroom" "$d-verify.log" | tail -16
+    cgtool plan --trace "$trace" --format "$fmt" --model "$m" --profile "$d/verify/verify.json" --out "$d/replan" \
+      >"$d-replan.log" 2>&1; mstamp "$name plan --profile exit $?"; grep -E "mem-fraction-static" "$d-replan.log" | head -3
+    rm -rf "$d/plan/"*.png "$d/verify/"*.png "$d/replan/"*.png "$d"/*/*.html 2>/dev/null
+  done
+  if [[ -n "${MEM_PARTS:-1}" ]]; then
+    mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
+    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 scripts/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
+      --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"
+  fi
+  tar czf "$OUT/memory.tgz" -C "$OUT" memory && rm -rf "$M"
+fi
+if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool replay against the simulator
+  R="$OUT/replay"; mkdir -p "$R"
+  rstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/replay-stage.log"; }
+  rstamp "replay GPU tests"
+  timeout -k 10 "${REPLAY_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_replay_gpu.py >"$R/gpu-tests.log" 2>&1
+  rstamp "replay GPU tests exit $?"; tail -5 "$R/gpu-tests.log" | tee -a "$OUT/replay-stage.log"
+  # Slices: the first N requests of each trace, planned at the load they are replayed at.
+  head -"${REPLAY_AZURE_N:-300}" examples/azure-conv-first-1000.jsonl >"$R/azure.jsonl"
+  head -"${REPLAY_MOONCAKE_N:-70}" examples/mooncake-conv-first-200.jsonl >"$R/mooncake.jsonl"
+  az_load=${REPLAY_AZURE_LOAD:-2}; mc_load=${REPLAY_MOONCAKE_LOAD:-0.35}
+  gpu=$(python3 -c "import torch; from cgtool.specs.gpus import match_nvml_name as m; print(m(torch.cuda.get_device_name(0)).name)")
+  cgtool plan --trace "$R/azure.jsonl" --model llama-3.1-8b --gpu "$gpu" --load "$az_load" --out "$R/plan-azure" >"$R/plan-azure.log" 2>&1
+  cgtool plan --trace "$R/mooncake.jsonl" --model llama-3.1-8b --gpu "$gpu" --load "$mc_load" --out "$R/plan-mooncake" >"$R/plan-mooncake.log" 2>&1
+  rstamp "plans exit $?"
+  # The prediction's --profile: a capture of the same model on this GPU (it also fills the compile cache).
+  timeout -k 10 "${REPLAY_CAPTURE_TIMEOUT:-150}" cgtool capture --model llama-3.1-8b --bs "${REPLAY_PROFILE_BS:-1,2,4,8,16,24,32,48,64,96,128,192,256}" \
+    --tokens "${REPLAY_PROFILE_TOKENS:-64,128,256,512,1024,2048,4096,8192}" --out "$R/capture" >"$R/capture.log" 2>&1
+  rstamp "profile capture exit $?"; grep -E "^\[ *[0-9.]+ s\]" "$R/capture.log" | tail -4
+  cases=() ; a="$R/azure.jsonl,$R/plan-azure/plan.json"; m="$R/mooncake.jsonl,$R/plan-mooncake/plan.json"
+  for rep in 1 2; do cases+=(--case "azure-default-$rep=$a,default,${REPLAY_AZURE_N:-300},$az_load" --case "mooncake-default-$rep=$m,default,${REPLAY_MOONCAKE_N:-70},$mc_load"
+    --case "azure-plan-$rep=$a,plan,${REPLAY_AZURE_N:-300},$az_load" --case "mooncake-plan-$rep=$m,plan,${REPLAY_MOONCAKE_N:-70},$mc_load"); done
+  python3 scripts/bench_replay_trace.py run --out "$R/runs" --budget-s "${REPLAY_BUDGET_S:-400}" "${cases[@]}" 2>&1 | tee -a "$OUT/replay-stage.log"
+  [[ -f "$R/capture/report.json" ]] && python3 scripts/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
+    "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
+  tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
+  rm -rf "$R"
 fi
 python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)

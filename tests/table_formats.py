@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+from typing import Any
 
-from cgtool.reports.tables import TableData
+from cgtool.reports.tables import TableData, plain
 
 
 def csv_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -23,9 +24,18 @@ def csv_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
     return tables
 
 
-def json_tables(text: str) -> list[tuple[str, list[str], list[list[str]]]]:
+def json_tables(text: str) -> list[tuple[str, list[Any], list[list[Any]]]]:
     return [(t["title"], t["columns"], t["rows"]) for t in json.loads(text)]
 
 
-def as_tuples(tables: list[TableData]) -> list[tuple[str, list[str], list[list[str]]]]:
-    return [(t.title, t.columns, t.rows) for t in tables]
+def _as_csv(value: Any) -> str:
+    if value is None:
+        return ""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def as_tuples(tables: list[TableData], output: str = "json") -> list[tuple[str, list[Any], list[list[Any]]]]:
+    """The tables as `--format output` carries them: each cell's plain value (CSV: as text)."""
+    cast = _as_csv if output == "csv" else (lambda v: v)
+    return [(t.title, [cast(plain(c)) for c in t.columns],
+             [[cast(plain(c)) for c in row] for row in t.rows]) for t in tables]

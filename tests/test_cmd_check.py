@@ -256,3 +256,28 @@ def test_a_regression_in_csv_still_exits_1_with_the_verdict_on_stderr(tmp_path):
     assert result.exit_code == 1
     assert "FAIL" in result.stderr and "plan: graph_bytes +20.0%" in result.stderr
     assert "FAIL" not in result.stdout and "REGRESSED" in result.stdout
+
+
+def test_plans_for_different_engines_are_refused_with_one_line_and_exit_2(tmp_path):
+    def for_vllm(data: dict) -> None:
+        data["inputs"]["engine"] = "vllm"
+
+    current = _variant(tmp_path, for_vllm, PLAN)
+    result = runner.invoke(app, ["check", str(PLAN), str(current)])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "engine differs: baseline sglang, current vllm" in lines[0]
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("side", ["baseline", "current"])
+def test_an_incomplete_plan_on_either_side_fails_naming_it(tmp_path, side):
+    def stopped(data: dict) -> None:
+        data["status"] = "incomplete"
+
+    incomplete = _variant(tmp_path, stopped, PLAN)
+    pair = [str(incomplete), str(PLAN)] if side == "baseline" else [str(PLAN), str(incomplete)]
+    result = runner.invoke(app, ["check", *pair])
+    assert result.exit_code == 1, result.output
+    assert f"the {side} plan is incomplete" in result.stdout
+    assert "PASS" not in result.stdout

@@ -4,6 +4,7 @@ report): CSV and JSON carry the rows the table shows, and nothing else on stdout
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from cgtool.documents.compare import compare_plans, compare_reports
 from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.documents.plan_document import Plan
 from cgtool.reports.render import printed_tables
+from cgtool.reports.schedule_view import schedule_rows
 from cgtool.reports.tables import TableData, comparison_rows, models_rows, vision_models_rows
 from cgtool.documents.results import load_document
 from cgtool.specs.vision import load_vision_preset, vision_preset_names
@@ -64,7 +66,7 @@ def test_csv_and_json_carry_the_tables_rows(name, output, read, report_copy):
     args, expected = _commands(report_copy)[name]
     result = runner.invoke(app, [*args, "--format", output])
     assert result.exit_code == 0, result.output
-    assert read(result.stdout) == as_tuples(expected)
+    assert read(result.stdout) == as_tuples(expected, output)
 
 
 @pytest.mark.parametrize("name", ["models", "check", "report"])
@@ -107,10 +109,12 @@ def test_schedule_csv_is_the_table_and_json_is_the_schedule_as_with_json():
     [(title, columns, rows)] = csv_tables(runner.invoke(
         app, ["schedule", "--engine", "vllm", "--format", "csv"]).stdout)
     assert title in table and columns == ["", "value"]
-    assert all(row[0] in table for row in rows) and len(rows) == 6
     as_format = runner.invoke(app, ["schedule", "--engine", "vllm", "--format", "json"]).stdout
     as_switch = runner.invoke(app, ["schedule", "--engine", "vllm", "--json"]).stdout
     assert json.loads(as_format) == json.loads(as_switch)
+    assert all(row[0] in table for row in rows)
+    assert rows == as_tuples([schedule_rows(json.loads(as_format))], "csv")[0][2]
+    assert rows[0][1] == " ".join(map(str, json.loads(as_format)["decode_bs"]))  # every size
     assert runner.invoke(app, ["schedule", "--json", "--format", "json"]).exit_code == 0
 
 
@@ -139,5 +143,61 @@ def test_an_unknown_format_is_one_line_and_exit_2(args):
 
 def test_piped_csv_has_no_rich_markup_or_cut_cells():
     proc = piped("check", str(REPORT), str(REPORT), "--format", "csv")
-    assert csv_tables(proc.stdout) == as_tuples(_check_tables(REPORT))
+    assert csv_tables(proc.stdout) == as_tuples(_check_tables(REPORT), "csv")
     assert "PASS" in proc.stderr
+
+
+def _plan_tables_as(output: str, tmp_path: Path) -> dict[str, tuple[list, list]]:
+    folder = tmp_path / "plan"
+    folder.mkdir()
+    shutil.copy(NEW_PLAN, folder / "plan.json")
+    result = runner.invoke(app, ["report", str(folder), "--format", output])
+    assert result.exit_code == 0, result.output
+    read = csv_tables if output == "csv" else json_tables
+    return {title: (columns, rows) for title, columns, rows in read(result.stdout)}
+
+
+NEW_PLAN = min((Path(__file__).resolve().parents[1] / "benchmarks").glob("*/plan-*.json"))
+
+
+def test_plan_csv_carries_every_capture_size_and_plain_numbers(tmp_path):
+    plan = json.loads(NEW_PLAN.read_text())
+    tables = _plan_tables_as("csv", tmp_path)
+    sizes = {row[0]: row[1:] for row in tables["Capture sizes"][1]}
+    decode = plan["decode"]["capture_bs"]
+    assert len(decode) > 16  # more than the display shows before its "..."
+    assert sizes["decode batch sizes"][0] == " ".join(map(str, decode))
+    comparison = next(rows for title, (_, rows) in tables.items() if title.startswith("Plan vs"))
+    figures = {row[0]: row[1:] for row in comparison}
+    assert float(figures["expected_step_ms"][0]) == pytest.approx(plan["comparison"][0]["expected_step_ms"])
+    assert int(figures["kv_tokens"][0]) == plan["comparison"][0]["kv_tokens"]
+    every_cell = [c for _, rows in tables.values() for row in rows for c in row]
+    assert not [c for c in every_cell if re.fullmatch(r"[\d.,]+ (ms|s|GiB|MiB)|\d{1,3}(,\d{3})+|[+-]?[\d.]+%", c)]
+
+
+def test_plan_json_carries_lists_and_numbers(tmp_path):
+    plan = json.loads(NEW_PLAN.read_text())
+    tables = _plan_tables_as("json", tmp_path)
+    rows = {row[0]: row[1:] for row in tables["Capture sizes"][1]}
+    assert rows["piecewise tokens"][0] == plan["piecewise"]["capture_num_tokens"]
+    loads = tables["Simulation per load"]
+    assert loads[0][:2] == ["load", "duration_s"]
+    assert [row[0] for row in loads[1]] == [1.0, 2.0]
+
+
+def test_check_json_carries_numbers_and_the_unit_a_table_spells_out():
+    result = runner.invoke(app, ["check", str(REPORT), str(REPORT), "--format", "json"])
+    [(_, columns, rows)] = json_tables(result.stdout)
+    assert columns == ["size", "metric", "baseline", "current", "change_pct", "verdict", "unit"]
+    total = next(row for row in rows if row[0] == "total")
+    assert isinstance(total[2], int) and total[4] == 0.0 and total[6] == "bytes"
+    assert "unit" not in runner.invoke(app, ["check", str(REPORT), str(REPORT)]).stdout.split()
+
+
+def test_capture_report_csv_carries_bytes_under_report_json_names(report_copy):
+    result = runner.invoke(app, ["report", str(report_copy), "--format", "csv"])
+    title, columns, rows = csv_tables(result.stdout)[0]
+    assert columns[:4] == ["size", "status", "capture_s", "retained_bytes"]
+    report = json.loads((report_copy / "report.json").read_text())
+    first = next(s for s in report["sizes"] if s["kind"] == "decode")
+    assert rows[0][3] == str(first["retained_bytes"])

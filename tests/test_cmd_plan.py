@@ -4,6 +4,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from cli_run import cgtool
 
 from cgtool.commands.plan import parse_bytes
@@ -303,7 +304,8 @@ def test_azure_csv_without_format_hints_the_format(tmp_path):
 
 def test_memory_table_fills_the_engine_default_column():
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
-    table = memory_table(Plan.from_dict(json.loads(result.stdout)))
+    fitted = memory_table(Plan.from_dict(json.loads(result.stdout)))
+    (table,) = fitted.tables(Console(width=200), 200)
     default = table.columns[2]
     assert default.header == "engine default"
     assert all(str(cell).strip() for cell in default._cells), list(default._cells)
@@ -344,6 +346,18 @@ def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
     data = json.loads(result.stdout)
     assert any(r["schedule"] == "current" for r in data["scenarios"])
     assert data["inputs"]["compare_plan"].endswith("plan.json")
+
+
+def test_compare_plan_prints_a_verdict_and_names_an_old_plan_for_another_engine(tmp_path):
+    old = json.loads(min((ROOT / "benchmarks").glob("*/plan-*.json")).read_text())
+    old["inputs"]["engine"] = "vllm"
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB",
+                    "--compare-plan", tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "--compare-plan's plan was made for another deployment: engine vllm (now sglang)" in text
+    assert "no verdict: the old plan was made for another deployment" in text
 
 
 def test_hidden_states_grow_the_graph_memory_and_shrink_the_fraction_with_a_note():

@@ -76,3 +76,21 @@ def test_tp_below_one_is_refused_in_one_line():
     result = cgtool("schedule", "--tp", "0")
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == ["error: --tp 0 is not a number of GPUs. Use --tp 1 or more."]
+
+
+def test_schedule_names_the_prefill_backend_and_rules_with_their_source():
+    data = json.loads(cgtool("schedule", "--engine-version", "0.5.23", "--json").stdout)
+    rules = data["release_rules"]
+    assert rules["prefill_backend"] == "breakable" and rules["capture_through_chunk"] is True
+    assert rules["env"][0]["name"] == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"
+    assert any("cuda_graph_config.py @ v0.5.23 wheel" in s for s in rules["sources"])
+    vllm = json.loads(cgtool("schedule", "--engine", "vllm", "--json").stdout)["release_rules"]
+    assert any("4ba787ec9" in s for s in vllm["sources"])
+    assert "prefill graphs" in cgtool("schedule", "--engine-version", "0.5.10").output
+
+
+def test_limits_past_any_server_exit_2_in_one_line_at_once():
+    for args in (["--tp", "99999999999"], ["--max-bs", "10000000000"], ["--max-tokens", "10000000000"]):
+        result = cgtool("schedule", *args)
+        assert result.exit_code == 2, args
+        assert args[0] in result.output and len(result.output.strip().splitlines()) == 1

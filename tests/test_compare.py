@@ -162,3 +162,24 @@ def test_plans_for_different_tp_sizes_are_refused_and_older_plans_count_as_one_g
     del data["inputs"]["tp_size"]
     older = Plan.from_dict(data)
     assert compare_plans(older, copy.deepcopy(PLAN)).passed
+
+
+def _plan_variant(edit) -> Plan:
+    data = PLAN.to_dict()
+    edit(data)
+    return Plan.from_dict(data)
+
+
+def test_plans_of_different_engines_are_refused_unless_forced():
+    vllm = _plan_variant(lambda d: d["inputs"].update(engine="vllm"))
+    with pytest.raises(InputError, match="engine differs: baseline sglang, current vllm"):
+        compare_plans(PLAN, vllm)
+    forced = compare_plans(PLAN, vllm, force=True)
+    assert any("engine differs" in w for w in forced.warnings)
+
+
+def test_an_incomplete_plan_is_a_failed_comparison_with_its_reason():
+    stopped = _plan_variant(lambda d: d.update(status="incomplete"))
+    result = compare_plans(PLAN, stopped)
+    assert not result.passed
+    assert [c.note for c in result.regressions] == ["the current plan is incomplete"]

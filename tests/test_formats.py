@@ -19,7 +19,7 @@ TABLES = [
 
 
 def test_csv_blocks_read_back_with_titles_holding_commas_and_quoted_cells():
-    assert csv_tables(tables_csv(TABLES)) == as_tuples(TABLES)
+    assert csv_tables(tables_csv(TABLES)) == as_tuples(TABLES, "csv")
 
 
 def test_csv_block_starts_with_a_title_row_and_blocks_are_separated_by_a_blank_line():

@@ -47,3 +47,23 @@ def test_another_error_while_loading_is_not_taken_for_out_of_memory(monkeypatch)
     monkeypatch.setattr(session, "_build", build)
     with pytest.raises(RuntimeError, match="illegal memory access"):
         run_session(_options(0.9), lambda _: None)
+
+
+def test_the_verified_model_runs_the_fused_moe_kernel_as_capture_does(tmp_path):
+    # The dense reference runs every expert on every token: a verify on it timed a step of
+    # qwen3-30b-a3b ten times slower than the server's (issue 33).
+    from hf_oracle import make_hf_model
+
+    from cgtool.model.moe import Experts
+    from cgtool.specs.config import load_model_config
+
+    make_hf_model("qwen3_moe", tmp_path)
+    cfg = load_model_config(str(tmp_path))
+    opts = SessionOptions(
+        model=str(tmp_path), mem_fraction_static=0.9, steps=[], sets=(GraphSet("plan", [1], []),
+        GraphSet("default", [1], [])), chunked_prefill_size=64, max_running_requests=4,
+        context_len=32, dtype=torch.float32,
+    )
+    model = session.load_model(cfg, None, opts, 32, device="cpu")
+    experts = [m for m in model.modules() if isinstance(m, Experts)]
+    assert experts and {e.backend for e in experts} == {"triton"}

@@ -119,21 +119,7 @@ def capture_piecewise(
     bench: Workbench, opts: CaptureOptions, pool: Any, bandwidth: float, on_progress: ProgressCallback,
     state: SessionState,
 ) -> None:
-    from cgtool.runners.compile_cache import default_cache_dir
-    from cgtool.runners.piecewise import PiecewiseGraphRunner
-
-    report_progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
-    with state.phase("compile"):  # building the runner imports dynamo: seconds, part of compiling
-        runner = PiecewiseGraphRunner(
-            bench.runner,
-            capture_num_tokens=opts.capture_num_tokens,
-            compiler=opts.compiler,
-            enable_cudagraph_gc=opts.enable_cudagraph_gc,
-            compile_cache_dir=default_cache_dir() if opts.compile_cache else None,
-        )
-        state.runners.append(runner)
-        runner.warmup()
-        state.compile_cache = runner.compile_cache
+    runner = _prefill_runner(bench, opts, on_progress, state)
     with state.phase("capture"), sglang_mem_usage(state, "piecewise"):
         costs = capture_each_size(
             "piecewise", runner, runner.capture_num_tokens, pool, on_progress, state, opts
@@ -173,6 +159,37 @@ def capture_piecewise(
             record_size(state, "piecewise", n, cost, check, roofline_ms)
             calls.append((n, replay, eager))
     count_kernels(state, "piecewise", calls, opts, on_progress, runner.graph_kernels)
+
+
+def _prefill_runner(
+    bench: Workbench, opts: CaptureOptions, on_progress: ProgressCallback, state: SessionState
+) -> Any:
+    """The prefill runner of --prefill-backend, built and warmed up. Its rows keep the kind
+    "piecewise" (prefill graphs per token count); the report's settings name the backend."""
+    from cgtool.runners.breakable import BreakableGraphRunner
+    from cgtool.runners.compile_cache import default_cache_dir
+    from cgtool.runners.piecewise import PiecewiseGraphRunner
+
+    report_progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
+    runner: Any
+    if opts.prefill_backend == "breakable":
+        runner = BreakableGraphRunner(bench.runner, opts.capture_num_tokens, opts.enable_cudagraph_gc)
+        state.runners.append(runner)
+        with state.phase("warmup"):  # one eager forward; nothing is compiled
+            runner.warmup()
+        return runner
+    with state.phase("compile"):  # building the runner imports dynamo: seconds, part of compiling
+        runner = PiecewiseGraphRunner(
+            bench.runner,
+            capture_num_tokens=opts.capture_num_tokens,
+            compiler=opts.compiler,
+            enable_cudagraph_gc=opts.enable_cudagraph_gc,
+            compile_cache_dir=default_cache_dir() if opts.compile_cache else None,
+        )
+        state.runners.append(runner)
+        runner.warmup()
+        state.compile_cache = runner.compile_cache
+    return runner
 
 
 def _with_last_logits(model: Any, forward: Callable[[], torch.Tensor]) -> list[torch.Tensor]:

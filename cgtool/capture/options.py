@@ -61,6 +61,7 @@ class CaptureOptions:
     # ViT graphs (--kind vit): image sizes in pixels (height, width), already on the patch grid.
     image_sizes: tuple[tuple[int, int], ...] = ()
     compile_cache: bool = True  # reuse the piecewise body traced by an earlier run of this model
+    prefill_backend: str = "piecewise"  # or "breakable": runners/breakable.py, no torch.compile
 
     def __post_init__(self) -> None:
         # Kinds not captured keep an empty list; the captured ones follow the one rule.

@@ -95,6 +95,7 @@ def settings_of(opts: CaptureOptions) -> CaptureSettings:
         hidden_states=[mode.flag for mode in opts.hidden_modes],
         moe_backend=opts.moe_backend,
         image_sizes=[list(size) for size in opts.image_sizes],
+        prefill_backend=opts.prefill_backend,  # type: ignore[arg-type]
     )
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cgtool.errors import InputError
-from cgtool.documents.plan_document import Plan
+from cgtool.documents.plan_document import Plan, PlanInputs
 from cgtool.documents.results import CaptureReport, SizeResult
 from cgtool.units import MIB
 
@@ -158,6 +158,14 @@ def compare_plans(
     for metric in PLAN_METRICS.values():
         result.changes.append(_change("plan", metric, base_figures[metric.name],
                                       cur_figures[metric.name], result))
+    # A plan whose simulation was stopped scored part of the trace: its figures gate nothing,
+    # so comparing with it fails, with the reason, instead of passing on partial numbers.
+    for side, plan in (("baseline", baseline), ("current", current)):
+        if plan.status != "complete":
+            result.changes.append(MetricChange("plan", "status", "", None, None, 0.0, True,
+                                               note=f"the {side} plan is {plan.status}"))
+            result.warnings.append(f"the {side} plan is {plan.status}: its simulation was "
+                                   "stopped early, so its figures cover part of the trace")
     return result
 
 
@@ -218,8 +226,9 @@ def _report_mismatches(baseline: CaptureReport, current: CaptureReport, force: b
 
 def _plan_mismatches(baseline: Plan, current: Plan, force: bool) -> list[str]:
     before, after = baseline.inputs, current.inputs
+    # Another engine captures other sizes with other memory: its plan is another deployment.
     hard = [f"{name} differs: baseline {getattr(before, name)}, current {getattr(after, name)}"
-            for name in ("gpu", "model") if getattr(before, name) != getattr(after, name)]
+            for name in ("gpu", "model", "engine") if getattr(before, name) != getattr(after, name)]
     # Memory figures are per GPU: plans over different --tp are different deployments.
     if before.tp_size != after.tp_size:
         hard.append(f"tp_size differs: baseline {before.tp_size}, current {after.tp_size}")
@@ -227,16 +236,89 @@ def _plan_mismatches(baseline: Plan, current: Plan, force: bool) -> list[str]:
     # Allowed (a plan for new traffic), but then the figures answer different questions.
     soft = [f"the plans come from different traces: baseline {traces[0]}, current {traces[1]}"
             ] if traces[0] != traces[1] else []
+    if before.engine == after.engine and before.engine_version != after.engine_version:
+        soft.append(f"the plans compare with different {before.engine} releases' defaults: "
+                    f"baseline {before.engine_version}, current {after.engine_version}")
     return _refuse_unless_forced(hard, force) + soft
 
 
 def _refuse_unless_forced(mismatches: list[str], force: bool) -> list[str]:
     if mismatches and not force:
         raise InputError(f"refusing to compare: {mismatches[0]}",
-                         "Compare runs of the same GPU and model, or pass --force.")
+                         "Compare runs of the same GPU, model and engine, or pass --force.")
     return [f"compared anyway (--force): {m}" for m in mismatches]
 
 
 def _ordered(keys: Any) -> list[tuple[str, int, int]]:
     # Decode before piecewise, each largest first, as captured.
     return sorted(keys, key=lambda k: (k[0] != "decode", -k[1], k[2]))
+
+
+# Below this step-time gain, new sizes are not worth a restart of a serving fleet: held out,
+# the roofline's gain of a plan over the engine's default is itself about 1% (0.984-1.003 of
+# the default on four real traces).
+WORTH_SWITCHING = 0.01
+
+
+@dataclass(frozen=True, slots=True)
+class PlanVerdict:
+    """--compare-plan: whether the plan's sizes beat the old plan's on this trace."""
+
+    keep_current: bool | None  # None: no verdict, the old plan was for another deployment
+    best_gain: float  # largest share of step time the new plan saves over the old sizes
+    worst_gain: float  # smallest (negative: the new plan is slower somewhere)
+    scenarios: int
+    sentence: str
+
+
+def plan_verdict(plan: Plan) -> PlanVerdict | None:
+    """From the scenario rows of a plan made with --compare-plan: switch when the new sizes
+    save at least WORTH_SWITCHING of the expected step somewhere and lose it nowhere."""
+    part = "held_out" if any(r.part == "held_out" for r in plan.scenarios) else "fit"
+    rows = {(r.load, r.eager, r.schedule): r for r in plan.scenarios if r.part == part}
+    gains = {(load, eager): 1 - rows[(load, eager, "plan")].expected_step_ms / r.expected_step_ms
+             for (load, eager, name), r in rows.items()
+             if name == "current" and r.expected_step_ms > 0 and (load, eager, "plan") in rows}
+    if not gains:
+        return None
+    (best_at, best), (worst_at, worst) = max(gains.items(), key=lambda g: g[1]), min(
+        gains.items(), key=lambda g: g[1])
+    where = "held-out" if part == "held_out" else "simulated"
+    other = next((w for w in plan.warnings if w.startswith(OTHER_DEPLOYMENT)), None)
+    if other is not None:
+        differ = other.removeprefix(OTHER_DEPLOYMENT).split(";")[0].lstrip(": ")
+        return PlanVerdict(None, best, worst, len(gains),
+                           f"no verdict: the old plan was made for another deployment ({differ}); "
+                           "compare a plan of the same model, engine, GPU and --tp")
+
+    def at(key: tuple[float, str]) -> str:
+        return f"{key[0]:g}x load, {key[1]} eager cost"
+
+    if best >= WORTH_SWITCHING and worst > -WORTH_SWITCHING:
+        sentence = (f"take the new plan: its {where} expected step is {best:.1%} shorter than "
+                    f"your current sizes' at {at(best_at)}" + (
+                        f" and {-worst:.1%} longer at worst ({at(worst_at)})" if worst < 0 else ""))
+        return PlanVerdict(False, best, worst, len(gains), sentence)
+    if best >= WORTH_SWITCHING:
+        reason = (f"the new plan is {best:.1%} faster at {at(best_at)} but {-worst:.1%} slower "
+                  f"at {at(worst_at)}")
+    else:
+        reason = (f"the new plan saves at most {max(best, 0.0):.1%} of the {where} expected step "
+                  f"({at(best_at)}), under the {WORTH_SWITCHING:.0%} worth a restart")
+    return PlanVerdict(True, best, worst, len(gains), f"keep your current sizes: {reason}")
+
+
+OTHER_DEPLOYMENT = "--compare-plan's plan was made for another deployment"
+
+
+def compare_plan_warnings(old: Plan, new_inputs: PlanInputs) -> list[str]:
+    """What differs between the plan passed to --compare-plan and the plan being made: its
+    sizes are scored here all the same, but were chosen for another deployment."""
+    before = old.inputs
+    names = ("model", "engine", "gpu", "tp_size")
+    differ = [f"{name} {getattr(before, name)} (now {getattr(new_inputs, name)})"
+              for name in names if getattr(before, name) != getattr(new_inputs, name)]
+    if not differ:
+        return []
+    return [f"{OTHER_DEPLOYMENT}: {', '.join(differ)}; its sizes and KV tokens are scored here "
+            "as they are, which says little about them"]

@@ -132,6 +132,10 @@ class PlanMemory:
     static_input_bytes: int | None = None
     default_attention_buffer_bytes: int | None = None  # the same at the default's largest size
     default_static_input_bytes: int | None = None
+    # Where mem_fraction_static comes from: "predicted" (the terms above) or "proven" (a
+    # verify.json's rehearsal passed at it on this GPU, cgtool.planner.proven); older plans omit it.
+    fraction_source: str | None = None
+    margin_parts: dict[str, int] | None = None  # the margin's named parts (cgtool.planner.margin)
 
 
 @dataclass(frozen=True, slots=True)

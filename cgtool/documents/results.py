@@ -76,6 +76,8 @@ class CaptureSettings:
     hidden_states: list[str] = field(default_factory=lambda: ["null"])  # decode modes, upward
     moe_backend: str = "triton"  # MoE models' experts: "triton" (fused kernel) or "torch" (reference)
     image_sizes: list[list[int]] = field(default_factory=list)  # vit: [height, width] pixels
+    # Prefill graphs: torch.compile pieces split at attention, or breakable segments (no compile).
+    prefill_backend: Literal["piecewise", "breakable"] = "piecewise"
 
 
 @dataclass(slots=True)

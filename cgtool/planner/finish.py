@@ -32,6 +32,7 @@ from cgtool.planner.plan_scores import (
     score_rows,
 )
 from cgtool.planner.profile_fit import predicted_graph_bytes
+from cgtool.planner.proven import apply_proof
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scoring import Histogram
@@ -58,6 +59,9 @@ def finish_plan(
         predicted, measured = predicted_graph_bytes(req.profile, req.cfg, req.gpu)
         memory = replace(memory, graph_bytes_predicted=predicted, graph_bytes_measured=measured)
     check_plan_safety(tokens, server.chunk, server.context_len, memory)
+    proof_notes: list[str] = []
+    if req.engine == "sglang":  # verify rehearses SGLang's fraction
+        memory, proof_notes = apply_proof(memory, req.profile, req.cfg, req.gpu, req.tp_size)
     schedules = compared_schedules(req, server, choice, memory)
     scores = ScoreSet.build(schedules, fit, held, server.assumptions)
     plan = Plan(
@@ -79,6 +83,7 @@ def finish_plan(
     plan.warnings.extend(replication_warnings(req))
     plan.warnings.extend(ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
+    plan.warnings.extend(proof_notes)
     return plan
 
 

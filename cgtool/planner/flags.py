@@ -3,13 +3,16 @@
 SGLang renamed its graph flags: up to 0.5.10 `--cuda-graph-bs` / `--piecewise-cuda-graph-tokens`,
 from 0.5.23 per-phase `--cuda-graph-bs-decode` / `--cuda-graph-bs-prefill` (the old names are
 rejected there). Every name emitted here is checked in the tests against the option names of
-that release's own parser (tests/data/planner/).
+that release's own parser (tests/data/planner/). Lines that are not flags start with "#": a
+release rule applied to the lists (cgtool.planner.releases) or an environment setting the plan
+assumed, with what the memory flag means under it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cgtool.planner.releases import env_lines, release_rules, through_chunk
 from cgtool.planner.schedules import resolve_version, sglang_release
 
 
@@ -67,9 +70,23 @@ def _limit_lines(engine: str, values: FlagValues) -> list[str]:
     ]
 
 
+def within_running(decode_bs: tuple[int, ...], max_running: int) -> tuple[tuple[int, ...], list[str]]:
+    """Decode sizes as SGLang captures them: sizes above the request pool dropped and the
+    pool's size captured instead (model_executor/runner/base_cuda_graph_runner.py
+    get_batch_sizes_to_capture, 0.5.23; cuda_graph_runner.py before), so the flags hold what runs."""
+    if not decode_bs or max(decode_bs) <= max_running:
+        return decode_bs, []
+    kept = tuple(sorted({s for s in decode_bs if s <= max_running} | {max_running}))
+    above = " ".join(str(s) for s in decode_bs if s > max_running)
+    return kept, [f"# decode sizes above --max-running-requests {max_running} ({above}) replaced by "
+                  f"{max_running}, as the engine would"]
+
+
 def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
     release = sglang_release(version)
-    decode, tokens = values.decode_bs, values.piecewise_tokens
+    rules = release_rules("sglang", release.version)
+    decode, notes = within_running(values.decode_bs, values.max_running_requests)
+    tokens, note = through_chunk(rules, values.piecewise_tokens, values.chunked_prefill_size)
     lines = _tp_lines("sglang", values)
     if release.per_phase_flags:
         if decode:
@@ -81,6 +98,8 @@ def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
             lines.append("--disable-decode-cuda-graph")
         if tokens:
             lines += [
+                # The backend the plan assumed, named rather than left to the platform's default.
+                f"--cuda-graph-backend-prefill {rules.prefill_backend}",
                 f"--cuda-graph-max-bs-prefill {max(tokens)}",
                 f"--cuda-graph-bs-prefill {_ints(tokens)}",
             ]
@@ -101,21 +120,28 @@ def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
             ]
         elif release.piecewise_on_by_default:
             lines.append("--disable-piecewise-cuda-graph")
-    return lines + _limit_lines("sglang", values)
+    notes += [f"# {note}"] if note else []
+    return lines + _limit_lines("sglang", values) + notes + env_lines(rules)
 
 
 def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
-    resolve_version("vllm", version)
+    rules = release_rules("vllm", version)
     # vLLM captures one list of token counts for decode and mixed batches alike; a decode
-    # step of b requests is b tokens, so the union serves both kinds of step.
-    sizes = tuple(sorted(set(values.decode_bs) | set(values.piecewise_tokens)))
+    # step of b requests is b tokens, so the union serves both kinds of step. Sizes above the
+    # token budget would be dropped by vLLM, and with the max flag beside them it refuses to
+    # start (config/vllm.py _set_cudagraph_sizes): never emitted.
+    union = set(values.decode_bs) | set(values.piecewise_tokens)
+    sizes = tuple(sorted(s for s in union if s <= values.chunked_prefill_size))
+    dropped = sorted(union - set(sizes))
     lines = _tp_lines("vllm", values)
     lines += (
         [f"--cudagraph-capture-sizes {_ints(sizes)}", f"--max-cudagraph-capture-size {max(sizes)}"]
         if sizes
         else ["--enforce-eager"]  # without a list vLLM would capture its own default one
     )
-    return lines + _limit_lines("vllm", values)
+    notes = [f"# left out, above --max-num-batched-tokens {values.chunked_prefill_size}: "
+             f"{_ints(tuple(dropped))}"] if dropped else []
+    return lines + _limit_lines("vllm", values) + notes + env_lines(rules)
 
 
 def trtllm_flags(values: FlagValues, version: str | None = None) -> list[str]:

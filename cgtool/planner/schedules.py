@@ -133,7 +133,14 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
     r.version: r for r in (_SGLANG_053_DEV, _SGLANG_054, _SGLANG_0510, _SGLANG_0523)
 }
 VLLM_VERSIONS = ("0.33",)
-TRTLLM_VERSIONS = ("1.0",)
+# "main-0004396": TensorRT-LLM's main branch at the stored commit 0004396 (after PR 12895); its
+# defaults (max_batch_size 128, enable_padding False) list the same sizes as 1.0.
+TRTLLM_VERSIONS = ("1.0", "main-0004396")
+# Limits past any server cgtool plans for, checked before a size list is built: the lists
+# grow with the limit (SGLang's by 32 above 512), so --max-bs 1e10 would never finish.
+MAX_BATCH_SIZE = 65536
+MAX_NUM_TOKENS = 1 << 20
+MAX_TP_SIZE = 1024
 
 
 def known_versions(engine: str) -> tuple[str, ...]:
@@ -211,9 +218,7 @@ def default_schedule(
 ) -> EngineSchedule:
     """The capture lists `engine` (release `version`) builds for these limits by itself."""
     version = resolve_version(engine, version)
-    for name, value in (("--max-bs", max_bs), ("--max-tokens", max_tokens)):
-        if value is not None and value < 1:
-            raise CgtoolError(f"{name} must be at least 1, got {value}", f"Pass {name} 1 or more.")
+    check_limits(max_bs=max_bs, max_tokens=max_tokens, tp_size=tp_size)
     if engine == "sglang":
         return _sglang_schedule(
             version,
@@ -229,6 +234,37 @@ def default_schedule(
             version, max_bs, max_tokens, gpu_memory_bytes, max_running_requests, gpu_name
         )
     return _trtllm_schedule(version, max_bs, max_tokens)
+
+
+def check_limits(
+    *, max_bs: int | None = None, max_tokens: int | None = None, tp_size: int | None = None
+) -> None:
+    """Refuse a limit below 1 or past any server, in one sentence naming the flag."""
+    for name, value, most in (("--max-bs", max_bs, MAX_BATCH_SIZE), ("--max-tokens", max_tokens, MAX_NUM_TOKENS),
+                              ("--tp", tp_size, MAX_TP_SIZE)):
+        if value is None:
+            continue
+        if value < 1:
+            raise CgtoolError(f"{name} must be at least 1, got {value}", f"Pass {name} 1 or more.")
+        if value > most:
+            raise CgtoolError(f"{name} {value} is beyond any server cgtool plans for (at most {most})",
+                              f"Pass {name} {most} or less.")
+
+
+def trtllm_padded_batch_sizes(max_bs: int, version: str | None = None) -> list[int]:
+    """TensorRT-LLM's generated list with enable_padding: [1, 2, 4] + 8..128 by 8, then (main
+    after PR 12895) +64 steps, or (1.0) powers of two; max_bs appended when off the list."""
+    version = resolve_version("trtllm", version)
+    sizes = [1, 2, 4] + list(range(8, 129, 8))
+    if version == "1.0":
+        sizes += [2**i for i in range(8, math.ceil(math.log2(max_bs)))] if max_bs > 1 else []
+    else:
+        while sizes[-1] + 64 <= max_bs:
+            sizes.append(sizes[-1] + 64)
+    sizes = sorted(s for s in sizes if s <= max_bs)
+    if not sizes or sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
 
 
 def _sglang_schedule(
@@ -327,7 +363,7 @@ def _trtllm_schedule(version: str, max_bs: int | None, max_tokens: int | None) -
         max_tokens or 8192,
         False,
         max_tokens or 8192,
-        "TensorRT-LLM llmapi/llm_args.py CudaGraphConfig (enable_padding=False)",
+        f"TensorRT-LLM {version} llmapi/llm_args.py CudaGraphConfig (enable_padding=False)",
         pads=False,
     )
 

@@ -58,6 +58,23 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
         "settings": {"context_len": 0, "tp_size": 1},
         "sizes": rows,
         "totals": {"graph_pool_bytes": plan_set.graph_bytes if plan_set else 0, "non_torch_bytes": 0},
+        "memory_proof": memory_proof(result),
+    }
+
+
+def memory_proof(result: VerifyResult) -> dict[str, Any]:
+    """What verify proved about --mem-fraction-static, for the planner to recommend
+    (cgtool.planner.proven): the fraction that passed, and every fraction that failed."""
+    tried = [(result.settings.mem_fraction_static, result.rehearsal)]
+    if result.proof is not None:
+        tried.append((result.proof.mem_fraction_static, result.proof.rehearsal))
+    return {
+        "model": result.model.name,
+        "gpu_name": result.environment.gpu_name,
+        "recommended_mem_fraction_static": result.recommended_mem_fraction_static,
+        "failed_mem_fraction_static": sorted(f for f, r in tried if r.status == "oom"),
+        "headroom_bytes": max((r.headroom_bytes for f, r in tried
+                               if f == result.recommended_mem_fraction_static and r.status == "ok"), default=0),
     }
 
 

@@ -97,6 +97,18 @@ class Rehearsal:
 
 
 @dataclass(slots=True)
+class Proof:
+    """One more build and rehearsal at the fraction that the first rehearsal's peak says would
+    leave `headroom_target_bytes` free (cgtool.verify.proof)."""
+
+    mem_fraction_static: float
+    headroom_target_bytes: int
+    kv_tokens: int
+    graph_bytes: int  # the plan's graphs, captured again at this fraction
+    rehearsal: Rehearsal
+
+
+@dataclass(slots=True)
 class VerifySettings:
     plan: str
     trace: str | None
@@ -125,6 +137,14 @@ class VerifyResult:
     warnings: list[str] = field(default_factory=list)
     created: str = field(default_factory=utc_now_iso)
     provenance: Provenance | None = None  # None only in files written before it existed
+    # The largest fraction verify proved (None: none passed, or a file from before proofs),
+    # the proof run behind it, and SGLang's default fraction's KV tokens on the same GPU.
+    proof: Proof | None = None
+    recommended_mem_fraction_static: float | None = None
+    # KV tokens a fresh server gets at the recommended and at SGLang's default fraction, from
+    # the first build's pool (the proof's process already holds what the first captures loaded).
+    recommended_kv_tokens: int | None = None
+    default_kv_tokens: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         body = dataclasses.asdict(self)

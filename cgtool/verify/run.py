@@ -16,6 +16,7 @@ from cgtool.verify.population import (
     population_from_histograms,
     population_from_trace,
 )
+from cgtool.verify.proof import DEFAULT_HEADROOM_BYTES
 from cgtool.verify.result import Rehearsal, VerifyResult, VerifySettings
 from cgtool.verify.session import GraphSet, Phase, SessionOptions
 from cgtool.verify.steps import Step, StepPopulation, sample_steps
@@ -35,6 +36,7 @@ class VerifyInputs:
     repeats: int
     seed: int
     warnings: list[str]
+    headroom_bytes: int = DEFAULT_HEADROOM_BYTES  # what the proven fraction must leave free
 
 
 def prepare(
@@ -46,6 +48,7 @@ def prepare(
     repeats: int = 3,
     seed: int = 0,
     mem_fraction_static: float | None = None,
+    headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
 ) -> VerifyInputs:
     """Everything that needs no GPU: every bad input is found here, before the GPU is asked for."""
     if num_steps < 1:
@@ -55,6 +58,8 @@ def prepare(
     if mem_fraction_static is not None and not 0.0 < mem_fraction_static < 1.0:
         raise InputError(f"--mem-fraction-static {mem_fraction_static} must be between 0 and 1",
                          "Leave it out to use the plan's.")
+    if headroom_bytes < 0:
+        raise InputError(f"--headroom {headroom_bytes} bytes is negative", "Try --headroom 1.5GiB.")
     plan = load_plan(plan_path)
     warnings: list[str] = []
     if trace is not None:
@@ -81,7 +86,7 @@ def prepare(
         plan=plan, plan_path=Path(plan_path), trace=trace, population=population, steps=steps,
         cost=plan_cost(plan, max_bs, max_tokens), mem_fraction_static=fraction,
         fraction_source="flag" if mem_fraction_static else "plan", repeats=repeats, seed=seed,
-        warnings=warnings,
+        warnings=warnings, headroom_bytes=headroom_bytes,
     )
 
 
@@ -129,6 +134,7 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
         warnings=list(inputs.warnings),
         provenance=collect_provenance(),
     )
+    _prove(inputs, opts, result, session.kv_tokens, phase)
     if rehearsal.status == "oom":
         result.status = "oom"
         result.reason = f"{rehearsal.failed_step} ran out of memory at --mem-fraction-static {inputs.mem_fraction_static:g}"
@@ -140,6 +146,41 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
             result.warnings.append(f"{measured.name}: out of memory capturing "
                                    f"{', '.join(measured.failed_sizes)}; those steps ran eagerly")
     return result
+
+
+def _prove(inputs: VerifyInputs, opts: SessionOptions, result: VerifyResult, kv_tokens: int,
+           phase: Phase) -> None:
+    """The fraction that leaves the headroom, proven by one more build and rehearsal; the
+    recommendation is the highest fraction a rehearsal passed with that headroom."""
+    from cgtool.verify.proof import kv_tokens_at, recommended_fraction, run_proof, tightened_fraction
+    from cgtool.verify.session import release_gpu
+
+    fraction, first = inputs.mem_fraction_static, result.rehearsal
+    tried = [(fraction, first)]
+    target = tightened_fraction(fraction, first, inputs.headroom_bytes)
+    if target is not None and 0.0 < target < 1.0 and target != fraction:
+        try:
+            result.proof = run_proof(opts, target, inputs.headroom_bytes, phase)
+        finally:
+            release_gpu()
+        tried.append((target, result.proof.rehearsal))
+    result.recommended_mem_fraction_static, note = recommended_fraction(tried, inputs.headroom_bytes)
+    if note:
+        result.warnings.append(note)
+    token_bytes = _kv_bytes_per_token(inputs)
+    default = inputs.plan.memory.default_mem_fraction_static
+    if kv_tokens and first.total_bytes and token_bytes:
+        result.default_kv_tokens = kv_tokens_at(kv_tokens, fraction, default, first.total_bytes, token_bytes)
+        if result.recommended_mem_fraction_static is not None:
+            result.recommended_kv_tokens = kv_tokens_at(
+                kv_tokens, fraction, result.recommended_mem_fraction_static, first.total_bytes, token_bytes)
+
+
+def _kv_bytes_per_token(inputs: VerifyInputs) -> int:
+    from cgtool.specs.config import load_model_config
+    from cgtool.units import BF16_BYTES
+
+    return int(load_model_config(inputs.plan.inputs.model).kv_bytes_per_token(BF16_BYTES))
 
 
 def _settings(inputs: VerifyInputs, opts: SessionOptions, kv_tokens: int) -> VerifySettings:

@@ -1,0 +1,58 @@
+"""`plan --profile verify.json` recommends the fraction verify proved (cgtool.planner.proven),
+read from the verify.json files measured on an H100 80GB HBM3 on 2026-11-26
+(benchmarks/results/h100-2026-11-26-memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cgtool.documents.results import load_plan
+from cgtool.planner.proven import apply_proof, model_family
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import GPU_SPECS
+from cgtool.verify.profile import load_profile
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/h100-2026-11-26-memory"
+RUN = RESULTS / "qwen3-30b-a3b-azure-conv-first-1000"
+H100 = next(g for g in GPU_SPECS.values() if g.name == "H100-80GB")
+H200 = next(g for g in GPU_SPECS.values() if g.name == "H200")
+
+
+def _memory_and_profile():
+    plan = load_plan(RUN / "plan.json")
+    return plan.memory, load_profile(RUN / "verify.json")
+
+
+def test_the_proven_fraction_replaces_the_predicted_one_on_the_gpu_it_was_proven_on():
+    memory, profile = _memory_and_profile()
+    cfg = load_model_config("qwen3-30b-a3b")
+    proven, notes = apply_proof(memory, profile, cfg, H100)
+    assert memory.mem_fraction_static == 0.885  # the plan's prediction
+    assert proven.mem_fraction_static == 0.919 and proven.fraction_source == "proven"
+    assert proven.kv_tokens > memory.kv_tokens
+    assert len(notes) == 1 and "proven on this GPU" in notes[0]
+
+
+def test_a_proof_from_another_gpu_or_model_leaves_a_one_line_unproven_note():
+    memory, profile = _memory_and_profile()
+    for cfg, gpu in ((load_model_config("qwen3-30b-a3b"), H200), (load_model_config("llama-3.1-8b"), H100)):
+        kept, notes = apply_proof(memory, profile, cfg, gpu)
+        assert kept.mem_fraction_static == memory.mem_fraction_static
+        assert kept.fraction_source == "predicted"
+        assert len(notes) == 1 and "\n" not in notes[0]
+        assert "not proven" in notes[0] and "cgtool verify --plan plan.json" in notes[0]
+        assert model_family(cfg) in notes[0]
+
+
+def test_a_fraction_that_failed_is_never_recommended():
+    memory, profile = _memory_and_profile()
+    failed = profile | {"memory_proof": profile["memory_proof"] | {
+        "recommended_mem_fraction_static": None, "failed_mem_fraction_static": [0.885, 0.919]}}
+    kept, notes = apply_proof(memory, failed, load_model_config("qwen3-30b-a3b"), H100)
+    assert kept.mem_fraction_static < 0.885
+    assert "unproven" in notes[0]
+
+
+def test_families():
+    assert [model_family(load_model_config(m)) for m in ("llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite")] == [
+        "dense", "MoE", "MLA"]
