@@ -34,8 +34,8 @@ from cgtool.documents.results import CaptureReport, load_document, resolve_docum
 
 @cli_errors
 def check(
-    baseline: Annotated[Path, typer.Argument(help="Baseline report.json or plan.json, or its folder.")],
-    current: Annotated[Path, typer.Argument(help="Current report.json or plan.json, or its folder.")],
+    baseline: Annotated[Path, typer.Argument(help="Baseline report.json, plan.json or verify.json, or its folder.")],
+    current: Annotated[Path, typer.Argument(help="Current report.json, plan.json or verify.json, or its folder.")],
     max_regress: Annotated[str, typer.Option(
         help="Largest allowed growth of memory (and plan figures), e.g. 5%.")] = "5%",
     latency_regress: Annotated[str, typer.Option(
@@ -55,11 +55,13 @@ def check(
     if markdown == "-" and output is not OutputFormat.table:
         raise InputError(f"--markdown - and --format {output.value} both want stdout",
                          "Write the markdown to a file, or drop --format.")
-    before, after = load_document(baseline), load_document(current)
-    _require_consistent_memory((baseline, before), (current, after))
     max_pct = parse_percent(max_regress, "--max-regress")
     latency_pct = parse_percent(latency_regress, "--latency-regress")
-    comparison = _compare(before, after, metric, max_pct, latency_pct, force)
+    comparison = _compare_verifies(baseline, current, max_pct)  # two verify.json: proven memory
+    if comparison is None:
+        before, after = load_document(baseline), load_document(current)
+        _require_consistent_memory((baseline, before), (current, after))
+        comparison = _compare(before, after, metric, max_pct, latency_pct, force)
     summary = comparison_markdown(comparison, str(baseline), str(current)) if markdown else ""
     if markdown == "-":
         console.print(summary, markup=False, highlight=False, soft_wrap=True)
@@ -79,6 +81,15 @@ def parse_percent(text: str, option: str) -> float:
     if not 0 <= value < 1e6:
         raise InputError(f"{option} {text} is out of range", "Use a percentage of 0 or more.")
     return value
+
+
+def _compare_verifies(baseline: Path, current: Path, max_pct: float) -> Comparison | None:
+    from cgtool.verify.gate import compare_verifies
+    from cgtool.verify.result import is_verify_document, load_verify
+
+    if not (is_verify_document(baseline) and is_verify_document(current)):
+        return None
+    return compare_verifies(load_verify(baseline), load_verify(current), max_pct)
 
 
 def _require_consistent_memory(*documents: tuple[Path, CaptureReport | Plan]) -> None:

@@ -154,6 +154,7 @@ def plan_memory_rows(plan: Plan) -> TableData:
         [label_cell("activation_bytes", "activations (eager peak)"), _gib(memory.activation_bytes),
          _gib(memory.activation_bytes)],
         [label_cell("margin_bytes", margin), _gib(memory.margin_bytes), _gib(default["margin_bytes"])],
+        *_margin_part_rows(memory),
         [label_cell("kv_bytes", "KV cache"), _gib(memory.kv_bytes), _gib(default["kv_bytes"])],
         [label_cell("kv_tokens", "KV tokens"), _opt(memory.kv_tokens, "{:,}".format),
          _opt(memory.default_kv_tokens, "{:,}".format)],
@@ -188,6 +189,14 @@ def _engine_buffer_rows(memory: PlanMemory) -> list[list[str]]:
         [label_cell("static_input_bytes", "  of which static inputs + fp32 logits"),
          _mib(memory.static_input_bytes), _mib(memory.default_static_input_bytes)],
     ]
+
+
+def _margin_part_rows(memory: PlanMemory) -> list[list[str]]:
+    """The margin's named parts, each with its source (cgtool.planner.margin)."""
+    from cgtool.planner.margin import SOURCES
+
+    return [[f"  {name.replace('_', ' ')} ({SOURCES.get(name, 'unstated')})", _mib(part), "-"]
+            for name, part in (memory.margin_parts or {}).items()]
 
 
 def _default_memory(plan: Plan) -> dict[str, float | None]:

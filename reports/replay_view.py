@@ -28,7 +28,7 @@ def metric_rows(result: ReplayResult) -> TableData:
     for m in result.metrics:
         error = f"{m.error:.3f}" if not m.unit else f"{100 * m.error:+.1f}%"
         predicted = "-" if not m.unit else _number(m.predicted, m.unit)
-        rows.append([m.name, m.unit or "TVD", _number(m.measured, m.unit), predicted, error, m.source])
+        rows.append([m.name, m.unit or "TVD", _number(m.measured, m.unit), predicted, error, Path(m.source).name])
     s = result.settings
     title = (f"Measured vs predicted: {s.requests} requests at load {s.load:g}, {s.schedule} schedule "
              f"({len(s.capture_bs)} decode, {len(s.capture_num_tokens)} piecewise graphs)")
@@ -95,7 +95,7 @@ def _histogram_figure(result: ReplayResult) -> Figure:
     measured, predicted = result.measured, result.predictions[0].summary
     assert measured is not None
     for summary, colour, label, offset in ((measured, _MEASURED, "measured", -0.2),
-                                           (predicted, _PREDICTED, f"predicted ({result.predictions[0].source})", 0.2)):
+                                           (predicted, _PREDICTED, f"predicted ({Path(result.predictions[0].source).name})", 0.2)):
         counts = np.array(summary.decode_counts, dtype=np.float64)
         share = counts / counts.sum() if counts.sum() else counts
         ax.bar(np.array(summary.decode_sizes) + offset, share, width=0.4, color=colour, label=label)

@@ -74,6 +74,8 @@ def proof_rows(result: VerifyResult) -> TableData:
             rows.append(["ran out of memory", h.failed_step])
     recommended = result.recommended_mem_fraction_static
     rows.append(["recommended", "none" if recommended is None else f"{recommended:g}"])
+    if result.recommended_kv_tokens is not None:
+        rows.append(["KV tokens a fresh server gets there", f"{result.recommended_kv_tokens:,}"])
     if result.default_kv_tokens is not None:
         rows.append(["SGLang default's KV tokens", f"{result.default_kv_tokens:,}"])
     return TableData("Largest safe fraction", ["", "value"], rows,

@@ -25,21 +25,21 @@ run() {
   echo "## capture's tables, from the committed H100 report"
   echo
   echo "\`cgtool capture\` needs a GPU; \`cgtool report\` reprints the same size and totals tables"
-  echo "from the report it wrote (NVIDIA H100 80GB HBM3, 2026-11-23, \`benchmarks/h100-2026-11-23\`)."
+  echo "from the report it wrote (NVIDIA H100 80GB HBM3, 2026-11-24, \`benchmarks/results/h100-2026-11-24-capture-session\`)."
   echo
-  run report benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json --out "$out/capture"
+  run report benchmarks/results/h100-2026-11-24-capture-session/speed/runs/speed-llama-3.1-8b/report.json --out "$out/capture"
   echo "## plan"
   echo
   run plan --trace examples/azure-conv-first-1000.jsonl --gpu H100-80GB --out "$out/plan"
   echo "## check"
   echo
-  run check benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json \
-    benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json --metric retained_mem,peak_mem
+  run check benchmarks/results/h100-2026-11-24-capture-session/speed/runs/speed-llama-3.1-8b/report.json \
+    benchmarks/results/h100-2026-11-24-capture-session/speed/runs/speed-llama-3.1-8b-again/report.json --metric retained_mem,peak_mem
   echo "## errors: one line each, exit 2"
   echo
   run plan --trace examples/azure-conv-first-1000.jsonl --budget-graphs -3
   run plan --trace examples/azure-conv-first-1000.jsonl --budget-graph 3
-  run check benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json \
-    benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json --markdown /proc/nowhere/x.md
+  run check benchmarks/results/h100-2026-11-24-capture-session/speed/runs/speed-llama-3.1-8b/report.json \
+    benchmarks/results/h100-2026-11-24-capture-session/speed/runs/speed-llama-3.1-8b/report.json --markdown /proc/nowhere/x.md
 } > "$doc"
 echo "wrote $doc"

@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark, for the GPU machine: the gpu-marked tests, then the capture
 # benchmarks, then one table. Usage: scripts/gpu-check.sh [tests|speed|decode|piecewise|both|prefill|compile|all|tp|verify|hidden|moe|vit]...
-# `hostgap` (by name only): scripts/bench_eager.py --after-compile and scripts/bench_replay.py.
-# `linear` (by name only): scripts/bench_linear.py, decode-size linear layers.
-# `eagercap` (by name only): scripts/bench_eager.py --after-captures, twice: the eager step before
+# `hostgap` (by name only): benchmarks/bench_eager.py --after-compile and benchmarks/bench_replay.py.
+# `linear` (by name only): benchmarks/bench_linear.py, decode-size linear layers.
+# `eagercap` (by name only): benchmarks/bench_eager.py --after-captures, twice: the eager step before
 # and after the 36 default decode graphs are captured in the process.
 # `replay-ab` (by name only): decode-size linears read cold from HBM (cuBLAS, cuBLASLt, Triton
 # GEMVs), then bs-1 replay captured under cuBLAS and cuBLASLt in alternating rounds, and after heat.
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
-# `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then scripts/bench_prefill_backends.py in $OUT/engines.
+# `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
+# `moe-mla` (by name only): scripts/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
 # (VERIFY_TRACE=path adds a Mooncake conversation trace, skipped when absent; VERIFY_PARTS picks
 # and orders "tests azure mooncake").
 # `memory` (by name only): per MEM_RUNS ("model:trace:format ...") plan, verify with its
-# proven fraction, and plan --profile verify.json; then issue 32's memory parts (scripts/bench_memory_parts.py,
+# proven fraction, and plan --profile verify.json; then issue 32's memory parts (benchmarks/bench_memory_parts.py,
 # MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
-# `tp` (two GPUs): tensor-parallel GPU tests and scripts/bench_tp.py, logs and reports in $OUT/tp.
+# `tp` (two GPUs): tensor-parallel GPU tests and benchmarks/bench_tp.py, logs and reports in $OUT/tp.
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
 OUT=${OUT:-gpu-out}
@@ -39,7 +40,7 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
   # A fresh compile cache: each model's first run traces, "again" (and --profile) reuse it.
   export CGTOOL_CACHE_DIR="$OUT/compile-cache-speed"; rm -rf "$CGTOOL_CACHE_DIR"
   echo "[$(ts)] eager bench"
-  python3 scripts/bench_eager.py --model llama-3.1-8b --out "$OUT/runs/eager-llama-3.1-8b.json" \
+  python3 benchmarks/bench_eager.py --model llama-3.1-8b --out "$OUT/runs/eager-llama-3.1-8b.json" \
     >"$OUT/runs/eager.log" 2>&1; tail -30 "$OUT/runs/eager.log"
   walls=()
   # "MODEL KIND [--profile|again]"; a decode-only run shows what counting kernels costs
@@ -56,7 +57,7 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
     walls+=("$OUT/runs/$name=$wall")
   done
   ls -la "$OUT"/runs/speed-llama-3.1-8b-profile/*.pickle "$OUT"/runs/speed-llama-3.1-8b-profile/*.json 2>/dev/null
-  python3 scripts/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
+  python3 benchmarks/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
 fi
 if want tests; then
   # GPU_TESTS narrows the run to some files or tests (default: every gpu-marked test).
@@ -65,33 +66,33 @@ if want tests; then
 fi
 if [[ " $stages " == *" linear "* ]]; then  # issue 14: decode-size linears, cuBLAS against a Triton GEMV
   echo "[$(date +%H:%M:%S)] linear bench"
-  python3 scripts/bench_linear.py --out "$OUT/runs/linear.json" 2>&1 | tee "$OUT/runs/linear.log" | tail -90
+  python3 benchmarks/bench_linear.py --out "$OUT/runs/linear.json" 2>&1 | tee "$OUT/runs/linear.log" | tail -90
   echo "[$(date +%H:%M:%S)] linear bench exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" replay-ab "* ]]; then  # issue 14: replay against the roofline
   echo "[$(date +%H:%M:%S)] linear bench, cold weights"
-  python3 scripts/bench_linear.py --cold --m "${LINEAR_M:-1,4,16}" --out "$OUT/runs/linear-cold.json" 2>&1 \
+  python3 benchmarks/bench_linear.py --cold --m "${LINEAR_M:-1,4,16}" --out "$OUT/runs/linear-cold.json" 2>&1 \
     | tee "$OUT/runs/linear-cold.log" | tail -120
   echo "[$(date +%H:%M:%S)] replay under each BLAS library, and after heat"
-  python3 scripts/bench_replay.py --bs 1 --blas cublas,cublaslt --heat "${HEAT_S:-15}" \
+  python3 benchmarks/bench_replay.py --bs 1 --blas cublas,cublaslt --heat "${HEAT_S:-15}" \
     --out "$OUT/runs/replay-ab.json" 2>&1 | tee "$OUT/runs/replay-ab.log" | tail -40
   echo "[$(date +%H:%M:%S)] replay-ab done"
 fi
 if [[ " $stages " == *" hostgap "* ]]; then  # issue 14: eager after dynamo compiled, replay's launch gap
   echo "[$(date +%H:%M:%S)] eager bench, before and after the piecewise compile"
-  python3 scripts/bench_eager.py --model llama-3.1-8b --after-compile --out "$OUT/runs/eager-after-compile.json" \
+  python3 benchmarks/bench_eager.py --model llama-3.1-8b --after-compile --out "$OUT/runs/eager-after-compile.json" \
     >"$OUT/runs/eager-after-compile.log" 2>&1; echo "exit $?"; tail -42 "$OUT/runs/eager-after-compile.log"
   echo "[$(date +%H:%M:%S)] eager prefill of 4 tokens (piecewise's eager path)"
-  python3 scripts/bench_eager.py --model llama-3.1-8b --extend 4 --out "$OUT/runs/eager-extend4.json" \
+  python3 benchmarks/bench_eager.py --model llama-3.1-8b --extend 4 --out "$OUT/runs/eager-extend4.json" \
     >"$OUT/runs/eager-extend4.log" 2>&1; echo "exit $?"; tail -62 "$OUT/runs/eager-extend4.log"
   echo "[$(date +%H:%M:%S)] replay bench"
-  python3 scripts/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
+  python3 benchmarks/bench_replay.py --model llama-3.1-8b --after-compile --out "$OUT/runs/replay.json" 2>&1 | tee "$OUT/runs/replay.log" | tail -8
   echo "[$(date +%H:%M:%S)] done"
 fi
 if [[ " $stages " == *" eagercap "* ]]; then  # issue 14: eager step before and after the decode captures
   for round in 1 2; do
     echo "[$(date +%H:%M:%S)] eager bench, before and after capturing the decode graphs ($round)"
-    python3 scripts/bench_eager.py --model llama-3.1-8b --after-captures --out "$OUT/runs/eager-after-captures-$round.json" \
+    python3 benchmarks/bench_eager.py --model llama-3.1-8b --after-captures --out "$OUT/runs/eager-after-captures-$round.json" \
       >"$OUT/runs/eager-after-captures-$round.log" 2>&1; echo "exit $?"; tail -28 "$OUT/runs/eager-after-captures-$round.log"
   done
 fi
@@ -113,7 +114,7 @@ for path in sys.argv[1:]:
     phases = ", ".join(f"{k} {v:.2f}" for k, v in phase_s.items())
     print(f"{path}: compile cache {t.get('compile_cache')}; compile {phase_s.get('compile', 0):.2f} s; {phases}")
 PY
-  python3 scripts/bench_compile_cache.py --model llama-3.1-8b --device cuda --tokens 4096 \
+  python3 benchmarks/bench_compile_cache.py --model llama-3.1-8b --device cuda --tokens 4096 \
     --rounds 2 --out "$OUT/runs/compile-cache-bench.json" 2>&1 | tail -4
 fi
 if [[ " $stages " == *" hidden "* ]]; then  # issue 17: hidden-state modes, NULL then FULL recapture
@@ -129,6 +130,12 @@ if [[ " $stages " == *" moe "* ]]; then  # issue 19: MoE/MLA presets, decode at 
       ${MOE_ARGS:-} --out "$OUT/runs/moe-$m" >"$OUT/runs/moe-$m.log" 2>&1
     echo "[$(date +%H:%M:%S)] moe $m exit $?"; tail -25 "$OUT/runs/moe-$m.log"
   done
+fi
+if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA kernels against their limits
+  echo "[$(date +%H:%M:%S)] bench_moe_mla ${MOE_MLA_ARGS:-}"
+  timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 scripts/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
+    2>&1 | tee "$OUT/moe-mla.log"
+  echo "[$(date +%H:%M:%S)] bench_moe_mla exit ${PIPESTATUS[0]}"
 fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \
@@ -154,13 +161,13 @@ if want both; then
 fi
 if want prefill; then
   for m in qwen2.5-0.5b llama-3.1-8b; do
-    python3 scripts/bench_piecewise.py --model $m --out "$OUT/runs/prefill-$m.json" 2>&1 \
+    python3 benchmarks/bench_piecewise.py --model $m --out "$OUT/runs/prefill-$m.json" 2>&1 \
       | tee "$OUT/runs/prefill-$m.log" | tail -8
   done
 fi
 if want compile; then
   for m in qwen2.5-0.5b llama-3.1-8b; do
-    python3 scripts/bench_compile.py --model $m --out "$OUT/runs/compile-$m.json" 2>&1 \
+    python3 benchmarks/bench_compile.py --model $m --out "$OUT/runs/compile-$m.json" 2>&1 \
       | tee "$OUT/runs/compile-$m.log" | tail -42
   done
 fi
@@ -181,7 +188,7 @@ if [[ " $stages " == *" tp "* ]]; then  # asked for by name only (not in "all"):
   # Time limits: a collective that never matches hangs rather than fails.
   timeout -k 10 "${TP_TEST_TIMEOUT:-900}" python3 -m pytest -q -s -m gpu -p no:cacheprovider \
     tests/test_tp_gpu.py 2>&1 | tee "$OUT/tp/gpu-tests.log" | tail -30
-  timeout -k 10 "${TP_BENCH_TIMEOUT:-1800}" python3 scripts/bench_tp.py --model llama-3.1-8b \
+  timeout -k 10 "${TP_BENCH_TIMEOUT:-1800}" python3 benchmarks/bench_tp.py --model llama-3.1-8b \
     --out "$OUT/tp" 2>&1 | tee "$OUT/tp/bench.log" | tail -30
 fi
 if [[ " $stages " == *" verify "* ]]; then  # asked for by name only
@@ -213,7 +220,7 @@ if [[ " $stages " == *" prefill-backends "* ]]; then  # issue 38, by name only: 
   timeout -k 10 "${PREFILL_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
     tests/test_breakable.py >"$E/gpu-tests.log" 2>&1
   echo "[$(date +%H:%M:%S)] breakable GPU tests exit $?" | tee -a "$E/stage.log"; tail -15 "$E/gpu-tests.log"
-  python3 scripts/bench_prefill_backends.py --out "$E" --models "${PREFILL_MODELS:-llama-3.1-8b,qwen3-30b-a3b}" \
+  python3 benchmarks/bench_prefill_backends.py --out "$E" --models "${PREFILL_MODELS:-llama-3.1-8b,qwen3-30b-a3b}" \
     --tokens "${PREFILL_TOKENS:-256,1024,4096}" 2>&1 | tee -a "$E/stage.log"
 fi
 if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory parts, then verify's proven fraction
@@ -233,7 +240,7 @@ if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory par
   done
   if [[ -n "${MEM_PARTS:-1}" ]]; then
     mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
-    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 scripts/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
+    timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 benchmarks/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
       --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"
   fi
   tar czf "$OUT/memory.tgz" -C "$OUT" memory && rm -rf "$M"
@@ -241,10 +248,12 @@ fi
 if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool replay against the simulator
   R="$OUT/replay"; mkdir -p "$R"
   rstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/replay-stage.log"; }
-  rstamp "replay GPU tests"
-  timeout -k 10 "${REPLAY_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/test_replay_gpu.py >"$R/gpu-tests.log" 2>&1
-  rstamp "replay GPU tests exit $?"; tail -5 "$R/gpu-tests.log" | tee -a "$OUT/replay-stage.log"
+  if [[ -z "${REPLAY_SKIP_TESTS:-}" ]]; then
+    rstamp "replay GPU tests"
+    timeout -k 10 "${REPLAY_TESTS_TIMEOUT:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+      tests/test_replay_gpu.py >"$R/gpu-tests.log" 2>&1
+    rstamp "replay GPU tests exit $?"; tail -5 "$R/gpu-tests.log" | tee -a "$OUT/replay-stage.log"
+  fi
   # Slices: the first N requests of each trace, planned at the load they are replayed at.
   head -"${REPLAY_AZURE_N:-300}" examples/azure-conv-first-1000.jsonl >"$R/azure.jsonl"
   head -"${REPLAY_MOONCAKE_N:-70}" examples/mooncake-conv-first-200.jsonl >"$R/mooncake.jsonl"
@@ -258,14 +267,18 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
     --tokens "${REPLAY_PROFILE_TOKENS:-64,128,256,512,1024,2048,4096,8192}" --out "$R/capture" >"$R/capture.log" 2>&1
   rstamp "profile capture exit $?"; grep -E "^\[ *[0-9.]+ s\]" "$R/capture.log" | tail -4
   cases=() ; a="$R/azure.jsonl,$R/plan-azure/plan.json"; m="$R/mooncake.jsonl,$R/plan-mooncake/plan.json"
-  for rep in 1 2; do cases+=(--case "azure-default-$rep=$a,default,${REPLAY_AZURE_N:-300},$az_load" --case "mooncake-default-$rep=$m,default,${REPLAY_MOONCAKE_N:-70},$mc_load"
-    --case "azure-plan-$rep=$a,plan,${REPLAY_AZURE_N:-300},$az_load" --case "mooncake-plan-$rep=$m,plan,${REPLAY_MOONCAKE_N:-70},$mc_load"); done
-  python3 scripts/bench_replay_trace.py run --out "$R/runs" --budget-s "${REPLAY_BUDGET_S:-400}" "${cases[@]}" 2>&1 | tee -a "$OUT/replay-stage.log"
-  [[ -f "$R/capture/report.json" ]] && python3 scripts/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
+  # REPLAY_CASES: "slice-schedule-repeat" names, in the order run (the budget skips the last).
+  for c in ${REPLAY_CASES:-azure-default-1 mooncake-default-1 azure-plan-1 mooncake-plan-1 azure-default-2 mooncake-default-2 azure-plan-2 mooncake-plan-2}; do
+    IFS=- read -r slice schedule _ <<<"$c"
+    if [[ $slice == azure ]]; then cases+=(--case "$c=$a,$schedule,${REPLAY_AZURE_N:-300},$az_load")
+    else cases+=(--case "$c=$m,$schedule,${REPLAY_MOONCAKE_N:-70},$mc_load"); fi
+  done
+  python3 benchmarks/bench_replay_trace.py run --out "$R/runs" --budget-s "${REPLAY_BUDGET_S:-400}" "${cases[@]}" 2>&1 | tee -a "$OUT/replay-stage.log"
+  compgen -G "$R/runs/*.json" >/dev/null && [[ -f "$R/capture/report.json" ]] && python3 benchmarks/bench_replay_trace.py predict --profile "$R/capture/report.json" --gpu "$gpu" \
     "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
   tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
   rm -rf "$R"
 fi
-python3 scripts/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
+python3 benchmarks/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)
 rm -rf "$OUT/runs" "$OUT/verify"

@@ -15,17 +15,21 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "azure-conv-first-1000.jso
 LLAMA = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")
 
-# llama-3.1-8b on one H100-80GB, from the config and the datasheet, by hand:
+# llama-3.1-8b on one H100-80GB, from the config, the datasheet and the margin's measured
+# parts (cgtool.planner.margin), by hand:
 #   parameters  2 x 128,256 x 4,096 (embedding, LM head) + 32 x (2 x 4,096^2 + 2 x 4,096 x 1,024
 #               + 3 x 4,096 x 14,336 + 2 x 4,096) + 4,096 = 8,030,261,248 -> 16,060,522,496 B bf16
-#   memory      81,559 MiB = 85,521,448,960 B; margin 5% of it = 4,276,072,448 B
-#   room        85,521,448,960 - 16,060,522,496 - 4,276,072,448 = 65,184,854,016 B
+#   memory      81,559 MiB = 85,521,448,960 B
+#   margin that no limit scales: CUDA context 619 MiB + cuBLAS 136 MiB + first forward 165 MiB
+#               + headroom 1.5 GiB = 2,575,302,656 B
+#   room        85,521,448,960 - 16,060,522,496 - 2,575,302,656 = 66,885,623,808 B
 # One running request at SGLang:
 #   req_to_token row 131,072 x 4 B = 524,288; one KV token 32 x 2 x 8 x 128 x 2 B = 131,072;
-#   eager decode activations 2 x [(4 x 4,096 + 4,096 + 2 x 1,024 + 3 x 14,336) x 2 B
-#   + 128,256 x 4 B fp32 logits] = 2 x (131,072 + 513,024) = 1,288,192  -> 1,943,552 B
-#   65,184,854,016 // 1,943,552 = 33,538
-LLAMA_H100_MAX_RUNNING = 33_538
+#   eager activations (4 x 4,096 + 4,096 + 2 x 1,024 + 3 x 14,336) x 2 B = 131,072; the decode
+#   kernel's fp32 partials 32 heads x 16 splits x 129 x 4 B = 264,192; the sampler's logits
+#   128,256 x 12.1 B = 1,551,897  -> 2,602,521 B
+#   66,885,623,808 // 2,602,521 = 25,700
+LLAMA_H100_MAX_RUNNING = 25_700
 
 
 def test_max_running_bound_is_what_the_gpu_holds_by_hand():
@@ -36,7 +40,7 @@ def test_the_bound_admits_the_engines_own_defaults_and_refuses_one_more():
     # SGLang's default request pool tops out at 4,096, vLLM's max_num_seqs at 1,024.
     for value in (4096, LLAMA_H100_MAX_RUNNING):
         PlanRequest(cfg=LLAMA, gpu=H100, max_running_requests=value)
-    with pytest.raises(InputError, match="--max-running-requests 33539 .* at most 33,538"):
+    with pytest.raises(InputError, match="--max-running-requests 25701 .* at most 25,700"):
         PlanRequest(cfg=LLAMA, gpu=H100, max_running_requests=LLAMA_H100_MAX_RUNNING + 1)
 
 
@@ -48,7 +52,7 @@ def test_huge_max_running_requests_is_one_line_exit_2_before_the_trace_is_read(v
     assert result.exit_code == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: --max-running-requests {value} ")
-    assert "Pass --max-running-requests 33538 or less" in lines[0]
+    assert "Pass --max-running-requests 25700 or less" in lines[0]
 
 
 def test_huge_chunked_prefill_size_is_one_line_exit_2():

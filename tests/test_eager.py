@@ -8,7 +8,8 @@ from planner_fixture import CFG, H100, REPORT
 from cgtool.planner.eager import eager_range
 from cgtool.planner.profile_fit import profile_cost
 
-MEASURED = Path(__file__).parent.parent / "benchmarks" / "h100-2026-11-23-r2" / "both-llama-3.1-8b.report.json"
+MEASURED = (Path(__file__).parent.parent / "benchmarks" / "results" / "h100-2026-11-23-eager-host-bound"
+            / "both-llama-3.1-8b.report.json")
 
 
 def test_roofline_plans_against_a_low_and_a_high_eager_cost(roofline):
@@ -44,7 +45,7 @@ def test_the_low_end_gives_graphs_the_gain_seed_001_states(roofline):
 
 
 def test_the_high_end_is_the_eager_step_measured_on_the_h100_host(roofline):
-    # The capture the figure was read from (benchmarks/h100-2026-11-23-r2): eager decode at
+    # The capture the figure was read from (benchmarks/results/h100-2026-11-23-eager-host-bound): eager decode at
     # bs 1 took 34.49 ms there, at 93 us of host time a kernel.
     report = json.loads(MEASURED.read_text())
     eager_bs1 = next(s["eager_ms"] for s in report["sizes"] if s["kind"] == "decode" and s["size"] == 1)

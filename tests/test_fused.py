@@ -7,7 +7,7 @@ from cgtool.attention import make_backend
 from cgtool.specs.config import load_model_config
 from cgtool.runtime.engine import ModelRunner, extend_batch
 from cgtool.runtime.kv import KVPool
-from cgtool.model import fused
+from cgtool.model import fused, fused_launch
 from cgtool.model.layers import RotaryEmbedding
 from cgtool.model.loader import build_model
 
@@ -79,7 +79,7 @@ def test_in_place_fused_add_rms_norm_writes_over_its_inputs_with_the_same_values
     weight = _randn(48, dtype=dtype)
     expected_normed, expected_residual = fused.fused_add_rms_norm_ref(x, residual, weight, 1e-5)
     x_ptr, residual_ptr = x.data_ptr(), residual.data_ptr()
-    normed, new_residual = fused._launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
+    normed, new_residual = fused_launch.launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
     assert (normed.data_ptr(), new_residual.data_ptr()) == (x_ptr, residual_ptr)
     _assert_close(new_residual, expected_residual)
     _assert_close(normed, expected_normed)
@@ -91,10 +91,10 @@ def test_in_place_fused_add_rms_norm_allocates_where_the_output_dtype_differs():
     x, residual = _randn(4, 32, dtype=torch.bfloat16), _randn(4, 32, dtype=torch.bfloat16)
     weight = _randn(32, dtype=torch.float32)
     x_before, residual_before = x.clone(), residual.clone()
-    normed, new_residual = fused._launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
+    normed, new_residual = fused_launch.launch_rms_norm(x, residual, weight, 1e-5, in_place=True)
     assert normed.dtype == torch.float32
     assert torch.equal(x, x_before) and torch.equal(residual, residual_before)
-    expected_normed, expected_residual = fused._launch_rms_norm(x, residual, weight, 1e-5)
+    expected_normed, expected_residual = fused_launch.launch_rms_norm(x, residual, weight, 1e-5)
     assert torch.equal(normed, expected_normed) and torch.equal(new_residual, expected_residual)
 
 
@@ -132,7 +132,7 @@ def _check_rope_store(n, heads, kv_heads, head_dim, dtype, max_positions, device
     q, k, v, loc, (k_cache, v_cache) = _rope_store_case(n, heads, kv_heads, head_dim, dtype, device=device)
     cos_sin = _cos_sin(head_dim, max_positions, device=device)
     positions = torch.randint(0, max_positions, (n,), device=device)
-    q_out = fused._launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
+    q_out = fused_launch.launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
     # Exactly what the separate rope kernel and store write: the same arithmetic, one launch.
     q_rope, k_rope = torch.ops.cgtool.apply_rope(q, k, positions, cos_sin)
     exact = {"rtol": 0, "atol": 0}
@@ -157,11 +157,11 @@ def test_rope_and_store_from_the_unsplit_qkv_writes_what_it_writes_from_the_view
     q, k, v, loc, (k_cache, v_cache) = _rope_store_case(n, heads, kv_heads, head_dim, dtype)
     qkv = q.reshape(n, -1)._base  # the one qkv output the three views share
     cos_sin, positions = _cos_sin(head_dim, 64), torch.randint(0, 64, (n,), device=DEVICE)
-    q_views = fused._launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc).clone()
+    q_views = fused_launch.launch_rope_and_store(q, k, v, positions, cos_sin, k_cache, v_cache, loc).clone()
     caches = [c.clone() for c in (k_cache, v_cache)]
     for c in (k_cache, v_cache):
         c.fill_(float("nan"))
-    q_qkv = fused._launch_rope_and_store_qkv(qkv, heads, kv_heads, head_dim, positions, cos_sin, k_cache, v_cache, loc)
+    q_qkv = fused_launch.launch_rope_and_store_qkv(qkv, heads, kv_heads, head_dim, positions, cos_sin, k_cache, v_cache, loc)
     exact = {"rtol": 0, "atol": 0, "equal_nan": True}
     torch.testing.assert_close(q_qkv, q_views.view(n, heads * head_dim), **exact)
     torch.testing.assert_close(k_cache, caches[0], **exact)
@@ -175,7 +175,7 @@ def test_rope_and_store_from_the_unsplit_qkv_writes_what_it_writes_from_the_view
 def test_rope_and_store_refuses_fewer_slots_than_tokens():
     q, k, v, loc, (k_cache, v_cache) = _rope_store_case(4, 2, 1, 8, torch.float32)
     with pytest.raises(ValueError, match="3 KV slots for 4 tokens"):
-        fused._launch_rope_and_store(q, k, v, torch.arange(4, device=DEVICE), _cos_sin(8, 8), k_cache, v_cache, loc[:3])
+        fused_launch.launch_rope_and_store(q, k, v, torch.arange(4, device=DEVICE), _cos_sin(8, 8), k_cache, v_cache, loc[:3])
 
 
 def test_rope_and_store_reference_rotates_q_and_stores_k_and_v_by_hand():
@@ -198,7 +198,7 @@ def test_rope_and_store_reference_rotates_q_and_stores_k_and_v_by_hand():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul_matches_reference_across_blocks(dtype):
-    gate_up = _randn(3, 2 * (fused.SILU_BLOCK + 76), dtype=dtype) * 4  # a full block and a tail
+    gate_up = _randn(3, 2 * (fused_launch.SILU_BLOCK + 76), dtype=dtype) * 4  # a full block and a tail
     _assert_close(torch.ops.cgtool.silu_and_mul(gate_up), fused.silu_and_mul_ref(gate_up))
 
 

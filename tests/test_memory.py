@@ -8,6 +8,7 @@ from cgtool.planner.memory import (
     activation_bytes,
     kv_tokens_at,
     margin_bytes,
+    margin_parts,
     plan_memory,
     sglang_default_mem_fraction,
     vllm_default_pool,
@@ -67,7 +68,9 @@ def test_recommended_fraction_leaves_activations_graphs_and_the_margin_free():
     assert (
         free - (memory.activation_bytes + memory.graph_bytes + memory.margin_bytes) < 0.001 * H100
     )
-    assert memory.margin_bytes == margin_bytes(H100) >= 2 * GIB
+    assert memory.margin_bytes == margin_bytes(CFG, 256) == sum(memory.margin_parts.values())
+    assert {"cuda_context", "cublas_workspaces", "sampler_logits", "first_forward", "fragmentation",
+            "headroom"} == set(memory.margin_parts)
 
 
 def test_kv_tokens_are_the_static_share_minus_weights():
@@ -133,8 +136,9 @@ def test_tp2_sizes_each_gpu_from_its_shard():
     # every KV token costs this GPU 4 of the 8 KV heads: 65536 bytes instead of 131072
     assert two.kv_bytes == two.kv_tokens * 65_536
     assert one.kv_bytes == one.kv_tokens * 131_072
-    # NCCL's buffers are kept free beside the margin
-    assert two.margin_bytes == margin_bytes(H100) + 2 * GIB // 8
+    # NCCL's buffers are a part of the margin; the fragmentation share shrinks with the shard
+    assert two.margin_parts["nccl"] == 2 * GIB // 8 and "nccl" not in one.margin_parts
+    assert two.margin_parts["fragmentation"] < one.margin_parts["fragmentation"]
     free = (1 - two.mem_fraction_static) * H100
     assert free >= two.activation_bytes + two.graph_bytes + two.margin_bytes
     assert two.kv_tokens == kv_tokens_at(CFG, H100, two.mem_fraction_static, tp_size=2)
@@ -143,11 +147,9 @@ def test_tp2_sizes_each_gpu_from_its_shard():
 
 def test_activations_shrink_with_tp_but_the_gathered_logits_do_not():
     assert activation_bytes(CFG, 8192, 256, tp_size=2) < activation_bytes(CFG, 8192, 256)
-    # A decode of 4096 requests at tp 8, twice (slack) 4096 rows of: hidden states 4 x 4096,
-    # this GPU's q (4 heads), k and v (1 head each) and MLP (3 x 14336 / 8) in bf16, then fp32
-    # logits over the whole vocabulary, gathered from every GPU's rows.
-    row = (4 * 4096 + 4 * 128 + 2 * 128 + 3 * 1792) * 2 + 128_256 * 4
-    assert activation_bytes(CFG, 64, 4096, tp_size=8) == 2 * 4096 * row
+    # The logits are gathered whole on every GPU: the sampler's part of the margin keeps them.
+    one = margin_parts(CFG, 4096)["sampler_logits"]
+    assert margin_parts(CFG, 4096, tp_size=8)["sampler_logits"] == one
 
 
 def test_replicated_kv_heads_stop_the_kv_saving():

@@ -10,13 +10,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cgtool.model.moe import Experts, experts_ref
-from cgtool.model.moe_triton import align_block_size, block_m_for, fused_experts, max_padded_pairs
+from cgtool.model.moe import Experts, SparseMoE, experts_ref, route, use_moe_backend
+from cgtool.model.moe_routing import ONE_PROGRAM_PAIRS, route_topk
+from cgtool.model.moe_triton import (
+    CONFIGS,
+    align_block_size,
+    block_m_for,
+    experts_config,
+    fused_experts,
+    max_padded_pairs,
+)
+from cgtool.specs.config_parts import MoeConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # (num_experts, top_k, num_tokens): one token; counts not a multiple of the 16-row block;
 # top_k equal to the expert count; enough pairs per expert for a 64-row block.
 CASES = [(4, 1, 1), (8, 2, 1), (8, 2, 5), (16, 4, 33), (6, 6, 3), (4, 2, 130)]
+# Past ONE_PROGRAM_PAIRS the alignment spreads over many programs.
+SPREAD_CASE = (16, 4, ONE_PROGRAM_PAIRS // 4 + 37)
 
 
 def _routing(num_tokens, num_experts, top_k, seed=0, device=DEVICE):
@@ -36,7 +47,7 @@ def _experts(num_experts, hidden, inter, dtype, seed=1, device=DEVICE):
 # ---------------------------------------------------------------- alignment
 
 
-@pytest.mark.parametrize("num_experts,top_k,num_tokens", CASES)
+@pytest.mark.parametrize("num_experts,top_k,num_tokens", CASES + [SPREAD_CASE])
 def test_align_puts_every_pair_once_in_a_block_of_its_expert(num_experts, top_k, num_tokens):
     _, ids = _routing(num_tokens, num_experts, top_k)
     block_m = block_m_for(ids.numel(), num_experts)
@@ -69,10 +80,42 @@ def test_max_padded_pairs_bounds_one_partial_block_per_routed_expert():
     assert max_padded_pairs(100, 4, 16) == 160
 
 
-def test_block_m_follows_the_mean_rows_an_expert_gets_within_bounds():
-    assert block_m_for(8, 128) == 16
-    assert block_m_for(4 * 40, 4) == 64
-    assert block_m_for(2048 * 8, 128) == 64
+def test_block_m_follows_the_mean_rows_an_expert_gets():
+    # decode of qwen3-30b-a3b up to bs 64 (4 rows an expert) keeps the 16-row block that
+    # tl.dot needs at least; an 8k-token extend (512 rows an expert) takes the widest.
+    assert block_m_for(8, 128) == 16 and block_m_for(64 * 8, 128) == 16
+    assert block_m_for(8192 * 8, 128) == max(config.block_m for _, config in CONFIGS)
+    sizes = [experts_config(n * 8, 128).block_m for n in range(1, 9000, 37)]
+    assert sizes == sorted(sizes)
+
+
+@pytest.mark.parametrize("renormalise,scale", [(True, 1.0), (False, 2.5)])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 8, 2), (19, 64, 6), (5, 128, 8), (3, 6, 6)])
+def test_route_topk_kernel_matches_the_torch_routing(renormalise, scale, num_tokens, num_experts, top_k):
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    logits = torch.randn(num_tokens, num_experts, generator=gen, device=DEVICE)
+    moe = MoeConfig(num_experts=num_experts, top_k=top_k, expert_intermediate_size=8,
+                    norm_topk_prob=renormalise, routed_scaling_factor=scale)
+    weights, ids = route_topk(logits, top_k, renormalise, scale)
+    ref_weights, ref_ids = route(logits, moe)
+    assert ids.dtype == torch.int32 and torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+
+
+def test_sparse_moe_on_the_kernels_matches_the_reference(tmp_path):
+    from hf_oracle import make_hf_model
+
+    from cgtool.specs.config import load_model_config
+
+    make_hf_model("deepseek_v2", tmp_path)
+    cfg = load_model_config(str(tmp_path))
+    torch.manual_seed(0)
+    ref = SparseMoE(cfg).to(DEVICE)
+    fused = SparseMoE(cfg).to(DEVICE)
+    fused.load_state_dict(ref.state_dict())
+    use_moe_backend(fused, "triton")
+    x = torch.randn(9, cfg.hidden_size, device=DEVICE)
+    torch.testing.assert_close(fused(x), ref(x), rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- kernel vs reference

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from cgtool.planner.optimiser import (
     MAX_CANDIDATES,
     MIN_GAIN_FRACTION,
-    KindSteps,
+    CostedSteps,
     best_partitions,
     best_shared_partitions,
     candidate_sizes,
@@ -146,7 +146,7 @@ def test_one_list_for_two_kinds_equals_brute_force(seed):
         graph, eager = tables(48, seed)
         sizes = np.unique(rng.integers(1, 49, 5))
         kinds.append(
-            KindSteps(sizes, rng.integers(1, 30, len(sizes)), graph + shift, eager + shift)
+            CostedSteps(sizes, rng.integers(1, 30, len(sizes)), graph + shift, eager + shift)
         )
     candidates = candidate_sizes(np.unique(np.concatenate([k.sizes for k in kinds])), [], 48)
     part = best_shared_partitions(kinds, candidates, 3)

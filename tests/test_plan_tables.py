@@ -18,7 +18,7 @@ from cgtool.documents.results import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_PLAN = ROOT / "tests" / "data" / "reports" / "plan-llama-3.1-8b"
-NEW_PLAN = min((ROOT / "benchmarks").glob("*/plan-*.json"))
+NEW_PLAN = ROOT / "tests" / "data" / "plans" / "plan-1.3-example.json"
 
 
 def _tp2(plan: Plan) -> Plan:

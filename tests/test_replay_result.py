@@ -79,3 +79,39 @@ def test_profile_rows_take_graph_steps_at_their_padded_size_and_eager_at_their_o
     path = tmp_path / "replay.json"
     write_replay(_result(), path)
     assert load_profile(path)["sizes"] == profile["sizes"]
+
+
+def test_attention_price_is_fitted_within_steps_of_one_graph_and_reaches_the_cost_model():
+    from cgtool.planner.profile_fit import profile_cost
+    from cgtool.specs.config import load_model_config
+    from cgtool.specs.gpus import gpu_spec
+
+    result = _result()
+    steps = StepLog()
+    # Decode on graphs 8 and 16: dense 5 and 6 ms, plus 4e-5 ms per context token read.
+    for padded, dense in ((8, 5.0), (16, 6.0)):
+        for context in range(1000, 40_000, 3000):
+            steps.append("decode", padded - 1, padded, 0.0, dense + 4e-5 * context, context, 0.0)
+    steps.append("extend", 512, 512, 0.0, 12.0, 0, 512 * 513 / 2)
+    result.steps = steps
+    profile = replay_as_profile(result)
+    assert profile["attention"]["kv_read_ms_per_token"] == pytest.approx(4e-5)
+    rows = {(r["kind"], r["size"]): r for r in profile["sizes"]}
+    assert rows[("decode", 8)]["replay_ms"] == pytest.approx(5.0)
+    assert rows[("decode", 16)]["replay_ms"] == pytest.approx(6.0)
+    cost = profile_cost(profile, load_model_config("llama-3.1-8b"), gpu_spec("H100-80GB"), max_bs=32,
+                        max_tokens=1024, source="replay.json")
+    assert cost.kv_read_ms_per_token == pytest.approx(4e-5)
+    assert cost.decode_graph_ms[16] == pytest.approx(6.0)
+
+
+def test_near_sizes_are_one_point_so_the_tables_tail_slope_is_not_noise():
+    result = _result()
+    steps = StepLog()
+    for _ in range(20):
+        steps.append("extend", 4090, 4096, 0.0, 100.0, 0, 0.0)
+        steps.append("extend", 2000, 2048, 0.0, 50.0, 0, 0.0)
+    steps.append("extend", 4107, 0, 0.0, 110.0, 0, 0.0)  # one eager step just past the graph
+    result.steps = steps
+    sizes = [r["size"] for r in replay_as_profile(result)["sizes"] if r["kind"] == "piecewise"]
+    assert sizes == [2048, 4096]

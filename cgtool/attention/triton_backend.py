@@ -10,7 +10,7 @@ import torch
 from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention, num_kv_splits_for
 from cgtool.attention.triton_extend import extend_attention
-from cgtool.attention.triton_mla import BLOCK_H, mla_decode_attention, mla_extend_attention
+from cgtool.attention.triton_mla import mla_decode_attention, mla_extend_attention, mla_num_kv_splits
 from cgtool.runtime.batch import ForwardBatch, forward_scratch
 from cgtool.runtime.kv import KVPool
 
@@ -34,8 +34,7 @@ class TritonAttentionBackend(HeadsBackend):
         capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
         scratch = None if capturing else forward_scratch()
         if kv_pool.is_latent:
-            head_blocks = -(-self.num_heads // BLOCK_H)
-            splits = self.num_kv_splits or num_kv_splits_for(bs, head_blocks)
+            splits = self.num_kv_splits or mla_num_kv_splits(bs, self.num_heads)
             mla_decode_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
                 self.scale, splits, scratch,

@@ -29,7 +29,7 @@ MIN_BLOCK_H = 16
 
 
 # Chunks per request: enough programs to keep an H100's 132 SMs busy several times over.
-# On the H100 sweep (scripts/bench_attention.py --sweep, 32/8 heads, head_dim 128) a 32k-token
+# On the H100 sweep (benchmarks/bench_attention.py --sweep, 32/8 heads, head_dim 128) a 32k-token
 # decode at batch size 1 ran in 57 us with 64 chunks against 143 us with 16, while from batch
 # size 8 on more chunks only add partial results to write and merge.
 TARGET_PROGRAMS = 1024
@@ -129,6 +129,7 @@ def merge_head(
     MidOut, MidLse, O, b, head, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    d_start=0,
 ):
     """One head's output from its chunks, weighted by their log-sum-exps.
 
@@ -137,7 +138,7 @@ def merge_head(
     reads the same bits as at its own size, where a split-count-wide sum differed by an ulp."""
     offs_s = tl.arange(0, MERGE_LANES)
     used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = d_start + tl.arange(0, BLOCK_D)  # MLA's 512-wide heads merge in slices
     mask_d = offs_d < HEAD_DIM
     lse_ptrs = MidLse + b * stride_lb + head * stride_lh + offs_s
     part_ptrs = MidOut + b * stride_mb + head * stride_mh + offs_s[:, None] * stride_ms + offs_d[None, :]

@@ -21,7 +21,7 @@ def launch_config(head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages).
 
     SGLang's 128 x 64 tile; 4 warps and 2 stages rather than its 8 and 1 ran 1.3x faster
-    on the H100 sweep (scripts/bench_attention.py --sweep: 2048 causal tokens, 32/8 heads,
+    on the H100 sweep (benchmarks/bench_attention.py --sweep: 2048 causal tokens, 32/8 heads,
     head_dim 128, 128 us against 168 us).
     """
     del head_dim  # one tile serves head_dim 64 and 128

@@ -24,7 +24,13 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention.triton_decode import decode_scratch, merge_splits, split_bounds, store_split
+from cgtool.attention.triton_decode import (
+    MAX_KV_SPLITS,
+    decode_scratch,
+    merge_head,
+    split_bounds,
+    store_split,
+)
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
@@ -34,12 +40,21 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 BLOCK_H = 16
 # tl.dot needs at least 16 along every dimension: narrower parts are padded with masked lanes.
 MIN_DOT = 16
-# Keys per step: a [32, 512] bf16 latent tile is 32 KiB of shared memory per pipeline stage.
-DECODE_BLOCK_N = 32
-EXTEND_BLOCK_M, EXTEND_BLOCK_N = 32, 32
-# A [32, 512] fp32 accumulator plus its [32, 576] query is ~200 registers a thread at 4 warps;
-# 8 warps halve that. Not tuned on the GPU yet.
-EXTEND_WARPS = 8
+# Decode's (keys per step, warps, pipeline stages), the best of issue 33's sweep (H200,
+# 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json) at every batch size
+# and context tried: 64 keys a step at 8 warps, 1.1-1.3x the 32 at 4 before.
+DECODE_TILES = (64, 8, 2)
+# Programs stage 1 aims for. A chunk's partial output is a whole 512-wide latent per head (32
+# KiB fp32 for 16 heads), so each chunk adds writes that the dense kernel's 128-wide heads do
+# not; in the same sweep bs 64 and 256 ran fastest at 4 and 2 chunks, bs 1 at 32-64.
+MLA_TARGET_PROGRAMS = 256
+# The merge reads a head's 64 chunk lanes in slices this wide: a whole [64, 512] fp32 tile
+# per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
+# 1k context ran 1.0 ms where its latent read takes 0.07).
+MERGE_SLICE = 128
+# Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
+# the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
+EXTEND_TILES = (64, 64, 8, 2)
 
 
 @triton.jit
@@ -145,7 +160,28 @@ def _mla_extend_kernel(
     )
 
 
+@triton.jit
+def _mla_merge_kernel(
+    MidOut, MidLse, O, seq_lens,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+    RANK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    merge_head(
+        MidOut, MidLse, O, b, tl.program_id(1), tl.load(seq_lens + b),
+        stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, tl.program_id(2) * BLOCK_D,
+    )
+
+
+def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
+    """A power of two fixed by the batch size, so a captured graph's grid stays valid."""
+    wanted = next_power_of_2(cdiv(MLA_TARGET_PROGRAMS, batch_size * cdiv(num_heads, BLOCK_H)))
+    return max(2, min(MAX_KV_SPLITS, wanted))
+
+
 _MLA_STAGE1 = CachedKernel(_mla_decode_stage1)
+_MLA_MERGE = CachedKernel(_mla_merge_kernel)
 _MLA_EXTEND = CachedKernel(_mla_extend_kernel)
 
 
@@ -168,8 +204,11 @@ def mla_decode_attention(
     out: torch.Tensor,  # [bs, heads, rank], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
+    tiles: tuple[int, int, int] | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1; `tiles`
+    overrides DECODE_TILES (benchmarks)."""
+    block_n, num_warps, num_stages = tiles or DECODE_TILES
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
@@ -179,10 +218,16 @@ def mla_decode_attention(
         q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
-        BLOCK_H=BLOCK_H, BLOCK_N=DECODE_BLOCK_N,
-        NUM_SPLITS=num_kv_splits, num_warps=4, num_stages=2,
+        BLOCK_H=BLOCK_H, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
-    merge_splits(mid_out, mid_lse, out, seq_lens, block_r, DECODE_BLOCK_N)
+    slice_d = min(MERGE_SLICE, block_r)
+    _MLA_MERGE.launch(
+        (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
+        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, num_warps=4, num_stages=1,
+    )
 
 
 def mla_extend_attention(
@@ -191,17 +236,19 @@ def mla_extend_attention(
     out: torch.Tensor,  # [num_tokens, heads, rank], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
-    sm_scale: float, max_extend_len: int,
+    sm_scale: float, max_extend_len: int, tiles: tuple[int, int, int, int] | None = None,
 ) -> None:
-    """`triton_extend.extend_attention` over the latent pool."""
+    """`triton_extend.extend_attention` over the latent pool; `tiles` overrides
+    EXTEND_TILES (benchmarks)."""
+    block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     # Heads vary fastest: the programs of one query block read the same latent rows from L2.
     _MLA_EXTEND.launch(
-        (q.shape[1], req_pool_indices.shape[0], cdiv(max_extend_len, EXTEND_BLOCK_M)), q,
+        (q.shape[1], req_pool_indices.shape[0], cdiv(max_extend_len, block_m)), q,
         latent_cache, out, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
         extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),
         req_to_token.stride(0),
-        RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=EXTEND_BLOCK_M,
-        BLOCK_N=EXTEND_BLOCK_N, num_warps=EXTEND_WARPS, num_stages=2,
+        RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=block_m,
+        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
     )

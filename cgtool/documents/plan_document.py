@@ -253,7 +253,7 @@ class Plan:
             if body[kind]["histogram"]["attention_ms"] is None:
                 del body[kind]["histogram"]["attention_ms"]
         body["simulation"] = {k: v for k, v in body["simulation"].items() if v is not None}
-        for name in _ENGINE_BUFFER_FIELDS:  # SGLang plans only
+        for name in _ENGINE_BUFFER_FIELDS + ("fraction_source", "margin_parts"):  # SGLang, newer plans
             if body["memory"][name] is None:
                 del body["memory"][name]
         # Scenario rows lead with what they are scored on, as the planner wrote them.

@@ -19,6 +19,7 @@ from cgtool.specs.config import ModelConfig
 from cgtool.specs.config_parts import MoeConfig
 from cgtool.model.fused import silu_and_mul_ref
 from cgtool.model.layers import SwiGLU
+from cgtool.model.moe_routing import fused_route
 from cgtool.model.moe_triton import fused_experts
 
 # "torch" runs the reference; "triton" the fused kernel (moe_triton), which reads only the
@@ -89,7 +90,12 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Router logits in fp32 as DeepSeek computes them: near-ties between experts must not
         # flip with the activation dtype.
-        weights, ids = route(F.linear(x.float(), self.gate.weight.float()), self.moe)
+        logits = F.linear(x.float(), self.gate.weight.float())
+        if self.experts.backend == "triton":  # one kernel, not the reference's six
+            moe = self.moe
+            weights, ids = fused_route(logits, moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor)
+        else:
+            weights, ids = route(logits, self.moe)
         if self.active_counts is not None:
             self.active_counts.append(int(ids.unique().numel()))  # a host sync: never while capturing
         out = self.experts(x, weights, ids)

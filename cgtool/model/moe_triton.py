@@ -1,83 +1,84 @@
-"""Fused MoE experts in Triton: align token-expert pairs into blocks, then one grouped GEMM.
+"""Fused MoE experts in Triton: align token-expert pairs into blocks, then grouped GEMMs.
 
 The torch reference (`moe.experts_ref`) runs every expert over every token. Here each
 (token, top-k slot) pair is sorted by its expert into blocks of BLOCK_M rows, every expert's
-rows padded up to a whole block, as SGLang's and vLLM's `moe_align_block_size` do. One
-program of the grouped GEMM multiplies one block by its expert's weights, so only the
-experts the batch routed to are read. Shapes stay static for CUDA graphs: the number of
-blocks is bounded by its worst case for the token count, every count stays on the device,
-and the blocks past the real total return at once.
+rows padded up to a whole block (cgtool.model.moe_routing). One program of a grouped GEMM
+multiplies one block by its expert's weights, so only the experts the batch routed to are
+read. The first GEMM computes each pair's gate and up columns together and applies SiLU in
+its epilogue; the second scales each row by its routing weight; a last kernel sums each
+token's top-k rows. Shapes stay static for CUDA graphs: the number of blocks is bounded by its
+worst case for the token count, every count stays on the device, and the blocks past the
+real total return at once.
+
+Tile shapes follow the mean rows an expert gets, as SGLang's per-shape configs do: at decode
+sizes an expert's block is mostly padding and the GEMM streams weights, so narrow column tiles
+and a deep K pipeline spread the weight read over every SM; at extend sizes wide tiles keep
+the tensor cores fed. The table's figures are from issue 33's sweep (docs/moe-mla.md).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from cgtool.model.fused import silu_and_mul
+from cgtool.model.moe_routing import align_block_size, max_padded_pairs
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
-# Untuned: SGLang's default fused-MoE config for small batches, not yet swept on the H100.
-BLOCK_N, BLOCK_K, NUM_WARPS = 64, 64, 4
-# tl.dot needs at least 16 rows.
-MIN_BLOCK_M, MAX_BLOCK_M = 16, 64
+__all__ = ["align_block_size", "max_padded_pairs", "fused_experts", "experts_config"]
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    block_n: int  # output columns a program computes (gate and up columns each, when gated)
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class ExpertsConfig:
+    block_m: int  # rows of a block: the alignment of each expert's run
+    up: GemmTiles  # the gate/up GEMM with SiLU
+    down: GemmTiles  # the down GEMM
+
+
+# (largest mean rows an expert gets, config): the fastest of issue 33's sweep (H200,
+# 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json, scripts/bench_moe_mla.py)
+# at qwen3-30b-a3b's and deepseek-v2-lite's shapes. Decode (bs 1-64, under 8 rows an expert):
+# 16-row blocks, 64 columns, K 128 deep over 4 stages. bs 256 (16-24 rows): 32-row blocks,
+# 1.06-1.26x. 512 tokens (32-48 rows): 64-row blocks. 2k-8k tokens (128-768 rows): 128-row
+# blocks, 128 gate/up and 256 down columns, 1.15-1.25x the 64-row config.
+CONFIGS: tuple[tuple[float, ExpertsConfig], ...] = (
+    (8, ExpertsConfig(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))),
+    (24, ExpertsConfig(32, GemmTiles(64, 64, 4, 3), GemmTiles(64, 128, 4, 4))),
+    (96, ExpertsConfig(64, GemmTiles(64, 64, 4, 4), GemmTiles(64, 64, 4, 4))),
+    (float("inf"), ExpertsConfig(128, GemmTiles(128, 64, 8, 3), GemmTiles(256, 64, 8, 3))),
+)
+
+
+def experts_config(num_pairs: int, num_experts: int) -> ExpertsConfig:
+    """Fixed by the shapes alone, so a captured grid stays valid for any routing."""
+    mean_rows = num_pairs / num_experts
+    return next(config for bound, config in CONFIGS if mean_rows <= bound)
 
 
 def block_m_for(num_pairs: int, num_experts: int) -> int:
-    """Rows a block holds: about the mean rows an expert gets, since past that a block of
-    one expert is mostly padding. Fixed by the shapes, so a captured grid stays valid."""
-    mean_rows = next_power_of_2(cdiv(num_pairs, num_experts))
-    return max(MIN_BLOCK_M, min(MAX_BLOCK_M, mean_rows))
-
-
-def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Worst case of the aligned length: each expert that gets a pair (at most one per pair)
-    pads its rows by up to block_m - 1."""
-    padded = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-    return cdiv(padded, block_m) * block_m
-
-
-def align_block_size(
-    ids: torch.Tensor, num_experts: int, block_m: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sorted_pair_ids, block_experts, num_padded) for expert ids [n, top_k].
-
-    sorted_pair_ids [max_padded]: flat pair indices (token * top_k + slot) grouped by expert,
-    each expert's run padded to a multiple of block_m with n * top_k, an index past the end.
-    block_experts [max_padded / block_m]: the expert of each block.
-    num_padded [1]: the aligned length in use; the blocks past it hold only padding.
-    No op here reads a count on the host (bincount would, to size its output).
-    """
-    experts = ids.flatten().long()  # [num_pairs]
-    num_pairs, device = experts.numel(), ids.device
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
-    counts.scatter_add_(0, experts, torch.ones_like(experts))
-    padded = (counts + block_m - 1) // block_m * block_m
-    padded_ends = padded.cumsum(0)
-    order = torch.argsort(experts, stable=True)  # pair indices grouped by expert
-    sorted_experts = experts[order]
-    first_of_expert = counts.cumsum(0) - counts
-    rank = torch.arange(num_pairs, device=device) - first_of_expert[sorted_experts]
-    dest = (padded_ends - padded)[sorted_experts] + rank
-    max_padded = max_padded_pairs(num_pairs, num_experts, block_m)
-    sorted_pair_ids = torch.full((max_padded,), num_pairs, dtype=torch.int32, device=device)
-    sorted_pair_ids.scatter_(0, dest, order.int())
-    block_starts = torch.arange(0, max_padded, block_m, device=device)
-    # Blocks past num_padded would search past the last expert: clamped, and never run.
-    block_experts = torch.searchsorted(padded_ends, block_starts, right=True)
-    block_experts = block_experts.clamp_max(num_experts - 1).int()
-    return sorted_pair_ids, block_experts, padded_ends[-1:].int()
+    return experts_config(num_pairs, num_experts).block_m
 
 
 @triton.jit
 def _grouped_gemm_kernel(
     A, B, C, sorted_pair_ids, block_experts, num_padded, pair_weights,
     num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
-    PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, PRECISION: tl.constexpr,
+    PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
+    PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block.
+    # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
+    # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up.
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M >= tl.load(num_padded):
         return  # the grid covers the worst case; this block holds only padding
@@ -91,68 +92,109 @@ def _grouped_gemm_kernel(
     a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = B + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        mask_k = offs_k < K - k0
+        if EVEN_K:
+            mask_k = offs_k < BLOCK_K
+        else:
+            mask_k = offs_k < K - k0
         a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if GATED:
+            u = tl.load(b_ptrs + N * stride_bn, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
+            acc_up = tl.dot(a, u, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    if GATED:
+        # Rounded as the unfused path rounds: gate and up stored in C's dtype, F.silu's result
+        # rounded before the product.
+        gate = acc.to(C.dtype.element_ty).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(C.dtype.element_ty)
+        acc = act.to(tl.float32) * acc_up.to(C.dtype.element_ty).to(tl.float32)
     if MUL_WEIGHT:
         acc = acc * tl.load(pair_weights + pairs, mask=mask_m, other=0.0)[:, None]
     c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _combine_kernel(Y, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Out[t] = Σ_j Y[t * TOP_K + j] in fp32, rounded once, as the reference's einsum.
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(Y + (t * TOP_K + j) * hidden + offs, mask=mask, other=0.0)
+    tl.store(Out + t * hidden + offs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
 _GROUPED_GEMM = CachedKernel(_grouped_gemm_kernel)
+_COMBINE = CachedKernel(_combine_kernel)
 
 
-def _grouped_gemm(
+def grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, align: tuple[torch.Tensor, ...],
-    pair_weights: torch.Tensor, pairs_per_row: int, block_m: int, mul_weight: bool,
+    pair_weights: torch.Tensor, pairs_per_row: int, block_m: int, tiles: GemmTiles,
+    mul_weight: bool, gated: bool,
 ) -> None:
     sorted_pair_ids, block_experts, num_padded = align
     assert a.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1
-    n_out, k_in = w.shape[1], w.shape[2]
-    grid = (block_experts.numel(), cdiv(n_out, BLOCK_N))
+    n_out, k_in = w.shape[1] // (2 if gated else 1), w.shape[2]
+    block_k = min(tiles.block_k, max(16, next_power_of_2(k_in)))
+    grid = (block_experts.numel(), cdiv(n_out, tiles.block_n))
     # fp32 weights take exact fp32 products: TF32 would drift from the reference.
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     _GROUPED_GEMM.launch(
         grid, a, w, out, sorted_pair_ids, block_experts, num_padded, pair_weights,
         out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, PRECISION=precision,
-        BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS,
+        PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
+        EVEN_K=k_in % block_k == 0, BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
+
+
+def combine_top_k(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n * top_k, hidden] fp32 rows -> [n, hidden] sums in `dtype`."""
+    hidden = y.shape[1]
+    out = torch.empty((y.shape[0] // top_k, hidden), dtype=dtype, device=y.device)
+    block = min(1024, next_power_of_2(hidden))
+    _COMBINE.launch((out.shape[0], cdiv(hidden, block)), y, out, hidden, TOP_K=top_k, BLOCK=block,
+                    num_warps=4)
+    return out
 
 
 def _launch_fused_experts(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-    ids: torch.Tensor,
+    ids: torch.Tensor, config: ExpertsConfig | None = None,
 ) -> torch.Tensor:
     x = x if x.stride(-1) == 1 else x.contiguous()
     num_tokens, top_k = ids.shape
     num_experts, num_pairs, hidden = gate_up.shape[0], ids.numel(), x.shape[1]
-    block_m = block_m_for(num_pairs, num_experts)
-    align = align_block_size(ids, num_experts, block_m)
+    config = config or experts_config(num_pairs, num_experts)
+    align = align_block_size(ids, num_experts, config.block_m)
     pair_weights = weights.float().contiguous()  # [num_pairs] read flat, fp32 as routed
-    h = torch.empty((num_pairs, gate_up.shape[1]), dtype=x.dtype, device=x.device)  # [pairs, 2I]
-    _grouped_gemm(x, gate_up, h, align, pair_weights, top_k, block_m, mul_weight=False)
-    act = silu_and_mul(h)  # [pairs, I]
+    act = torch.empty((num_pairs, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)  # [pairs, I]
+    grouped_gemm(x, gate_up, act, align, pair_weights, top_k, config.block_m, config.up,
+                 mul_weight=False, gated=True)
     # fp32 partial outputs, so the top-k sum rounds once, as the reference's einsum does.
     y = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)  # [pairs, hidden]
-    _grouped_gemm(act, down, y, align, pair_weights, 1, block_m, mul_weight=True)
-    return y.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
+    grouped_gemm(act, down, y, align, pair_weights, 1, config.block_m, config.down,
+                 mul_weight=True, gated=False)
+    return combine_top_k(y, top_k, x.dtype)
 
 
 def fused_experts(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
-    ids: torch.Tensor,
+    ids: torch.Tensor, config: ExpertsConfig | None = None,
 ) -> torch.Tensor:
-    """`moe.experts_ref` of the same arguments, reading only the routed experts' weights."""
+    """`moe.experts_ref` of the same arguments, reading only the routed experts' weights;
+    `config` overrides the tiles the shapes choose (benchmarks)."""
     if torch.compiler.is_compiling():
         # One opaque node for dynamo; eager calls skip the custom op's dispatch cost.
         return torch.ops.cgtool.fused_experts(x, gate_up, down, weights, ids)
-    return _launch_fused_experts(x, gate_up, down, weights, ids)
+    return _launch_fused_experts(x, gate_up, down, weights, ids, config)
 
 
 @torch.library.custom_op("cgtool::fused_experts", mutates_args=())

@@ -17,7 +17,11 @@ import numpy as np
 from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec
 from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
-from cgtool.planner.memory import activation_bytes_per_token
+from cgtool.planner.memory_terms import (
+    GRAPH_NODE_BYTES,
+    decode_graph_pool_bytes,
+    extend_graph_pool_bytes,
+)
 from cgtool.planner.parallel import (
     allreduces_per_forward,
     collectives_per_forward,
@@ -35,9 +39,8 @@ _ATTENTION_FLOPS_EFFICIENCY = 0.5  # flash-style kernels reach less than dense G
 # at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
 _LAUNCH_MS = 4e-3
 _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
-# Graph objects hold kernel parameters outside PyTorch's pool. 16 KiB a node puts one
-# piecewise size of an 8B model near the 8 MB a size that SGLang reserves for it.
-_GRAPH_NODE_BYTES = 16 << 10
+# Graph objects hold kernel parameters outside PyTorch's pool (measured: memory_terms).
+_GRAPH_NODE_BYTES = GRAPH_NODE_BYTES
 # Capture runs two warm-ups and one recorded pass (seed 000), each paying Python dispatch per
 # kernel; 150 us a kernel is an assumption that a capture report replaces.
 _CAPTURE_PASSES = 3
@@ -85,12 +88,14 @@ class CostModel:
     def graph_bytes(
         self, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...]
     ) -> int:
-        """Both kinds capture into one pool, largest first: the pool is the larger of the two
-        largest sizes' needs, and every graph adds its own objects on top; a hidden-state mode
-        adds its static output, and the engine its static buffers, at the largest decode size."""
-        pool = max(
-            float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0,
-            float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0,
+        """Both kinds capture into one pool, largest first, each kind on its own stream, whose
+        freed blocks the other cannot take: the pool is the sum of the two largest sizes'
+        needs (measured, cgtool.planner.memory_terms), and every graph adds its own objects
+        on top; a hidden-state mode adds its static output, and the engine its static
+        buffers, at the largest decode size."""
+        pool = (
+            (float(self.decode_pool_bytes[max(decode_bs)]) if decode_bs else 0.0)
+            + (float(self.extend_pool_bytes[max(tokens)]) if tokens else 0.0)
         )
         max_bs = max(decode_bs, default=0)
         hidden = max_bs * (self.decode_hidden_row_bytes + self.decode_static_row_bytes)
@@ -156,14 +161,12 @@ def _dense_ms(
 
 
 def decode_pool_bytes_at(cfg: ModelConfig, bs: np.ndarray, tp_size: int = 1) -> np.ndarray:
-    # Every decode row ends in fp32 logits over the vocabulary, the largest live tensor; under
-    # tensor parallelism they are gathered whole on every rank.
-    logits_row = cfg.vocab_size * FP32_BYTES + 2 * cfg.hidden_size * BF16_BYTES
-    return bs * max(activation_bytes_per_token(cfg, tp_size), logits_row)
+    # The fp32 logits go to the runner's static buffer, outside the pool (engine_buffers).
+    return np.array([decode_graph_pool_bytes(cfg, int(b), tp_size) for b in bs], dtype=np.float64)
 
 
 def extend_pool_bytes_at(cfg: ModelConfig, tokens: np.ndarray, tp_size: int = 1) -> np.ndarray:
-    return tokens * activation_bytes_per_token(cfg, tp_size) + cfg.vocab_size * FP32_BYTES
+    return extend_graph_pool_bytes(cfg, np.asarray(tokens, dtype=np.float64), tp_size) + cfg.vocab_size * FP32_BYTES
 
 
 def roofline_cost(

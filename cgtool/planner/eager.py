@@ -2,10 +2,10 @@
 
 Two published views disagree by several times. The seed notes give decode graphs a 10-30%
 gain at batch 1-32 (a fast host: the GPU is the bottleneck even eagerly); that is the roofline
-model's own eager table, `low`. cgtool's own capture of llama-3.1-8b on an H100 host
-(benchmarks/h100-2026-11-23-r2/both-llama-3.1-8b.report.json) measured eager decode at
-34.5 ms against a 7.2 ms replay at batch 1, and 28.5 vs 22.1 ms at batch 256: eager PyTorch
-there is bound by the host, which took 93 us to launch each kernel (the report's
+model's own eager table, `low`. An early cgtool capture of llama-3.1-8b on an H100 host
+(benchmarks/results/h100-2026-11-23-eager-host-bound/both-llama-3.1-8b.report.json) measured
+eager decode at 34.5 ms against a 7.2 ms replay at batch 1, and 28.5 vs 22.1 ms at batch 256:
+eager PyTorch there is bound by the host, which took 93 us to launch each kernel (the report's
 `eager_host_us_per_kernel`). `high` models that: an eager step takes the longer of the GPU's
 work and the host's launches. A capture report (`--profile`) measures the host that will
 serve, and replaces the range with it.

@@ -16,62 +16,40 @@ from cgtool.errors import CgtoolError
 from cgtool.documents.plan_document import PlanMemory
 from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
 from cgtool.planner.schedules import sglang_release
-from cgtool.units import BF16_BYTES, FP32_BYTES, GIB, MIB
+from cgtool.planner.margin import named_margin
+from cgtool.planner.memory_terms import activation_bytes_per_token, decode_partials_bytes
+from cgtool.units import BF16_BYTES, GIB, MIB
 
-# Kept free beyond activations and graphs: the CUDA context (~0.5 GiB), cuBLAS and NCCL
-# workspaces, and allocator fragmentation. The larger of 2 GiB and 5% of the GPU.
-MARGIN_MIN_BYTES = 2 * GIB
-MARGIN_FRACTION = 0.05
-# Beyond that, with tensor parallelism: NCCL's communicator buffers and SGLang's custom
-# all-reduce buffers, for which SGLang's own heuristic reserves tp_size / 8 GiB.
-COMM_RESERVE_BYTES_PER_RANK = GIB // 8
-# Eager PyTorch holds fp32 upcasts and temporaries beside the bf16 activations, and the caching
-# allocator rounds blocks up; twice the bf16 estimate covers both.
-_ACTIVATION_SLACK = 2.0
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm 0.33 CacheConfig default
 TRTLLM_DEFAULT_FREE_FRACTION = 0.9  # TensorRT-LLM KvCacheConfig default
 
 
-def margin_bytes(gpu_memory_bytes: int, tp_size: int = 1) -> int:
-    comm = tp_size * COMM_RESERVE_BYTES_PER_RANK if tp_size > 1 else 0
-    return max(MARGIN_MIN_BYTES, int(MARGIN_FRACTION * gpu_memory_bytes)) + comm
+def margin_bytes(
+    cfg: ModelConfig, max_running_requests: int, tp_size: int = 1, chunked_prefill_size: int = 8192
+) -> int:
+    """The margin kept free beyond activations and graphs: the sum of its named parts."""
+    return sum(margin_parts(cfg, max_running_requests, tp_size, chunked_prefill_size).values())
 
 
-def activation_bytes_per_token(cfg: ModelConfig, tp_size: int = 1) -> int:
-    """The bf16 activations one token keeps live on one rank at a forward's peak: hidden
-    states, this rank's q, k and v, and its MLP share (gate_up and the activation). The one
-    activation model: eager peaks here and graph pools in cgtool.planner.cost both use it."""
-    shard = rank_shapes(cfg, tp_size)
-    return (
-        4 * cfg.hidden_size + shard.q_size + 2 * shard.kv_size + _mlp_width(shard)
-    ) * BF16_BYTES
-
-
-def _mlp_width(cfg: ModelConfig) -> int:
-    """Values one token keeps live in its widest MLP. A MoE layer, as SGLang's fused MoE
-    runs it, holds each of the top-k experts' gate_up and activation and its weighted output
-    before they are summed, beside the shared experts' own gate_up and activation."""
-    dense = 3 * cfg.intermediate_size if cfg.num_moe_layers < cfg.num_layers else 0
-    if cfg.moe is None:
-        return dense
-    width = cfg.moe.expert_intermediate_size
-    routed = cfg.moe.top_k * (3 * width + cfg.hidden_size)
-    return max(dense, routed + 3 * cfg.moe.num_shared_experts * width)
+def margin_parts(
+    cfg: ModelConfig, max_running_requests: int, tp_size: int = 1, chunked_prefill_size: int = 8192
+) -> dict[str, int]:
+    """Each part of the margin by name (cgtool.planner.margin gives each its figure and source)."""
+    extend = chunked_prefill_size * activation_bytes_per_token(cfg, tp_size)
+    return named_margin(cfg, max_running_requests, extend, tp_size)
 
 
 def activation_bytes(
     cfg: ModelConfig, chunked_prefill_size: int, max_running_requests: int, tp_size: int = 1
 ) -> int:
     """Peak of an eager forward on one rank: a full prefill chunk, or a decode of every
-    running request."""
+    running request with the decode kernel's split partials (2.0 GiB of deepseek-v2-lite's
+    3,975 requests: 16 heads x 16 splits x 513 fp32 a request); the logits and the sampler
+    are a part of the margin."""
     per_token = activation_bytes_per_token(cfg, tp_size)
-    logits_row = cfg.vocab_size * FP32_BYTES  # gathered to the whole vocabulary on every rank
-    extend = (
-        chunked_prefill_size * per_token
-        + min(max_running_requests, chunked_prefill_size) * logits_row
-    )
-    decode = max_running_requests * (per_token + logits_row)
-    return int(_ACTIVATION_SLACK * max(extend, decode))
+    bs = max_running_requests
+    decode = bs * (per_token + decode_partials_bytes(cfg, bs, tp_size))
+    return int(max(chunked_prefill_size * per_token, decode))
 
 
 def sglang_default_mem_fraction(
@@ -140,7 +118,8 @@ def plan_memory(
     shard = rank_shapes(cfg, tp_size)
     weights = shard.weight_bytes(BF16_BYTES)
     activations = activation_bytes(cfg, chunked_prefill_size, max_running_requests, tp_size)
-    margin = margin_bytes(gpu_memory_bytes, tp_size)
+    parts = margin_parts(cfg, max_running_requests, tp_size, chunked_prefill_size)
+    margin = sum(parts.values())
     outside = activations + graph_bytes + margin
     # Rounded down to SGLang's 3 decimals, so the margin is never eaten by rounding.
     fraction = math.floor((gpu_memory_bytes - outside) / gpu_memory_bytes * 1000) / 1000
@@ -180,6 +159,7 @@ def plan_memory(
         tp_size=tp_size,
         kv_heads_per_rank=kv_heads_per_rank(cfg, tp_size),
         warnings=[],
+        margin_parts=parts,
     )
     plan.warnings.extend(_pool_warnings(plan, typical_request_tokens, max_running_requests))
     return plan

@@ -79,7 +79,7 @@ def candidate_sizes(
 
 
 @dataclass(frozen=True, eq=False)
-class KindSteps:
+class CostedSteps:
     """Observed steps of one kind and their dense ms by size (index = size)."""
 
     sizes: np.ndarray
@@ -98,12 +98,12 @@ def best_partitions(
 ) -> Partition:
     """Exact best schedules over `candidates` for 0..max_graphs graphs (see the module doc)."""
     return best_shared_partitions(
-        [KindSteps(sizes, counts, graph_ms, eager_ms)], candidates, max_graphs
+        [CostedSteps(sizes, counts, graph_ms, eager_ms)], candidates, max_graphs
     )
 
 
 def best_shared_partitions(
-    kinds: list[KindSteps], candidates: np.ndarray, max_graphs: int
+    kinds: list[CostedSteps], candidates: np.ndarray, max_graphs: int
 ) -> Partition:
     """As best_partitions, for one list of sizes that several kinds of step pad into (vLLM
     captures one list for decode and mixed batches): a bucket's cost sums over the kinds."""
@@ -180,15 +180,15 @@ class Limits:
 class Steps:
     """The steps sizes are chosen for: each kind's steps under every weighted assumption."""
 
-    decode: list[KindSteps]
-    extend: list[KindSteps]
+    decode: list[CostedSteps]
+    extend: list[CostedSteps]
 
 
-def _observed(kinds: list[KindSteps]) -> np.ndarray:
+def _observed(kinds: list[CostedSteps]) -> np.ndarray:
     return np.unique(np.concatenate([k.sizes[k.counts > 0] for k in kinds] + [np.zeros(0, int)]))
 
 
-def token_candidates(kinds: list[KindSteps], default: tuple[int, ...], limit: int) -> np.ndarray:
+def token_candidates(kinds: list[CostedSteps], default: tuple[int, ...], limit: int) -> np.ndarray:
     """Token bins may sit only on the grid (cgtool.planner.grid), at the limit, or at the default's sizes."""
     observed = _observed(kinds)
     observed = np.unique(token_grid_up(observed[observed <= limit], limit))
@@ -231,7 +231,7 @@ def choose_separate(
     return d_part.sizes(kd), e_part.sizes(ke)
 
 
-def _total(kinds: list[KindSteps], captured: tuple[int, ...], pads: bool) -> float:
+def _total(kinds: list[CostedSteps], captured: tuple[int, ...], pads: bool) -> float:
     return sum(
         dense_ms(k.sizes, k.counts, k.graph_ms, k.eager_ms, captured, pads) for k in kinds
     )

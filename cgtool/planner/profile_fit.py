@@ -101,7 +101,10 @@ def profile_cost(
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
     tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
     notes = _mismatches(report, cfg, gpu, source) + _tp_mismatch(report, tp_size, source)
-    return _with(base, source=source, warnings=notes, **tables)
+    # A replay (cgtool.replay.profile) fits attention's price to its own steps: it replaces the roofline's.
+    fitted = {k: float(v) for k, v in report.get("attention", {}).items()
+              if k in ("kv_read_ms_per_token", "attention_ms_per_pair") and isinstance(v, (int, float)) and v > 0}
+    return _with(base, source=source, warnings=notes, **tables, **fitted)
 
 
 def _report_tp_size(report: dict[str, Any]) -> int:

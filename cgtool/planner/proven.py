@@ -12,27 +12,27 @@ from dataclasses import replace
 from typing import Any
 
 from cgtool.documents.plan_document import PlanMemory
+from cgtool.planner.margin import CALIBRATED
 from cgtool.planner.memory import kv_tokens_at
+from cgtool.planner.memory_terms import family as model_family
 from cgtool.planner.parallel import rank_shapes
 from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec, match_nvml_name
 from cgtool.units import BF16_BYTES, GIB
 
-
-def model_family(cfg: ModelConfig) -> str:
-    if cfg.mla is not None:
-        return "MLA"
-    return "MoE" if cfg.moe is not None else "dense"
+__all__ = ["apply_proof", "model_family"]
 
 
 def apply_proof(
     memory: PlanMemory, profile: dict[str, Any] | None, cfg: ModelConfig, gpu: GpuSpec, tp_size: int = 1
 ) -> tuple[PlanMemory, list[str]]:
     """(memory at the proven fraction, notes). Without a proof for this model on this GPU the
-    predicted fraction stays, capped below any fraction that failed, with a one-line note."""
+    predicted fraction stays, capped below any fraction that failed; a family whose terms were
+    never measured on this GPU class gets a one-line note that its fraction is unproven."""
     proof = _proof_for(profile, cfg, gpu)
     if proof is None:
-        return replace(memory, fraction_source="predicted"), [_unproven_note(memory, cfg, gpu)]
+        calibrated = (gpu.name, model_family(cfg)) in CALIBRATED
+        return replace(memory, fraction_source="predicted"), [] if calibrated else [_unproven_note(memory, cfg, gpu)]
     proven = proof.get("recommended_mem_fraction_static")
     failed = [float(f) for f in proof.get("failed_mem_fraction_static") or []]
     if proven is not None:

@@ -27,7 +27,7 @@ import numpy as np
 from cgtool.planner.eager import EagerAssumption
 from cgtool.planner.grid import MIN_BIN_SHARE, decode_grid, decode_grid_up
 from cgtool.planner.optimiser import (
-    KindSteps,
+    CostedSteps,
     Limits,
     Steps,
     choose_separate,
@@ -85,7 +85,7 @@ def _steps(scenarios: list[Scenario], weights: dict[str, float], assumptions, ki
             graph = a.cost.decode_graph_ms if kind == "decode" else a.cost.extend_graph_ms
             eager = a.cost.decode_eager_ms if kind == "decode" else a.cost.extend_eager_ms
             share = hist.counts / total * weights[a.name]
-            steps.append(KindSteps(hist.sizes, share, graph, eager))
+            steps.append(CostedSteps(hist.sizes, share, graph, eager))
     return steps
 
 

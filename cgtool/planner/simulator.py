@@ -115,7 +115,7 @@ def _run(
     # One flat loop over local variables, longer than a screen on purpose: it turns once per
     # arrival and once per completion (millions of times for a large trace), and a helper
     # function, an attribute lookup or a counter updated on every turn costs time on each
-    # (scripts/bench_plan.py measures the whole). Invariants that save work:
+    # (benchmarks/bench_plan.py measures the whole). Invariants that save work:
     # the running requests are the heap plus the split prompt; a decode run stops at or
     # before the first completion, so the completions it reaches finish exactly at `step`.
     n, arrival_ms, new, cached = len(reqs.decode_steps), reqs.arrival_ms, reqs.new, reqs.cached

@@ -1,10 +1,10 @@
 """What the simulator predicts for a replay: the same slice, load, limits, KV pool and schedule.
 
-`predict` is the one call into the planner's simulator; when the simulator itself reports
-per-request latencies (the closed loop), repoint it there. Until then the simulator gives the
-decode batch-size histogram, step times and the run's length, and the step-by-step policy
-(cgtool.replay.virtual) run on the same step costs gives each request's first token and
-finish; `policy_agrees` records that both made the same histograms.
+`predict` is the one call into the planner's simulator. The simulator gives the decode
+batch-size histogram, step times and the run's length, and each request's first token and
+finish where it keeps them (`SimulationResult.requests`, the closed loop's); without them the
+step-by-step policy (cgtool.replay.virtual) run on the same step costs gives those times. The
+policy runs either way: `policy_agrees` records that it made the simulator's histogram.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def predict(inputs: PredictInputs, cost: CostModel) -> Prediction:
                    cost=steps, max_running_requests=running, chunked_prefill_size=chunk,
                    kv_capacity_tokens=inputs.kv_tokens)
     run = run_virtual(reqs, Scheduler(reqs, running, chunk, inputs.kv_tokens), step_cost_ms(steps))
+    first, finish = _request_times(sim, run, len(reqs.prompt))
     log = RequestLog(list(reqs.arrival_ms), list(reqs.prompt), list(reqs.cached), list(reqs.output),
-                     [run.first_token_ms.get(i) for i in range(len(reqs.prompt))],
-                     [run.finish_ms.get(i) for i in range(len(reqs.prompt))])
+                     first, finish)
     kinds = [s.kind for s in run.steps]
     sizes = [s.size for s in run.steps]
     graph = [_on_graph(s.kind, s.size, inputs) for s in run.steps]
@@ -84,6 +84,20 @@ def predict(inputs: PredictInputs, cost: CostModel) -> Prediction:
               and sim.decode_counts[nonzero].tolist() == summary.decode_counts)
     summary.decode_sizes, summary.decode_counts = nonzero.tolist(), sim.decode_counts[nonzero].tolist()
     return Prediction(cost.source, summary, bool(agrees))
+
+
+def _request_times(sim: Any, run: Any, n: int) -> tuple[list[float | None], list[float | None]]:
+    """ms from the first arrival. The simulator's own (its closed loop keeps `requests`, from
+    its first arrival, which is the slice's 0) where it has them, else the step policy's."""
+    times = getattr(sim, "requests", None)
+    if times is None or len(times.index) != n:
+        return ([run.first_token_ms.get(i) for i in range(n)], [run.finish_ms.get(i) for i in range(n)])
+    first: list[float | None] = [None] * n
+    finish: list[float | None] = [None] * n
+    for i, f, e in zip(times.index.tolist(), times.first_token_s.tolist(), times.finish_s.tolist()):
+        first[i] = None if np.isnan(f) else f * 1e3
+        finish[i] = None if np.isnan(e) else e * 1e3
+    return first, finish
 
 
 def _on_graph(kind: str, size: int, inputs: PredictInputs) -> bool:

@@ -20,7 +20,7 @@ from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS
 from cgtool.planner.profile_fit import profile_cost
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scoring import padded_sizes
-from cgtool.verify.steps import KindSteps, Step, StepPopulation, kind_steps
+from cgtool.verify.steps import KindPopulation, Step, StepPopulation, kind_steps
 
 
 def plan_model(plan: Plan) -> tuple[ModelConfig, GpuSpec, int]:
@@ -29,7 +29,7 @@ def plan_model(plan: Plan) -> tuple[ModelConfig, GpuSpec, int]:
 
 
 def population_from_histograms(plan: Plan) -> StepPopulation:
-    def of(hist: StepHistogram, context: int) -> KindSteps:
+    def of(hist: StepHistogram, context: int) -> KindPopulation:
         return kind_steps(hist.sizes, hist.counts, [context] * len(hist.sizes))
 
     return StepPopulation(of(plan.decode.histogram, BATCH_TRACE_CONTEXT_TOKENS),

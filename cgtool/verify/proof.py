@@ -14,6 +14,8 @@ import math
 import re
 from dataclasses import replace
 
+import torch
+
 from cgtool.units import GIB
 from cgtool.verify.result import Proof, Rehearsal
 from cgtool.verify.session import Phase, SessionOptions
@@ -74,9 +76,7 @@ def run_proof(opts: SessionOptions, fraction: float, headroom_bytes: int, phase:
     phase(f"proof: load {cfg.name} at --mem-fraction-static {fraction:g}")
     try:
         runner = s._build(cfg, weights_dir, opts, built)
-    except Exception as exc:  # torch.OutOfMemoryError, without importing torch at module level
-        if type(exc).__name__ != "OutOfMemoryError":
-            raise
+    except torch.OutOfMemoryError as exc:
         failed = s._out_of_memory(opts, "loading the model, KV pool and request table", str(exc))
         return Proof(fraction, headroom_bytes, built.kv_tokens, 0, failed)
     phase(f"proof: KV pool {built.kv_tokens:,} tokens")

@@ -225,7 +225,10 @@ def _rehearse(runner: ModelRunner, opts: SessionOptions) -> Rehearsal:
              Step("decode", opts.max_running_requests, decode_context, 1.0))
     for step in worst:
         try:
-            _as_engine_runs(runner, _batch(runner, step, opts.seed), None, None)()
+            logits = _as_engine_runs(runner, _batch(runner, step, opts.seed), None, None)()
+            if step.kind == "decode":
+                sample_as_engine(logits)
+            del logits
             torch.cuda.synchronize()
         except torch.OutOfMemoryError as oom:
             unit = "tokens" if step.kind == "extend" else "requests"
@@ -234,6 +237,15 @@ def _rehearse(runner: ModelRunner, opts: SessionOptions) -> Rehearsal:
     peak = torch.cuda.max_memory_reserved() + read_memory(None).non_torch_bytes
     return Rehearsal("ok", opts.chunked_prefill_size, opts.max_running_requests, decode_context,
                      peak, total - peak, total)
+
+
+def sample_as_engine(logits: torch.Tensor) -> torch.Tensor:
+    """SGLang's sampler over the fp32 next-token logits [bs, vocab]: temperature in place,
+    softmax into a new probability tensor (4 more bytes a logit at the peak), then the draw;
+    at --max-running-requests its peak is the decode step's (issue 32)."""
+    logits.div_(0.7)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.argmax(probs, dim=-1)
 
 
 def _out_of_memory(opts: SessionOptions, what: str, message: str) -> Rehearsal:

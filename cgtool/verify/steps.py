@@ -26,7 +26,7 @@ class Step:
 
 
 @dataclass(frozen=True, eq=False)
-class KindSteps:
+class KindPopulation:
     """Simulated steps of one kind: sizes ascending, steps at each, mean context at each."""
 
     sizes: np.ndarray  # [k] int64
@@ -40,11 +40,11 @@ class KindSteps:
 
 @dataclass(frozen=True, eq=False)
 class StepPopulation:
-    decode: KindSteps
-    extend: KindSteps
+    decode: KindPopulation
+    extend: KindPopulation
     source: str  # "trace" (re-simulated, with contexts) or "histogram" (assumed contexts)
 
-    def of(self, kind: str) -> KindSteps:
+    def of(self, kind: str) -> KindPopulation:
         return self.decode if kind == "decode" else self.extend
 
     @property
@@ -52,11 +52,11 @@ class StepPopulation:
         return self.decode.total + self.extend.total
 
 
-def kind_steps(sizes: object, counts: object, context: object) -> KindSteps:
+def kind_steps(sizes: object, counts: object, context: object) -> KindPopulation:
     s, c, x = (np.asarray(a, dtype=np.int64).reshape(-1) for a in (sizes, counts, context))
     keep = (c > 0) & (s > 0)
     order = np.argsort(s[keep], kind="stable")
-    return KindSteps(s[keep][order], c[keep][order], np.maximum(x[keep][order], 0))
+    return KindPopulation(s[keep][order], c[keep][order], np.maximum(x[keep][order], 0))
 
 
 def sample_steps(population: StepPopulation, num_steps: int, seed: int = 0) -> list[Step]:
@@ -103,7 +103,8 @@ def _allocate(counts: np.ndarray, n: int) -> np.ndarray:
 
 
 def _systematic(
-    kind: str, steps: KindSteps, idx: np.ndarray, n: int, total: float, rng: np.random.Generator
+    kind: str, steps: KindPopulation, idx: np.ndarray, n: int, total: float,
+    rng: np.random.Generator,
 ) -> list[Step]:
     # Points spaced total/n apart over the stratum's cumulative step counts: each size is
     # drawn in proportion to how often it ran, and a size that fills a whole interval is

@@ -1,0 +1,252 @@
+"""Routing and block alignment for the fused MoE, each one Triton launch or a few.
+
+Issue 33's breakdown (docs/moe-mla.md): at decode sizes the MoE layer was mostly launches.
+Routing took six torch kernels (softmax, top-k, sum, divide, scale, a cast) and aligning the
+pairs to blocks about 25 (scatter_add, cumsum, argsort, searchsorted and the index arithmetic
+between them), each a few microseconds of a replay whatever the batch, 48 layers a step.
+
+`route_topk` is softmax, top k, renormalisation and scaling in one kernel. `align_block_size`
+sorts (token, slot) pairs by expert into blocks of block_m rows, as SGLang's and vLLM's
+moe_align_block_size kernels do: count each expert's pairs, scan the padded counts into run
+starts, then place each pair at its expert's cursor with an atomic increment. Up to
+ONE_PROGRAM_PAIRS pairs one program does it all (one launch); past that the counting and
+placing spread over many programs (four launches). The order of pairs inside an expert's run
+follows the atomics and may change from call to call; each pair's output row is computed from
+its own row alone, so results do not.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
+
+# One program aligns this many pairs (decode up to bs 512 at top 8) in one launch; past it the
+# work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.
+ONE_PROGRAM_PAIRS = 4096
+PAIRS_BLOCK = 1024
+BLOCKS_BLOCK = 64
+
+
+@triton.jit
+def _route_kernel(
+    Logits, Weights, Ids, num_tokens, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+    RENORM: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    mask_t = tokens < num_tokens
+    offs_e = tl.arange(0, BLOCK_E)
+    is_expert = offs_e[None, :] < NUM_EXPERTS
+    logits = tl.load(
+        Logits + tokens[:, None] * NUM_EXPERTS + offs_e[None, :], mask=mask_t[:, None] & is_expert,
+        other=0.0,
+    )
+    logits = tl.where(is_expert, logits, float("-inf"))  # rows past the batch stay finite
+    p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    offs_k = tl.arange(0, BLOCK_K)
+    weights = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+    ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int32)
+    for j in tl.static_range(TOP_K):  # k rounds of argmax: descending, as torch.topk sorts
+        best = tl.argmax(p, axis=1, tie_break_left=True)
+        weights = tl.where(offs_k[None, :] == j, tl.max(p, axis=1)[:, None], weights)
+        ids = tl.where(offs_k[None, :] == j, best[:, None].to(tl.int32), ids)
+        p = tl.where(offs_e[None, :] == best[:, None], -1.0, p)
+    if RENORM:
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    mask = mask_t[:, None] & (offs_k[None, :] < TOP_K)
+    out = tokens[:, None] * TOP_K + offs_k[None, :]
+    tl.store(Weights + out, weights * scale, mask=mask)
+    tl.store(Ids + out, ids, mask=mask)
+
+
+_ROUTE = CachedKernel(_route_kernel)
+
+
+def route_topk(
+    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`moe.route` of fp32 router logits [n, E]: (fp32 weights [n, k], int32 ids [n, k])."""
+    logits = logits.float().contiguous()
+    num_tokens, num_experts = logits.shape
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=logits.device)
+    block_e = next_power_of_2(num_experts)
+    # Up to 16 tokens a program at large batches; a decode step of a few tokens takes one
+    # program each (bs 1 ran 6.9 us on 16-token programs with 128 experts, H200).
+    block_t = max(1, min(16, 2048 // block_e, next_power_of_2(cdiv(num_tokens, 132))))
+    _ROUTE.launch(
+        (cdiv(num_tokens, block_t),), logits, weights, ids, num_tokens, float(scale),
+        NUM_EXPERTS=num_experts, BLOCK_E=block_e, TOP_K=top_k,
+        BLOCK_K=next_power_of_2(top_k), RENORM=renormalise, BLOCK_T=block_t, num_warps=4,
+    )
+    return weights, ids
+
+
+@triton.jit
+def _count_pairs(Ids, Counts, start, num_pairs, BLOCK: tl.constexpr):
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    experts = tl.load(Ids + offs, mask=mask, other=0)
+    tl.atomic_add(Counts + experts, 1, mask=mask)
+
+
+@triton.jit
+def _place_pairs(Ids, Cursor, SortedPairIds, start, num_pairs, BLOCK: tl.constexpr):
+    offs = start + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    experts = tl.load(Ids + offs, mask=mask, other=0)
+    dest = tl.atomic_add(Cursor + experts, 1, mask=mask)
+    tl.store(SortedPairIds + dest, offs, mask=mask)
+
+
+@triton.jit
+def _scan_experts(
+    Counts, Cursor, BlockExperts, NumPadded, SortedPairIds, num_pairs, max_padded,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCKS_BLOCK: tl.constexpr, FILL: tl.constexpr, FILL_BLOCK: tl.constexpr,
+):
+    """Each expert's run start into Cursor, the aligned length, every block's expert; with
+    FILL, every row of sorted_pair_ids set to the padding index first."""
+    offs_e = tl.arange(0, BLOCK_E)
+    mask_e = offs_e < NUM_EXPERTS
+    counts = tl.load(Counts + offs_e, mask=mask_e, other=0, volatile=True)  # atomics wrote them
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(Cursor + offs_e, ends - padded, mask=mask_e)
+    tl.store(NumPadded, tl.sum(padded, axis=0))
+    # A block's expert is the number of runs that end at or before its first row; blocks past
+    # the aligned length come out as NUM_EXPERTS, clamped, and never run.
+    for b0 in range(0, max_padded // BLOCK_M, BLOCKS_BLOCK):
+        blocks = b0 + tl.arange(0, BLOCKS_BLOCK)
+        ended = (ends[None, :] <= blocks[:, None] * BLOCK_M) & mask_e[None, :]
+        expert = tl.minimum(tl.sum(ended.to(tl.int32), axis=1), NUM_EXPERTS - 1)
+        tl.store(BlockExperts + blocks, expert, mask=blocks < max_padded // BLOCK_M)
+    if FILL:
+        for p0 in range(0, max_padded, FILL_BLOCK):
+            offs = p0 + tl.arange(0, FILL_BLOCK)
+            tl.store(SortedPairIds + offs, num_pairs, mask=offs < max_padded)
+
+
+@triton.jit
+def _align_one_program(
+    Ids, Counts, Cursor, SortedPairIds, BlockExperts, NumPadded, num_pairs, max_padded,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCKS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offs_e = tl.arange(0, BLOCK_E)
+    tl.store(Counts + offs_e, tl.zeros((BLOCK_E,), dtype=tl.int32), mask=offs_e < NUM_EXPERTS)
+    tl.debug_barrier()  # one program: a barrier orders its phases
+    for start in range(0, num_pairs, BLOCK):
+        _count_pairs(Ids, Counts, start, num_pairs, BLOCK)
+    tl.debug_barrier()
+    _scan_experts(
+        Counts, Cursor, BlockExperts, NumPadded, SortedPairIds, num_pairs, max_padded,
+        NUM_EXPERTS, BLOCK_E, BLOCK_M, BLOCKS_BLOCK, True, BLOCK,
+    )
+    tl.debug_barrier()
+    for start in range(0, num_pairs, BLOCK):
+        _place_pairs(Ids, Cursor, SortedPairIds, start, num_pairs, BLOCK)
+
+
+@triton.jit
+def _count_kernel(Ids, Counts, num_pairs, BLOCK: tl.constexpr):
+    _count_pairs(Ids, Counts, tl.program_id(0) * BLOCK, num_pairs, BLOCK)
+
+
+@triton.jit
+def _scan_kernel(
+    Counts, Cursor, BlockExperts, NumPadded, SortedPairIds, num_pairs, max_padded,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCKS_BLOCK: tl.constexpr,
+):
+    _scan_experts(
+        Counts, Cursor, BlockExperts, NumPadded, SortedPairIds, num_pairs, max_padded,
+        NUM_EXPERTS, BLOCK_E, BLOCK_M, BLOCKS_BLOCK, False, 16,
+    )
+
+
+@triton.jit
+def _place_kernel(Ids, Cursor, SortedPairIds, num_pairs, BLOCK: tl.constexpr):
+    _place_pairs(Ids, Cursor, SortedPairIds, tl.program_id(0) * BLOCK, num_pairs, BLOCK)
+
+
+_ALIGN_ONE = CachedKernel(_align_one_program)
+_COUNT = CachedKernel(_count_kernel)
+_SCAN = CachedKernel(_scan_kernel)
+_PLACE = CachedKernel(_place_kernel)
+
+
+def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Worst case of the aligned length: each expert that gets a pair (at most one per pair)
+    pads its rows by up to block_m - 1."""
+    padded = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return cdiv(padded, block_m) * block_m
+
+
+def align_block_size(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(sorted_pair_ids, block_experts, num_padded) for expert ids [n, top_k].
+
+    sorted_pair_ids [max_padded]: flat pair indices (token * top_k + slot) grouped by expert,
+    each expert's run padded to a multiple of block_m with n * top_k, an index past the end.
+    block_experts [max_padded / block_m]: the expert of each block.
+    num_padded [1]: the aligned length in use; the blocks past it hold only padding.
+    Shapes follow the pair count alone and nothing is read on the host, so it captures.
+    """
+    flat = ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 else flat.int()
+    num_pairs, device = flat.numel(), ids.device
+    max_padded = max_padded_pairs(num_pairs, num_experts, block_m)
+    block_e = next_power_of_2(num_experts)
+    counters = torch.empty(2 * block_e, dtype=torch.int32, device=device)  # counts, cursors
+    counts, cursor = counters[:block_e], counters[block_e:]
+    block_experts = torch.empty(max_padded // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    meta = {"NUM_EXPERTS": num_experts, "BLOCK_E": block_e, "BLOCK_M": block_m,
+            "BLOCKS_BLOCK": BLOCKS_BLOCK}
+    if num_pairs <= ONE_PROGRAM_PAIRS:
+        sorted_pair_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+        _ALIGN_ONE.launch(
+            (1,), flat, counts, cursor, sorted_pair_ids, block_experts, num_padded, num_pairs,
+            max_padded, **meta, BLOCK=min(PAIRS_BLOCK, next_power_of_2(num_pairs)), num_warps=4,
+        )
+        return sorted_pair_ids, block_experts, num_padded
+    sorted_pair_ids = torch.full((max_padded,), num_pairs, dtype=torch.int32, device=device)
+    counts.zero_()
+    grid = (cdiv(num_pairs, PAIRS_BLOCK),)
+    _COUNT.launch(grid, flat, counts, num_pairs, BLOCK=PAIRS_BLOCK, num_warps=4)
+    _SCAN.launch(
+        (1,), counts, cursor, block_experts, num_padded, sorted_pair_ids, num_pairs, max_padded,
+        **meta, num_warps=4,
+    )
+    _PLACE.launch(grid, flat, cursor, sorted_pair_ids, num_pairs, BLOCK=PAIRS_BLOCK, num_warps=4)
+    return sorted_pair_ids, block_experts, num_padded
+
+
+def fused_route(
+    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_topk`, as one opaque node when dynamo traces it."""
+    if torch.compiler.is_compiling():
+        return torch.ops.cgtool.route_topk(logits, top_k, renormalise, scale)
+    return route_topk(logits, top_k, renormalise, scale)
+
+
+@torch.library.custom_op("cgtool::route_topk", mutates_args=())
+def _route_topk_op(
+    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return route_topk(logits, top_k, renormalise, scale)
+
+
+@_route_topk_op.register_fake
+def _(
+    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    shape = (logits.shape[0], top_k)
+    return (logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32))
