@@ -4,7 +4,6 @@ real phases (SessionState.phase) over a saved H100 report's rows, on the CPU."""
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def _session(stop_in: str, how: str):
         for phase in PHASES:
             with state.phase(phase):
                 if phase == stop_in and how == "sigterm":
-                    os.kill(os.getpid(), signal.SIGTERM)
+                    signal.raise_signal(signal.SIGTERM)  # the handler runs before it returns
                 if phase == stop_in and how == "dies":
                     raise Died
                 if phase == "load":
