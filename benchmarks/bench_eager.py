@@ -47,7 +47,7 @@ def _allocating_path() -> ExitStack:
     launches stay as they are now."""
     import torch.nn.functional as F
 
-    from cgtool.model import fused, layers, llama, parallel
+    from cgtool.model import fused, fused_launch, layers, llama, parallel
 
     def new_tensor(name, shape, dtype, device):
         return torch.empty(shape, dtype=dtype, device=device)
@@ -55,7 +55,7 @@ def _allocating_path() -> ExitStack:
     stack = ExitStack()
     stack.enter_context(patch.object(layers, "fused_add_rms_norm_", fused.fused_add_rms_norm))
     stack.enter_context(patch.object(llama, "scratch_empty", new_tensor))
-    stack.enter_context(patch.object(fused, "scratch_empty", new_tensor))
+    stack.enter_context(patch.object(fused_launch, "scratch_empty", new_tensor))
     stack.enter_context(patch.object(parallel, "linear", lambda x, w, b=None, weight_t=None: F.linear(x, w, b)))
     return stack
 

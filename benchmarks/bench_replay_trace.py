@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     graph_sets: dict[tuple, object] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     for name, inputs in cases:
-        key = (tuple(inputs.capture_bs), tuple(inputs.capture_num_tokens))
+        key = (tuple(inputs.capture_bs), tuple(inputs.capture_num_tokens), inputs.prefill_backend)
         # Arrivals, a drain, and a capture (the compile cache makes one 2-17 s on an H200).
         expect_s = inputs.reqs.arrival_ms[-1] / 1e3 + 15 + (0 if key in graph_sets else 20)
         if time.time() - started + expect_s > args.budget_s:
@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
             continue
         try:
             if key not in graph_sets:
-                graph_sets[key] = capture_graphs(bench, inputs.capture_bs, inputs.capture_num_tokens, _log)
+                graph_sets[key] = capture_graphs(bench, inputs.capture_bs, inputs.capture_num_tokens, _log,
+                                                 inputs.prefill_backend)
                 _log(f"{torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB free after the capture")
             result = replay_once(inputs, bench, graph_sets[key], _log)
         except Exception as exc:  # noqa: BLE001 - one case failing must not lose the others

@@ -120,7 +120,7 @@ def capture(
     context_len: Annotated[int, typer.Option(help="Tokens already cached per decode request while timing.")] = 1024,
     max_total_tokens: Annotated[int | None, typer.Option(min=16, help="KV pool size in tokens, as SGLang's flag (default: from --mem-fraction-static).")] = None,
     compiler: Annotated[Compiler, typer.Option(help="Compiler for piecewise pieces.")] = Compiler.eager,
-    prefill_backend: Annotated[PrefillBackend, typer.Option(help="Prefill graphs: piecewise (torch.compile, split at attention) or breakable (the eager forward recorded in segments broken at attention, no compile: SGLang's default on CUDA from 0.5.23).")] = PrefillBackend.piecewise,
+    prefill_backend: Annotated[PrefillBackend | None, typer.Option(help="Prefill graphs: piecewise (torch.compile, split at attention) or breakable (the eager forward recorded in segments broken at attention, no compile: SGLang's default on CUDA from 0.5.23); default piecewise.")] = None,
     compile_cache: Annotated[bool, typer.Option("--compile-cache/--no-compile-cache", help="Reuse the piecewise body an earlier run of the same model traced, kept in $CGTOOL_CACHE_DIR (default ~/.cache/cgtool/compile).")] = True,
     random_weights: Annotated[bool, typer.Option("--random-weights", help="Random weights for a HF folder (presets always use them).")] = False,
     enable_cudagraph_gc: Annotated[bool, typer.Option("--enable-cudagraph-gc", help="Keep Python's GC on during capture.")] = False,
@@ -141,7 +141,10 @@ def capture(
 
     # Every argument is checked before the GPU: a typo should not answer "needs a CUDA GPU".
     hidden_modes = parse_capture_modes(hidden_states, kind)
-    check_prefill_backend(prefill_backend, compiler, tp)
+    from cgtool.capture.prefill_backend import choose_prefill_backend
+
+    backend = PrefillBackend(choose_prefill_backend(prefill_backend and prefill_backend.value))
+    check_prefill_backend(backend, compiler, tp)
     if kind == Kind.vit:
         model, sizes, patches = vit_inputs(model, image_sizes or plan_image_sizes(plan), tp)
         capture_bs, capture_tokens = [], []
@@ -169,7 +172,7 @@ def capture(
         enable_cudagraph_gc=enable_cudagraph_gc, random_weights=random_weights, profile=profile,
         out_dir=out, dtype=torch.bfloat16, max_total_tokens=max_total_tokens, tp_size=tp,
         profile_sizes=profiled, hidden_modes=hidden_modes, moe_backend=moe_backend.value,
-        image_sizes=sizes, compile_cache=compile_cache, prefill_backend=prefill_backend.value,
+        image_sizes=sizes, compile_cache=compile_cache, prefill_backend=backend.value,
     )
     _run_and_save(opts)
 

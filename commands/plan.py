@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -28,12 +30,19 @@ from cgtool.specs.hidden_states import parse_hidden_modes
 from cgtool.documents.compare import compare_plan_warnings
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
 from cgtool.traces.convert import FORMATS
-from cgtool.planner.plan import plan_batches, plan_requests
+from cgtool.planner.plan import plan_batches, plan_requests, plan_traffic
 from cgtool.planner.releases import off_grid_ceilings, prefill_notes
+from cgtool.planner.scenarios import Traffic
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import parse_loads
 from cgtool.planner.schedules import resolve_version
-from cgtool.traces.trace import RequestTrace
+from cgtool.traces.lengths import (
+    ARRIVAL_REMEDY,
+    has_no_arrivals,
+    read_lengths,
+    with_poisson_arrivals,
+)
+from cgtool.traces.trace import BatchTrace, RequestTrace
 from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
@@ -42,11 +51,32 @@ from cgtool.replay.profile import load_profile  # report.json, verify.json or re
 
 FALLBACK_GPU = "H100-80GB"
 
+
+@dataclass(frozen=True)
+class TrafficShape:
+    """--rate / --concurrency / --seed: the traffic of a trace without arrival times."""
+
+    rate: float | None
+    concurrency: int | None
+    seed: int
+
+    @property
+    def given(self) -> bool:
+        return self.rate is not None or self.concurrency is not None
+
 # Options of `plan` alone; those shared with other commands live in commands/common.py.
 TraceOpt = Annotated[Path, typer.Option(help="Workload trace (cgtool JSON Lines, or --format).")]
 TraceFormatOpt = Annotated[
-    str, typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ".")
+    str,
+    typer.Option("--format", help="Trace format: " + ", ".join(FORMATS) + ", or lengths (a CSV "
+                 "of prompt and output lengths, no arrival times: add --rate or --concurrency)."),
 ]
+RateOpt = Annotated[float | None, typer.Option(
+    help="For a trace without arrival times: Poisson arrivals at this many requests a second.")]
+ConcurrencyOpt = Annotated[int | None, typer.Option(
+    min=1, help="For a trace without arrival times: keep this many requests in flight, a new "
+    "one sent as one finishes.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed of the --rate arrivals.")]
 GpuOpt = Annotated[
     str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
 ]
@@ -113,8 +143,12 @@ def plan(
     json_out: JsonOpt = False,
     hidden_states: HiddenStatesOpt = "null",
     attention_backend: AttentionBackendOpt = None,
+    rate: RateOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    seed: SeedOpt = 0,
 ) -> None:
     """Simulate a workload trace and recommend capture sizes and --mem-fraction-static."""
+    shape = _traffic_shape(rate, concurrency, seed)
     _check_engine(engine, engine_version)  # before the trace is read: that takes seconds
     loads = parse_loads(load)
     if replicas < 1:
@@ -146,7 +180,7 @@ def plan(
         attention_backend=attention_backend,
     )
     stop = StopRequest()
-    result = _plan_or_exit(trace, trace_format, request, stop)
+    result = _plan_or_exit(trace, trace_format, request, stop, shape)
     if old_plan is not None:
         result.warnings.extend(compare_plan_warnings(old_plan, result.inputs))
     if gpu_note:
@@ -186,7 +220,7 @@ def _prefill_notes(plan: Plan, profile: dict | None) -> list[str]:
     settings = (profile or {}).get("settings") or {}
     measured = settings.get("prefill_backend", "piecewise") if "kinds" in settings else None
     return prefill_notes(inputs.engine, inputs.engine_version, tuple(plan.piecewise.capture_num_tokens),
-                         inputs.chunked_prefill_size, measured)
+                         measured)
 
 
 def _compare_ceiling_notes(path: Path | None) -> list[str]:
@@ -233,10 +267,12 @@ def parse_bytes(text: str, option: str = "--budget-memory") -> int:
     return int(value * BYTE_UNITS[unit])
 
 
-def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
+def _plan_or_exit(
+    trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest, shape: TrafficShape
+) -> Plan:
     try:
         with stop.installed():
-            return _run_plan(trace, trace_format, request, stop)
+            return _run_plan(trace, trace_format, request, stop, shape)
     except KeyboardInterrupt as interrupt:
         when = "by a second signal" if stop.deferring else "before the simulation began"
         err_console.print(
@@ -246,17 +282,48 @@ def _plan_or_exit(trace: Path, trace_format: str, request: PlanRequest, stop: St
         raise typer.Exit(exit_code(interrupt)) from None
 
 
-def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest) -> Plan:
+def _traffic_shape(rate: float | None, concurrency: int | None, seed: int) -> TrafficShape:
+    if rate is not None and concurrency is not None:
+        raise InputError("--rate and --concurrency both given",
+                         "Pick one: Poisson arrivals at a rate, or a number of requests in flight.")
+    if rate is not None and not (rate > 0 and math.isfinite(rate)):
+        raise InputError(f"--rate {rate} is not a rate", "Give requests per second above 0.")
+    return TrafficShape(rate, concurrency, seed)
+
+
+def _read(trace: Path, trace_format: str, shape: TrafficShape) -> RequestTrace | BatchTrace | Traffic:
+    """The trace, with arrivals made up by --rate or a client by --concurrency when it has none."""
+    lengths = trace_format == "lengths" or (trace_format == "cgtool" and has_no_arrivals(trace))
+    if not lengths:
+        if shape.given:
+            raise InputError(
+                f"--rate and --concurrency are for traces without arrival times; {trace} has them",
+                "Drop the flag (--load scales the trace's own arrivals).",
+            )
+        return load_trace_hinted(trace, trace_format).trace
+    if not shape.given:
+        raise InputError(f"{trace} gives prompt and output lengths but no arrival times",
+                         ARRIVAL_REMEDY)
+    lengths_trace = read_lengths(trace)
+    if shape.rate is not None:
+        return with_poisson_arrivals(lengths_trace, shape.rate, shape.seed)
+    return Traffic(None, lengths_trace.input_len, lengths_trace.output_len,
+                   lengths_trace.cached_len, shape.concurrency)
+
+
+def _run_plan(
+    trace: Path, trace_format: str, request: PlanRequest, stop: StopRequest, shape: TrafficShape
+) -> Plan:
     err_console.print(f"reading {trace}", highlight=False)
-    loaded = load_trace_hinted(trace, trace_format).trace
+    loaded = _read(trace, trace_format, shape)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.percentage:>3.0f}%"),
         TimeElapsedColumn(),
     )
-    if isinstance(loaded, RequestTrace):
-        err_console.print(f"simulating {counted(len(loaded.arrival_s), 'request')}", highlight=False)
+    if not isinstance(loaded, BatchTrace):
+        err_console.print(f"simulating {counted(len(loaded), 'request')}", highlight=False)
     # From here a signal ends the simulation at its next poll, and the plan of what was
     # simulated is still written; before, there is nothing worth keeping.
     stop.defer()
@@ -268,6 +335,8 @@ def _run_plan(trace: Path, trace_format: str, request: PlanRequest, stop: StopRe
                 tasks[stage] = progress.add_task(stage, total=1.0)
             progress.update(tasks[stage], completed=fraction)
 
+        if isinstance(loaded, Traffic):
+            return plan_traffic(loaded, request, report, stop.requested)
         if isinstance(loaded, RequestTrace):
             result = plan_requests(
                 loaded.arrival_s,

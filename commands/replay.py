@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from cgtool.commands.capture import PrefillBackend
 from cgtool.commands.common import DEFAULT_MODEL, cli_errors, console, err_console
 from cgtool.commands.signals import StopRequest
 from cgtool.errors import EnvironmentProblem, InputError
@@ -31,6 +32,7 @@ def replay(
     device: Annotated[str, typer.Option(help="cuda (graphs), or cpu (eager, the torch backend: checks the policy).")] = "cuda",
     seed: Annotated[int, typer.Option(help="Seed of the random weights and prompt tokens.")] = 0,
     out: Annotated[Path, typer.Option(help="Folder for replay.json, figures and replay.html.")] = Path("cgtool-replay"),
+    prefill_backend: Annotated[PrefillBackend | None, typer.Option(help="Prefill graphs: breakable or piecewise (torch.compile), as for `cgtool capture` (default: the plan's engine release's, else SGLang's latest: breakable).")] = None,
 ) -> None:
     """Run a trace slice through cgtool's model, KV pool and graphs under the simulator's
     scheduling policy, and print measured against predicted TTFT, TPOT, throughput, step
@@ -44,7 +46,8 @@ def replay(
     inputs = prepare(trace, plan=plan, default=default, requests=requests, load=load, model=model,
                      gpu=resolve_gpu(gpu, device), chunked_prefill_size=chunked_prefill_size,
                      max_running_requests=max_running_requests, mem_fraction_static=mem_fraction_static,
-                     max_total_tokens=max_total_tokens, profile=profile, device=device, seed=seed)
+                     max_total_tokens=max_total_tokens, profile=profile, device=device, seed=seed,
+                     prefill_backend=prefill_backend and prefill_backend.value)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -73,7 +76,8 @@ def _run(inputs, stop: StopRequest):  # noqa: ANN001, ANN202 - types live in cgt
     bench = build_bench(inputs)
     graphs = Graphs()
     if inputs.device == "cuda":
-        graphs = capture_graphs(bench, inputs.capture_bs, inputs.capture_num_tokens, _phase)
+        graphs = capture_graphs(bench, inputs.capture_bs, inputs.capture_num_tokens, _phase,
+                                inputs.prefill_backend)
     stop.defer()  # from here a signal ends the loop at a step boundary and the run is kept
     result = replay_once(inputs, bench, graphs, _phase, stop.requested)
     result.provenance = collect_provenance()

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from cgtool.commands.capture import PrefillBackend
 from cgtool.commands.common import (
     check_out_folder,
     cli_errors,
@@ -30,6 +31,7 @@ def verify(
     mem_fraction_static: Annotated[float | None, typer.Option(help="Override the plan's --mem-fraction-static.")] = None,
     out: Annotated[Path, typer.Option(help="Folder for verify.json, figures and verify.html.")] = Path("cgtool-verify"),
     headroom: Annotated[str, typer.Option(help="GPU memory the proven fraction must leave free at the worst step (a second build and rehearsal proves it).")] = "1.5GiB",
+    prefill_backend: Annotated[PrefillBackend | None, typer.Option(help="Prefill graphs: breakable or piecewise (torch.compile), as for `cgtool capture` (default: the plan's engine release's, breakable for SGLang 0.5.23).")] = None,
 ) -> None:
     """Capture the plan's and the default's graphs, replay sampled steps through both, compare
     with the predictions and rehearse the plan's memory fraction (GPU only)."""
@@ -44,7 +46,8 @@ def verify(
     prepare = import_gpu_module("cgtool.verify.run", _require_gpu).prepare
     inputs = prepare(plan, trace=trace, trace_format=trace_format, num_steps=steps,
                      repeats=repeats, seed=seed, mem_fraction_static=mem_fraction_static,
-                     headroom_bytes=headroom_bytes)
+                     headroom_bytes=headroom_bytes,
+                     prefill_backend=prefill_backend and prefill_backend.value)
     _require_gpu()
     _prepare_out(out)
     from cgtool.reports.verify_html import render_verify
@@ -55,7 +58,8 @@ def verify(
 
     source = "the plan" if inputs.fraction_source == "plan" else "--mem-fraction-static"
     _phase(f"{len(inputs.steps)} steps sampled of {inputs.population.total:,} simulated "
-           f"({inputs.population.source}); --mem-fraction-static {inputs.mem_fraction_static:g} from {source}")
+           f"({inputs.population.source}); --mem-fraction-static {inputs.mem_fraction_static:g} from {source}; "
+           f"{inputs.prefill_backend} prefill graphs")
     result = run_verify(inputs, _phase)
     write_verify(result, out / VERIFY_FILENAME)
     written = [out / VERIFY_FILENAME, *render_verify(result, out)]

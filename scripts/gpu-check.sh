@@ -10,7 +10,7 @@
 # `compile-cache` (by name only): issue 14's compile cache, llama-3.1-8b piecewise captured twice
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
-# `moe-mla` (by name only): scripts/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
+# `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -133,7 +133,7 @@ if [[ " $stages " == *" moe "* ]]; then  # issue 19: MoE/MLA presets, decode at 
 fi
 if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA kernels against their limits
   echo "[$(date +%H:%M:%S)] bench_moe_mla ${MOE_MLA_ARGS:-}"
-  timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 scripts/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
+  timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 benchmarks/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
     2>&1 | tee "$OUT/moe-mla.log"
   echo "[$(date +%H:%M:%S)] bench_moe_mla exit ${PIPESTATUS[0]}"
 fi

@@ -13,6 +13,8 @@ from cgtool.errors import InputError
 from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import Plan
 from cgtool.planner.engine_buffers import engine_graph_buffers
+from cgtool.planner.request import PlanRequest
+from cgtool.planner.server import server_for
 from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table
 
@@ -349,7 +351,7 @@ def test_compare_plan_scores_an_existing_plan_on_this_trace(tmp_path):
 
 
 def test_compare_plan_prints_a_verdict_and_names_an_old_plan_for_another_engine(tmp_path):
-    old = json.loads(min((ROOT / "benchmarks").glob("*/plan-*.json")).read_text())
+    old = json.loads((ROOT / "tests" / "data" / "plans" / "plan-1.3-example.json").read_text())
     old["inputs"]["engine"] = "vllm"
     (tmp_path / "plan.json").write_text(json.dumps(old))
     result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB",
@@ -415,3 +417,19 @@ def test_attention_backend_for_an_unchecked_sglang_release_exits_2_in_one_line()
                     "--attention-backend", "fa3")
     assert result.exit_code == 2
     assert "--engine-version" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_breakable_prefill_graphs_reach_the_chunk_in_plan_json_its_memory_and_its_flags():
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    chunk = data["inputs"]["chunked_prefill_size"]
+    tokens = data["piecewise"]["capture_num_tokens"]
+    # On this trace the optimiser's own ceiling stops below the chunk; SGLang 0.5.23 captures
+    # through it, and so does the plan.
+    assert tokens[-1] == chunk and tokens[-2] < chunk
+    assert f"--cuda-graph-bs-prefill {' '.join(map(str, tokens))}" in data["flags"]["sglang"]
+    cost = server_for(PlanRequest(load_model_config("llama-3.1-8b"), gpu_spec("H100-80GB"))).cost
+    assert data["memory"]["graph_bytes"] == cost.graph_bytes(data["decode"]["capture_bs"], tokens)
+    assert any(w.startswith(f"prefill graphs captured through --chunked-prefill-size {chunk}")
+               for w in data["warnings"])

@@ -35,3 +35,17 @@ def test_plan_names_the_release_prefill_backend_and_a_profile_of_another():
     plain = json.loads(cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--engine-version", "0.5.10",
                               "--json").stdout)["warnings"]
     assert not any("prefill graphs" in w for w in plain)
+
+
+def test_compare_plan_scores_an_old_decode_size_above_every_batch_of_the_trace(tmp_path):
+    old = json.loads((Path(__file__).parent / "data" / "plans" / "plan-1.3-example.json").read_text())
+    ceiling = old["inputs"]["max_running_requests"] + 8  # past the trace's batch histogram
+    old["decode"]["capture_bs"] = [ceiling]
+    (tmp_path / "plan.json").write_text(json.dumps(old))
+    result = cgtool("plan", "--trace", EXAMPLE, "--gpu", "H100-80GB", "--json", "--compare-plan",
+                    tmp_path / "plan.json")
+    assert result.exit_code == 0, result.output
+    rows = {r["schedule"]: r for r in json.loads(result.stdout)["scenarios"]}
+    # Every decode step pads up to the one old graph, whose pool is sized for the larger batch.
+    assert rows["current"]["decode_coverage"] == 1.0
+    assert rows["current"]["graph_bytes"] > rows["plan"]["graph_bytes"]

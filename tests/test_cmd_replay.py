@@ -62,6 +62,16 @@ def test_a_cpu_replay_writes_replay_json_and_html_and_prints_the_comparison(tmp_
     replay = load_replay(out / "replay.json")
     assert replay.status == "complete" and replay.settings.requests == 6
     assert (out / "replay.html").is_file() and (out / "figures" / "replay_decode_batch.png").is_file()
+    # No plan: the engine default's release, SGLang 0.5.23, records breakable prefill graphs.
+    assert replay.settings.prefill_backend == "breakable"
+
+
+def test_replay_records_the_prefill_backend_it_was_asked_for(tmp_path):
+    out = tmp_path / "o"
+    result = cgtool("replay", "--trace", _trace(tmp_path / "t.jsonl", n=2), *CPU, "--prefill-backend", "piecewise",
+                    "--out", out)
+    assert result.exit_code == 0, result.output
+    assert load_replay(out / "replay.json").settings.prefill_backend == "piecewise"
 
 
 def test_plan_reads_a_replay_json_as_its_profile(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from cgtool.commands.main import app
 from cgtool.traces.trace import RequestTrace, read_trace
+from cgtool.units import counted
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "azure-conv-first-1000.jsonl"
@@ -200,4 +202,5 @@ def test_one_request_is_counted_in_the_singular(tmp_path):
     plan = runner.invoke(app, ["plan", "--trace", str(trace), "--model", "tiny"])
     assert plan.exit_code == 0, plan.output
     assert "simulating 1 request\n" in plan.stderr and "1 requests" not in plan.output
-    assert "(1 sizes)" not in plan.output and "(1 size)" in plan.output
+    assert "(1 sizes)" not in plan.output and re.search(r"\(\d+ sizes?\)", plan.output)
+    assert counted(1, "size") == "1 size" and counted(2_048, "request") == "2,048 requests"

@@ -19,7 +19,7 @@ from cgtool.reports.render import printed_tables
 from cgtool.reports.tables import TableData, comparison_rows, for_people, to_rich
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = min((ROOT / "benchmarks").glob("*/plan-*.json"))
+PLAN = ROOT / "tests" / "data" / "plans" / "plan-1.3-example.json"
 REPORT = ROOT / "tests" / "data" / "reports" / "h100-llama-3.1-8b"
 WIDTHS = (80, 100)
 

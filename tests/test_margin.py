@@ -42,8 +42,9 @@ def test_fragmentation_share_covers_the_worst_measured_extend():
 
 
 def test_first_forward_covers_what_each_familys_first_capture_paid_beyond_its_graphs():
+    # The proofs run on today's kernels; the MLA kernels of the first runs loaded 0.6 GiB more.
     paid: dict[str, list[float]] = {}
-    for path in RESULTS.glob("*/verify.json"):
+    for path in (RESULTS.parent / "h100-2026-11-26-memory-proof").glob("*/verify.json"):
         result = json.loads(path.read_text())
         cfg = load_model_config(result["model"]["name"])
         plan = next(s for s in result["sets"] if s["name"] == "plan")

@@ -24,7 +24,10 @@ from cgtool.specs.gpus import gpu_spec
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/h100-2026-11-26-memory"
 PARTS = {m["model"]: m for m in json.loads((RESULTS / "parts-call3.json").read_text())["models"]}
 MODELS = ["llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite"]
-RUNS = sorted(RESULTS.glob("*/verify.json"))
+# The runs the terms were fitted on, and a later set they were not: the same six plans proven
+# again after the sampling rehearsal and the fused MoE/MLA kernels (h100-2026-11-26-memory-proof).
+HELD_OUT = RESULTS.parent / "h100-2026-11-26-memory-proof"
+RUNS = sorted([*RESULTS.glob("*/verify.json"), *HELD_OUT.glob("*/verify.json")])
 H100 = gpu_spec("H100-80GB")
 
 
@@ -78,7 +81,7 @@ def test_graph_memory_of_the_default_set_within_15_percent_of_verify(path):
     assert _predicted_graphs(model, default) == pytest.approx(default["graph_bytes"], rel=0.15)
 
 
-@pytest.mark.parametrize("path", RUNS, ids=lambda p: p.parent.name)
+@pytest.mark.parametrize("path", sorted(HELD_OUT.glob("*/verify.json")), ids=lambda p: p.parent.name)
 def test_graph_memory_of_the_plan_set_with_the_first_forward_within_15_percent_of_verify(path):
     # The plan set is the first capture in verify's process: it also pays what the first
     # forward loads (a part of the margin, cgtool.planner.margin).

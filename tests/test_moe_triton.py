@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cgtool.model.moe import Experts, SparseMoE, experts_ref, route, use_moe_backend
-from cgtool.model.moe_routing import ONE_PROGRAM_PAIRS, route_topk
+from cgtool.model.moe_routing import ONE_PROGRAM_PAIRS, route_topk, router_logits
 from cgtool.model.moe_triton import (
     CONFIGS,
     align_block_size,
@@ -100,6 +100,22 @@ def test_route_topk_kernel_matches_the_torch_routing(renormalise, scale, num_tok
     ref_weights, ref_ids = route(logits, moe)
     assert ids.dtype == torch.int32 and torch.equal(ids.long(), ref_ids)
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,hidden", [(1, 8, 48), (19, 64, 200), (70, 6, 32)])
+def test_router_logits_kernel_matches_the_fp32_linear(num_tokens, num_experts, hidden):
+    gen = torch.Generator(device=DEVICE).manual_seed(4)
+    x = torch.randn(num_tokens, hidden, generator=gen, device=DEVICE)
+    w = torch.randn(num_experts, hidden, generator=gen, device=DEVICE)
+    torch.testing.assert_close(router_logits(x, w), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_router_logits_kernel_matches_the_fp32_linear_of_bf16_weights():
+    x = torch.randn(300, 2048, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(128, 2048, device="cuda") * 2048**-0.5).to(torch.bfloat16)
+    expected = torch.nn.functional.linear(x.float(), w.float())
+    torch.testing.assert_close(router_logits(x, w), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_sparse_moe_on_the_kernels_matches_the_reference(tmp_path):

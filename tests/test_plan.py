@@ -13,10 +13,9 @@ from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import Plan
 from cgtool.traces.convert_public import convert_azure, convert_mooncake
 from cgtool.planner.memory import check_plan_safety
-from cgtool.planner.plan import POOL_TOLERANCE, _provisional_kv, plan_batches, plan_requests
+from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import HELD_OUT_SPLIT
-from cgtool.planner.server import server_for
 
 # The public traces sit beside the checkout (../shared/traces); tests that need them skip without.
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -274,7 +273,8 @@ def test_a_trace_whose_requests_all_exceed_the_context_is_refused():
 def test_a_single_request_gets_a_plan():
     plan = plan_requests(np.zeros(1), np.array([100]), np.array([10]), None, PlanRequest(CFG, H100))
     assert plan.decode.capture_bs[0] == 1
-    assert plan.piecewise.capture_num_tokens == [112]  # 100 tokens, on the grid
+    # 100 tokens, on the grid; SGLang 0.5.23 captures prefill graphs through the chunk too.
+    assert plan.piecewise.capture_num_tokens == [112, 8192]
 
 
 def test_batch_sizes_listed_twice_are_merged():
@@ -377,9 +377,11 @@ def test_held_out_decode_coverage_is_full_at_every_load(base_plan):
             assert r.decode_coverage >= 0.99
 
 
-def test_the_kv_pool_simulated_is_the_one_recommended(base_plan):
-    simulated = base_plan.simulation.simulated_kv_tokens
-    assert abs(simulated - base_plan.memory.kv_tokens) <= 0.02 * simulated
+def test_sizes_are_fitted_on_the_default_server_and_each_schedule_served_on_its_own_pool(base_plan):
+    assert base_plan.simulation.simulated_kv_tokens == base_plan.memory.default_kv_tokens
+    pools = {row.schedule: row.kv_tokens for row in base_plan.closed_loop}
+    assert pools == {"plan": base_plan.memory.kv_tokens,
+                     "default": base_plan.memory.default_kv_tokens}
 
 
 def test_replicas_split_the_trace_between_servers():
@@ -499,7 +501,8 @@ def test_the_fit_part_does_not_depend_on_whether_the_first_held_out_request_fits
 def test_held_out_requests_do_not_choose_the_replica_count():
     # 700 light requests every 0.5 s, then 300 heavy ones in a burst: judged on the whole
     # trace, one server overloaded and the plan was for one of 20 replicas, fitted on 7,000
-    # steps instead of 89,015.
+    # steps instead of 89,015. (The plan's own closed loop still runs over the whole trace when
+    # it extends the decode graphs, cgtool.planner.plan._cover_own_batches: not checked here.)
     n, first_held = 1000, 700
     arrival, prompt, output = np.arange(n) * 0.5, np.full(n, 500), np.full(n, 100)
     heavy_arrival, heavy_prompt, heavy_output = arrival.copy(), prompt.copy(), output.copy()
@@ -509,18 +512,4 @@ def test_held_out_requests_do_not_choose_the_replica_count():
     heavy = plan_requests(heavy_arrival, heavy_prompt, heavy_output, np.zeros(n, int),
                           PlanRequest(CFG, H100))
     assert light.simulation.replicas == heavy.simulation.replicas == 1
-    assert _same_fit(light, heavy)
-
-
-def test_the_kv_pool_is_simulated_again_until_it_settles():
-    # On an A10 (22.5 GiB) the 8B model leaves a pool of some 23,000 tokens, which the plan's
-    # graphs move by more than POOL_TOLERANCE from the first guess (the default's graphs):
-    # the trace is simulated a second time at the recommended pool, which then holds.
-    req = PlanRequest(CFG, gpu_spec("A10"))
-    plan = plan_requests(*synthetic(800), req)
-    first_guess = _provisional_kv(req, server_for(req))
-    simulated, recommended = plan.simulation.simulated_kv_tokens, plan.memory.kv_tokens
-    assert plan.simulation.pool_rounds == 2
-    assert abs(first_guess - recommended) > POOL_TOLERANCE * first_guess
-    assert abs(simulated - recommended) <= POOL_TOLERANCE * simulated
-
+    assert light.basis.fit_steps == heavy.basis.fit_steps == 89_015

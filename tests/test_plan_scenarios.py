@@ -19,7 +19,7 @@ from cgtool.reports.plan_scenarios import plan_serving_rows, plan_tables
 from cgtool.reports.plan_tables import plan_comparison_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-PLAN = min((ROOT / "benchmarks").glob("*/plan-*.json"))  # loads 1 and 2, held out
+PLAN = ROOT / "tests" / "data" / "plans" / "plan-1.3-example.json"  # loads 1 and 2, held out
 
 
 def _with_current(plan: Plan, factor: float) -> Plan:

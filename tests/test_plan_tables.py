@@ -81,3 +81,13 @@ def test_a_plan_with_a_profile_adds_the_predicted_and_measured_graph_row():
     data["memory"]["graph_bytes_predicted"], data["memory"]["graph_bytes_measured"] = 3 << 30, 2 << 30
     rows = {r[0]: r[1:] for r in plan_memory_rows(Plan.from_dict(data)).rows}
     assert rows["report's graphs: predicted, measured"] == ["3.00 GiB", "2.00 GiB (+50% off)"]
+
+
+def test_plan_html_puts_each_flag_and_each_comment_on_its_own_line():
+    plan = load_plan(NEW_PLAN)
+    plan.flags["sglang"] = ["--cuda-graph-bs-decode 1 2 4", "--mem-fraction-static 0.88",
+                            "# assumes SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=0"]
+    page = html.unescape(plan_html(plan, []))
+    block = page.split("<b>sglang</b><pre>", 1)[1].split("</pre>", 1)[0]
+    assert block.splitlines() == ["--cuda-graph-bs-decode 1 2 4 \\", "--mem-fraction-static 0.88",
+                                  "# assumes SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=0"]

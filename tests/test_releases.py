@@ -132,19 +132,11 @@ def test_rows_are_keyed_by_engine_and_version():
     assert ("sglang", "0.5.23") in RELEASE_RULES and ("trtllm", "main-0004396") in RELEASE_RULES
 
 
-def test_a_plan_says_what_its_prefill_graphs_are_and_what_its_memory_assumed():
-    (note,) = prefill_notes("sglang", "0.5.23", (64, 4096), 8192)
-    assert note.startswith("SGLang 0.5.23 records prefill graphs as breakable CUDA graphs")
-    assert "eager prefill peak at 8192" in note
-    assert prefill_notes("sglang", "0.5.23", (64, 8192), 8192) == []
-    assert prefill_notes("sglang", "0.5.10", (64, 4096), 8192) == []
-
-
 def test_a_profile_of_the_other_prefill_backend_is_named():
-    notes = prefill_notes("sglang", "0.5.23", (64, 8192), 8192, profile_backend="piecewise")
+    notes = prefill_notes("sglang", "0.5.23", (64, 8192), profile_backend="piecewise")
     assert notes == ["the --profile report measured torch.compile piecewise prefill graphs; SGLang 0.5.23 "
                      "records breakable ones (`cgtool capture --prefill-backend breakable` measures those)"]
-    assert prefill_notes("sglang", "0.5.23", (64, 8192), 8192, profile_backend="breakable") == []
-    assert prefill_notes("vllm", "0.33", (64,), 8192, profile_backend="breakable")[0].endswith(
+    assert prefill_notes("sglang", "0.5.23", (64, 8192), profile_backend="breakable") == []
+    assert prefill_notes("vllm", "0.33", (64,), profile_backend="breakable")[0].endswith(
         "(`cgtool capture --prefill-backend piecewise` measures those)")
-    assert prefill_notes("trtllm", None, (), 8192, profile_backend="piecewise") == []
+    assert prefill_notes("trtllm", None, (), profile_backend="piecewise") == []

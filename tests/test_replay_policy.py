@@ -43,7 +43,8 @@ def test_virtual_replay_makes_the_simulators_batches(seed, max_running, chunk, k
     decode, extend = _histograms(run.steps, max_running, chunk)
     np.testing.assert_array_equal(decode, sim.decode_counts)
     np.testing.assert_array_equal(extend, sim.extend_counts)
-    assert run.clock_ms / 1e3 == pytest.approx(sim.duration_s, rel=1e-9)
+    # The simulator counts from the first arrival (origin_s); the virtual loop from 0.
+    assert run.clock_ms / 1e3 == pytest.approx(sim.origin_s + sim.duration_s, rel=1e-9)
 
 
 def test_every_request_gets_its_first_token_and_finishes_after_it():
@@ -62,3 +63,18 @@ def test_kv_pool_is_empty_and_nothing_decodes_once_every_request_finished():
     sched = Scheduler(reqs, 4, 128, 2000)
     run_virtual(reqs, sched, step_cost_ms(_cost(4, 128)))
     assert sched.done and sched.kv_used == 0 and sched.context == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_step_policy_times_every_request_as_the_simulator_does(seed):
+    arrival, prompt, output, cached = _trace(150, seed)
+    cost = _cost(16, 512, seed)
+    sim = simulate(arrival, prompt, output, cached, cost=cost, max_running_requests=16,
+                   chunked_prefill_size=512, kv_capacity_tokens=20_000)
+    reqs = requests_from(arrival - arrival[0], prompt, output, cached)
+    run = run_virtual(reqs, Scheduler(reqs, 16, 512, 20_000), step_cost_ms(cost))
+    times = sim.requests
+    first = np.array([run.first_token_ms[i] for i in times.index]) / 1e3
+    finish = np.array([run.finish_ms[i] for i in times.index]) / 1e3
+    np.testing.assert_allclose(first, times.first_token_s, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(finish, times.finish_s, rtol=0, atol=1e-9)

@@ -1,6 +1,8 @@
+import math
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cgtool.planner.simulator import StepCost, simulate
@@ -114,19 +116,32 @@ def test_mismatched_array_lengths_are_refused():
 # ---- the event-driven simulator against a plain one-step-at-a-time reference
 
 
-def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
-    """The same policy, one step per loop turn, no prefix sums and no skipped runs."""
+def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost, concurrency=None,
+              times=None):
+    """The same policy, one step per loop turn, no prefix sums and no skipped runs; the clock
+    starts at the first arrival, as the simulator's does. With a concurrency, the first N
+    requests arrive at 0 and each later one (in the order given) when a request finishes.
+    `times`, a dict, receives each request's (first token ms, finish ms)."""
     n = len(arrival)
-    order = sorted(range(n), key=lambda i: arrival[i])
-    queue, running, clock_ms, split = (
-        list(order),
-        {},
-        0.0,
-        None,
-    )  # running: index -> (context, left)
+    if concurrency is None:
+        arrival_ms = [(a - min(arrival)) * 1e3 for a in arrival]
+    else:
+        arrival_ms = [0.0 if i < concurrency else math.inf for i in range(n)]
+    released = min(concurrency or n, n)
+    order = sorted(range(n), key=lambda i: arrival_ms[i])
+    queue, running, clock_ms, split = list(order), {}, 0.0, None  # running: index -> [context, left]
     decode, extend, kv_used = {}, {}, 0
+    times = {} if times is None else times
+
+    def finished(index):
+        nonlocal released
+        times[index] = (times[index][0], clock_ms)
+        if released < n:
+            arrival_ms[released] = clock_ms
+            released += 1
+
     while queue or running or split:
-        ready = [i for i in queue if arrival[i] * 1e3 <= clock_ms]
+        ready = [i for i in queue if arrival_ms[i] <= clock_ms]
         done: list[int] = []
 
         def fits(i, split, kv_used, done=done):
@@ -156,12 +171,14 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
             clock_ms += cost.extend_ms[tokens]
             for index in done:
                 running[index] = [inp[index] + 1, max(out[index] - 1, 0)]
+                times[index] = (clock_ms, None)
             for index in [i for i, (_, left) in running.items() if left == 0]:
                 kv_used -= inp[index] + 1
                 del running[index]
+                finished(index)
             continue
         if not running:
-            clock_ms = max(clock_ms, arrival[queue[0]] * 1e3)
+            clock_ms = max(clock_ms, arrival_ms[queue[0]])
             continue
         batch = len(running)
         decode[batch] = decode.get(batch, 0) + 1
@@ -174,6 +191,7 @@ def reference(arrival, inp, out, max_running, chunk, kv_capacity, cost):
             if running[index][1] == 0:
                 kv_used -= inp[index] + max(out[index] - 1, 0) + 1
                 del running[index]
+                finished(index)
     return decode, extend, clock_ms
 
 
@@ -182,14 +200,27 @@ requests = st.lists(
 )
 
 
+def binary_cost(max_running, chunk):
+    """Step times that are whole multiples of 2**-10 ms: every sum either side takes is exact,
+    so the skipping simulator and the one-step reference read the same clock, ties included."""
+    return StepCost(
+        1.0 + 0.125 * np.arange(max_running + 1), 5.0 + 2.0**-6 * np.arange(chunk + 1), 2.0**-10, 0.0
+    )
+
+
 @settings(max_examples=150, deadline=None)
 @given(requests, st.integers(1, 6), st.sampled_from([64, 128, 512]), st.integers(350, 3000))
+# Found by chance once (issue 34): with step times of 1.0 + 0.1 b the reference's clock read
+# 19.999999999999996 ms against an arrival at 20.0 ms.
+@example(reqs=[(0.0, 128, 6), (0.02, 1, 2), (0.00390625, 242, 5)], max_running=2, chunk=512,
+         kv_capacity=381)
 def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk, kv_capacity):
     arrival, inp, out = (list(column) for column in zip(*reqs))
-    cost = StepCost(
-        1.0 + 0.1 * np.arange(max_running + 1), 5.0 + 0.01 * np.arange(chunk + 1), 0.001, 0.0
+    cost = binary_cost(max_running, chunk)
+    times: dict = {}
+    decode, extend, clock_ms = reference(
+        arrival, inp, out, max_running, chunk, kv_capacity, cost, times=times
     )
-    decode, extend, clock_ms = reference(arrival, inp, out, max_running, chunk, kv_capacity, cost)
     result = simulate(
         np.array(arrival),
         np.array(inp),
@@ -202,7 +233,45 @@ def test_event_skipping_matches_stepping_one_at_a_time(reqs, max_running, chunk,
     )
     assert nonzero(result.decode_counts) == decode
     assert nonzero(result.extend_counts) == extend
-    assert result.duration_s * 1e3 == pytest.approx(clock_ms)
+    assert result.duration_s * 1e3 == pytest.approx(clock_ms, rel=1e-12)
+    assert_times_match(result, times)
+
+
+def assert_times_match(result, times):
+    """Every request's first token and finish, as the reference's clock read them."""
+    r = result.requests
+    for i, first_s, finish_s in zip(r.index.tolist(), r.first_token_s, r.finish_s):
+        assert (first_s * 1e3, finish_s * 1e3) == pytest.approx(times[i], rel=1e-12, abs=1e-9)
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests, st.integers(1, 6), st.sampled_from([64, 512]), st.integers(350, 3000),
+       st.integers(1, 8))
+def test_a_closed_loop_client_matches_stepping_one_at_a_time(
+    reqs, max_running, chunk, kv_capacity, concurrency
+):
+    """With N in flight, a request arrives exactly when one finishes: the same steps, the same
+    first tokens and finishes as the reference's."""
+    _, inp, out = (list(column) for column in zip(*reqs))
+    cost = binary_cost(max_running, chunk)
+    times: dict = {}
+    decode, extend, clock_ms = reference(
+        [0.0] * len(inp), inp, out, max_running, chunk, kv_capacity, cost, concurrency, times
+    )
+    result = simulate(
+        np.zeros(len(inp)), np.array(inp), np.array(out), None, cost=cost,
+        max_running_requests=max_running, chunked_prefill_size=chunk,
+        kv_capacity_tokens=kv_capacity, concurrency=concurrency,
+    )
+    assert nonzero(result.decode_counts) == decode
+    assert nonzero(result.extend_counts) == extend
+    assert result.duration_s * 1e3 == pytest.approx(clock_ms, rel=1e-12)
+    assert_times_match(result, times)
+    # Never more requests sent than finished plus N.
+    sent = np.sort(result.requests.arrival_s)
+    finished = np.sort(result.requests.finish_s)
+    later = max(len(sent) - concurrency, 0)
+    assert np.array_equal(sent[len(sent) - later :], finished[:later])
 
 
 def _many_requests(n: int = 200_000):
@@ -285,7 +354,7 @@ def _fields(result):
     return {
         name: value.tolist() if isinstance(value, np.ndarray) else value
         for name, value in vars(result).items()
-        if name != "before_split"
+        if name not in ("before_split", "requests")
     }
 
 
@@ -302,9 +371,35 @@ def test_the_order_requests_are_given_in_does_not_change_the_result():
     shuffled = run(arrival[shuffle], inp[shuffle], out[shuffle], **kwargs)
     assert in_order.dropped_requests == n // 50
     assert _fields(shuffled) == _fields(in_order)
+    a, b = in_order.requests, shuffled.requests
+    assert np.array_equal(shuffle[b.index], a.index)  # each names its place in the arrays given
+    assert np.array_equal(b.first_token_s, a.first_token_s, equal_nan=True)
+    assert np.array_equal(b.finish_s, a.finish_s)
 
 
 def test_queue_delay_is_the_wait_from_arrival_to_admission():
     # One request at a time: the second waits for the first (10 ms prefill, 4 decode steps).
     result = run([0.0, 0.001], [100, 100], [5, 5], max_running=1)
     assert result.mean_queue_s == pytest.approx((0.0 + (0.014 - 0.001)) / 2)
+
+
+def test_the_step_log_expands_to_every_step_timed_as_the_run_took_it():
+    rng = np.random.default_rng(5)
+    n = 200
+    arrival = np.cumsum(rng.exponential(0.02, n))
+    cost = flat_cost(max_bs=16, chunk=512, kv_ms=1e-4)
+    result = simulate(arrival, rng.integers(5, 900, n), rng.integers(1, 60, n), None, cost=cost,
+                      max_running_requests=16, chunked_prefill_size=512,
+                      kv_capacity_tokens=20_000, log_steps=True)
+    steps = result.steps_log.expand(cost)
+    assert len(steps["kind"]) == result.steps
+    busy_ms = (result.decode_time_s.sum() + result.extend_time_s.sum()) * 1e3
+    assert steps["elapsed_ms"].sum() == pytest.approx(busy_ms)
+    ends = steps["start_ms"] + steps["elapsed_ms"]
+    assert np.all(steps["start_ms"][1:] >= ends[:-1] - 1e-9)  # one step at a time, idle between
+    assert ends[-1] == pytest.approx(result.duration_s * 1e3)
+    decode = steps["kind"] == 0
+    assert np.bincount(steps["size"][decode], minlength=17).tolist() == result.decode_counts.tolist()
+    # Every request's first token comes at the end of some extend step.
+    extend_ends = set(np.round(ends[~decode], 9))
+    assert all(round(t * 1e3, 9) in extend_ends for t in result.requests.first_token_s)

@@ -166,25 +166,21 @@ def _prefill_runner(
 ) -> Any:
     """The prefill runner of --prefill-backend, built and warmed up. Its rows keep the kind
     "piecewise" (prefill graphs per token count); the report's settings name the backend."""
-    from cgtool.runners.breakable import BreakableGraphRunner
+    from cgtool.capture.prefill_backend import prefill_runner
     from cgtool.runners.compile_cache import default_cache_dir
-    from cgtool.runners.piecewise import PiecewiseGraphRunner
 
     report_progress(on_progress, "piecewise", "compile", None, 0, len(opts.capture_num_tokens))
     runner: Any
     if opts.prefill_backend == "breakable":
-        runner = BreakableGraphRunner(bench.runner, opts.capture_num_tokens, opts.enable_cudagraph_gc)
+        runner = prefill_runner("breakable", bench.runner, opts.capture_num_tokens, opts.enable_cudagraph_gc)
         state.runners.append(runner)
         with state.phase("warmup"):  # one eager forward; nothing is compiled
             runner.warmup()
         return runner
     with state.phase("compile"):  # building the runner imports dynamo: seconds, part of compiling
-        runner = PiecewiseGraphRunner(
-            bench.runner,
-            capture_num_tokens=opts.capture_num_tokens,
-            compiler=opts.compiler,
-            enable_cudagraph_gc=opts.enable_cudagraph_gc,
-            compile_cache_dir=default_cache_dir() if opts.compile_cache else None,
+        runner = prefill_runner(
+            "piecewise", bench.runner, opts.capture_num_tokens, opts.enable_cudagraph_gc,
+            compiler=opts.compiler, compile_cache_dir=default_cache_dir() if opts.compile_cache else None,
         )
         state.runners.append(runner)
         runner.warmup()

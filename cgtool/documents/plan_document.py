@@ -29,7 +29,8 @@ from cgtool.documents.document_io import (
 )
 
 PLAN_SCHEMA = "cgtool.plan"
-PLAN_VERSION = "1.3"  # 1.2 adds the histograms' attention_ms; 1.3 the optional `vit`
+# 1.2 adds the histograms' attention_ms; 1.3 the optional `vit`; 1.4 `closed_loop`
+PLAN_VERSION = "1.4"
 PLAN_FILENAME = "plan.json"
 
 
@@ -163,6 +164,33 @@ class ScenarioScore(ScheduleScore):
     eager: str
 
 
+@dataclass(frozen=True, slots=True)
+class ClosedLoopRow:
+    """One schedule served with its own step times at one load under one eager-cost
+    assumption (cgtool.planner.closed_loop): what a client would see, predicted."""
+
+    schedule: str  # "plan", "default", or "current" (--compare-plan)
+    load: float
+    eager: str
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_ms: float  # time per output token after the first
+    tpot_p99_ms: float
+    output_tokens_per_s: float
+    mean_queue_s: float
+    p99_queue_s: float
+    median_decode_batch: int  # half of the decode steps run at or below this batch
+    largest_decode_batch: int
+    decode_eager_share: float  # decode steps with no graph to replay
+    finished_share: float  # below 1 only when the run was stopped
+    duration_s: float
+    max_bs: int  # the schedule's largest decode graph
+    num_graphs: int
+    graph_bytes: int
+    capture_s: float
+    kv_tokens: int
+
+
 @dataclass(slots=True)
 class LoadSummary:
     load: float
@@ -236,6 +264,7 @@ class Plan:
     simulation: Simulation
     warnings: list[str] = field(default_factory=list)
     vit: VitPlan | None = None  # only for a trace with images; absent before 1.3
+    closed_loop: list[ClosedLoopRow] = field(default_factory=list)  # absent before 1.4
 
     def row(self, schedule: str) -> ScheduleScore | None:
         """The comparison row of "plan" or "default"."""
@@ -249,6 +278,8 @@ class Plan:
         for name in ("provenance", "basis", "vit"):
             if body[name] is None:
                 del body[name]
+        if not body["closed_loop"]:  # batch-trace plans and plans before 1.4 have none
+            del body["closed_loop"]
         for kind in ("decode", "piecewise"):
             if body[kind]["histogram"]["attention_ms"] is None:
                 del body[kind]["histogram"]["attention_ms"]

@@ -26,13 +26,14 @@ from cgtool.documents.document_io import (
 from cgtool.errors import InputError
 from cgtool.specs.hidden_states import HiddenMode
 from cgtool.documents.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
+from cgtool.specs.kinds import GRAPH_KINDS, GraphKind
 
 REPORT_SCHEMA = "cgtool.report"
 REPORT_FILENAME = "report.json"
 REPORT_VERSION = "1.1"  # 1.1 adds ViT graphs: the kind "vit" and settings.image_sizes
 
-Kind = Literal["decode", "piecewise", "vit"]
-KINDS: tuple[Kind, ...] = ("decode", "piecewise", "vit")
+Kind = GraphKind
+KINDS = GRAPH_KINDS
 # What a row's `size` counts, by kind: the label of its column and axis.
 SIZE_UNITS: dict[str, str] = {"decode": "batch size", "piecewise": "tokens", "vit": "patches"}
 SizeStatus = Literal["ok", "unsafe", "failed"]

@@ -90,12 +90,13 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Router logits in fp32 as DeepSeek computes them: near-ties between experts must not
         # flip with the activation dtype.
-        logits = F.linear(x.float(), self.gate.weight.float())
-        if self.experts.backend == "triton":  # one kernel, not the reference's six
+        if self.experts.backend == "triton":  # two kernels, not the reference's nine
             moe = self.moe
-            weights, ids = fused_route(logits, moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor)
+            weights, ids = fused_route(
+                x, self.gate.weight, moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor
+            )
         else:
-            weights, ids = route(logits, self.moe)
+            weights, ids = route(F.linear(x.float(), self.gate.weight.float()), self.moe)
         if self.active_counts is not None:
             self.active_counts.append(int(ids.unique().numel()))  # a host sync: never while capturing
         out = self.experts(x, weights, ids)

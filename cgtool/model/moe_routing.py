@@ -31,6 +31,53 @@ BLOCKS_BLOCK = 64
 
 
 @triton.jit
+def _router_kernel(
+    X, W, Logits, num_tokens, hidden, stride_xt, stride_we,
+    NUM_EXPERTS: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # Logits[t, e] = x[t] . w[e] with fp32 accumulation. A bf16 product is exact in fp32, so
+    # this is the reference's fp32 GEMM of the upcast tensors but for the order of the sum.
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    mask_t = tokens < num_tokens
+    mask_e = experts < NUM_EXPERTS
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        mask_k = offs_k < hidden - k0
+        x = tl.load(X + tokens[:, None].to(tl.int64) * stride_xt + k0 + offs_k[None, :],
+                    mask=mask_t[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(W + experts[None, :] * stride_we + k0 + offs_k[:, None],
+                    mask=mask_e[None, :] & mask_k[:, None], other=0.0)
+        acc = tl.dot(x, w, acc, input_precision=PRECISION)
+    tl.store(Logits + tokens[:, None] * NUM_EXPERTS + experts[None, :], acc,
+             mask=mask_t[:, None] & mask_e[None, :])
+
+
+_ROUTER = CachedKernel(_router_kernel)
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 [n, E] logits of `F.linear(x.float(), weight.float())` in one kernel, where torch
+    takes three (two casts and an fp32 GEMM on the CUDA cores: 155 us at 8k tokens, H200)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    assert weight.stride(-1) == 1
+    num_tokens, hidden = x.shape
+    num_experts = weight.shape[0]
+    logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
+    block_t = 16 if num_tokens <= 64 else 64  # tl.dot takes 16 rows at the least
+    block_e = min(64, max(16, next_power_of_2(num_experts))) if num_tokens > 64 else 16
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    _ROUTER.launch(
+        (cdiv(num_tokens, block_t), cdiv(num_experts, block_e)), x, weight, logits, num_tokens,
+        hidden, x.stride(0), weight.stride(0), NUM_EXPERTS=num_experts, PRECISION=precision,
+        BLOCK_T=block_t, BLOCK_E=block_e, BLOCK_K=128, num_warps=4,
+    )
+    return logits
+
+
+@triton.jit
 def _route_kernel(
     Logits, Weights, Ids, num_tokens, scale,
     NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -229,24 +276,24 @@ def align_block_size(
 
 
 def fused_route(
-    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route_topk`, as one opaque node when dynamo traces it."""
+    """`moe.route` of the router's logits for x: two kernels, one opaque node for dynamo."""
     if torch.compiler.is_compiling():
-        return torch.ops.cgtool.route_topk(logits, top_k, renormalise, scale)
-    return route_topk(logits, top_k, renormalise, scale)
+        return torch.ops.cgtool.route_topk(x, weight, top_k, renormalise, scale)
+    return route_topk(router_logits(x, weight), top_k, renormalise, scale)
 
 
 @torch.library.custom_op("cgtool::route_topk", mutates_args=())
 def _route_topk_op(
-    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return route_topk(logits, top_k, renormalise, scale)
+    return route_topk(router_logits(x, weight), top_k, renormalise, scale)
 
 
 @_route_topk_op.register_fake
 def _(
-    logits: torch.Tensor, top_k: int, renormalise: bool, scale: float
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    shape = (logits.shape[0], top_k)
-    return (logits.new_empty(shape, dtype=torch.float32), logits.new_empty(shape, dtype=torch.int32))
+    shape = (x.shape[0], top_k)
+    return (x.new_empty(shape, dtype=torch.float32), x.new_empty(shape, dtype=torch.int32))

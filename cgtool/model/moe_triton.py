@@ -46,7 +46,7 @@ class ExpertsConfig:
 
 
 # (largest mean rows an expert gets, config): the fastest of issue 33's sweep (H200,
-# 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json, scripts/bench_moe_mla.py)
+# 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json, benchmarks/bench_moe_mla.py)
 # at qwen3-30b-a3b's and deepseek-v2-lite's shapes. Decode (bs 1-64, under 8 rows an expert):
 # 16-row blocks, 64 columns, K 128 deep over 4 stages. bs 256 (16-24 rows): 32-row blocks,
 # 1.06-1.26x. 512 tokens (32-48 rows): 64-row blocks. 2k-8k tokens (128-768 rows): 128-row

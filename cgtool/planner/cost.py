@@ -17,6 +17,13 @@ import numpy as np
 from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec
 from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
+from cgtool.planner.kernel_terms import (
+    MLA_DECODE_READ_EFFICIENCY,
+    MLA_DECODE_REQUEST_MS,
+    MLA_EXTEND_FLOPS_EFFICIENCY,
+    kernel_floor_ms,
+    moe_layers_ms,
+)
 from cgtool.planner.memory_terms import (
     GRAPH_NODE_BYTES,
     decode_graph_pool_bytes,
@@ -140,6 +147,12 @@ def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
     return cfg.num_layers * per_layer + moe + 4 + collectives_per_forward(cfg, tp_size)
 
 
+def _kernels_outside_moe(cfg: ModelConfig, kernels: int) -> int:
+    # kernels_per_forward counts a MoE layer as the dense MLP's three kernels plus four; the
+    # MoE layers' own (kernel_terms.MOE_KERNELS_SMALL of them now) are in moe_layers_ms.
+    return kernels - cfg.num_moe_layers * (3 + 4)
+
+
 def weight_bytes_read(cfg: ModelConfig, rows: np.ndarray) -> np.ndarray:
     """Bytes of weights one forward over each of `rows` tokens streams (the config decides)."""
     return np.asarray(cfg.weight_bytes_read(np.asarray(rows, dtype=np.float64), BF16_BYTES), dtype=np.float64)
@@ -149,10 +162,17 @@ def _dense_ms(
     cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray, logit_rows: np.ndarray
 ) -> np.ndarray:
     head_params = cfg.vocab_size * cfg.hidden_size
-    # Each token computes with its own top-k experts only, whatever the batch reads.
     body_params = cfg.active_param_count() - head_params * (1 if cfg.tie_word_embeddings else 2)
+    read_bytes = weight_bytes_read(cfg, rows)
+    experts_ms = np.zeros_like(rows, dtype=np.float64)
+    if cfg.moe is not None:
+        # Routed experts at the efficiencies measured for cgtool's fused MoE (kernel_terms);
+        # the rest of the model as a dense one.
+        body_params -= cfg.num_moe_layers * cfg.moe.top_k * cfg.expert_params
+        read_bytes = cfg.dense_param_count() * BF16_BYTES + rows * 0.0
+        experts_ms = moe_layers_ms(cfg, gpu, rows)
     flops = 2.0 * (body_params * rows + head_params * logit_rows)
-    read_ms = weight_bytes_read(cfg, rows) / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3
+    read_ms = read_bytes / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY) * 1e3 + experts_ms
     compute_ms = flops / (gpu.bf16_flops * _FLOPS_EFFICIENCY) * 1e3
     # A sum, not max(): at small batch the GEMMs neither stream weights at full bandwidth nor
     # keep the tensor cores busy, and measured decode steps grow with batch size long before
@@ -180,8 +200,12 @@ def roofline_cost(
     tokens = np.arange(max_tokens + 1, dtype=np.float64)
     decode_comm = comm_ms(cfg, gpu, tp_size, bs, bs)
     extend_comm = comm_ms(cfg, gpu, tp_size, tokens, np.ones_like(tokens))
-    decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm
-    extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm
+    # MoE and MLA models: the floor of every kernel outside the MoE layers (kernel_terms), and
+    # MLA decode's merge of each request's chunks, layer by layer.
+    floor_ms = kernel_floor_ms(cfg, _kernels_outside_moe(cfg, kernels))
+    merge_ms = shard.num_layers * bs * MLA_DECODE_REQUEST_MS if cfg.mla else 0.0
+    decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + merge_ms
+    extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm + floor_ms
     # Piecewise replay still launches the split ops eagerly between pieces: attention, and
     # under tensor parallelism the all-reduces (SGLang splits at inplace_all_reduce too).
     splits = cfg.num_layers + allreduces_per_forward(cfg, tp_size)
@@ -192,6 +216,9 @@ def roofline_cost(
     # With MLA head_dim is the latent head's (rank + rope), whose values are the rank part:
     # counting both products over the full latent overstates them by rope / (rank + rope).
     attention_flops_per_pair = 4.0 * shard.num_layers * shard.num_heads * shard.head_dim
+    # cgtool's MLA kernels, as measured (kernel_terms); other attention at the assumed rates.
+    kv_efficiency = MLA_DECODE_READ_EFFICIENCY if cfg.mla else _BANDWIDTH_EFFICIENCY
+    attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else _ATTENTION_FLOPS_EFFICIENCY
     return CostModel(
         source="roofline",
         decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS,
@@ -204,12 +231,8 @@ def roofline_cost(
         extend_capture_s=_CAPTURE_PASSES * extend_eager / 1e3 + capture_per_size_s,
         decode_graph_bytes=float(kernels * _GRAPH_NODE_BYTES),
         extend_graph_bytes=float((kernels - splits) * _GRAPH_NODE_BYTES),
-        kv_read_ms_per_token=shard.kv_bytes_per_token(BF16_BYTES)
-        / (gpu.bandwidth_bytes_s * _BANDWIDTH_EFFICIENCY)
-        * 1e3,
-        attention_ms_per_pair=attention_flops_per_pair
-        / (gpu.bf16_flops * _ATTENTION_FLOPS_EFFICIENCY)
-        * 1e3,
+        kv_read_ms_per_token=shard.kv_bytes_per_token(BF16_BYTES) / (gpu.bandwidth_bytes_s * kv_efficiency) * 1e3,
+        attention_ms_per_pair=attention_flops_per_pair / (gpu.bf16_flops * attention_efficiency) * 1e3,
         decode_comm_ms=decode_comm,
         extend_comm_ms=extend_comm,
     )

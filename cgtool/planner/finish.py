@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from cgtool.documents.plan_document import (
+    ClosedLoopRow,
     DecodePlan,
     PiecewisePlan,
     Plan,
@@ -17,6 +18,8 @@ from cgtool.documents.plan_document import (
     Simulation,
     StepHistogram,
 )
+from cgtool.documents.provenance import collect_provenance
+from cgtool.planner.closed_loop import basin_lines, worse_lines
 from cgtool.planner.flags import FlagValues, all_flags
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan_notes import (
@@ -37,7 +40,6 @@ from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario
 from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server
-from cgtool.documents.provenance import collect_provenance
 
 
 def finish_plan(
@@ -51,6 +53,7 @@ def finish_plan(
     simulation: Simulation,
     trace_kind: str,
     replicas: int,
+    loop: list[ClosedLoopRow] | None = None,
 ) -> Plan:
     """The plan.json document of the sizes and memory chosen, scored and explained."""
     default = server.default
@@ -78,12 +81,15 @@ def finish_plan(
         basis=plan_basis(server, choice, fit, held, replicas, req),
         flags=_flags(req, server, choice, memory),
         simulation=replace(simulation, peak_kv_demand_tokens=memory.peak_kv_demand_tokens),
+        closed_loop=loop or [],
     )
     plan.warnings.extend(server.cost.warnings)
     plan.warnings.extend(replication_warnings(req))
     plan.warnings.extend(ceiling_warnings(whole[0], default))
     plan.warnings.extend(plan_warnings(scores, req))
     plan.warnings.extend(proof_notes)
+    plan.warnings.extend(basin_lines(loop or []))
+    plan.warnings.extend(worse_lines(loop or []))
     return plan
 
 

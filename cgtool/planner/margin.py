@@ -15,8 +15,9 @@ benchmarks/results/h100-2026-11-26-memory; tests/test_margin.py reads them):
   capture, which every later capture finds loaded: verify's plan set measured the first time
   in a process minus the same set captured again at the proven fraction (0.32, 0.50-0.52 and
   0.94-0.96 GiB) less the new graph objects the first capture alone paid for (8 KiB a node,
-  cgtool.planner.memory_terms): llama-3.1-8b 0.15-0.16 GiB, qwen3-30b-a3b 0.07-0.15 GiB,
-  deepseek-v2-lite 0.61-0.62 GiB;
+  cgtool.planner.memory_terms), taken from the runs on today's kernels
+  (benchmarks/results/h100-2026-11-26-memory-proof): llama-3.1-8b 149-159 MiB, qwen3-30b-a3b
+  31-142 MiB, deepseek-v2-lite 61-81 MiB (its MLA kernels before commit 7650258 loaded 624-630);
 - fragmentation: what the caching allocator reserves beyond the bytes it hands out at an
   eager extend's peak: up to 72% of the activations (deepseek-v2-lite at 2,048 tokens,
   370 MiB reserved for 215 MiB allocated; 53% at 8,192; llama-3.1-8b 3%);
@@ -32,7 +33,7 @@ from cgtool.units import GIB, MIB
 CUDA_CONTEXT_BYTES = 619 * MIB
 CUBLAS_WORKSPACE_BYTES = (66 + 70) * MIB
 SAMPLER_BYTES_PER_LOGIT = 12.1
-FIRST_FORWARD_BYTES = {"dense": 165 * MIB, "MoE": 155 * MIB, "MLA": 635 * MIB}
+FIRST_FORWARD_BYTES = {"dense": 165 * MIB, "MoE": 155 * MIB, "MLA": 90 * MIB}
 FRAGMENTATION_SHARE = 0.72
 HEADROOM_BYTES = 3 * GIB // 2
 COMM_RESERVE_BYTES_PER_RANK = GIB // 8

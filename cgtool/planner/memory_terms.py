@@ -16,6 +16,11 @@ reads it):
   their own, and the caching allocator does not hand a block freed on one stream to another:
   the decode pool adds to the piecewise pool (measured: +88 to +166 MiB at 256 requests);
 - graph objects outside torch's allocator: about 8 KiB per kernel node.
+
+The MoE and MLA terms describe the kernels as measured (before commit 7650258, which dropped the
+fused MoE's gate_up buffer and fp32 top-k sum and cut MLA decode to 2-64 splits): they over-state
+what today's kernels hold, so the fraction errs low until the terms are measured again
+(docs/memory.md).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ GRAPH_POOL_OVER_EAGER = {"dense": 1.27, "MoE": 1.68, "MLA": 1.68}
 # and 644 kernels a forward: 8.7, 7.2 and 7.0 KiB a node. Graphs captured after others were
 # freed cost nothing new (the driver reuses them: parts-call3.json's second pass).
 GRAPH_NODE_BYTES = 8 << 10
-# cgtool.attention.triton_decode's split rule (num_kv_splits_for): about 1,024 programs, 16..64.
+# cgtool.attention.triton_decode's split rule (num_kv_splits_for): about 1,024 programs, 16..64;
+# MLA used it too when measured (triton_mla.mla_num_kv_splits now aims at 256 programs, 2..64).
 _TARGET_PROGRAMS, _MIN_SPLITS, _MAX_SPLITS = 1024, 16, 64
 _MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 

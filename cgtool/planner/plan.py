@@ -1,11 +1,13 @@
 """A plan end to end: simulate the trace at each load, choose sizes, size memory, score.
 
-The trace is run through the scheduler once per load scenario, with the engine default's step
-times (the server as it runs today) and the KV pool the plan recommends (iterated to a fixed
-point, since the pool depends on the graphs chosen). Sizes are fitted on the steps before the
+The trace is run through the scheduler once per load scenario as the server runs today: the
+engine default's step times and its own KV pool. Sizes are fitted on the steps before the
 held-out split (cgtool.planner.scenarios) under every eager-cost assumption
 (cgtool.planner.robust); the plan, the default and an existing plan are then scored on the
-same held-out steps. Every gain is a prediction of the cost model, and the plan says so.
+same held-out steps. Then each of them is served again with its own step times and KV pool
+(cgtool.planner.closed_loop): what clients see (TTFT, TPOT, throughput) is reported from those
+runs, and the plan's decode graphs grow to cover the batches its own run reaches. Every
+figure is a prediction of the cost model, and the plan says so.
 
 The result is the plan.json document itself (cgtool.documents.plan_document.Plan): cgtool.planner.finish
 copies the planner's working results (histograms, scores) into it.
@@ -14,37 +16,35 @@ copies the planner's working results (histograms, scores) into it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from cgtool.documents.plan_document import ClosedLoopRow, LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.errors import InputError
-from cgtool.documents.plan_document import LoadSummary, Plan, PlanMemory, Simulation
-from cgtool.planner.engine_buffers import engine_graph_buffers
+from cgtool.planner.closed_loop import closed_loop
 from cgtool.planner.finish import finish_plan
-from cgtool.planner.memory import plan_memory
-from cgtool.planner.optimiser import Limits
+from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
+from cgtool.planner.plan_scores import compared_schedules
+from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
 from cgtool.planner.request import PlanRequest
-from cgtool.planner.robust import RobustChoice, Scenario, choose_robust
+from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
 from cgtool.planner.scenarios import (
     LoadRun,
+    Traffic,
     overload_warning,
-    replica_share,
     replicas_needed,
+    split_index,
     split_time,
 )
-from cgtool.planner.scoring import Histogram
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
-from cgtool.planner.sim_result import SimulationResult
+from cgtool.planner.sim_result import SimulationResult, StepTally
+
+__all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
+           "plan_requests", "plan_traffic"]
 
 Progress = Callable[[str, float], None]
-# A batch trace says nothing of context: each decode request is taken to hold this many tokens.
-BATCH_TRACE_CONTEXT_TOKENS = 1024
-# The KV pool is re-simulated until the recommended one moves by less than this share.
-POOL_TOLERANCE = 0.02
-POOL_ROUNDS = 3
 # Replica estimates are re-simulated until one sustains every load scenario, at most this often.
 REPLICA_ROUNDS = 4
 
@@ -60,25 +60,50 @@ def plan_requests(
 ) -> Plan:
     """Plan from request-level arrays (seconds, tokens); `stop` ends the simulation early and
     the plan then covers the requests simulated so far, marked incomplete."""
+    return plan_traffic(Traffic(arrival_s, input_len, output_len, cached_len), req, progress, stop)
+
+
+def plan_traffic(
+    traffic: Traffic,
+    req: PlanRequest,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> Plan:
+    """Plan from requests with arrival times, or from lengths served by a closed-loop client."""
     server = server_for(req)
-    if len(arrival_s) == 0:
+    if len(traffic) == 0:
         raise InputError(f"{req.trace_name or 'the trace'} holds no request",
                          "Plan from a trace with requests.")
-    arrays = (arrival_s, input_len, output_len, cached_len)
-    kv = _provisional_kv(req, server)
-    asked, replicas = _enough_replicas(_fit_requests(arrays), req, server, kv, progress, stop)
-    runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    # The server as it runs today: the default's step times and its own KV pool. These runs are
+    # also the default's closed loop under the first eager assumption (its cost is the server's).
+    kv = server.default_kv_tokens
+    # The replica count is chosen on the fit requests alone, so no held-out request moves it.
+    asked, replicas = _enough_replicas(fit_traffic(traffic), req, server, kv, progress, stop)
+    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
-    pool = _fit_pool(arrays, req, server, runs, kv, replicas, progress, stop)
+    if progress is not None:
+        progress("optimise", 0.0)
+    pool = _fit(req, server, runs, kv)
     kv_ms = server.cost.kv_read_ms_per_token
-    held = [Scenario(r.load, *r.result.split_tallies()[1].histograms(kv_ms)) for r in pool.runs]
+    held = [Scenario(r.load, *fit_parts(r)[1].histograms(kv_ms)) for r in pool.runs]
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
+    schedules = compared_schedules(req, server, pool.choice, pool.memory)
+    known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
+    loop = _closed_loop(traffic, req, server, schedules, replicas, len(pool.runs), progress, stop,
+                        known)
+    covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
+    if covered is not None:
+        pool.choice, pool.memory, loop, note = covered
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
-                       _simulation(pool, replicas), "requests", replicas)
+                       _simulation(pool, replicas), "requests", replicas, loop)
+    plan.warnings.extend(pool.notes)
+    if covered is not None:
+        plan.warnings.append(note)
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
+    plan.warnings.extend(_traffic_notes(traffic, pool.runs, replicas))
     if first.dropped_requests:
         plan.warnings.append(
             f"{first.dropped_requests} requests were longer than the context or the KV pool "
@@ -87,6 +112,86 @@ def plan_requests(
     if progress is not None:
         progress("optimise", 1.0)
     return plan
+
+
+def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
+    """(steps to fit on, held-out steps): the steps before and after the held-out split, or
+    every step and none when the split by time means nothing (an offline batch) or left no
+    step to fit on."""
+    fit, held = run.result.split_tallies()
+    if run.offline or fit.steps == 0:
+        whole = run.result.tally()
+        return whole, whole.minus(whole)
+    return fit, held
+
+
+def _closed_loop(
+    traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
+    replicas: int, simulated_loads: int, progress: Progress | None,
+    stop: Callable[[], bool] | None, known: dict | None = None,
+) -> list[ClosedLoopRow]:
+    """Each schedule served with its own step times at each load simulated."""
+    if stop is not None and stop():
+        return []
+    limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
+              "context_len": server.context_len}
+    report = None if progress is None else (lambda f: progress("closed loop", f))
+    loads = traffic.load_jobs(req.loads[:simulated_loads], replicas)
+    return closed_loop(schedules, server.assumptions, loads, limits, report, stop, known)
+
+
+def _cover_own_batches(
+    traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
+    loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
+    """When the plan, served with its own step times, reaches batches past its decode graphs
+    (sizes were fitted on the default's steps), its decode graphs are extended to cover them
+    and its closed loop run again; None when it stays within them or a budget rules."""
+    own = max((r.largest_decode_batch for r in loop if r.schedule == "plan"), default=0)
+    top = max(pool.choice.decode_bs, default=0)
+    budgeted = req.budget_graphs is not None or req.budget_memory_bytes is not None
+    if own <= top or budgeted:
+        return None
+    limits = limits_for(req, server)
+    decode_bs, tokens = cover_decode(pool.choice.decode_bs, pool.choice.tokens, own, limits,
+                                     server.cost, shared=req.engine == "vllm")
+    if max(decode_bs, default=0) <= top:
+        return None
+    choice = replace(pool.choice, decode_bs=decode_bs, tokens=tokens)
+    first = pool.runs[0].result
+    memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
+                         first.typical_request_tokens)
+    plan_schedule = compared_schedules(req, server, choice, memory)[:1]
+    rows = _closed_loop(traffic, req, server, plan_schedule, replicas, len(pool.runs), progress,
+                        stop)
+    note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
+            f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
+    return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
+
+
+def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:
+    notes = []
+    if traffic.concurrency is not None:
+        per = f", split evenly over {replicas} replicas" if replicas > 1 else ""
+        notes.append(
+            f"closed-loop client: {traffic.concurrency} requests in flight at 1x load{per} (each "
+            "load multiplies it), a new one sent as one finishes; no arrival times"
+        )
+    offline = [run for run in runs if run.offline]
+    if offline and len(traffic) > 1:  # one request is no batch job
+        loads = ", ".join(f"{run.load:g}x" for run in offline)
+        notes.append(
+            f"offline batch at {loads}: most requests arrive at once, so the queue drains by "
+            "design; TTFT counts the wait behind the batch, and no replicas are suggested"
+        )
+    if any(fit_parts(run)[0].steps == run.result.steps and run.result.before_split is not None
+           for run in runs):
+        notes.append(
+            "in-sample: a held-out split by arrival time leaves nothing to fit on when the "
+            "requests arrive together, so sizes are fitted and scored on the whole trace there"
+        )
+    return notes
 
 
 def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, kv: int) -> None:
@@ -98,72 +203,46 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
         )
 
 
-def _fit_requests(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The requests that arrive before the whole trace's held-out split: all the replica
-    count is chosen on, so that no held-out request moves it (issue 34). A trace whose
-    requests all arrive at the split (one burst) has no fit part: then all of it."""
-    arrival = np.asarray(arrays[0], dtype=np.float64)
-    keep = arrival < split_time(np.sort(arrival))
+def fit_traffic(traffic: Traffic) -> Traffic:
+    """The requests before the whole trace's held-out split: those that arrive before the
+    first held-out one, or a closed-loop client's first requests. A trace whose requests all
+    arrive at the split (one burst) has no fit part: then all of it (issue 34)."""
+    n = len(traffic)
+    if traffic.arrival_s is None:
+        keep = np.arange(n) < split_index(n)
+    else:
+        arrival = np.asarray(traffic.arrival_s, dtype=np.float64)
+        keep = arrival < split_time(np.sort(arrival))
     if not keep.any():
-        return arrays
-    return tuple(None if a is None else np.asarray(a)[keep] for a in arrays)
+        return traffic
+    cached = None if traffic.cached_len is None else np.asarray(traffic.cached_len)[keep]
+    arrival_s = None if traffic.arrival_s is None else np.asarray(traffic.arrival_s)[keep]
+    return replace(traffic, arrival_s=arrival_s, input_len=np.asarray(traffic.input_len)[keep],
+                   output_len=np.asarray(traffic.output_len)[keep], cached_len=cached)
 
 
 def _enough_replicas(
-    fit_arrays: tuple[Any, ...], req: PlanRequest, server: Server, kv: int,
+    traffic: Traffic, req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
 ) -> tuple[list[LoadRun], int]:
-    """(runs of the fit requests at the asked-for replicas, the fewest replicas from there up
-    at which no load scenario of them overloads). Each estimate is checked by simulating it,
-    so re-planning at the count the plan names (as `verify` does, or a user pasting
-    --replicas) finds it again."""
+    """(runs of `traffic` at the asked-for replicas, the fewest replicas from there up at
+    which no load scenario of it overloads). Each estimate is checked by simulating it, so
+    re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
+    finds it again."""
     replicas = req.replicas
-    asked = runs = _simulate_loads(fit_arrays, req, server, replicas, kv, progress, stop)
+    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     for _ in range(REPLICA_ROUNDS):
         needed = replicas_needed(runs, replicas)
         if needed is None or runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs = _simulate_loads(fit_arrays, req, server, replicas, kv, progress, stop)
+        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     return asked, replicas
-
-
-def _provisional_kv(req: PlanRequest, server: Server) -> int:
-    """The pool the plan would recommend with the default's graphs: the first guess."""
-    d = server.default
-    return _memory(req, server, d.decode_bs, d.piecewise_tokens, 0, 1).kv_tokens
-
-
-def _memory(
-    req: PlanRequest,
-    server: Server,
-    decode_bs: list[int] | tuple[int, ...],
-    tokens: list[int] | tuple[int, ...],
-    peak_kv: int,
-    typical: int,
-) -> PlanMemory:
-    """plan_memory for these graphs on this server (peak KV demand and typical request size
-    in tokens)."""
-    memory = plan_memory(
-        req.cfg,
-        req.gpu.memory_bytes,
-        graph_bytes=server.cost.graph_bytes(decode_bs, tokens),
-        chunked_prefill_size=server.chunk,
-        max_running_requests=server.max_running,
-        peak_kv_demand_tokens=peak_kv,
-        typical_request_tokens=typical,
-        default_mem_fraction_static=server.default_fraction,
-        tp_size=req.tp_size,
-    )
-    # The engine's pool as the comparison scores it: vLLM's from its own bytes, not from the
-    # fraction rounded to 3 decimals (453,342 tokens, against 453,600 beside it).
-    memory.default_kv_tokens = server.default_kv_tokens
-    return memory
 
 
 @dataclass(slots=True)
 class _PoolFit:
-    """The runs at the KV pool the plan settles on, and the sizes chosen from them."""
+    """The runs the sizes are fitted on (the default's server), and the sizes chosen."""
 
     runs: list[LoadRun]
     kv_tokens: int  # the pool the runs admitted against
@@ -171,32 +250,22 @@ class _PoolFit:
     choice: RobustChoice
     memory: PlanMemory
     fit: list[Scenario]
+    notes: list[str]  # sizes the release's rules added to the choice
 
 
-def _fit_pool(
-    arrays: tuple[Any, ...], req: PlanRequest, server: Server, runs: list[LoadRun], kv: int,
-    replicas: int, progress: Progress | None, stop: Callable[[], bool] | None,
-) -> _PoolFit:
-    """Choose sizes and memory, re-simulating at the recommended KV pool until it settles."""
+def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _PoolFit:
+    """Sizes and memory chosen on the steps before the held-out split of each load's run."""
     kv_ms = server.cost.kv_read_ms_per_token
-    rounds = 1
-    while True:
-        if progress is not None:
-            progress("optimise", 0.0)
-        fit = [Scenario(r.load, *r.result.split_tallies()[0].histograms(kv_ms)) for r in runs]
-        first = runs[0].result
-        choice, memory = _choose_and_size(
-            req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
-        )
-        moved = abs(memory.kv_tokens - kv) > POOL_TOLERANCE * kv
-        if not moved or rounds == POOL_ROUNDS or runs[-1].result.completed_fraction < 1.0:
-            return _PoolFit(runs, kv, rounds, choice, memory, fit)
-        kv, rounds = memory.kv_tokens, rounds + 1
-        runs = _simulate_loads(arrays, req, server, replicas, kv, progress, stop)
+    fit = [Scenario(r.load, *fit_parts(r)[0].histograms(kv_ms)) for r in runs]
+    first = runs[0].result
+    choice, memory, notes = choose_and_size(
+        req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
+    )
+    return _PoolFit(runs, kv, 1, choice, memory, fit, notes)
 
 
 def _simulate_loads(
-    arrays: tuple,
+    traffic: Traffic,
     req: PlanRequest,
     server: Server,
     replicas: int,
@@ -204,28 +273,19 @@ def _simulate_loads(
     progress: Progress | None,
     stop: Callable[[], bool] | None,
 ) -> list[LoadRun]:
-    arrival, input_len, output_len, cached_len = replica_share(arrays, replicas)
-    scaled = [np.asarray(arrival, dtype=np.float64) / load for load in req.loads]
-    jobs = [
-        {
-            "arrival_s": at_load,
-            "input_len": input_len,
-            "output_len": output_len,
-            "cached_len": cached_len,
-            "cost": default_step_cost(server),
-            "max_running_requests": server.max_running,
-            "chunked_prefill_size": server.chunk,
-            "kv_capacity_tokens": kv_tokens,
-            "context_len": server.context_len,
-            "split_s": split_time(at_load),
-        }
-        for at_load in scaled
-    ]
+    loads = traffic.load_jobs(req.loads, replicas)
+    limits = {
+        "cost": default_step_cost(server),
+        "max_running_requests": server.max_running,
+        "chunked_prefill_size": server.chunk,
+        "kv_capacity_tokens": kv_tokens,
+        "context_len": server.context_len,
+    }
     report = None if progress is None else (lambda f: progress("simulate", f))
-    results = simulate_all(jobs, report, stop)
+    results = simulate_all([job.columns | limits for job in loads], report, stop)
     return [
-        LoadRun(load, result, float(at_load[-1] - at_load[0]))
-        for load, result, at_load in zip(req.loads, results, scaled)
+        LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
+        for job, result in zip(loads, results)
     ]
 
 
@@ -259,94 +319,3 @@ def _note_incomplete(plan: Plan, runs: list[LoadRun], req: PlanRequest) -> None:
         if first.completed_fraction < 1.0
         else f"incomplete: stopped with only the {done} load simulated; sizes fit only it",
     )
-
-
-def plan_batches(
-    decode_sizes: np.ndarray,
-    decode_counts: np.ndarray,
-    extend_sizes: np.ndarray,
-    extend_counts: np.ndarray,
-    req: PlanRequest,
-    progress: Progress | None = None,
-) -> Plan:
-    """Plan from step histograms a server logged (no simulation, no held-out check)."""
-    server = server_for(req)
-    limits = _limits(req, server)
-    decode_sizes, decode_counts, d_over = _clip(decode_sizes, decode_counts, limits.max_bs)
-    extend_sizes, extend_counts, e_over = _clip(extend_sizes, extend_counts, limits.max_tokens)
-    cost, step_cost = server.cost, default_step_cost(server)
-    context_ms = decode_counts * decode_sizes * float(BATCH_TRACE_CONTEXT_TOKENS)
-    context_ms = context_ms * cost.kv_read_ms_per_token
-    attention = extend_counts * extend_sizes * (extend_sizes + 1) / 2.0 * cost.attention_ms_per_pair
-    # No clock ran: time at each size is estimated as the default schedule would take it.
-    decode_s = (decode_counts * step_cost.decode_ms[decode_sizes] + context_ms) / 1e3
-    extend_s = (extend_counts * step_cost.extend_ms[extend_sizes] + attention) / 1e3
-    decode = Histogram(decode_sizes, decode_counts, decode_s, context_ms)
-    extend = Histogram(extend_sizes, extend_counts, extend_s, attention)
-    if progress is not None:
-        progress("optimise", 0.0)
-    fit = [Scenario(1.0, decode, extend)]
-    choice, memory = _choose_and_size(req, server, fit, 0, BATCH_TRACE_CONTEXT_TOKENS)
-    summary = Simulation(
-        num_requests=0, dropped_requests=0, mean_queue_s=0.0, p99_queue_s=0.0,
-        steps=int(decode_counts.sum() + extend_counts.sum()),
-        duration_s=float(decode_s.sum() + extend_s.sum()),
-    )
-    plan = finish_plan(req, server, choice, memory, fit, [], (decode, extend), summary, "batches", 1)
-    plan.warnings.append(
-        f"batch trace: decode context assumed {BATCH_TRACE_CONTEXT_TOKENS} tokens a request; "
-        "no arrival times, so no held-out check and no load scenarios"
-    )
-    for steps, kind, limit, flag in (
-        (d_over, "decode steps", limits.max_bs, "--max-running-requests"),
-        (e_over, "extend steps", limits.max_tokens, "--chunked-prefill-size"),
-    ):
-        if steps:
-            plan.warnings.append(
-                f"{steps:,} {kind} of the trace exceed this server's limit ({limit}, {flag}) "
-                "and are left out of the plan: the log is from a server with larger limits"
-            )
-    if progress is not None:
-        progress("optimise", 1.0)
-    return plan
-
-
-def _clip(sizes: np.ndarray, counts: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """One entry per size within `limit`, ascending, and how many steps lay beyond it."""
-    sizes, counts = np.asarray(sizes, np.int64), np.asarray(counts, np.int64)
-    keep = (sizes >= 1) & (sizes <= limit) & (counts > 0)
-    over = int(counts[(sizes > limit) & (counts > 0)].sum())
-    unique, index = np.unique(sizes[keep], return_inverse=True)
-    merged = np.bincount(index, weights=counts[keep], minlength=len(unique)).astype(np.int64)
-    return unique, merged, over
-
-
-def _limits(req: PlanRequest, server: Server) -> Limits:
-    return Limits(
-        server.max_running,
-        min(server.chunk, server.context_len),
-        req.budget_graphs,
-        req.budget_memory_bytes,
-    )
-
-
-def _choose_and_size(
-    req: PlanRequest, server: Server, fit: list[Scenario], peak_kv: int, typical: int
-) -> tuple[RobustChoice, PlanMemory]:
-    choice = choose_robust(
-        fit, list(server.assumptions), server.default, _limits(req, server), req.engine
-    )
-    memory = _memory(req, server, choice.decode_bs, choice.tokens, peak_kv, typical)
-    if server.attention_backend is not None:
-        ours, default = (
-            engine_graph_buffers(
-                req.cfg, server.attention_backend, max(sizes, default=0), server.context_len,
-                req.gpu, server.version, req.tp_size,
-            )
-            for sizes in (choice.decode_bs, server.default.decode_bs)
-        )
-        memory.attention_backend = server.attention_backend
-        memory.attention_buffer_bytes, memory.static_input_bytes = ours.attention_bytes, ours.static_input_bytes
-        memory.default_attention_buffer_bytes = default.attention_bytes
-        memory.default_static_input_bytes = default.static_input_bytes
-    return choice, memory

@@ -186,23 +186,15 @@ def off_grid_ceilings(
 
 
 def prefill_notes(
-    engine: str, version: str | None, tokens: tuple[int, ...], chunked_prefill_size: int,
-    profile_backend: str | None = None,
+    engine: str, version: str | None, tokens: tuple[int, ...], profile_backend: str | None = None,
 ) -> list[str]:
-    """What a plan's prefill graphs are for this release, and what its memory plan assumed:
-    the backend that records them, the capture-through-the-chunk rule where it applies, and a
-    --profile measured with another backend. `profile_backend` is a capture report's
-    settings.prefill_backend ("piecewise" or "breakable"), None without a capture report."""
+    """A --profile measured with another prefill backend than the release's. (The planner
+    itself captures through the chunk where the release needs it: choose_and_size.)
+    `profile_backend` is a capture report's settings.prefill_backend ("piecewise" or
+    "breakable"), None without a capture report."""
     rules = release_rules(engine, version)
     name = {"sglang": "SGLang", "vllm": "vLLM", "trtllm": "TensorRT-LLM"}[engine]
     notes = []
-    if tokens and rules.capture_through_chunk and max(tokens) < chunked_prefill_size:
-        notes.append(
-            f"{name} {rules.version} records prefill graphs as {rules.prefill_backend} CUDA graphs; the flags "
-            f"add --chunked-prefill-size {chunked_prefill_size} to the plan's prefill sizes so that no prefill "
-            f"step runs eagerly: the memory plan counts the eager prefill peak at {chunked_prefill_size} "
-            "tokens, which that graph's pool takes the place of"
-        )
     measured = {"piecewise": "torch.compile piecewise", "breakable": "breakable"}.get(profile_backend or "")
     if tokens and measured and rules.prefill_backend != "none" and measured != rules.prefill_backend:
         option = "breakable" if rules.prefill_backend == "breakable" else "piecewise"

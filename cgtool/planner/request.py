@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cgtool.specs.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.specs.gpus import GpuSpec
-from cgtool.specs.hidden_states import HiddenMode
 from cgtool.planner.bounds import check_server_limits
 from cgtool.planner.engine_buffers import check_attention_backend
 from cgtool.planner.parallel import check_tp_size
 from cgtool.planner.scenarios import DEFAULT_LOADS
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.gpus import GpuSpec
+from cgtool.specs.hidden_states import HiddenMode
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,16 @@
 """The traffic a plan is fitted on and checked against: loads, replicas, the held-out split.
 
 A load scenario replays the trace at a multiple of its arrival rate (arrival times divided by
-the load). `replicas` data-parallel servers each take every N-th request in arrival order, so
+the load), or, for a closed-loop client (`--concurrency N`), with N times the load requests in
+flight. `replicas` data-parallel servers each take every N-th request in arrival order, so
 each sees the trace's bursts at 1/N of its rate; one of them is simulated. The held-out check
 fits on the first HELD_OUT_SPLIT of the requests by arrival time and scores on the rest:
 the simulation runs once over the whole trace, and the steps taken before the first held-out
 arrival are the fit part (no held-out request can be in them).
+
+Only the gaps between arrivals matter (the simulator's clock starts at the first). A trace
+whose requests mostly arrive at once is an offline batch: its queue drains by design, so it
+is never called overloaded and never split across replicas.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ HELD_OUT_SPLIT = 0.7
 OVERLOAD_P99_QUEUE_S = 60.0
 OVERLOAD_SPAN_RATIO = 1.5
 DEFAULT_LOADS = (1.0, 2.0)
+# Arrivals spread over less than this are one burst: shorter than any step a server takes.
+OFFLINE_SPAN_S = 1e-3
 
 
 def parse_loads(text: str) -> tuple[float, ...]:
@@ -54,11 +61,75 @@ def replica_share(arrays: tuple[np.ndarray, ...], replicas: int) -> tuple[np.nda
     return tuple(None if a is None else np.asarray(a)[pick] for a in arrays)
 
 
+def split_index(n: int) -> int:
+    """Position of the first held-out request among `n` in arrival order."""
+    return min(math.ceil(HELD_OUT_SPLIT * n), n - 1)
+
+
 def split_time(arrival_s: np.ndarray) -> float:
     """Arrival time of the first held-out request (arrays in arrival order)."""
     n = len(arrival_s)
-    index = min(math.ceil(HELD_OUT_SPLIT * n), n - 1)
-    return float(arrival_s[index]) if n > 1 else math.inf
+    return float(arrival_s[split_index(n)]) if n > 1 else math.inf
+
+
+def is_offline(arrival_s: np.ndarray) -> bool:
+    """Most requests arrive at the first instant, or all within OFFLINE_SPAN_S (in order)."""
+    if len(arrival_s) == 0:
+        return True
+    first = float(arrival_s[0])
+    return float(arrival_s[-1]) - first < OFFLINE_SPAN_S or float(
+        arrival_s[(len(arrival_s) - 1) // 2]
+    ) == first
+
+
+@dataclass(frozen=True, eq=False)
+class Traffic:
+    """The requests a plan simulates: timed arrivals, or a closed-loop client that keeps
+    `concurrency` requests in flight (arrival_s then None)."""
+
+    arrival_s: np.ndarray | None
+    input_len: np.ndarray
+    output_len: np.ndarray
+    cached_len: np.ndarray | None
+    concurrency: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_len)
+
+    def load_jobs(self, loads: tuple[float, ...], replicas: int) -> list[LoadJob]:
+        """One simulation's arguments (requests, split) per load, for one replica's share."""
+        if self.arrival_s is None:
+            # A client per replica: every N-th request, and its share of those in flight.
+            assert self.concurrency is not None
+            share = slice(None, None, replicas)
+            columns = {"arrival_s": np.zeros(len(self.input_len[share])),
+                       "input_len": self.input_len[share], "output_len": self.output_len[share],
+                       "cached_len": None if self.cached_len is None else self.cached_len[share]}
+            n = len(columns["input_len"])
+            return [
+                LoadJob(load, columns | {
+                    "concurrency": max(1, round(self.concurrency * load / replicas)),
+                    "split_request": split_index(n)}, 0.0, False)
+                for load in loads
+            ]
+        arrival, input_len, output_len, cached_len = replica_share(
+            (self.arrival_s, self.input_len, self.output_len, self.cached_len), replicas
+        )
+        jobs = []
+        for load in loads:
+            at_load = np.asarray(arrival, dtype=np.float64) / load
+            columns = {"arrival_s": at_load, "input_len": input_len, "output_len": output_len,
+                       "cached_len": cached_len, "split_s": split_time(at_load)}
+            jobs.append(LoadJob(load, columns, float(at_load[-1] - at_load[0]), is_offline(at_load)))
+        return jobs
+
+
+@dataclass(frozen=True, eq=False)
+class LoadJob:
+    load: float
+    columns: dict  # simulate()'s request arguments and split
+    span_s: float  # first to last arrival at this load (0 for a closed-loop client)
+    offline: bool  # arrivals mostly at once: a batch job, never overloaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +139,16 @@ class LoadRun:
     load: float
     result: SimulationResult
     span_s: float  # first to last arrival, at this load
+    # A batch job (arrivals mostly at once: the held-out split by time means nothing either)
+    # or a closed-loop client: a queue that drains by design, never an overload.
+    offline: bool = False
+    closed_client: bool = False
 
     @property
     def overloaded(self) -> bool:
         # A short burst that drains within a minute of its end is not a growing queue.
+        if self.offline or self.closed_client:
+            return False
         r = self.result
         late = r.duration_s > OVERLOAD_SPAN_RATIO * self.span_s
         return r.p99_queue_s > OVERLOAD_P99_QUEUE_S or (

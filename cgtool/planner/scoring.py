@@ -8,6 +8,7 @@ import numpy as np
 
 from cgtool.documents.plan_document import ScheduleScore
 from cgtool.planner.cost import CostModel
+from cgtool.planner.step_time import StepCost
 
 
 def padded_sizes(
@@ -120,3 +121,16 @@ def served_ms(
     sizes = np.arange(len(graph_ms))
     padded = padded_sizes(sizes, captured, pads)
     return np.where(padded > 0, graph_ms[np.minimum(padded, len(graph_ms) - 1)], eager_ms)
+
+
+def schedule_step_cost(
+    cost: CostModel, decode_bs: list[int] | tuple[int, ...], tokens: list[int] | tuple[int, ...],
+    pads: bool = True,
+) -> StepCost:
+    """Step times of a server that runs this capture schedule, under this cost model."""
+    return StepCost(
+        decode_ms=served_ms(cost.decode_graph_ms, cost.decode_eager_ms, tuple(decode_bs), pads),
+        extend_ms=served_ms(cost.extend_graph_ms, cost.extend_eager_ms, tuple(tokens), pads),
+        kv_read_ms_per_token=cost.kv_read_ms_per_token,
+        attention_ms_per_pair=cost.attention_ms_per_pair,
+    )

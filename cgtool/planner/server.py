@@ -22,8 +22,8 @@ from cgtool.planner.schedules import (
     server_args_max_bs,
     vllm_default_max_num_seqs,
 )
-from cgtool.planner.scoring import served_ms
-from cgtool.planner.simulator import StepCost
+from cgtool.planner.scoring import schedule_step_cost
+from cgtool.planner.step_time import StepCost
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,8 +50,11 @@ def server_for(req: PlanRequest) -> Server:
     fraction, kv_tokens, max_running = _default_pool(req, version, chunk, len(probe.piecewise_tokens))
     default = _schedule(req, version, chunk, max_running)
     # vLLM pads decode batches into its token list too, so its decode tables reach the tokens'.
-    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0)
-    max_tokens = max(chunk, default.max_tokens)
+    # An existing plan (--compare-plan) may hold sizes past both: its steps pad up to them, and
+    # its graphs' memory and capture time are priced there.
+    old_bs, old_tokens = req.compare[:2] if req.compare is not None else ((), ())
+    max_bs = max(max_running, default.max_bs, chunk if req.engine == "vllm" else 0, *old_bs)
+    max_tokens = max(chunk, default.max_tokens, *old_tokens)
     cost = with_hidden_states(_cost_model(req, max_bs, max_tokens), req.cfg, req.hidden_mode)
     backend = _attention_backend(req, version)
     if backend is not None:
@@ -136,14 +139,5 @@ def _default_pool(
 
 def default_step_cost(server: Server) -> StepCost:
     """Step times of the server as it runs today (the default schedule), for the simulation."""
-    cost, default = server.cost, server.default
-    return StepCost(
-        decode_ms=served_ms(
-            cost.decode_graph_ms, cost.decode_eager_ms, default.decode_bs, default.pads
-        ),
-        extend_ms=served_ms(
-            cost.extend_graph_ms, cost.extend_eager_ms, default.piecewise_tokens, default.pads
-        ),
-        kv_read_ms_per_token=cost.kv_read_ms_per_token,
-        attention_ms_per_pair=cost.attention_ms_per_pair,
-    )
+    default = server.default
+    return schedule_step_cost(server.cost, default.decode_bs, default.piecewise_tokens, default.pads)

@@ -1,15 +1,20 @@
-"""What a simulation yields: steps at each size, their time and attention, queueing, and the
-same tallies up to a held-out split."""
+"""What a simulation yields: steps at each size, their time and attention, queueing, the same
+tallies up to a held-out split, each request's first token and finish, and (when asked) every
+step."""
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cgtool.planner.scoring import Histogram
+from cgtool.planner.step_time import StepCost, decode_step_ms, extend_step_ms
+
+if TYPE_CHECKING:
+    from cgtool.planner.sim_requests import Prepared
 
 
 @dataclass(frozen=True, eq=False)
@@ -32,7 +37,10 @@ class SimulationResult:
     # Steps taken before the simulated clock reached `split_s` (the fit part of a held-out
     # check); the rest are the totals above minus these. None without a split.
     before_split: StepTally | None = None
-    last_arrival_s: float = 0.0  # of the requests kept: the trace's span, for overload checks
+    last_arrival_s: float = 0.0  # of the requests kept, from the first: the trace's span
+    requests: RequestTimes | None = None  # each kept request's times
+    origin_s: float = 0.0  # the first arrival in the clock of the arrays given; times count from it
+    steps_log: StepLog | None = None  # every step, when simulate(log_steps=True)
 
     def tally(self) -> StepTally:
         return StepTally(
@@ -114,24 +122,26 @@ class RunTallies:
     # no Python object per entry and turn into numpy arrays without a copy.
     admitted_upto: array = field(default_factory=lambda: array("q"))
     admitted_at_ms: array = field(default_factory=lambda: array("d"))
+    admitted_end_ms: array = field(default_factory=lambda: array("d"))  # the step's end
+    finish_ms: list[float] = field(default_factory=list)  # [n] when each decoding request ends
+    split_first: list[tuple[int, float]] = field(default_factory=list)  # split prompts' 1st token
     clock_ms: float = 0.0
     steps: int = 0
     peak_kv: int = 0
     head: int = 0  # requests admitted when the loop ended (all of them unless stopped)
+    split: int = -1  # the prompt still split when the loop ended (only when stopped)
     before_split: tuple[list, ...] | None = None  # copies of the six tallies at the split
 
 
 def build_result(
-    tallies: RunTallies,
-    arrival: np.ndarray,
-    footprint: Sequence[int],
-    dropped: int,
-    split_s: float | None,
+    tallies: RunTallies, kept: Prepared, split: bool, log: StepLog | None = None
 ) -> SimulationResult:
-    """The result of a run over the requests kept (`arrival` and `footprint` of each, in
-    arrival order), `dropped` of them left out before it."""
+    """The result of a run over the requests `kept` (in arrival order)."""
+    footprint = kept.footprint
     n = len(footprint)
-    queue_s = _queue_delays_s(tallies, arrival)
+    times = request_times(tallies, kept)
+    admitted = times.admitted()
+    queue_s = times.queue_s[admitted]
     return SimulationResult(
         decode_counts=np.array(tallies.decode_counts, dtype=np.int64),
         decode_time_s=np.array(tallies.decode_elapsed_ms) / 1e3,
@@ -139,33 +149,83 @@ def build_result(
         extend_counts=np.array(tallies.extend_counts, dtype=np.int64),
         extend_time_s=np.array(tallies.extend_elapsed_ms) / 1e3,
         extend_attention_ms=np.array(tallies.extend_attention_ms),
-        num_requests=n + dropped,
-        dropped_requests=dropped,
+        num_requests=n + kept.dropped,
+        dropped_requests=kept.dropped,
         duration_s=tallies.clock_ms / 1e3,
         steps=tallies.steps,
-        mean_queue_s=float(queue_s.mean()) if n else 0.0,
-        p99_queue_s=float(np.percentile(queue_s, 99)) if n else 0.0,
+        mean_queue_s=float(queue_s.mean()) if len(queue_s) else 0.0,
+        p99_queue_s=float(np.percentile(queue_s, 99)) if len(queue_s) else 0.0,
         peak_kv_demand_tokens=tallies.peak_kv,
         completed_fraction=tallies.head / n if n and tallies.head < n else 1.0,
         typical_request_tokens=int(np.median(footprint)) if n else 0,
-        before_split=_before_split(tallies, split_s),
-        last_arrival_s=float(arrival[-1]) if n else 0.0,
+        before_split=_before_split(tallies, split),
+        last_arrival_s=float(times.arrival_s.max(initial=0.0)),
+        requests=times,
+        origin_s=kept.origin_s,
+        steps_log=log,
     )
 
 
-def _queue_delays_s(tallies: RunTallies, arrival_s: np.ndarray) -> np.ndarray:
-    if not tallies.admitted_upto:
-        return np.zeros(len(arrival_s))
-    ends = np.frombuffer(tallies.admitted_upto, dtype=np.int64)
-    clocks_ms = np.frombuffer(tallies.admitted_at_ms, dtype=np.float64)
-    admitted = min(int(ends[-1]), len(arrival_s))  # fewer than all when the run was stopped
-    # Admission run i took requests [ends[i-1], ends[i]) at clocks_ms[i].
-    at_ms = np.repeat(clocks_ms, np.diff(ends, prepend=0))[:admitted]
-    return at_ms / 1e3 - arrival_s[:admitted]
+@dataclass(frozen=True, eq=False)
+class RequestTimes:
+    """Each kept request's life in the simulation, in arrival order, seconds from the first
+    arrival; NaN where a stopped run never got there."""
+
+    index: np.ndarray  # [n] position in the arrays given to simulate()
+    arrival_s: np.ndarray  # [n] (with a concurrency: when the client sent it)
+    admitted_s: np.ndarray  # [n] start of the extend step that admitted it
+    first_token_s: np.ndarray  # [n] end of the extend step that computed its last prompt token
+    finish_s: np.ndarray  # [n] end of the step that produced its last token
+    output_tokens: np.ndarray  # [n]
+
+    @property
+    def queue_s(self) -> np.ndarray:
+        return self.admitted_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first; NaN for requests of one token."""
+        steps = self.output_tokens - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(steps > 0, (self.finish_s - self.first_token_s) / steps, np.nan)
+
+    def admitted(self) -> np.ndarray:
+        return ~np.isnan(self.admitted_s)
+
+    def finished(self) -> np.ndarray:
+        return ~np.isnan(self.finish_s)
 
 
-def _before_split(tallies: RunTallies, split_s: float | None) -> StepTally | None:
-    if split_s is None:
+def request_times(tallies: RunTallies, kept: Prepared) -> RequestTimes:
+    n = len(kept.footprint)
+    arrival_s = np.array(kept.requests.arrival_ms[:n]) / 1e3
+    admitted_s, first_s = np.full(n, np.nan), np.full(n, np.nan)
+    if tallies.admitted_upto:
+        ends = np.frombuffer(tallies.admitted_upto, dtype=np.int64)
+        counts = np.diff(ends, prepend=0)
+        upto = min(int(ends[-1]), n)
+        # Admission run i took requests [ends[i-1], ends[i]) at admitted_at_ms[i].
+        admitted_s[:upto] = np.repeat(np.frombuffer(tallies.admitted_at_ms), counts)[:upto] / 1e3
+        end = np.frombuffer(tallies.admitted_end_ms)
+        first_s[:upto] = np.repeat(end, counts)[:upto] / 1e3
+    # A split prompt's first token comes at the step that computes its last chunk, not at the
+    # step that admitted it; one still split when a run was stopped has none yet.
+    for index, ms in tallies.split_first:
+        first_s[index] = ms / 1e3
+    if tallies.split >= 0:
+        first_s[tallies.split] = np.nan
+    finish_ms = np.array(tallies.finish_ms, dtype=np.float64)
+    output = kept.output_tokens
+    finish_s = np.where(output > 1, finish_ms / 1e3, first_s)
+    return RequestTimes(kept.index, arrival_s, admitted_s, first_s, finish_s, output)
+
+
+def _before_split(tallies: RunTallies, split: bool) -> StepTally | None:
+    if not split:
         return None
     if tallies.before_split is None:  # the run ended before the clock reached the split
         lists = (
@@ -183,3 +243,53 @@ def _before_split(tallies: RunTallies, split_s: float | None) -> StepTally | Non
         np.array(elapsed_e) / 1e3,
         np.array(attention_e),
     )
+
+
+class StepLog:
+    """Every step of a run, as the loop took them: an extend step is one entry, a run of
+    decode steps of one batch is one entry of `count` steps (`expand` splits them)."""
+
+    DECODE, EXTEND = 0, 1
+
+    def __init__(self) -> None:
+        self.kind = array("b")  # DECODE or EXTEND
+        self.size = array("q")  # batch size, or new tokens
+        self.count = array("q")  # steps in the entry
+        self.start_ms = array("d")  # from the first arrival
+        self.elapsed_ms = array("d")  # of all the entry's steps
+        self.work = array("d")  # decode: context tokens read by the first step; extend: pairs
+
+    def add(self, kind: int, size: int, count: int, start_ms: float, elapsed_ms: float,
+            work: float) -> None:
+        self.kind.append(kind)
+        self.size.append(size)
+        self.count.append(count)
+        self.start_ms.append(start_ms)
+        self.elapsed_ms.append(elapsed_ms)
+        self.work.append(work)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def expand(self, cost: StepCost) -> dict[str, np.ndarray]:
+        """One row per step: kind, size, start_ms, elapsed_ms and work (context tokens read, or
+        query-key pairs), each decode step of a run timed by `cost` (the run's StepCost)."""
+        count = np.frombuffer(self.count, dtype=np.int64)
+        starts = np.cumsum(count) - count  # each entry's first row
+        entry = np.repeat(np.arange(len(count)), count)
+        within = np.arange(len(entry)) - starts[entry]
+        kind = np.frombuffer(self.kind, dtype=np.int8)[entry]
+        size = np.frombuffer(self.size, dtype=np.int64)[entry]
+        decode = kind == self.DECODE
+        # Step j of a decode run reads j * batch more context tokens than its first.
+        work = np.frombuffer(self.work)[entry] + np.where(decode, within * size, 0)
+        elapsed = np.where(
+            decode,
+            decode_step_ms(np.asarray(cost.decode_ms)[np.where(decode, size, 0)],
+                           cost.kv_read_ms_per_token, work),
+            extend_step_ms(np.asarray(cost.extend_ms)[np.where(decode, 0, size)],
+                           cost.attention_ms_per_pair, work),
+        )
+        before = np.concatenate([[0.0], np.cumsum(elapsed)])  # time of all earlier rows
+        start = np.frombuffer(self.start_ms)[entry] + before[:-1] - before[starts][entry]
+        return {"kind": kind, "size": size, "start_ms": start, "elapsed_ms": elapsed, "work": work}

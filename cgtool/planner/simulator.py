@@ -1,15 +1,20 @@
-"""Continuous batching as SGLang schedules it, to learn which batch sizes a trace produces.
+"""Continuous batching as SGLang schedules it, to learn which batch sizes a trace produces and
+when each request gets its first token and its last.
 
 Arrivals queue first come, first served. Each step is either an extend batch (queued prompts
 minus their cached prefix, at most `chunked_prefill_size` tokens, a long prompt split across
 steps) or a decode batch of every running request; waiting prompts go first, as in SGLang.
 A request is admitted while fewer than `max_running_requests` run and the KV pool can hold its
 prompt and its whole output (reserving the output up front means no request is ever retracted).
-The prefill yields the first output token; each decode step one more.
+The prefill yields the first output token, at the end of the extend step that computes the
+prompt's last token; each decode step one more. A step's time is cgtool.planner.step_time's.
 
 Between an arrival and a completion the decode batch does not change, so a whole run of
 identical decode steps is taken at once: its time is an arithmetic series, because each step
 reads `batch` more context tokens than the one before.
+
+With a `concurrency` N (a closed-loop client), the first N requests arrive at once and each
+later one arrives when a request finishes.
 """
 
 from __future__ import annotations
@@ -19,91 +24,21 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.errors import InputError
-from cgtool.planner.sim_result import RunTallies, SimulationResult, build_result
+from cgtool.planner.sim_requests import NEVER_MS, Requests, prepare
+from cgtool.planner.sim_result import RunTallies, SimulationResult, StepLog, build_result
+from cgtool.planner.step_time import StepCost
 
-
-@dataclass(frozen=True, eq=False)
-class StepCost:
-    """What one step takes under a given capture schedule."""
-
-    decode_ms: np.ndarray  # [max_running + 1] dense ms of a decode step of b requests
-    extend_ms: np.ndarray  # [chunked_prefill_size + 1] dense ms of an extend step of n tokens
-    kv_read_ms_per_token: float  # decode attention, per context token
-    attention_ms_per_pair: float  # extend attention, per (query, key) token pair
-
+__all__ = ["POLL_EVERY_REQUESTS", "StepCost", "simulate"]
 
 # Polling `progress` and `stop` costs a call: it is done once per this many admitted requests.
 POLL_EVERY_REQUESTS = 32768
-# Past the last request: an arrival that never comes and a request that never fits, so the
-# loop tests no index against the number of requests.
-_NEVER_MS = math.inf
-_NEVER_FITS = 1 << 62
-
-
-@dataclass(slots=True)
-class _Requests:
-    """Per request, in arrival order, as lists (indexing a list is several times faster than
-    indexing an array); `arrival_ms` and `footprint` end with one sentinel each."""
-
-    arrival_ms: list[float]
-    new: list[int]  # prompt tokens to compute (input minus cached)
-    cached: np.ndarray  # read for split prompts only, which are rare
-    decode_steps: list[int]  # output tokens after the first
-    footprint: list[int]  # KV tokens reserved from admission to finish
-    cum_new: list[int]  # prefix sums, so a run of requests is admitted at once
-    cum_footprint: list[int]
-    cum_pairs: list[float]
-
-
-def _prepare(
-    arrival_s, input_len, output_len, cached_len, limit_tokens: int
-) -> tuple[_Requests, int, np.ndarray, np.ndarray]:
-    """(the loop's lists, requests dropped, arrival s and footprint of those kept)."""
-    arrival = np.asarray(arrival_s, dtype=np.float64)
-    prompt = np.asarray(input_len, dtype=np.int64)
-    output = np.asarray(output_len, dtype=np.int64)
-    cached = np.zeros_like(prompt) if cached_len is None else np.asarray(cached_len, dtype=np.int64)
-    if not (len(arrival) == len(prompt) == len(output) == len(cached)):
-        raise InputError(
-            "request arrays differ in length", "Pass one value per request in each array."
-        )
-    decode_steps = np.maximum(output - 1, 0)
-    footprint = prompt + decode_steps + 1
-    keep = (footprint <= limit_tokens) & (prompt >= 1)
-    dropped = len(keep) - int(np.count_nonzero(keep))
-    columns = (arrival, prompt, cached, decode_steps, footprint)
-    if dropped:
-        columns = tuple(a[keep] for a in columns)
-    if not np.all(columns[0][1:] >= columns[0][:-1]):  # traces are mostly in order already
-        order = np.argsort(columns[0], kind="stable")
-        columns = tuple(a[order] for a in columns)
-    arrival, prompt, cached, decode_steps, footprint = columns
-    cached = np.clip(cached, 0, prompt - 1)  # the last prompt token is always computed
-    new = prompt - cached
-    pairs = new * cached + new * (new + 1) / 2.0  # causal attention over prefix and chunk
-    arrival_ms, footprints = (arrival * 1e3).tolist(), footprint.tolist()
-    arrival_ms.append(_NEVER_MS)
-    footprints.append(_NEVER_FITS)
-    requests = _Requests(
-        arrival_ms,
-        new.tolist(),
-        cached,
-        decode_steps.tolist(),
-        footprints,
-        np.concatenate([[0], np.cumsum(new)]).tolist(),
-        np.concatenate([[0], np.cumsum(footprint)]).tolist(),
-        np.concatenate([[0.0], np.cumsum(pairs)]).tolist(),
-    )
-    return requests, dropped, arrival, footprint
 
 
 def _run(
-    reqs: _Requests,
+    reqs: Requests,
     cost: StepCost,
     max_running: int,
     chunk: int,
@@ -111,6 +46,9 @@ def _run(
     progress: Callable[[float], None] | None,
     stop: Callable[[], bool] | None = None,
     split_ms: float = math.inf,
+    concurrency: int | None = None,
+    split_request: int = -1,
+    log: StepLog | None = None,
 ) -> RunTallies:
     # One flat loop over local variables, longer than a screen on purpose: it turns once per
     # arrival and once per completion (millions of times for a large trace), and a helper
@@ -118,6 +56,7 @@ def _run(
     # (benchmarks/bench_plan.py measures the whole). Invariants that save work:
     # the running requests are the heap plus the split prompt; a decode run stops at or
     # before the first completion, so the completions it reaches finish exactly at `step`.
+    # Step times are cgtool.planner.step_time's formulas, written out here for that reason.
     n, arrival_ms, new, cached = len(reqs.decode_steps), reqs.arrival_ms, reqs.new, reqs.cached
     decode_steps, footprint = reqs.decode_steps, reqs.footprint
     cum_new, cum_footprint, cum_pairs = reqs.cum_new, reqs.cum_footprint, reqs.cum_pairs
@@ -130,6 +69,7 @@ def _run(
         [0] * (chunk + 1),
         [0.0] * (chunk + 1),
         [0.0] * (chunk + 1),
+        finish_ms=[math.nan] * n,
     )
     decode_counts, decode_elapsed, decode_context = (
         t.decode_counts,
@@ -142,6 +82,7 @@ def _run(
         t.extend_attention_ms,
     )
     admitted_upto, admitted_at = t.admitted_upto.append, t.admitted_at_ms.append
+    admitted_end, finish_ms = t.admitted_end_ms.append, t.finish_ms
     sqrt, ceil = math.sqrt, math.ceil
     heap: list[int] = []  # finish step * n + request, for decoding requests
     push, pop = heapq.heappush, heapq.heappop
@@ -149,6 +90,9 @@ def _run(
     head = arrived = 0  # the queue is requests [head, arrived)
     split, split_done = -1, 0  # a prompt spread over several extend steps
     kv_used = step = context = peak_kv = 0
+    zero_done = 0  # requests of one output token, finished by this extend step
+    # With a concurrency, the next request to arrive when one finishes; n (never) without.
+    releasing = n if concurrency is None else min(concurrency, n)
     poll_at = POLL_EVERY_REQUESTS
     # `context`: tokens the decoding requests hold at `step`. One admitted at `step` holds its
     # prompt and first output (footprint - decode steps); it holds its footprint at `finish`.
@@ -173,6 +117,7 @@ def _run(
                     progress(head / n)
                 if stop is not None and stop():
                     break
+            first, finished_split = head, -1
             if split < 0 and arrived - head == 1 and new[head] <= chunk:
                 # The usual case below saturation, taken without the searches below: one
                 # queued prompt, admitted whole (the test above found room for it).
@@ -185,11 +130,11 @@ def _run(
                     context += footprint[head] - decode_steps[head]
                 else:
                     kv_used -= footprint[head]
+                    zero_done += 1
                 head += 1
                 admitted_upto(head)
                 admitted_at(clock)
             else:
-                first, finished_split = head, -1
                 running = len(heap) + (split >= 0)
                 tokens, pairs = 0, 0.0
                 if split >= 0:
@@ -246,12 +191,14 @@ def _run(
                         context += footprint[finished_split] - decode_steps[finished_split]
                     else:
                         kv_used -= footprint[finished_split]
+                        zero_done += 1
                 for index in range(first, head - (split >= first)):
                     if decode_steps[index]:
                         push(heap, (step + decode_steps[index]) * n + index)
                         context += footprint[index] - decode_steps[index]
                     else:
                         kv_used -= footprint[index]
+                        zero_done += 1
             # Requests admitted in this step decode from the next one: the heap is not read
             # before then, so they were pushed above, before the step's time is tallied.
             attention = pairs * pair_ms
@@ -259,10 +206,24 @@ def _run(
             extend_counts[tokens] += 1
             extend_elapsed[tokens] += elapsed
             extend_attention[tokens] += attention
+            if log is not None:
+                log.add(1, tokens, 1, clock, elapsed, pairs)
             clock += elapsed
+            if head > first:
+                admitted_end(clock)  # the first token of every whole prompt admitted here
+            if finished_split >= 0:
+                t.split_first.append((finished_split, clock))
+            if zero_done:
+                while zero_done and releasing < n:
+                    arrival_ms[releasing] = clock
+                    if releasing == split_request:
+                        split_ms = clock
+                    releasing += 1
+                    zero_done -= 1
+                zero_done = 0
             continue
         if not heap:
-            if arrived >= n:
+            if arrived >= n or arrival_ms[arrived] == NEVER_MS:
                 break
             clock = max(clock, arrival_ms[arrived])
             continue
@@ -275,35 +236,51 @@ def _run(
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         # The held-out split ends a run as an admissible arrival does, so the fit part never
         # holds steps after it, whether or not the request arriving then fits (issue 34).
-        wait = split_ms - clock
+        coming = split_ms
         if head == arrived and batch < max_running and kv_used + footprint[head] <= kv_capacity:
-            arrives = arrival_ms[head] - clock
-            if arrives < wait:  # noqa: PLR1730 - no call: hot
-                wait = arrives
-        if elapsed >= wait:  # the arrival or the split comes first (or with the completion)
-            # Steps until it: the smallest j with j*first + growth*j*(j-1)/2 >= wait.
-            b = first_ms - growth_ms / 2
-            until = (
-                ceil((sqrt(b * b + 2 * growth_ms * wait) - b) / growth_ms - 1e-9)
-                if growth_ms > 0
-                else ceil(wait / first_ms)
-            )
+            if arrival_ms[head] < coming:  # noqa: PLR1730 - no call: hot
+                coming = arrival_ms[head]
+        if clock + elapsed >= coming:  # the arrival or the split comes first (or with the completion)
+            # Steps until it: the smallest j with clock + j*first + growth*j*(j-1)/2 >= coming.
+            wait = coming - clock
+            b = first_ms - growth_ms / 2  # > 0: a request holds at least one token
+            root = 2 * wait / (sqrt(b * b + 2 * growth_ms * wait) + b)  # no cancellation
+            until = ceil(root)
+            if not 1e-6 < until - root < 0.999999 or until < 1:
+                # A step ends at (or a rounding error from) the arrival: settle the tie with
+                # the same sums the clock will take, so that it goes as the clock says.
+                until = until if until > 1 else 1  # noqa: FURB136 - no call: hot
+                if until > 1 and clock + (until - 1) * first_ms + growth_ms * (until - 1) * (
+                    until - 2
+                ) / 2 >= coming:
+                    until -= 1
+                elif clock + until * first_ms + growth_ms * until * (until - 1) / 2 < coming:
+                    until += 1
             if until < run:
-                run = until if until > 1 else 1  # noqa: FURB136 - no call: hot
+                run = until
                 elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
         decode_context[batch] += run * context + batch * run * (run - 1) // 2
+        if log is not None:
+            log.add(0, batch, run, clock, elapsed, context)
         context += batch * run
         clock += elapsed
         step += run
         if step == finish:
             below = (step + 1) * n  # keys of the requests finishing at this step
             while heap and heap[0] < below:
-                held = footprint[pop(heap) % n]
+                index = pop(heap) % n
+                held = footprint[index]
                 kv_used -= held
                 context -= held
-    t.clock_ms, t.peak_kv, t.head = clock, peak_kv, head
+                finish_ms[index] = clock
+                if releasing < n:
+                    arrival_ms[releasing] = clock
+                    if releasing == split_request:
+                        split_ms = clock
+                    releasing += 1
+    t.clock_ms, t.peak_kv, t.head, t.split = clock, peak_kv, head, split
     t.steps = sum(decode_counts) + sum(extend_counts)
     return t
 
@@ -322,29 +299,44 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     stop: Callable[[], bool] | None = None,
     split_s: float | None = None,
+    concurrency: int | None = None,
+    split_request: int | None = None,
+    log_steps: bool = False,
 ) -> SimulationResult:
     """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
 
-    `stop` is polled every POLL_EVERY_REQUESTS admitted requests; when it returns True the
-    run ends there and the result covers the steps simulated so far (`completed_fraction` < 1).
-    With `split_s`, the steps taken before the clock reaches it are also tallied apart
-    (`before_split`): no request arriving at or after `split_s` can be in them."""
+    Times in the result count from the first arrival (`origin_s`, in the clock of
+    `arrival_s`), so only differences between arrivals matter. `stop` is polled every
+    POLL_EVERY_REQUESTS admitted requests; when it returns True the run ends there and the
+    result covers the steps simulated so far (`completed_fraction` < 1). With `split_s` (in the
+    clock of `arrival_s`), the steps taken before the clock reaches it are also tallied apart
+    (`before_split`): no request arriving at or after `split_s` can be in them. With a
+    `concurrency`, `arrival_s` is not read, and `split_request` (the position of the first
+    held-out request among those kept) places the split where that request arrives.
+    `log_steps` keeps every step in `steps_log`."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
-    reqs, dropped, arrival, footprint = _prepare(
-        arrival_s, input_len, output_len, cached_len, limit
-    )
+    kept = prepare(arrival_s, input_len, output_len, cached_len, limit, concurrency)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
         raise ValueError("cost tables are shorter than the limits they must cover")
+    split_ms, release_split = math.inf, -1
+    if split_s is not None:
+        split_ms = (split_s - kept.origin_s) * 1e3
+    elif concurrency is not None and split_request is not None:
+        release_split = split_request
+        if split_request < concurrency:  # it arrives with the first requests: nothing before
+            split_ms = 0.0
+    log = StepLog() if log_steps else None
     collecting = gc.isenabled()
     gc.disable()  # the loop allocates no cycles; collections would only rescan its big lists
     try:
         tallies = _run(
-            reqs, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens, progress,
-            stop, math.inf if split_s is None else split_s * 1e3,
+            kept.requests, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens,
+            progress, stop, split_ms, concurrency, release_split, log,
         )
     finally:
         if collecting:
             gc.enable()
     if progress is not None:
         progress(1.0)
-    return build_result(tallies, arrival, footprint, dropped, split_s)
+    split = split_s is not None or split_request is not None
+    return build_result(tallies, kept, split, log)

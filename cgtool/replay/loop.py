@@ -38,7 +38,7 @@ class Graphs:
     """A set's captured runners; None where the set has no graph of that kind."""
 
     decode: Any = None  # DecodeGraphRunner
-    piecewise: Any = None  # PiecewiseGraphRunner
+    piecewise: Any = None  # PiecewiseGraphRunner or BreakableGraphRunner (prefill graphs)
 
 
 class Slots:

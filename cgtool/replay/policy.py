@@ -17,6 +17,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from cgtool.specs.kinds import StepKind
+
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
@@ -30,7 +32,7 @@ class Chunk:
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    kind: str  # "extend" or "decode"
+    kind: StepKind
     size: int  # tokens (extend) or requests (decode)
     chunks: tuple[Chunk, ...] = ()  # extend
     requests: tuple[int, ...] = ()  # decode, in admission order

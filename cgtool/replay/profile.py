@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from cgtool.replay.result import ReplayResult, is_replay_document, load_replay
+from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
 
-_KIND = {"decode": "decode", "extend": "piecewise"}
 
 
 def load_profile(path: Path) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def _rows(result: ReplayResult, kind: str, unit: Any) -> tuple[list[dict[str, An
     e_ms = _at(sizes, eager, graph, gap)
     r_ms = _at(sizes, graph, eager, -gap)
     rows = [
-        {"kind": _KIND[kind], "size": int(n), "status": "ok", "rank": 0, "eager_ms": float(max(e, 0.0)),
+        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(n), "status": "ok", "rank": 0, "eager_ms": float(max(e, 0.0)),
          "replay_ms": float(max(min(r, e), 0.0)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
         for n, e, r in zip(sizes, e_ms, r_ms)
     ]

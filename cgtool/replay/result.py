@@ -22,6 +22,7 @@ from cgtool.documents.document_io import (
     write_json_atomic,
 )
 from cgtool.documents.results import Environment, ModelInfo
+from cgtool.specs.kinds import StepKind
 
 REPLAY_SCHEMA = "cgtool.replay"
 REPLAY_FILENAME = "replay.json"
@@ -46,6 +47,9 @@ class ReplaySettings:
     dropped_requests: int = 0  # longer than the context or the whole pool, as the simulator drops
     profile: str | None = None  # capture report of the prediction, None: the roofline alone
     gpu: str = ""  # the GPU table entry the roofline prediction is for
+    # The prefill graphs' runner; replay.json files written before it was recorded ran
+    # torch.compile pieces.
+    prefill_backend: str = "piecewise"
 
 
 @dataclass(slots=True)
@@ -64,7 +68,7 @@ class RequestLog:
 class StepLog:
     """Per step run, in order."""
 
-    kind: list[Literal["decode", "extend"]] = field(default_factory=list)
+    kind: list[StepKind] = field(default_factory=list)
     size: list[int] = field(default_factory=list)  # requests (decode) or tokens (extend)
     padded: list[int] = field(default_factory=list)  # the graph's size; 0 when it ran eagerly
     start_ms: list[float] = field(default_factory=list)  # when the scheduler was asked
@@ -72,7 +76,7 @@ class StepLog:
     context: list[int] = field(default_factory=list)  # decode: tokens held by its requests
     pairs: list[float] = field(default_factory=list)  # extend: causal (query, key) pairs
 
-    def append(self, kind: Literal["decode", "extend"], size: int, padded: int, start_ms: float,
+    def append(self, kind: StepKind, size: int, padded: int, start_ms: float,
                time_ms: float, context: int, pairs: float) -> None:
         self.kind.append(kind)
         self.size.append(size)

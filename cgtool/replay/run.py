@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from cgtool.capture.prefill_backend import choose_prefill_backend
 from cgtool.errors import InputError
 from cgtool.replay.policy import Requests, requests_from
 from cgtool.specs.config import ModelConfig, load_model_config
@@ -39,6 +40,7 @@ class ReplayInputs:
     device: str
     attention_backend: str
     seed: int
+    prefill_backend: str = "piecewise"  # "breakable" or "piecewise": the runner of the prefill graphs
 
 
 def prepare(trace: Path, *, plan: Path | None = None, default: bool = False, requests: int = 300,
@@ -46,7 +48,7 @@ def prepare(trace: Path, *, plan: Path | None = None, default: bool = False, req
             chunked_prefill_size: int | None = None, max_running_requests: int | None = None,
             mem_fraction_static: float | None = None, max_total_tokens: int | None = None,
             profile: Path | None = None, device: str = "cuda", attention_backend: str | None = None,
-            seed: int = 0) -> ReplayInputs:
+            seed: int = 0, prefill_backend: str | None = None) -> ReplayInputs:
     """Every bad input found here, before any model is built."""
     if requests < 1:
         raise InputError(f"--requests {requests} must be at least 1", "Try --requests 300.")
@@ -72,6 +74,8 @@ def prepare(trace: Path, *, plan: Path | None = None, default: bool = False, req
         chunk, running, fraction, sizes = _engine_defaults(cfg, gpu, chunked_prefill_size,
                                                            max_running_requests, mem_fraction_static)
     report, report_name = _profile(profile)
+    # The plan's release, else the engine default's (server_for plans SGLang's latest).
+    release = (loaded_plan.inputs.engine, loaded_plan.inputs.engine_version) if loaded_plan else ("sglang", None)
     return ReplayInputs(
         trace=str(trace), reqs=reqs, load=load, cfg=cfg, model=name, gpu=gpu,
         schedule="default" if default else "plan", plan=None if plan is None else str(plan),
@@ -79,6 +83,7 @@ def prepare(trace: Path, *, plan: Path | None = None, default: bool = False, req
         chunked_prefill_size=chunk, max_running_requests=running, mem_fraction_static=fraction,
         max_total_tokens=max_total_tokens, profile=report, profile_name=report_name, device=device,
         attention_backend=attention_backend or ("triton" if device == "cuda" else "torch"), seed=seed,
+        prefill_backend=choose_prefill_backend(prefill_backend, *release),
     )
 
 

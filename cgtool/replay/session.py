@@ -54,11 +54,13 @@ def build_bench(inputs: ReplayInputs, width: int | None = None, rows: int | None
     return Bench(runner, slots - 1, fraction)
 
 
-def capture_graphs(bench: Bench, capture_bs: list[int], capture_num_tokens: list[int], phase: Phase) -> Graphs:
-    """GPU only: piecewise first (it compiles), then decode, into a fresh global pool."""
+def capture_graphs(bench: Bench, capture_bs: list[int], capture_num_tokens: list[int], phase: Phase,
+                   prefill_backend: str = "piecewise") -> Graphs:
+    """GPU only: prefill first (torch.compile pieces compile), then decode, into a fresh
+    global pool."""
+    from cgtool.capture.prefill_backend import prefill_runner
     from cgtool.runners.compile_cache import default_cache_dir
     from cgtool.runners.decode import DecodeGraphRunner
-    from cgtool.runners.piecewise import PiecewiseGraphRunner
     from cgtool.runners.pool import reset_global_graph_memory_pool
 
     reset_global_graph_memory_pool()
@@ -66,14 +68,14 @@ def capture_graphs(bench: Bench, capture_bs: list[int], capture_num_tokens: list
     start = time.perf_counter()
     if capture_num_tokens:
         # The compile cache spares a second set (or a capture before it) dynamo's trace.
-        graphs.piecewise = PiecewiseGraphRunner(bench.runner, capture_num_tokens,
-                                                compile_cache_dir=default_cache_dir())
+        options = {"compile_cache_dir": default_cache_dir()} if prefill_backend == "piecewise" else {}
+        graphs.piecewise = prefill_runner(prefill_backend, bench.runner, capture_num_tokens, **options)
         graphs.piecewise.capture()
     if capture_bs:
         graphs.decode = DecodeGraphRunner(bench.runner, capture_bs)
         graphs.decode.capture()
     torch.cuda.synchronize()
-    phase(f"captured {len(capture_bs)} decode and {len(capture_num_tokens)} piecewise sizes "
+    phase(f"captured {len(capture_bs)} decode and {len(capture_num_tokens)} {prefill_backend} prefill sizes "
           f"in {time.perf_counter() - start:.1f} s")
     return graphs
 
@@ -99,6 +101,7 @@ def replay_once(inputs: ReplayInputs, bench: Bench, graphs: Graphs, phase: Phase
             mem_fraction_static=bench.mem_fraction_static, capture_bs=captured_bs,
             capture_num_tokens=captured_tokens, attention_backend=inputs.attention_backend,
             device=inputs.device, seed=inputs.seed, dropped_requests=dropped, profile=inputs.profile_name,
+            prefill_backend=inputs.prefill_backend,
         ),
         requests=state.requests, steps=state.steps,
     )

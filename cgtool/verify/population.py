@@ -20,6 +20,7 @@ from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS
 from cgtool.planner.profile_fit import profile_cost
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scoring import padded_sizes
+from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
 from cgtool.verify.steps import KindPopulation, Step, StepPopulation, kind_steps
 
 
@@ -135,7 +136,7 @@ def predicted_ms(cost: CostModel, step: Step, captured: list[int]) -> tuple[floa
     padded = int(padded_sizes(np.array([step.size]), captured)[0])
     if step.kind == "decode":
         dense = cost.decode_graph_ms[padded] if padded else cost.decode_eager_ms[step.size]
-        return float(dense + cost.kv_read_ms_per_token * step.size * step.context), padded
+        return float(decode_step_ms(dense, cost.kv_read_ms_per_token, step.size * step.context)), padded
     dense = cost.extend_graph_ms[padded] if padded else cost.extend_eager_ms[step.size]
-    pairs = step.size * step.context + step.size * (step.size + 1) / 2
-    return float(dense + cost.attention_ms_per_pair * pairs), padded
+    pairs = attention_pairs(step.size, step.context)
+    return float(extend_step_ms(dense, cost.attention_ms_per_pair, pairs)), padded

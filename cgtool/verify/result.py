@@ -21,6 +21,7 @@ from cgtool.documents.document_io import (
     write_json_atomic,
 )
 from cgtool.documents.results import Environment, ModelInfo, resolve_document
+from cgtool.specs.kinds import StepKind
 
 VERIFY_SCHEMA = "cgtool.verify"
 VERIFY_FILENAME = "verify.json"
@@ -30,7 +31,7 @@ VERIFY_FILENAME = "verify.json"
 class SizeTiming:
     """Sampled steps of one kind and size through one graph set."""
 
-    kind: Literal["decode", "extend"]
+    kind: StepKind
     size: int
     context: int  # decode: tokens cached per request; extend: cached prefix (sample mean)
     steps: int  # sampled steps at this size
@@ -42,7 +43,7 @@ class SizeTiming:
 
 @dataclass(slots=True)
 class KindTiming:
-    kind: Literal["decode", "extend"]
+    kind: StepKind
     weight: float
     measured_ms: float  # weighted mean step time of this kind
     predicted_ms: float
@@ -122,6 +123,9 @@ class VerifySettings:
     chunked_prefill_size: int
     max_running_requests: int
     simulated_steps: int
+    # The prefill graphs' runner; verify.json files written before it was recorded ran
+    # torch.compile pieces.
+    prefill_backend: str = "piecewise"
 
 
 @dataclass(slots=True)

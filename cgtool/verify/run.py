@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cgtool.capture.prefill_backend import choose_prefill_backend
 from cgtool.errors import InputError
 from cgtool.documents.plan_document import Plan
 from cgtool.planner.cost import CostModel
@@ -37,6 +38,7 @@ class VerifyInputs:
     seed: int
     warnings: list[str]
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES  # what the proven fraction must leave free
+    prefill_backend: str = "piecewise"  # "breakable" or "piecewise": the runner of the prefill graphs
 
 
 def prepare(
@@ -49,6 +51,7 @@ def prepare(
     seed: int = 0,
     mem_fraction_static: float | None = None,
     headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+    prefill_backend: str | None = None,
 ) -> VerifyInputs:
     """Everything that needs no GPU: every bad input is found here, before the GPU is asked for."""
     if num_steps < 1:
@@ -87,6 +90,7 @@ def prepare(
         cost=plan_cost(plan, max_bs, max_tokens), mem_fraction_static=fraction,
         fraction_source="flag" if mem_fraction_static else "plan", repeats=repeats, seed=seed,
         warnings=warnings, headroom_bytes=headroom_bytes,
+        prefill_backend=choose_prefill_backend(prefill_backend, inputs.engine, inputs.engine_version),
     )
 
 
@@ -109,6 +113,7 @@ def session_options(inputs: VerifyInputs) -> SessionOptions:
         context_len=asked.context_len or 0,
         repeats=inputs.repeats,
         seed=inputs.seed,
+        prefill_backend=inputs.prefill_backend,
     )
 
 
@@ -197,4 +202,5 @@ def _settings(inputs: VerifyInputs, opts: SessionOptions, kv_tokens: int) -> Ver
         chunked_prefill_size=opts.chunked_prefill_size,
         max_running_requests=opts.max_running_requests,
         simulated_steps=inputs.population.total,
+        prefill_backend=opts.prefill_backend,
     )

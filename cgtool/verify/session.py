@@ -44,6 +44,7 @@ class SessionOptions:
     warmup_steps: int = 32
     seed: int = 0
     dtype: torch.dtype = torch.bfloat16
+    prefill_backend: str = "piecewise"  # cgtool.capture.prefill_backend
 
 
 @dataclass
@@ -163,8 +164,8 @@ def _capture_set(
     does. `strict` (the plan's set) stops at the first size that runs out of memory and
     returns that as a failed rehearsal: the plan's fraction must hold the plan's graphs."""
     from cgtool.capture.memory import read_memory
+    from cgtool.capture.prefill_backend import prefill_runner
     from cgtool.runners.decode import DecodeGraphRunner
-    from cgtool.runners.piecewise import PiecewiseGraphRunner
     from cgtool.runners.pool import get_global_graph_memory_pool, reset_global_graph_memory_pool
 
     reset_global_graph_memory_pool()
@@ -174,7 +175,7 @@ def _capture_set(
     decode = piecewise = None
     compile_s = 0.0
     if graph_set.capture_num_tokens:
-        piecewise = PiecewiseGraphRunner(runner, graph_set.capture_num_tokens)
+        piecewise = prefill_runner(opts.prefill_backend, runner, graph_set.capture_num_tokens)
         start = time.perf_counter()
         piecewise.warmup()
         torch.cuda.synchronize()

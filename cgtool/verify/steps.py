@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-KINDS = ("decode", "extend")
+from cgtool.specs.kinds import STEP_KINDS, StepKind
+
+KINDS = STEP_KINDS
 
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    kind: str  # "decode" or "extend"
+    kind: StepKind
     size: int  # decode: requests in the batch; extend: new tokens
     context: int  # decode: tokens cached per request; extend: cached prefix of the request
     weight: float  # simulated steps this sample stands for

@@ -13,7 +13,7 @@ device-to-device copy bandwidth and the throughput of one large bf16 torch.mm.
   roofline: the latent rows read at the copy bandwidth. MLA extend of 512-8192 new tokens,
   with and without a cached prefix, against the torch.mm rate.
 
-    python3 scripts/bench_moe_mla.py --out results.json [--quick]
+    python3 benchmarks/bench_moe_mla.py --out results.json [--no-sweep] [--parts mla,moe] [--dry]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from cgtool.attention.triton_mla import (
 )
 from cgtool.model.fused import silu_and_mul
 from cgtool.model.moe import experts_ref
-from cgtool.model.moe_routing import align_block_size, route_topk
+from cgtool.model.moe_routing import align_block_size, route_topk, router_logits
 from cgtool.model.moe_triton import GemmTiles, combine_top_k, experts_config, fused_experts, grouped_gemm
 from cgtool.runtime.triton_launch import cdiv
 
@@ -162,7 +162,7 @@ class MoeLayers:
 
     def batch(self, n: int):
         x = torch.randn(n, self.H, device=DEVICE).to(DTYPE)
-        logits = [F.linear(x.float(), w.float()) for w in self.router]
+        logits = [router_logits(x, w) for w in self.router]
         routed = [route_topk(lg, self.k, self.renorm, 1.0) for lg in logits]
         return x, logits, routed
 
@@ -191,7 +191,8 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
                                      mul_weight=True, gated=False) for i in range(LAYERS)]
 
     per = lambda fn: graph_us(fn) / LAYERS
-    row["router_gemm_us"] = per(lambda: [F.linear(x.float(), w.float()) for w in layers.router])
+    row["router_gemm_us"] = per(lambda: [router_logits(x, w) for w in layers.router])
+    row["old_router_gemm_us"] = per(lambda: [F.linear(x.float(), w.float()) for w in layers.router])
     row["route_us"] = per(lambda: [route_topk(lg, k, layers.renorm, 1.0) for lg in logits])
     row["align_us"] = per(lambda: [align_block_size(ids, E, config.block_m) for _, ids in routed])
     row["up_us"], row["down_us"] = per(up(config.up)), per(down(config.down))
@@ -212,7 +213,7 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     row["old_down_us"] = per(lambda: [grouped_gemm(act, layers.down[i], y, olds[i], routed[i][0], 1, bm0,
                                                    OLD_TILES, mul_weight=True, gated=False) for i in range(LAYERS)])
     row["old_sum_us"] = per(lambda: [y.view(n, k, H).sum(dim=1).to(DTYPE) for _ in range(LAYERS)])
-    row["old_layer_us"] = row["router_gemm_us"] + sum(row[f"old_{c}_us"] for c in
+    row["old_layer_us"] = row["old_router_gemm_us"] + sum(row[f"old_{c}_us"] for c in
                                                       ("route", "align", "up", "silu", "down", "sum"))
     # equality with the reference (bf16 kernel against the fp32 reference of the same inputs)
     w0, ids0 = routed[0]

@@ -1,0 +1,74 @@
+"""Measured efficiency terms of cgtool's MoE and MLA kernels, for the roofline cost model.
+
+A dense model's step is its weights streamed and its GEMMs' FLOPs at fixed fractions of the
+datasheet peaks (cost.py), which r-series captures put within 4-8% of the H100. MoE and MLA
+layers are not that: their experts' reads, their grouped GEMMs' FLOPs and the small kernels
+around them (router GEMM, routing, alignment, top-k sum) were fitted here to issue 33's
+measurements, each figure a replayed CUDA graph over six layers of distinct weights:
+
+  H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call3/moe-mla.json
+  (benchmarks/bench_moe_mla.py --no-sweep; qwen3-30b-a3b and deepseek-v2-lite shapes).
+
+MoE layer (least squares over 14 sizes, bs 1 to 8,192 tokens, both models, relative error
+weighted; every size within 5.4% of its measurement): the experts reached plus each pair's
+activations read at 0.93 of the datasheet bandwidth, the pairs' FLOPs at 0.54 of the bf16
+peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in a replay
+(launch and ramp), which a one-token step pays some twenty times a layer.
+
+MLA decode (bs 64 and 256 at 1k and 8k contexts): the latent rows read at 0.76-0.78 of the
+datasheet bandwidth, plus 0.32 us a request and layer (the chunk merge; the two kernels'
+floors are counted with the rest). MLA extend (2,048-8,192 new tokens, with a 6k prefix
+too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head and (query, key)
+pair as the cost model does (512 tokens: 0.10).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import expected_experts
+from cgtool.specs.gpus import GpuSpec
+from cgtool.units import BF16_BYTES
+
+MOE_READ_EFFICIENCY = 0.93
+MOE_FLOPS_EFFICIENCY = 0.54
+KERNEL_FLOOR_MS = 3.91e-3  # one kernel of a replayed graph, at the least
+# Bytes a (token, expert) pair moves besides the weights: its token's row read by the gate/up
+# GEMM (bf16) and its fp32 partial output written by the down GEMM and read by the top-k sum.
+MOE_PAIR_BYTES_PER_HIDDEN = BF16_BYTES + 2 * 4
+# Router logits, routing, alignment, gate/up GEMM, down GEMM, top-k sum; past
+# ONE_PROGRAM_PAIRS the alignment takes four kernels, not one.
+MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 6, 9
+MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
+
+MLA_DECODE_READ_EFFICIENCY = 0.78
+MLA_DECODE_REQUEST_MS = 0.32e-3
+MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
+
+
+def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarray:
+    """All MoE layers of one forward over each of `rows` tokens: experts and routing."""
+    moe = cfg.moe
+    if moe is None:
+        return np.zeros_like(rows, dtype=np.float64)
+    rows = np.asarray(rows, dtype=np.float64)
+    pairs = rows * moe.top_k
+    experts = expected_experts(moe.num_experts, moe.top_k, rows)
+    read = experts * cfg.expert_params * BF16_BYTES + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN
+    flops = 2.0 * pairs * cfg.expert_params
+    kernels = np.where(pairs <= MOE_ONE_PROGRAM_PAIRS, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE)
+    per_layer_ms = (
+        read / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY) * 1e3
+        + flops / (gpu.bf16_flops * MOE_FLOPS_EFFICIENCY) * 1e3
+        + kernels * KERNEL_FLOOR_MS
+    )
+    return np.where(rows > 0, cfg.num_moe_layers * per_layer_ms, 0.0)
+
+
+def kernel_floor_ms(cfg: ModelConfig, kernels: int) -> float:
+    """The floor of the kernels outside the MoE layers' own, for MoE and MLA models. Dense
+    models keep the plain roofline, which their captures already match."""
+    if cfg.moe is None and cfg.mla is None:
+        return 0.0
+    return kernels * KERNEL_FLOOR_MS
