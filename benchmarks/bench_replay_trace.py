@@ -6,8 +6,14 @@ predictions again from a capture report.
            (into a pool of its own, earlier sets kept alive), in the order the cases name them.
            Writes DIR/NAME.json (replay.json documents, roofline prediction) and a timestamped log.
            Cases that would not finish inside --budget-s are skipped and said so.
-  predict: python benchmarks/bench_replay_trace.py predict --profile report.json --gpu H100-80GB FILE...
-           Adds the profile's prediction to each replay.json, in place, and prints the errors.
+  merge:   python benchmarks/bench_replay_trace.py merge --out merged.json report.json report-16k.json ...
+           One report for `cgtool plan --profile` / `cgtool replay --profile`: decode priced per context token.
+  attention: python benchmarks/bench_replay_trace.py attention --profile report.json [...] --gpu H200 FILE...
+           Each run's decode steps priced on the batches it ran, and fitted within graph sizes
+           against the context read and the longest request's context.
+  predict: python benchmarks/bench_replay_trace.py predict --profile report.json [--profile ctx2.json ...] --gpu H100-80GB FILE...
+           Adds the profile's prediction to each replay.json, in place (not with --dry), and prints
+           the errors. Several --profile reports (decode at other contexts) are merged into one.
 """
 
 from __future__ import annotations
@@ -88,19 +94,122 @@ def predict(args: argparse.Namespace) -> int:
 
     from cgtool.replay.result import is_replay_document
 
-    profile = load_profile(args.profile) if args.profile else None
-    fed_back = args.profile is not None and is_replay_document(args.profile)
+    from cgtool.planner.profile_fit import merge_context_reports
+
+    paths = args.profile or []
+    profile, name = None, None
+    if paths:
+        # Several capture reports (one model and GPU, decode at different --context-len): one
+        # profile whose decode rows price attention per context token.
+        profile = merge_context_reports([load_profile(p) for p in paths]) if len(paths) > 1 else load_profile(paths[0])
+        name = str(paths[0]) + (f" (+{len(paths) - 1} contexts)" if len(paths) > 1 else "")
+    fed_back = len(paths) == 1 and is_replay_document(paths[0])
     results = []
     for path in args.files:
         result = load_replay(path)
-        predict_replay(result, resolve_gpu(args.gpu, "cuda"), profile, str(args.profile) if args.profile else None)
-        if not fed_back:
+        predict_replay(result, resolve_gpu(args.gpu, "cuda"), profile, name)
+        if not fed_back and not args.dry:
             write_replay(result, path)
         _report(path.stem, result)
         results.append((path, result))
     if args.markdown:
         _markdown(results)
     return 0
+
+
+def merge(args: argparse.Namespace) -> int:
+    """One report.json from captures at several --context-len, for any --profile."""
+    import json
+
+    from cgtool.planner.profile_fit import merge_context_reports
+
+    merged = merge_context_reports([json.loads(p.read_text()) for p in args.reports])
+    args.out.write_text(json.dumps(merged, indent=1) + "\n")
+    _log(f"wrote {args.out}: {len(merged['sizes'])} rows from {len(args.reports)} reports")
+    return 0
+
+
+def attention(args: argparse.Namespace) -> int:
+    """Each run's decode steps against a capture report's prices on the batches the loop really
+    ran (batch composition taken out), and what the steps' times follow: the context read in
+    all (size x context) alone, or that and the longest request's context."""
+    import json
+
+    import numpy as np
+
+    from cgtool.planner.profile_fit import merge_context_reports, profile_cost, within_slope
+    from cgtool.replay.result import load_replay
+    from cgtool.replay.run import resolve_gpu
+    from cgtool.specs.config import load_model_config
+
+    report = merge_context_reports([json.loads(p.read_text()) for p in args.profile])
+    per_token = None  # ms per longest-request token, fitted on the first file, tried on all
+    for path in args.files:
+        result = load_replay(path)
+        cost = profile_cost(report, load_model_config(result.model.name), resolve_gpu(args.gpu, "cuda"),
+                            max_bs=max(result.settings.capture_bs + [result.settings.max_running_requests]),
+                            max_tokens=8192, source="profile")
+        s = result.steps
+        dec = np.array([k == "decode" for k in s.kind])
+        ms, pad = np.array(s.time_ms)[dec], np.array(s.padded)[dec]
+        context = np.array(s.context, dtype=np.float64)[dec]
+        longest = _longest_context(result, np.array(s.start_ms)[dec])
+        priced = cost.decode_graph_ms[pad] + cost.kv_read_ms_per_token * context
+        one = within_slope(pad, context, ms) or 0.0
+        both = _within_fit(pad, np.c_[context, longest], ms)
+        print(f"{path.stem}: decode {ms.mean():.3f} ms measured, {priced.mean():.3f} priced on its own batches "
+              f"({ms.mean() / priced.mean() - 1:+.1%}; profile {cost.kv_read_ms_per_token:.3e} ms/token); "
+              f"longest request {longest.mean():,.0f} tokens on average, its correlation with the rest "
+              f"{np.corrcoef(ms - priced, longest)[0, 1]:.2f}")
+        print(f"    within graph sizes: {one:.3e} ms per context token alone (residual rms "
+              f"{_rms(pad, np.c_[context], ms, [one]):.3f} ms); with the longest request: {both[0]:.3e} per "
+              f"context token + {both[1]:.3e} per longest-request token (rms {_rms(pad, np.c_[context, longest], ms, both):.3f} ms)")
+        if per_token is None:
+            per_token = float((ms - priced) @ longest / (longest @ longest))
+            print(f"    what the profile leaves, fitted to the longest request's context alone: {per_token:.3e} ms a token")
+        with_term = priced + per_token * longest
+        print(f"    priced with that term ({per_token:.3e} ms a longest-request token, fitted on "
+              f"{args.files[0].stem}): {with_term.mean():.3f} ms ({ms.mean() / with_term.mean() - 1:+.1%})")
+    return 0
+
+
+def _longest_context(result, starts):  # noqa: ANN001, ANN202
+    """Per decode step, the longest context among the requests it decoded: those past their first
+    token and not finished when it started, each at its prompt plus the tokens it had made."""
+    import numpy as np
+
+    r = result.requests
+    longest = np.zeros(len(starts))
+    for i, (first, finish) in enumerate(zip(r.first_token_ms, r.finish_ms)):
+        if first is None or finish is None:
+            continue
+        inside = (starts >= first - 1e-6) & (starts < finish - 1e-6)
+        context = r.input_len[i] + np.cumsum(inside)
+        longest[inside] = np.maximum(longest[inside], context[inside])
+    return longest
+
+
+def _centred(group, x, y):  # noqa: ANN001, ANN202
+    x, y = x.astype(float).copy(), y.astype(float).copy()
+    for g in set(group.tolist()):
+        inside = group == g
+        x[inside] -= x[inside].mean(axis=0)
+        y[inside] -= y[inside].mean()
+    return x, y
+
+
+def _within_fit(group, x, y):  # noqa: ANN001, ANN202
+    import numpy as np
+
+    xc, yc = _centred(group, x, y)
+    return np.linalg.lstsq(xc, yc, rcond=None)[0].tolist()
+
+
+def _rms(group, x, y, beta) -> float:  # noqa: ANN001
+    import numpy as np
+
+    xc, yc = _centred(group, x, y)
+    return float(np.sqrt(np.mean((yc - xc @ np.array(beta)) ** 2)))
 
 
 _COLUMNS = ("TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "TPOT mean", "throughput", "decode step",
@@ -136,14 +245,24 @@ def main() -> int:
     r.add_argument("--mem-fraction-static", type=float, default=0.8)
     r.add_argument("--budget-s", type=float, default=420)
     p = sub.add_parser("predict")
-    p.add_argument("--profile", type=Path)
+    p.add_argument("--profile", type=Path, action="append",
+                   help="A capture report (or replay.json); repeated: captures at other --context-len, merged.")
+    p.add_argument("--dry", action="store_true", help="Print only: leave the replay.json files as they are.")
     p.add_argument("--gpu", required=True)
     p.add_argument("--markdown", action="store_true", help="Also print the table `table` prints.")
     p.add_argument("files", type=Path, nargs="+")
+    a = sub.add_parser("attention")
+    a.add_argument("--profile", type=Path, action="append", required=True,
+                   help="Capture reports of decode at one or more --context-len, merged.")
+    a.add_argument("--gpu", required=True)
+    a.add_argument("files", type=Path, nargs="+")
+    m = sub.add_parser("merge")
+    m.add_argument("--out", type=Path, required=True)
+    m.add_argument("reports", type=Path, nargs="+", help="Capture reports, the first whole, the others' decode rows.")
     t = sub.add_parser("table")
     t.add_argument("files", type=Path, nargs="+")
     args = parser.parse_args()
-    return {"run": run, "predict": predict, "table": table}[args.verb](args)
+    return {"run": run, "predict": predict, "table": table, "attention": attention, "merge": merge}[args.verb](args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,13 @@ INT64_BYTES = 8  # positions and indices in SGLang's graph buffers
 INT32_BYTES = 4
 UINT8_BYTES = 1  # masks
 
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 request`, `2,048 requests`: a count and its noun, plural unless the count is one."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 # Lower-cased unit names to bytes: decimal for "GB" and bare letters, binary for "GiB". Read by
 # the --budget-memory parser and by the parser of PyTorch's out-of-memory message.
 BYTE_UNITS = {

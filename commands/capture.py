@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from enum import Enum
 from pathlib import Path
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cgtool.commands.common import (
     DEFAULT_MODEL,
+    check_out_folder,
     cli_errors,
     console,
     err_console,
@@ -57,9 +59,13 @@ def parse_sizes(text: str | None, flag: str) -> list[int] | None:
     except ValueError:
         raise CgtoolError(f"{flag} '{text}' is not a list of integers", f"Write e.g. {flag} 1,2,4,8.") from None
     try:
-        return capture_sizes(sizes)
+        checked = capture_sizes(sizes)
     except ValueError:
         raise CgtoolError(f"{flag} '{text}' must list positive integers", f"Write e.g. {flag} 1,2,4,8.") from None
+    from cgtool.capture.options import check_capture_size
+
+    check_capture_size(flag, checked[-1])
+    return checked
 
 
 def sizes_from_plan(path: Path) -> tuple[list[int], list[int]]:
@@ -89,8 +95,11 @@ def choose_fraction(flag: float | None, plan: Path | None) -> float:
 def choose_sizes(
     bs: str | None, max_bs: int, tokens: str | None, max_tokens: int, plan: Path | None
 ) -> tuple[list[int], list[int]]:
+    from cgtool.capture.options import check_capture_size
     from cgtool.planner.schedules import default_schedule
 
+    check_capture_size("--max-bs", max_bs)
+    check_capture_size("--max-tokens", max_tokens)
     plan_bs, plan_tokens = sizes_from_plan(plan) if plan else (None, None)
     sglang = default_schedule("sglang", max_bs=max_bs, max_tokens=max_tokens)
     capture_bs = parse_sizes(bs, "--bs") or plan_bs or list(sglang.decode_bs)
@@ -148,6 +157,7 @@ def capture(
         validate_tp(model, tp, None)
         capture_bs, capture_tokens = choose_sizes(bs, max_bs, tokens, max_tokens, plan)
     profiled = parse_profile_sizes(profile_sizes, capture_bs, capture_tokens, patches)
+    check_out_folder(out)
     import torch
 
     from cgtool.capture.options import CaptureOptions, require_cuda
@@ -237,12 +247,13 @@ def _run_and_save(opts: CaptureOptions) -> None:
     """Run the session under a progress bar and save its report, or as much of it as was
     measured when a signal or an error stops it; exits with the report's code."""
     from cgtool.capture.options import SessionState
-    from cgtool.capture.session import partial_report, run_capture
+    from cgtool.capture.session import run_capture
     from cgtool.capture.tp import merge_rank_partials, run_capture_tp
     from cgtool.capture.vit import run_vit_capture
     from cgtool.reports.capture_view import CaptureProgressBar
 
     state, tp, out = SessionState(), opts.tp_size, opts.out_dir
+    state.on_phase = _checkpointer(opts, state)
     try:
         with terminate_as_interrupt(), CaptureProgressBar(err_console) as bar:
             if opts.kinds == ("vit",):
@@ -253,22 +264,61 @@ def _run_and_save(opts: CaptureOptions) -> None:
                 report = run_capture(opts, bar.update, state)
     except KeyboardInterrupt as interrupt:
         reason = f"interrupted by {signal_name(interrupt)}"
-        partial = (merge_rank_partials(interrupt.rank_partials, tp, reason)  # type: ignore[attr-defined]
-                   if hasattr(interrupt, "rank_partials") else partial_report(opts, state, reason))
-        if partial is not None:
-            _save(partial, out, state)
+        if hasattr(interrupt, "rank_partials"):
+            partial = merge_rank_partials(interrupt.rank_partials, tp, reason)  # type: ignore[attr-defined]
+            if partial is not None:
+                _save(partial, out, state)
+        else:
+            _keep_partial(opts, state, reason)
         raise typer.Exit(exit_code(interrupt)) from None
     except CgtoolError as error:
-        # A pitfall found at one size must not throw away the sizes measured before it.
-        partial = partial_report(opts, state, str(error)) if state.sizes else None
-        if partial is not None:
-            _save(partial, out, state)
+        # A pitfall found at one size must not throw away the sizes measured before it, nor
+        # leave a checkpoint saying less than the error does (nothing is saved before a load).
+        _keep_partial(opts, state, str(error))
         raise
     except Exception as error:  # noqa: BLE001 - a kernel or driver failure cgtool did not foresee
         _save_after_crash(error, opts, state)
         raise typer.Exit(1) from None
     _save(report, out, state)
     raise typer.Exit(capture_exit_code(report))
+
+
+def _checkpointer(opts: CaptureOptions, state: SessionState) -> Callable[[str], None]:
+    """Saves report.json as each phase begins (SessionState.on_phase); a failure to is said
+    once and the capture goes on: its end or its signal handler saves again."""
+    from cgtool.capture.session import checkpoint_report
+    from cgtool.documents.results import REPORT_FILENAME, write_report
+
+    failed: list[str] = []
+
+    def save(phase: str) -> None:
+        try:
+            report = checkpoint_report(opts, state, phase)
+            if report is not None:
+                opts.out_dir.mkdir(parents=True, exist_ok=True)
+                write_report(report, opts.out_dir / REPORT_FILENAME)
+        except Exception as error:  # noqa: BLE001 - a checkpoint must never stop the capture
+            if not failed:
+                failed.append(phase)
+                err_console.print(f"warning: report.json not saved before {phase} ({error}); "
+                                  "it is saved at the end", highlight=False, soft_wrap=True)
+
+    return save
+
+
+def _keep_partial(opts: CaptureOptions, state: SessionState, reason: str) -> None:
+    """Saves what was measured, marked incomplete; if even that fails, says so in one line
+    and leaves the last checkpoint on disk."""
+    from cgtool.capture.session import partial_report
+
+    try:
+        partial = partial_report(opts, state, reason)
+        if partial is not None:
+            _save(partial, opts.out_dir, state)
+    except Exception as error:  # noqa: BLE001 - the exit code and the checkpoint still stand
+        err_console.print(f"error: the partial report could not be saved ({type(error).__name__}: "
+                          f"{error}); {opts.out_dir / 'report.json'} holds the last checkpoint",
+                          highlight=False, soft_wrap=True)
 
 
 def _save_after_crash(error: Exception, opts: CaptureOptions, state: SessionState) -> None:

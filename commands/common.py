@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import tempfile
 from collections.abc import Callable
 from enum import Enum
+from pathlib import Path
 from types import ModuleType
 from typing import Annotated, Any, TypeVar
 
@@ -14,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cgtool.errors import CgtoolError, EnvironmentProblem
+from cgtool.errors import CgtoolError, EnvironmentProblem, InputError
 
 # Wide enough for any cgtool table: a log has no width, and at Rich's fallback of 80 columns
 # every cell of a wide table is cut to "…".
@@ -103,6 +105,23 @@ def cli_errors(func: F) -> F:
             raise typer.Exit(EXIT_BAD_INPUT) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def check_out_folder(out: Path, flag: str = "--out") -> None:
+    """Refuse, before any work (and before asking for a GPU), an output folder that cannot be
+    made: a scratch folder is made and removed at once in the nearest existing folder above
+    it, which also catches what os.access passes for root (a folder under /proc)."""
+    existing = out
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{flag} {out}: {existing} is a file, not a folder", "Pick a writable folder.")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".cgtool-probe-", dir=existing))
+    except OSError as exc:
+        raise InputError(
+            f"{flag} {out}: cannot create the folder ({exc.strerror})", "Pick a writable folder."
+        ) from None
 
 
 def import_gpu_module(name: str, require_gpu: Callable[[], None]) -> ModuleType:

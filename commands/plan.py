@@ -46,7 +46,7 @@ from cgtool.traces.trace import BatchTrace, RequestTrace
 from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
-from cgtool.units import BYTE_UNITS
+from cgtool.units import BYTE_UNITS, counted
 from cgtool.replay.profile import load_profile  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
@@ -323,7 +323,7 @@ def _run_plan(
         TimeElapsedColumn(),
     )
     if not isinstance(loaded, BatchTrace):
-        err_console.print(f"simulating {len(loaded):,} requests", highlight=False)
+        err_console.print(f"simulating {counted(len(loaded), 'request')}", highlight=False)
     # From here a signal ends the simulation at its next poll, and the plan of what was
     # simulated is still written; before, there is nothing worth keeping.
     stop.defer()

@@ -22,6 +22,7 @@ from cgtool.reports.trace_tables import (
     skipped_text,
     stats_json,
 )
+from cgtool.units import counted
 
 trace_app = typer.Typer(
     help="Convert public and production traces to cgtool's format; summarise one.",
@@ -112,7 +113,7 @@ def convert(
             )
         if limit is not None:
             trace = first_requests(trace, limit)
-        summary = f"{len(trace):,} requests"
+        summary = counted(len(trace), "request")
     else:
         if limit_len is not None or limit is not None:
             err_console.print(

@@ -16,7 +16,13 @@ from typing import Any
 
 # Typer ships its own copy of Click; its parsing errors are these classes.
 from typer._click.core import Command, Context, Parameter
-from typer._click.exceptions import BadParameter, ClickException, MissingParameter, NoSuchOption
+from typer._click.exceptions import (
+    BadParameter,
+    ClickException,
+    MissingParameter,
+    NoArgsIsHelpError,
+    NoSuchOption,
+)
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 from typer.exceptions import Abort
 
@@ -149,6 +155,12 @@ class CgtoolGroup(TyperGroup):
         given = list(sys.argv[1:] if args is None else args)
         try:
             code = super().main(given, prog_name, complete_var, standalone_mode=False, **extra)
+        except NoArgsIsHelpError as asked:
+            # `cgtool` or `cgtool trace` alone asks for the help, which Rich has printed
+            # already (the error's own text is then empty: it printed "error: .").
+            if asked.format_message().strip():
+                print(asked.format_message())
+            code = 0
         except ClickException as error:
             print_error(usage_error_line(error, self, given))
             code = EXIT_BAD_INPUT

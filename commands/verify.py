@@ -9,8 +9,15 @@ from typing import Annotated
 import typer
 
 from cgtool.commands.capture import PrefillBackend
-from cgtool.commands.common import cli_errors, console, err_console, import_gpu_module
+from cgtool.commands.common import (
+    check_out_folder,
+    cli_errors,
+    console,
+    err_console,
+    import_gpu_module,
+)
 from cgtool.errors import EnvironmentProblem, InputError
+from cgtool.traces.convert import FORMATS
 
 
 @cli_errors
@@ -30,7 +37,12 @@ def verify(
     with the predictions and rehearse the plan's memory fraction (GPU only)."""
     from cgtool.commands.plan import parse_bytes
 
+    # What can be checked without the GPU modules (their import needs Triton) is, first.
     headroom_bytes = parse_bytes(headroom, "--headroom")
+    if trace_format not in FORMATS:
+        raise InputError(f"--format {trace_format} is not a trace format",
+                         f"Use one of {', '.join(FORMATS)} (as for `cgtool plan`).")
+    check_out_folder(out)
     prepare = import_gpu_module("cgtool.verify.run", _require_gpu).prepare
     inputs = prepare(plan, trace=trace, trace_format=trace_format, num_steps=steps,
                      repeats=repeats, seed=seed, mem_fraction_static=mem_fraction_static,

@@ -25,11 +25,12 @@ from cgtool.reports.plan_tables import (
     plan_memory_rows,
 )
 from cgtool.reports.tables import TableData
+from cgtool.units import counted
 
 
 def _sizes(sizes: list[int]) -> str:
     # Every size: a line wraps in the terminal, and a list cut short is a different list.
-    return f"{' '.join(map(str, sizes))}  ({len(sizes)} sizes)" if sizes else "none (eager)"
+    return f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
 
 
 def flag_block(lines: list[str], title: str, launch: str | None = None) -> Text:
@@ -125,7 +126,7 @@ def _head(plan: Plan) -> Text:
     kind = f"{inputs.trace_kind}: " if inputs.trace_kind else ""
     return Text(
         f"{inputs.model} on {gpus_label(plan)}{per}, {engine_label(plan)}; "
-        f"trace {inputs.trace} ({kind}{sim.num_requests:,} requests, {sim.steps:,} steps); "
+        f"trace {inputs.trace} ({kind}{counted(sim.num_requests, 'request')}, {counted(sim.steps, 'step')}); "
         f"step times from {inputs.profile or 'the roofline model'}",
     )
 

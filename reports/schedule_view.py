@@ -6,11 +6,12 @@ from typing import Any
 
 from cgtool.reports.plan_view import ENGINE_NAMES
 from cgtool.reports.tables import Cell, TableData
+from cgtool.units import counted
 
 
 def _every_size(sizes: list[int]) -> Cell:
     # Every size, never an ellipsis: this is the list a user copies. CSV/JSON: the list alone.
-    text = f"{' '.join(map(str, sizes))}  ({len(sizes)} sizes)" if sizes else "none (eager)"
+    text = f"{' '.join(map(str, sizes))}  ({counted(len(sizes), 'size')})" if sizes else "none (eager)"
     return Cell(text, list(sizes))
 
 

@@ -14,6 +14,7 @@ from cgtool.traces.stats import (
     Distribution,
     RequestStats,
 )
+from cgtool.units import counted
 
 
 def _distribution_row(name: str, unit: str, dist: Distribution) -> list[str]:
@@ -36,7 +37,7 @@ def _distribution_table(title: str, rows: list[list[str]], caption: str) -> Fitt
 def request_stats_table(stats: RequestStats, context: ContextFilter | None = None) -> FittedTable:
     minutes = stats.duration_s / 60
     caption = (
-        f"{stats.num_requests:,} requests over {minutes:,.1f} min, {stats.rate_per_s:,.2f} req/s"
+        f"{counted(stats.num_requests, 'request')} over {minutes:,.1f} min, {stats.rate_per_s:,.2f} req/s"
     )
     caption += f"; {stats.cached_share:.1%} of prompt tokens cached"
     if context is not None:

@@ -21,6 +21,8 @@
 # MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
+# `decode-contexts` (by name only): issue 37, llama-3.1-8b decode captured at CONTEXTS (1024 4096 8192 16384;
+# the first with both kinds), for the replay profile's long-context attention, in $OUT/contexts.tgz.
 # `tp` (two GPUs): tensor-parallel GPU tests and benchmarks/bench_tp.py, logs and reports in $OUT/tp.
 # Logs and reports land under $OUT (default ./gpu-out), packed into results.tgz.
 set -uo pipefail
@@ -256,7 +258,7 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
   fi
   # Slices: the first N requests of each trace, planned at the load they are replayed at.
   head -"${REPLAY_AZURE_N:-300}" examples/azure-conv-first-1000.jsonl >"$R/azure.jsonl"
-  head -"${REPLAY_MOONCAKE_N:-70}" examples/mooncake-conv-first-200.jsonl >"$R/mooncake.jsonl"
+  head -"${REPLAY_MOONCAKE_N:-70}" "${REPLAY_MOONCAKE_TRACE:-examples/mooncake-conv-first-200.jsonl}" >"$R/mooncake.jsonl"
   az_load=${REPLAY_AZURE_LOAD:-2}; mc_load=${REPLAY_MOONCAKE_LOAD:-0.35}
   gpu=$(python3 -c "import torch; from cgtool.specs.gpus import match_nvml_name as m; print(m(torch.cuda.get_device_name(0)).name)")
   cgtool plan --trace "$R/azure.jsonl" --model llama-3.1-8b --gpu "$gpu" --load "$az_load" --out "$R/plan-azure" >"$R/plan-azure.log" 2>&1
@@ -278,6 +280,21 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
     "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
   tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
   rm -rf "$R"
+fi
+if [[ " $stages " == *" decode-contexts "* ]]; then  # issue 37, by name only: decode timed at several contexts
+  # The first context captures both kinds (the replay's --profile); the others decode alone, at
+  # sizes whose requests fit the pool at that context. cgtool.planner.profile_fit fits attention's
+  # per-token price across them (merge_context_reports).
+  C="$OUT/contexts"; mkdir -p "$C"; first=1
+  for ctx in ${CONTEXTS:-1024 4096 8192 16384}; do
+    if ((first)); then args=(--bs "${REPLAY_PROFILE_BS:-1,2,4,8,16,24,32,48,64,96,128,192,256}" --tokens "${REPLAY_PROFILE_TOKENS:-64,128,256,512,1024,2048,4096,8192}")
+    else args=(--kind decode --bs "${CONTEXT_BS:-1,2,4,8,16,24,32}"); fi
+    timeout -k 10 "${CONTEXT_TIMEOUT:-150}" cgtool capture --model llama-3.1-8b --context-len "$ctx" "${args[@]}" \
+      --out "$C/ctx-$ctx" >"$C/ctx-$ctx.log" 2>&1
+    echo "[$(date +%H:%M:%S)] context $ctx capture exit $?" | tee -a "$OUT/contexts.log"; first=0
+    grep -E "^\[ *[0-9.]+ s\]" "$C/ctx-$ctx.log" | tail -3 | tee -a "$OUT/contexts.log"
+  done
+  (cd "$C" && tar czf "$OUT/contexts.tgz" ctx-*/report.json ctx-*.log); rm -rf "$C"
 fi
 python3 benchmarks/bench_table.py "$OUT/runs" | tee "$OUT/bench-table.txt"
 tar czf "$OUT/results.tgz" -C "$OUT" runs $([[ -d "$OUT/verify" ]] && echo verify)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from cgtool.commands.capture import parse_sizes
+from cgtool.commands.capture import choose_sizes, parse_sizes
 from cgtool.commands.main import app
 from cgtool.errors import CgtoolError
 from cgtool.documents.invariants import memory_violations
@@ -90,6 +90,27 @@ def test_arguments_are_checked_before_the_gpu(args, expected):
     result = runner.invoke(app, ["capture", *args])
     assert result.exit_code == 2
     assert expected in result.stderr and "CUDA GPU" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["--max-bs", "100000000000"], "--max-bs"),
+    (["--max-tokens", "100000000000"], "--max-tokens"),
+    (["--bs", "1,100000000000"], "--bs"),
+    (["--tokens", "64,100000000000"], "--tokens"),
+])
+def test_huge_sizes_are_refused_in_one_line_before_any_list_is_built(args, flag):
+    # --max-bs 1e11 once built SGLang's list of 3e9 sizes: 24 GiB, then killed by the kernel.
+    result = runner.invoke(app, ["capture", "--model", "tiny", *args])
+    assert result.exit_code == 2
+    assert f"error: {flag} 100000000000 is past the" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "CUDA GPU" not in result.stderr
+
+
+def test_the_size_limits_leave_room_past_every_engine_default():
+    # vLLM's B200 default reaches 1,024 batches, SGLang's largest chunk 16,384 tokens.
+    capture_bs, tokens = choose_sizes(None, 1 << 16, None, 1 << 20, None)
+    assert capture_bs[-1] == 1 << 16 and tokens[-1] == 1 << 20
+    assert len(capture_bs) < 2100 and len(tokens) < 2100
 
 
 @pytest.mark.parametrize(("flag", "expected"), [([], True), (["--no-compile-cache"], False)])

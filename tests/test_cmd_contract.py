@@ -95,6 +95,9 @@ def _assert_one_line_exit_2(result, flag: str) -> None:
     lines = result.stderr.strip().splitlines()
     errors = [line for line in lines if line.startswith("error: ")]
     assert len(errors) == 1 and lines[-1] == errors[0], (flag, result.stderr)
+    # The bad value's own reason: on a machine without a GPU, "needs a CUDA GPU" also exits 2,
+    # and capture --out, verify --out and verify --format passed on it alone.
+    assert "CUDA GPU" not in errors[0], (flag, errors[0])
     assert "Traceback" not in result.output and "╭" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
 

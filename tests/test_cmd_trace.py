@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from cgtool.commands.main import app
 from cgtool.traces.trace import RequestTrace, read_trace
+from cgtool.units import counted
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "azure-conv-first-1000.jsonl"
@@ -187,3 +189,18 @@ def test_shipped_example_reads_and_matches_the_azure_trace_it_was_cut_from(tmp_p
         ]
         assert runner.invoke(app, args).exit_code == 0
         assert out.read_text() == EXAMPLE.read_text()
+
+
+def test_one_request_is_counted_in_the_singular(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"arrival": 0, "input_len": 100, "output_len": 10}) + "\n")
+    stats = runner.invoke(app, ["trace", "stats", str(trace)])
+    assert stats.exit_code == 0, stats.output
+    assert "1 request over" in stats.stdout and "1 requests" not in stats.stdout
+    converted = runner.invoke(app, ["trace", "convert", str(trace), "-f", "cgtool", "-o", str(tmp_path / "o.jsonl")])
+    assert "1 requests" not in converted.output
+    plan = runner.invoke(app, ["plan", "--trace", str(trace), "--model", "tiny"])
+    assert plan.exit_code == 0, plan.output
+    assert "simulating 1 request\n" in plan.stderr and "1 requests" not in plan.output
+    assert "(1 sizes)" not in plan.output and re.search(r"\(\d+ sizes?\)", plan.output)
+    assert counted(1, "size") == "1 size" and counted(2_048, "request") == "2,048 requests"

@@ -107,3 +107,12 @@ def test_help_piped_to_a_log_cuts_no_flag_or_default(command):
     assert proc.returncode == 0, proc.stderr
     assert "…" not in proc.stdout
     assert "--mem-fraction-static" in proc.stdout
+
+
+@pytest.mark.parametrize("args", [[], ["trace"]])
+def test_a_group_without_a_command_prints_its_help_and_no_error(args):
+    # It printed the help and then "error: ." with exit 2.
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Usage: cgtool" in result.stdout and "Commands" in result.stdout
+    assert "error" not in result.output

@@ -219,3 +219,12 @@ def test_mooncake_real_conversation_trace():
     assert 0.36 < stats.cached_share < 0.38
     assert 58 * 60 < stats.duration_s < 60 * 60
     assert np.all(result.trace.cached_len < result.trace.input_len)
+
+
+def test_a_file_that_is_no_text_names_the_format_with_its_article(tmp_path):
+    path = tmp_path / "a.csv"
+    path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(InputError, match="Is this really an Azure trace"):
+        convert_azure(path)
+    with pytest.raises(InputError, match="Is this really a BurstGPT trace"):
+        convert_burstgpt(path)

@@ -178,14 +178,22 @@ def test_rope_and_store_refuses_fewer_slots_than_tokens():
         fused_launch.launch_rope_and_store(q, k, v, torch.arange(4, device=DEVICE), _cos_sin(8, 8), k_cache, v_cache, loc[:3])
 
 
-def test_rope_and_store_reference_rotates_q_and_stores_k_and_v():
-    q, k, v, loc, (k_cache, v_cache) = _rope_store_case(3, 4, 2, 16, torch.float32)
-    cos_sin, positions = _cos_sin(16, 8), torch.tensor([0, 5, 2], device=DEVICE)
-    q_out = fused.apply_rope_and_store_ref(q, k, v, positions, cos_sin, k_cache, v_cache, loc)
-    q_ref, k_ref = fused.apply_rope_ref(q, k, positions, cos_sin)
-    torch.testing.assert_close(q_out, q_ref)
-    torch.testing.assert_close(k_cache[loc], k_ref)
-    torch.testing.assert_close(v_cache[loc], v.reshape(3, 2, 16))
+def test_rope_and_store_reference_rotates_q_and_stores_k_and_v_by_hand():
+    # Rotate-half RoPE (Llama's, as SGLang's is_neox_style) with angles whose cos and sin are
+    # exact: position 0 turns nothing; position 1 turns the first pair (dims 0 and 2) by 90
+    # degrees; position 2 turns it by 180. Rows are [cos of each pair | sin of each pair].
+    cos_sin = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0], [-1.0, 1.0, 0.0, 0.0]])
+    q = torch.tensor([[1.0, 2.0, 3.0, 4.0]] * 3).view(3, 1, 4)
+    k = torch.tensor([[5.0, 6.0, 7.0, 8.0]] * 3).view(3, 1, 4)
+    v = torch.tensor([[9.0, 10.0, 11.0, 12.0], [13.0, 14.0, 15.0, 16.0], [17.0, 18.0, 19.0, 20.0]])
+    k_cache, v_cache = (torch.full((6, 1, 4), float("nan")) for _ in range(2))
+    loc = torch.tensor([4, 0, 2])
+    q_out = fused.apply_rope_and_store_ref(q, k, v, torch.tensor([0, 1, 2]), cos_sin, k_cache, v_cache, loc)
+    # (x0, x2) -> (x0 cos - x2 sin, x2 cos + x0 sin): 90 degrees takes (1, 3) to (-3, 1).
+    assert q_out.view(3, 4).tolist() == [[1, 2, 3, 4], [-3, 2, 1, 4], [-1, 2, -3, 4]]
+    assert k_cache[loc].view(3, 4).tolist() == [[5, 6, 7, 8], [-7, 6, 5, 8], [-5, 6, -7, 8]]
+    assert v_cache[loc].view(3, 4).tolist() == v.tolist()
+    assert torch.isnan(k_cache[[1, 3, 5]]).all()  # no other slot is written
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -21,3 +21,11 @@ def test_guess_format_names_the_format_of_the_first_lines(tmp_path, first_line, 
 
 def test_guess_format_of_a_missing_file_is_none(tmp_path):
     assert guess_format(tmp_path / "absent") is None
+
+
+def test_guess_format_reads_through_gzip(tmp_path):
+    import gzip
+
+    path = tmp_path / "azure.csv.gz"
+    path.write_bytes(gzip.compress(b"TIMESTAMP,ContextTokens,GeneratedTokens\n"))
+    assert guess_format(path) == "azure"

@@ -219,3 +219,24 @@ def test_write_replaces_the_file_whole(tmp_path):
     write_trace(batch_trace("x", [("extend", 7, 1)]), path)
     assert path.read_text() == '{"mode": "extend", "num_tokens": 7}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["t.jsonl"]  # no temp file left behind
+
+
+def test_a_gzipped_trace_reads_as_its_text(tmp_path):
+    # Public traces ship gzipped; reading one answered "is not UTF-8 text".
+    import gzip
+
+    lines = ['{"arrival": 0.5, "input_len": 10, "output_len": 1}', '{"arrival": 1, "input_len": 7, "output_len": 2}']
+    plain, packed = tmp_path / "t.jsonl", tmp_path / "t.jsonl.gz"
+    plain.write_text("\n".join(lines) + "\n")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    assert np.array_equal(read_trace(packed).input_len, read_trace(plain).input_len)
+    assert list(read_trace(packed).input_len) == [10, 7]
+
+
+def test_a_cut_gzip_is_one_error_saying_so(tmp_path):
+    import gzip
+
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"arrival": 0.5, "input_len": 10, "output_len": 1}\n' * 200)[:40])
+    with pytest.raises(InputError, match="is gzip-compressed but cut short or damaged"):
+        read_trace(path)

@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from cgtool.capture.measure import ReplayCheck
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
+# Each size is one captured graph, and SGLang's lists step by 32 batches / 512 tokens at the top:
+# up to these limits that is already ~2,000 graphs of each kind, 64-128x past the engines' own
+# defaults (SGLang's max_bs 512, vLLM's 1024; chunks of 8,192-16,384 tokens). Past them a
+# capture never ends, and the size list alone outgrows host memory (1e11 took 24 GiB).
+MAX_CAPTURE_SIZES = {"--max-bs": 1 << 16, "--bs": 1 << 16, "--max-tokens": 1 << 20, "--tokens": 1 << 20}
 
 
 @dataclass(frozen=True)
@@ -120,10 +125,16 @@ class SessionState:
     # kind's pools are complete (per_size.timed_sizes).
     timed_rows: list[tuple[SizeResult, ReplayCheck]] = field(default_factory=list)
     sample_spread: dict[str, SampleSpread] = field(default_factory=dict)  # totals.sample_spread
+    # Called as each phase begins, outside its timing: the command saves the report so far, so
+    # a process killed or crashed inside the phase still leaves one (issue 34: a SIGTERM while
+    # counting kernels left none).
+    on_phase: Callable[[str], None] | None = None
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
+        if self.on_phase is not None:
+            self.on_phase(name)
         start = time.perf_counter()
         try:
             yield
@@ -132,6 +143,17 @@ class SessionState:
             raise
         finally:
             self.phase_s[name] = self.phase_s.get(name, 0.0) + time.perf_counter() - start
+
+
+def check_capture_size(flag: str, value: int) -> None:
+    """Refuse a size past MAX_CAPTURE_SIZES before any list is built from it."""
+    limit = MAX_CAPTURE_SIZES[flag]
+    if value > limit:
+        raise EnvironmentProblem(
+            f"{flag} {value} is past the {limit:,} cgtool captures up to (one graph per size: "
+            "SGLang's list that far is already ~2,000 graphs)",
+            f"Pass {flag} {limit} or less; `cgtool plan` picks the sizes a trace needs.",
+        )
 
 
 def require_cuda() -> None:

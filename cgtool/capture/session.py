@@ -225,12 +225,28 @@ def _host_us_per_kernel(state: SessionState) -> float | None:
 
 
 def partial_report(opts: CaptureOptions, state: SessionState, reason: str) -> CaptureReport | None:
-    """What was measured before an interruption, marked incomplete; None if nothing was loaded."""
-    if (state.cfg is None and state.model is None) or not torch.cuda.is_available():
+    """What was measured before an interruption, marked incomplete; None if nothing was loaded
+    (state.cfg and state.model are set only once a GPU session has begun)."""
+    if state.cfg is None and state.model is None:
         return None
     where = f" during {state.stopped_in}" if state.stopped_in else ""
     state.incomplete_reason = f"{reason}{where}"
     return build_report(opts, state.cfg, state, state.totals or zero_totals())
+
+
+def checkpoint_report(opts: CaptureOptions, state: SessionState, phase: str) -> CaptureReport | None:
+    """The report as it stands when `phase` begins, marked incomplete, without touching the
+    session's own state: what stays on disk if the process dies inside the phase, where no
+    handler runs (SIGKILL after a grace period, a crash in the driver or the profiler)."""
+    if state.cfg is None and state.model is None:
+        return None
+    report = build_report(opts, state.cfg, state, replace(state.totals or zero_totals()))
+    report.status = "incomplete"
+    report.incomplete_reason = "; ".join(filter(None, (
+        state.incomplete_reason,
+        f"the session ended during {phase} without saving again (killed or crashed)",
+    )))
+    return report
 
 
 def _check_sizes(cfg: ModelConfig, opts: CaptureOptions) -> None:

@@ -110,12 +110,17 @@ class SizeResult:
     experts_active: float | None = None
     eager_samples: int | None = None  # timed calls behind eager_ms (None in older reports)
     replay_samples: int | None = None
+    # Decode tokens per request this row was timed at, where it is not settings.context_len: a
+    # row merged in from a capture at another --context-len (planner.profile_fit).
+    context_len: int | None = None
 
     @property
-    def key(self) -> tuple[str, int, int] | tuple[str, int, int, str]:
+    def key(self) -> tuple[Any, ...]:
         # A null row keeps the key it had before modes existed, so old reports still compare.
         base = (self.kind, self.size, self.rank)
-        return base if self.hidden_mode == "null" else (*base, self.hidden_mode)
+        if self.hidden_mode != "null":
+            base = (*base, self.hidden_mode)
+        return base if self.context_len is None else (*base, self.context_len)
 
 
 @dataclass(slots=True)

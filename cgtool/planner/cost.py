@@ -217,6 +217,10 @@ def roofline_cost(
     # counting both products over the full latent overstates them by rope / (rank + rope).
     attention_flops_per_pair = 4.0 * shard.num_layers * shard.num_heads * shard.head_dim
     # cgtool's MLA kernels, as measured (kernel_terms); other attention at the assumed rates.
+    # Kept for GQA decode although llama-3.1-8b's decode captured at 1k-16k tokens a request read
+    # KV at 4.54 TB/s (0.95 of the datasheet; H200, 2026-11-26,
+    # benchmarks/results/h200-2026-11-26-replay-long/contexts): steps of mixed lengths in a real
+    # loop ran slower than that, set by their longest request, a term this model lacks (docs/replay.md).
     kv_efficiency = MLA_DECODE_READ_EFFICIENCY if cfg.mla else _BANDWIDTH_EFFICIENCY
     attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else _ATTENTION_FLOPS_EFFICIENCY
     return CostModel(

@@ -2,10 +2,12 @@
 
 A token bin is captured for the steps that pad into it, and the lengths a trace happens to
 contain are not the lengths tomorrow's traffic will: a bin at 1,013 tokens fits one prompt
-length, one at 1,024 fits the same steps and reads as a deliberate choice. Multiples of 16
-up to 1,024 tokens keep padding below 16 tokens where steps are cheap and it matters most
-(under 1.6% of a step at 1,024); multiples of 64 above keep it below 64 tokens, again under
-6.3% of the step, while a 16,384-token range needs 240 grid points instead of 1,024.
+length, one at 1,024 fits the same steps and reads as a deliberate choice. Grid points are
+16 tokens apart up to 1,024 tokens, where steps are cheap and a few tokens matter most, and
+64 apart above, so a 16,384-token range needs 240 points instead of 1,024. The grid says
+where a bin may sit, not how far a step pads: a step pads to the next bin chosen, which may
+be several grid points up (and 15 tokens is 1.5% of a 1,024-token step but 4.9% of a
+305-token one). A bin may also sit at the limit itself when the limit is off the grid.
 """
 
 from __future__ import annotations

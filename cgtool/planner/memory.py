@@ -129,7 +129,10 @@ def plan_memory(
         raise CgtoolError(
             f"{cfg.name} does not fit: weights {weights / GIB:.1f} GiB plus activations, graphs and the "
             f"{margin / GIB:.1f} GiB margin leave no KV cache on {gpu_memory_bytes / GIB:.1f} GiB{per_gpu}",
-            "Use a GPU with more memory, tensor parallelism, or a smaller --chunked-prefill-size.",
+            # cgtool does not shard MoE or MLA models (--tp refuses them): no TP to suggest.
+            "Use a GPU with more memory, "
+            + ("" if cfg.moe or cfg.mla else "tensor parallelism (--tp), ")
+            + "a smaller --chunked-prefill-size or --max-running-requests.",
         )
     kv_bytes = kv_tokens * shard.kv_bytes_per_token(BF16_BYTES)
     free_after_load = gpu_memory_bytes - weights - activations - graph_bytes
@@ -196,7 +199,9 @@ def check_plan_safety(
         limit = "chunked prefill size" if ceiling == chunked_prefill_size else "context length"
         raise CgtoolError(
             f"token bins {over} exceed the {limit} ({ceiling}): an extend step never has that many tokens",
-            "Drop them, or raise --chunked-prefill-size (within the model's context).",
+            "Drop them, or raise --chunked-prefill-size (within the model's context)."
+            if ceiling == chunked_prefill_size else
+            f"Drop them, or lower --chunked-prefill-size to {context_len} or less.",
         )
     free = (1 - memory.mem_fraction_static) * memory.gpu_memory_bytes
     needed = memory.activation_bytes + memory.graph_bytes + memory.margin_bytes

@@ -189,7 +189,7 @@ def _observed(kinds: list[CostedSteps]) -> np.ndarray:
 
 
 def token_candidates(kinds: list[CostedSteps], default: tuple[int, ...], limit: int) -> np.ndarray:
-    """Token bins may sit only on the grid (cgtool.planner.grid) or at the default's sizes."""
+    """Token bins may sit only on the grid (cgtool.planner.grid), at the limit, or at the default's sizes."""
     observed = _observed(kinds)
     observed = np.unique(token_grid_up(observed[observed <= limit], limit))
     return candidate_sizes(observed, default, limit)

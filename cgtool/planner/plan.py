@@ -29,7 +29,14 @@ from cgtool.planner.plan_scores import compared_schedules
 from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
-from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning, replicas_needed
+from cgtool.planner.scenarios import (
+    LoadRun,
+    Traffic,
+    overload_warning,
+    replicas_needed,
+    split_index,
+    split_time,
+)
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
@@ -71,7 +78,9 @@ def plan_traffic(
     # The server as it runs today: the default's step times and its own KV pool. These runs are
     # also the default's closed loop under the first eager assumption (its cost is the server's).
     kv = server.default_kv_tokens
-    asked, runs, replicas = _enough_replicas(traffic, req, server, kv, progress, stop)
+    # The replica count is chosen on the fit requests alone, so no held-out request moves it.
+    asked, replicas = _enough_replicas(fit_traffic(traffic), req, server, kv, progress, stop)
+    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
     if progress is not None:
         progress("optimise", 0.0)
@@ -250,12 +259,30 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
         )
 
 
+def fit_traffic(traffic: Traffic) -> Traffic:
+    """The requests before the whole trace's held-out split: those that arrive before the
+    first held-out one, or a closed-loop client's first requests. A trace whose requests all
+    arrive at the split (one burst) has no fit part: then all of it (issue 34)."""
+    n = len(traffic)
+    if traffic.arrival_s is None:
+        keep = np.arange(n) < split_index(n)
+    else:
+        arrival = np.asarray(traffic.arrival_s, dtype=np.float64)
+        keep = arrival < split_time(np.sort(arrival))
+    if not keep.any():
+        return traffic
+    cached = None if traffic.cached_len is None else np.asarray(traffic.cached_len)[keep]
+    arrival_s = None if traffic.arrival_s is None else np.asarray(traffic.arrival_s)[keep]
+    return replace(traffic, arrival_s=arrival_s, input_len=np.asarray(traffic.input_len)[keep],
+                   output_len=np.asarray(traffic.output_len)[keep], cached_len=cached)
+
+
 def _enough_replicas(
     traffic: Traffic, req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], list[LoadRun], int]:
-    """(runs at the asked-for replicas, runs at the fewest replicas from there up at which no
-    load scenario overloads, that count). Each estimate is checked by simulating it, so
+) -> tuple[list[LoadRun], int]:
+    """(runs of `traffic` at the asked-for replicas, the fewest replicas from there up at
+    which no load scenario of it overloads). Each estimate is checked by simulating it, so
     re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
     finds it again."""
     replicas = req.replicas
@@ -266,7 +293,7 @@ def _enough_replicas(
             break
         replicas = needed
         runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
-    return asked, runs, replicas
+    return asked, replicas
 
 
 @dataclass(slots=True)

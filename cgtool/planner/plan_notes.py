@@ -66,13 +66,24 @@ def replication_warnings(req: PlanRequest) -> list[str]:
 
 
 def ceiling_warnings(decode: Histogram, default: EngineSchedule) -> list[str]:
-    above = decode.sizes > default.max_bs
+    above = (decode.sizes > default.max_bs) & (decode.counts > 0)
     if not above.any():
         return []
-    share = decode.counts[above].sum() / max(decode.counts.sum(), 1)
+    eager, total = int(decode.counts[above].sum()), int(decode.counts.sum())
     return [
         (
             f"the default's largest decode graph ({default.max_bs}) is below batches the trace "
-            f"reaches (up to {int(decode.sizes.max())}): {share:.0%} of decode steps would run eagerly"
+            f"reaches (up to {int(decode.sizes[above].max())}): {eager:,} of {total:,} decode "
+            f"steps ({share_text(eager, total)}) would run eagerly"
         )
     ]
+
+
+def share_text(part: int, whole: int) -> str:
+    """A share that never reads 0% while `part` is some, nor 100% while it is not all."""
+    share = part / max(whole, 1)
+    if 0 < share < 0.001:
+        return "under 0.1%"
+    if part < whole and share > 0.999:
+        return "over 99.9%"
+    return f"{share:.1%}"

@@ -1,7 +1,9 @@
 """Cost tables fitted to a capture report: measured sizes, the roofline filling the rest.
 
 A report's step times include attention at its context length, which is taken out to leave the
-dense part that schedules change; its graph pool rescales the roofline's pool estimates.
+dense part that schedules change; its graph pool rescales the roofline's pool estimates. Decode
+rows timed at more than one context (merge_context_reports) price that attention themselves:
+the slope of step time over context tokens read, within each size.
 """
 
 from __future__ import annotations
@@ -42,12 +44,21 @@ def _rank0_ok(report: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("status") == "ok" and r.get("rank", 0) == 0]
 
 
-def _measured_rows(report: dict[str, Any], kind: str, source: str) -> dict[str, np.ndarray]:
+def _measured_rows(
+    report: dict[str, Any], kind: str, source: str, *, all_contexts: bool = False
+) -> dict[str, np.ndarray]:
+    """A kind's rows by size, at the report's own context (or every context, each row's in
+    `context_len`: a row merged from another capture carries the context it was timed at)."""
+    own = _report_context(report)
     rows = [r for r in _rank0_ok(report) if r.get("kind") == kind]
+    if not all_contexts:
+        rows = [r for r in rows if _row_context(r, own) == own]
     rows.sort(key=lambda r: r["size"])
     fields = ("size", "eager_ms", "replay_ms", "capture_s", "retained_bytes", "non_torch_bytes")
     try:
-        return {f: np.array([float(r[f]) for r in rows]) for f in fields}
+        columns = {f: np.array([float(r[f]) for r in rows]) for f in fields}
+        columns["context_len"] = np.array([_row_context(r, own) for r in rows])
+        return columns
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(
             f"{source}: a '{kind}' size lacks a numeric {exc}",
@@ -77,14 +88,19 @@ def profile_cost(
         raise InputError(
             f"{source}: no size was captured successfully", "Plan without --profile, or re-capture."
         )
-    context_len = float(report.get("settings", {}).get("context_len", 0) or 0)
     tables: dict[str, Any] = {}
+    kv_ms = base.kv_read_ms_per_token
     if len(decode["size"]):
-        # Measured at context_len per request: take that attention read out of the dense part.
-        attention = base.kv_read_ms_per_token * decode["size"] * context_len
+        # Each row holds attention over its context per request: priced from the rows' own
+        # spread of contexts where they have one, else the roofline's; taken out, it leaves the
+        # dense part (one mean per size over the contexts it was timed at).
+        every = _measured_rows(report, "decode", source, all_contexts=True)
+        measured_kv = decode_kv_ms_per_token(every)
+        if measured_kv is not None:
+            kv_ms = tables["kv_read_ms_per_token"] = measured_kv
         for name, column in (("decode_graph_ms", "replay_ms"), ("decode_eager_ms", "eager_ms")):
-            dense = np.maximum(decode[column] - attention, 0.1 * decode[column])
-            tables[name] = _interpolate(decode["size"], dense, max_bs + 1)
+            sizes, dense = _dense_by_size(every, column, kv_ms)
+            tables[name] = _interpolate(sizes, dense, max_bs + 1)
         tables["decode_capture_s"] = _interpolate(decode["size"], decode["capture_s"], max_bs + 1)
         tables["decode_graph_bytes"] = _per_graph_bytes(decode, base.decode_graph_bytes)
     if len(piecewise["size"]):
@@ -104,7 +120,64 @@ def profile_cost(
     # A replay (cgtool.replay.profile) fits attention's price to its own steps: it replaces the roofline's.
     fitted = {k: float(v) for k, v in report.get("attention", {}).items()
               if k in ("kv_read_ms_per_token", "attention_ms_per_pair") and isinstance(v, (int, float)) and v > 0}
-    return _with(base, source=source, warnings=notes, **tables, **fitted)
+    return _with(base, source=source, warnings=notes, **(tables | fitted))
+
+
+def _report_context(report: dict[str, Any]) -> float:
+    return float(report.get("settings", {}).get("context_len", 0) or 0)
+
+
+def _row_context(row: dict[str, Any], own: float) -> float:
+    return float(row.get("context_len") or own)  # null or absent: the report's own
+
+
+def merge_context_reports(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """One report from captures of one model on one GPU at different --context-len: the first
+    whole (its graph memory and piecewise sizes), the others' decode rows added, each marked
+    with the context it was timed at, so the fit can price attention per context token."""
+    if not reports:
+        raise ValueError("no report to merge")
+    first = reports[0]
+    merged = dict(first)
+    rows = [dict(r) for r in first.get("sizes", [])]  # at the report's own context
+    for other in reports[1:]:
+        context = int(_report_context(other))
+        rows += [dict(r) | {"context_len": r.get("context_len") or context}
+                 for r in other.get("sizes", []) if r.get("kind") == "decode"]
+    merged["sizes"] = rows
+    return merged
+
+
+def decode_kv_ms_per_token(rows: dict[str, np.ndarray], column: str = "replay_ms") -> float | None:
+    """ms per context token of one request, fitted to decode rows timed at several contexts:
+    a size's rows share their dense part, so within a size only attention moves with the
+    context; the least-squares slope over all sizes (one intercept each) of step time against
+    size x context. None where no size was timed at two contexts."""
+    load = rows["size"] * rows["context_len"]
+    return within_slope(rows["size"], load, rows[column])
+
+
+def within_slope(group: np.ndarray, x: np.ndarray, y: np.ndarray) -> float | None:
+    """Least-squares slope of y on x with one intercept per group (a fixed-effects fit); None
+    when x never varies inside a group or the slope comes out negative (noise, not a cost)."""
+    xc, yc = np.asarray(x, dtype=np.float64).copy(), np.asarray(y, dtype=np.float64).copy()
+    for g in np.unique(group):
+        inside = group == g
+        xc[inside] -= xc[inside].mean()
+        yc[inside] -= yc[inside].mean()
+    spread = float(xc @ xc)
+    if spread <= 0:
+        return None
+    slope = float(xc @ yc) / spread
+    return slope if slope > 0 else None
+
+
+def _dense_by_size(rows: dict[str, np.ndarray], column: str, kv_ms: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per size, the mean over its rows of the time less attention at that row's context."""
+    attention = kv_ms * rows["size"] * rows["context_len"]
+    dense = np.maximum(rows[column] - attention, 0.1 * rows[column])
+    sizes = np.unique(rows["size"])
+    return sizes, np.array([dense[rows["size"] == n].mean() for n in sizes])
 
 
 def _report_tp_size(report: dict[str, Any]) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cgtool.errors import InputError
+from cgtool.planner.bounds import check_server_limits
 from cgtool.planner.engine_buffers import check_attention_backend
 from cgtool.planner.parallel import check_tp_size
 from cgtool.planner.scenarios import DEFAULT_LOADS
@@ -41,6 +42,8 @@ class PlanRequest:
     def __post_init__(self) -> None:
         check_tp_size(self.cfg, self.tp_size, self.gpu)
         check_attention_backend(self.attention_backend, self.engine, self.engine_version)
+        check_server_limits(self.cfg, self.gpu, self.engine, self.tp_size,
+                            self.max_running_requests, self.chunked_prefill_size)
         if not self.loads or any(not (load > 0) for load in self.loads):
             raise InputError(f"--load {self.loads}: loads must be above 0", "Write --load 1,2.")
         if self.replicas < 1:

@@ -5,11 +5,13 @@ its steps differently (cgtool.planner.eager). Candidate schedules are the exact 
 (cgtool.planner.optimiser) under each assumption alone and under their even mixture, every
 scenario weighing the same, plus the engine default. Each candidate is then made robust:
 
-- decode: bs 1 always (an idle server runs it), and SGLang's batch list from the optimum's
-  largest size up to the largest batch any scenario reached plus COVER_HEADROOM. Decode
+- decode: bs 1 (an idle server runs it; a graph budget keeps a graph for it), and SGLang's
+  batch list from the optimum's largest size up to the largest batch any (fit) scenario
+  reached plus COVER_HEADROOM, a fitted size just below a list size merged into it. Decode
   graphs share one pool and cost a few MB and ~0.1 s each: coverage is not traded away
   unless a budget says so;
-- token bins: on the grid, and each serving at least MIN_BIN_SHARE of the extend steps.
+- token bins: on the grid (or at the limit, or a default size), and each serving at least
+  MIN_BIN_SHARE of the extend steps; in vLLM's one list, each size above the decode cover.
 
 The plan is the candidate whose worst regret over every (scenario, assumption) pair is least:
 regret is how much longer its expected step is than the best candidate's in that pair.
@@ -18,7 +20,7 @@ regret is how much longer its expected step is than the best candidate's in that
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -119,26 +121,37 @@ def choose_robust(
     cost = assumptions[0].cost  # graph memory and capture time do not depend on eager cost
     choose = choose_shared if engine == "vllm" else choose_separate
     reached = max((sc.largest_batch for sc in scenarios), default=0)
-    candidates = [Schedule("default", default.decode_bs, default.piecewise_tokens, default.pads)]
+    # The default's token sizes past the limit (a model's context below the engine's chunk)
+    # serve no step the plan allows: as a candidate it keeps those within.
+    within = tuple(t for t in default.piecewise_tokens if t <= limits.max_tokens)
+    candidates = [Schedule("default", default.decode_bs, within, default.pads)]
+    shared = engine == "vllm"
+    optimum_limits = _room_for_bs_1(limits, shared)
+    cover = cover_size(reached, limits)
     tops: dict[str, int] = {}
     for weights in _weightings(assumptions):
         steps = Steps(
             _steps(scenarios, weights, assumptions, "decode"),
             _steps(scenarios, weights, assumptions, "extend"),
         )
-        d, t = choose(steps, cost, default, limits)
+        d, t = choose(steps, cost, default, optimum_limits)
         if len(weights) == 1:
             tops[next(iter(weights))] = max(d, default=0)
-        if engine != "vllm":
+        if shared:
+            # vLLM's one list: sizes up to the decode cover are decode graphs (or their
+            # headroom), judged by decode; those above serve extend steps alone.
+            t = prune_rare_bins(t, scenarios, fixed=frozenset(s for s in t if s <= cover))
+            d = [s for s in d if s in t]
+        else:
             t = prune_rare_bins(t, scenarios)
-        d, t = cover_decode(d, t, reached, limits, cost, shared=engine == "vllm")
+        d, t = cover_decode(d, t, reached, limits, cost, shared=shared)
         candidates.append(Schedule("+".join(weights), tuple(d), tuple(t)))
     allowed = [c for c in candidates if _within_budgets(c, limits, cost)]
     best, regret = _least_worst_regret(allowed or candidates[1:], scenarios, assumptions)
-    cover = cover_size(reached, limits)
     if engine == "vllm":
         reason = (
-            f"decode graphs reach {cover}: the largest batch any scenario reached ({reached}) "
+            f"decode graphs reach {cover}: the largest batch the fitted requests reached at any "
+            f"load ({reached}) "
             f"with {COVER_HEADROOM - 1:.0%} headroom; vLLM also captures a full graph for every "
             f"larger size of its one list up to --max-num-seqs {limits.max_bs}"
         )
@@ -169,11 +182,23 @@ def _least_worst_regret(
     return candidates[pick], float(regret[pick])
 
 
-def prune_rare_bins(tokens: list[int], scenarios: list[Scenario]) -> list[int]:
+def _room_for_bs_1(limits: Limits, shared: bool) -> Limits:
+    """The limits the optimum is sought under: a graph budget less the graphs bs 1 takes
+    (two in vLLM's shared list, full and piecewise), which cover_decode adds first."""
+    taken = 2 if shared else 1
+    if limits.budget_graphs is None or limits.budget_graphs < taken:
+        return limits
+    return replace(limits, budget_graphs=limits.budget_graphs - taken)
+
+
+def prune_rare_bins(
+    tokens: list[int], scenarios: list[Scenario], fixed: frozenset[int] = frozenset()
+) -> list[int]:
     """Drop token bins that serve under MIN_BIN_SHARE of the extend steps (each scenario
-    weighing the same); their steps pad to the next bin up, or run eagerly above the last."""
+    weighing the same); their steps pad to the next bin up, or run eagerly above the last.
+    Sizes in `fixed` stay, and take the steps that pad into them."""
     kept = sorted(tokens)
-    while kept:
+    while len(kept) > len(fixed & set(kept)):
         shares = np.zeros(len(kept))
         for sc in scenarios:
             total = float(sc.extend.counts.sum())
@@ -182,6 +207,7 @@ def prune_rare_bins(tokens: list[int], scenarios: list[Scenario]) -> list[int]:
             padded = padded_sizes(sc.extend.sizes, kept)
             for i, size in enumerate(kept):
                 shares[i] += sc.extend.counts[padded == size].sum() / total / len(scenarios)
+        shares[[size in fixed for size in kept]] = np.inf
         rarest = int(shares.argmin())
         if shares[rarest] >= MIN_BIN_SHARE:
             break
@@ -202,13 +228,18 @@ def cover_decode(
     cover = cover_size(reached, limits)
     # vLLM's list runs on into token sizes: the gap to fill is above the batches seen.
     top = max((size for size in decode if size <= reached), default=0)
-    extra = [1] + [s for s in decode_grid(cover) if s > top]
+    grid = decode_grid(cover)
+    below = dict(zip(grid, [0, *grid]))  # each grid size's predecessor on the list
+    extra = [1] + [s for s in grid if s > top]
     d, t = sorted(set(decode)), sorted(set(tokens))
     for size in extra:
         if size in d:
             continue
-        nd = sorted(d + [size])
-        nt = sorted(set(t) | {size}) if shared else t
+        # A fitted size just below a grid size (271 under 272) would stand beside it: the
+        # grid size takes its batches, one or a few rows of padding each.
+        merged = {s for s in d if below.get(size, size) < s < size and s != 1}
+        nd = sorted(set(d) - merged | {size})
+        nt = sorted(set(t) - merged | {size}) if shared else t
         if limits.budget_graphs is not None and len(nd) + len(nt) > limits.budget_graphs:
             break
         if (
@@ -227,8 +258,10 @@ def _max_bs_reason(best: Schedule, reached: int, tops: dict[str, int], limits: L
         return f"max-bs {top}: the engine default's, which regrets least here"
     if top >= reached:
         return (
-            f"max-bs {top}: covers the largest decode batch any scenario reached ({reached}) "
+            f"max-bs {top}: covers the largest decode batch the fitted requests reached at any "
+            f"load ({reached}) "
             f"with {COVER_HEADROOM - 1:.0%} headroom, capped at {limits.max_bs}; "
             f"step time alone would stop at {alone}"
         )
-    return f"max-bs {top}: a budget stops decode graphs below the largest batch reached ({reached})"
+    return (f"max-bs {top}: a budget stops decode graphs below the largest batch the fitted "
+            f"requests reached ({reached})")

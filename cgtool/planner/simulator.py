@@ -234,27 +234,31 @@ def _run(
         first_ms = decode_ms[batch] + kv_ms * context
         growth_ms = kv_ms * batch
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+        # The held-out split ends a run as an admissible arrival does, so the fit part never
+        # holds steps after it, whether or not the request arriving then fits (issue 34).
+        coming = split_ms
         if head == arrived and batch < max_running and kv_used + footprint[head] <= kv_capacity:
-            coming = arrival_ms[head]
-            if clock + elapsed >= coming:  # the arrival comes first (or with the completion)
-                # Steps until it: the smallest j with clock + j*first + growth*j*(j-1)/2 >= coming.
-                wait = coming - clock
-                b = first_ms - growth_ms / 2  # > 0: a request holds at least one token
-                root = 2 * wait / (sqrt(b * b + 2 * growth_ms * wait) + b)  # no cancellation
-                until = ceil(root)
-                if not 1e-6 < until - root < 0.999999 or until < 1:
-                    # A step ends at (or a rounding error from) the arrival: settle the tie with
-                    # the same sums the clock will take, so that it goes as the clock says.
-                    until = until if until > 1 else 1  # noqa: FURB136 - no call: hot
-                    if until > 1 and clock + (until - 1) * first_ms + growth_ms * (until - 1) * (
-                        until - 2
-                    ) / 2 >= coming:
-                        until -= 1
-                    elif clock + until * first_ms + growth_ms * until * (until - 1) / 2 < coming:
-                        until += 1
-                if until < run:
-                    run = until
-                    elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+            if arrival_ms[head] < coming:  # noqa: PLR1730 - no call: hot
+                coming = arrival_ms[head]
+        if clock + elapsed >= coming:  # the arrival or the split comes first (or with the completion)
+            # Steps until it: the smallest j with clock + j*first + growth*j*(j-1)/2 >= coming.
+            wait = coming - clock
+            b = first_ms - growth_ms / 2  # > 0: a request holds at least one token
+            root = 2 * wait / (sqrt(b * b + 2 * growth_ms * wait) + b)  # no cancellation
+            until = ceil(root)
+            if not 1e-6 < until - root < 0.999999 or until < 1:
+                # A step ends at (or a rounding error from) the arrival: settle the tie with
+                # the same sums the clock will take, so that it goes as the clock says.
+                until = until if until > 1 else 1  # noqa: FURB136 - no call: hot
+                if until > 1 and clock + (until - 1) * first_ms + growth_ms * (until - 1) * (
+                    until - 2
+                ) / 2 >= coming:
+                    until -= 1
+                elif clock + until * first_ms + growth_ms * until * (until - 1) / 2 < coming:
+                    until += 1
+            if until < run:
+                run = until
+                elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         decode_counts[batch] += run
         decode_elapsed[batch] += elapsed
         decode_context[batch] += run * context + batch * run * (run - 1) // 2

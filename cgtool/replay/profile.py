@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from cgtool.planner.profile_fit import within_slope
 from cgtool.replay.result import ReplayResult, is_replay_document, load_replay
 from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
 
@@ -82,7 +83,7 @@ def _rows(result: ReplayResult, kind: str, unit: Any) -> tuple[list[dict[str, An
     # Steps of one graph (or one eager size) share their dense part; within such a group only
     # the attention work varies, so its slope there is attention's cost (a fixed-effects fit).
     group = np.where(padded > 0, padded, -size)
-    slope = _within_slope(group, load, ms)
+    slope = within_slope(group, load, ms)
     if slope is None and unit is not None:
         slope = unit.kv_read_ms_per_token if kind == "decode" else unit.attention_ms_per_pair
     dense = ms - (slope or 0.0) * load
@@ -117,21 +118,6 @@ def _spread(sizes: list[int], counts: dict[int, int]) -> list[int]:
             continue
         kept.append(size)
     return kept
-
-
-def _within_slope(group: np.ndarray, x: np.ndarray, y: np.ndarray) -> float | None:
-    """Least-squares slope of y on x with one intercept per group; None when x never varies
-    inside a group or the slope comes out negative (noise, not a cost)."""
-    xc, yc = x.copy(), y.copy()
-    for g in np.unique(group):
-        inside = group == g
-        xc[inside] -= x[inside].mean()
-        yc[inside] -= y[inside].mean()
-    spread = float(xc @ xc)
-    if spread <= 0:
-        return None
-    slope = float(xc @ yc) / spread
-    return slope if slope > 0 else None
 
 
 def _gap(unit: Any, kind: str, sizes: np.ndarray) -> np.ndarray:

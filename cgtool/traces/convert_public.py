@@ -15,6 +15,7 @@ import numpy as np
 from cgtool.errors import InputError
 from cgtool.traces.trace import ConvertResult, request_trace
 from cgtool.traces.fields import (
+    a_or_an,
     field_error,
     json_object,
     line_error,
@@ -58,7 +59,7 @@ def csv_rows(
     try:
         header = next((row for row in reader if any(cell.strip() for cell in row)), None)
         if header is None:
-            raise InputError(f"{path} holds no header and no rows", f"Pass a {what}.")
+            raise InputError(f"{path} holds no header and no rows", f"Pass {a_or_an(what)}.")
         names = [cell.strip() for cell in header]
         for column in columns:
             if column not in names:

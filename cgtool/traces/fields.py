@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 
 from cgtool.errors import InputError
@@ -124,25 +126,44 @@ def whole_number_text(
     return in_range(int(value), source, line_no, field, minimum, remedy)
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # RFC 1952: public traces are often shipped gzipped
+
+
+def a_or_an(word: str) -> str:
+    """`word` with its article: "an Azure trace", "a cgtool trace"."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def read_lines(path: str | Path, what: str) -> list[str]:
-    """A text file's lines (no line ends), or one error naming the file and the bad line."""
+    """A text file's lines (no line ends), gzipped or not, or one error naming the file and
+    the bad line."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InputError(f"{path}: no such file", f"Pass the path of a {what}.") from None
+        raise InputError(f"{path}: no such file", f"Pass the path of {a_or_an(what)}.") from None
     except IsADirectoryError:
-        raise InputError(f"{path} is a folder, not a file", f"Pass the path of a {what}.") from None
+        raise InputError(
+            f"{path} is a folder, not a file", f"Pass the path of {a_or_an(what)}."
+        ) from None
     except OSError as exc:
         raise InputError(
             f"{path} cannot be read ({exc.strerror})", "Check its permissions."
         ) from None
+    if data.startswith(GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error):  # BadGzipFile is an OSError
+            raise InputError(
+                f"{path} is gzip-compressed but cut short or damaged", "Download it again."
+            ) from None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line_no = data.count(b"\n", 0, exc.start) + 1
         raise line_error(
-            path, line_no, "is not UTF-8 text", f"Is this really a {what}? Re-export it as UTF-8."
+            path, line_no, "is not UTF-8 text",
+            f"Is this really {a_or_an(what)}? Re-export it as UTF-8.",
         ) from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
