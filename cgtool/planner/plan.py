@@ -91,14 +91,21 @@ def plan_traffic(
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
     known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
-    loop = _closed_loop(traffic, req, server, schedules, replicas, req.loads[:len(pool.runs)],
-                        progress, stop, known)
-    covered = _cover_own_batches(traffic, req, server, pool, loop, replicas, progress, stop)
+    loads = req.loads[:len(pool.runs)]
+    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, known)
+    # What the closed loop changes is decided on the fit requests alone, served by themselves, so
+    # no held-out request moves a size; the whole trace's runs are what the plan reports.
+    fit = fit_traffic(traffic)
+    judged = loop if fit is traffic else _closed_loop(fit, req, server, schedules, replicas,
+                                                       loads, progress, stop)
+    covered = _cover_own_batches(fit, req, server, pool, judged, replicas, progress, stop)
     if covered is not None:
-        pool.choice, pool.memory, loop, note = covered
-    matched = _match_default_tails(traffic, req, server, pool, loop, replicas, progress, stop)
+        pool.choice, pool.memory, judged, note = covered
+    matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop)
     if matched is not None:
-        pool.choice, pool.memory, loop, tail_note = matched
+        pool.choice, pool.memory, judged, tail_note = matched
+    if covered is not None or matched is not None:
+        loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop)
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
     plan.warnings.extend(pool.notes)
@@ -188,7 +195,7 @@ def _match_default_tails(
     before, where = shortfall(loop)
     if before <= TAIL_TOLERANCE or req.budget_graphs is not None or req.budget_memory_bytes is not None:
         return None
-    steps = [r.result.tally().histograms(server.cost.kv_read_ms_per_token) for r in pool.runs]
+    steps = [fit_parts(r)[0].histograms(server.cost.kv_read_ms_per_token) for r in pool.runs]
     ours = pool.choice
     order = offers(ours.decode_bs, ours.tokens, server.default, steps, server.cost)
     first, others = pool.runs[0].result, [r for r in loop if r.schedule != "plan"]
@@ -224,6 +231,18 @@ def _match_default_tails(
         f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}; added the "
         f"default's {names} (sizes the plan lacked, those saving the most step time first), "
         f"{now} on every client figure (predicted)")
+
+
+def _served_as_chosen(
+    traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
+    loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
+    stop: Callable[[], bool] | None,
+) -> list[ClosedLoopRow]:
+    """The whole trace's closed loop with the plan's rows served again for its final sizes."""
+    plan_schedule = compared_schedules(req, server, pool.choice, pool.memory)[:1]
+    rows = _closed_loop(traffic, req, server, plan_schedule, replicas,
+                        req.loads[:len(pool.runs)], progress, stop)
+    return rows + [r for r in loop if r.schedule != "plan"]
 
 
 def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:
