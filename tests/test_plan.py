@@ -496,6 +496,7 @@ def test_the_fit_part_does_not_depend_on_whether_the_first_held_out_request_fits
     dropped = plan_requests(arrival, too_long, output, cached, PlanRequest(CFG, H100))
     assert dropped.simulation.dropped_requests == 1
     assert _same_fit(kept, dropped)
+    assert "1 request longer than the context or the KV pool dropped" in " ".join(dropped.warnings)
 
 
 def test_held_out_requests_do_not_choose_the_replica_count():

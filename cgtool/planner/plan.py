@@ -41,6 +41,7 @@ from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
 from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall
+from cgtool.units import counted
 
 __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
            "plan_requests", "plan_traffic"]
@@ -119,8 +120,8 @@ def plan_traffic(
     plan.warnings.extend(_traffic_notes(traffic, pool.runs, replicas))
     if first.dropped_requests:
         plan.warnings.append(
-            f"{first.dropped_requests} requests were longer than the context or the KV pool "
-            "and were dropped; the typical length and peak KV demand count only the rest"
+            f"{counted(first.dropped_requests, 'request')} longer than the context or the KV pool "
+            "dropped; the typical length and peak KV demand count only the rest"
         )
     if progress is not None:
         progress("optimise", 1.0)
