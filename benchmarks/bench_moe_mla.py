@@ -340,7 +340,7 @@ def main() -> None:
                     f"bound {row['bound_us']:.1f} us = {100 * row['bound_us'] / row['layer_us']:.0f}%; "
                     + ", ".join(f"{c} {row[c + '_us']:.1f}" for c in
                                 ("router_gemm", "route", "align", "up", "down", "combine"))
-                    + f"; old: " + ", ".join(f"{c} {row['old_' + c + '_us']:.1f}" for c in
+                    + "; old: " + ", ".join(f"{c} {row['old_' + c + '_us']:.1f}" for c in
                                              ("route", "align", "up", "silu", "down", "sum"))
                     + f"; err {row['max_abs_err_vs_ref']:.3g}")
                 for gemm in ("up", "down"):
