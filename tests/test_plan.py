@@ -499,10 +499,9 @@ def test_the_fit_part_does_not_depend_on_whether_the_first_held_out_request_fits
     assert "1 request longer than the context or the KV pool dropped" in " ".join(dropped.warnings)
 
 
-def test_held_out_requests_do_not_choose_the_replica_count():
-    # 700 light requests every 0.5 s, then 300 heavy ones in a burst: judged on the whole
-    # trace, one server overloaded and the plan was for one of 20 replicas, fitted on 7,000
-    # steps instead of 89,015.
+def _light_and_heavy_held_out_plans():
+    """Plans of 700 light requests every 0.5 s followed by 300 held-out requests: light ones
+    as before, or heavy ones in a burst."""
     n, first_held = 1000, 700
     arrival, prompt, output = np.arange(n) * 0.5, np.full(n, 500), np.full(n, 100)
     heavy_arrival, heavy_prompt, heavy_output = arrival.copy(), prompt.copy(), output.copy()
@@ -511,6 +510,14 @@ def test_held_out_requests_do_not_choose_the_replica_count():
     light = plan_requests(arrival, prompt, output, np.zeros(n, int), PlanRequest(CFG, H100))
     heavy = plan_requests(heavy_arrival, heavy_prompt, heavy_output, np.zeros(n, int),
                           PlanRequest(CFG, H100))
+    return light, heavy
+
+
+def test_held_out_requests_do_not_choose_the_replica_count():
+    # 700 light requests every 0.5 s, then 300 heavy ones in a burst: judged on the whole
+    # trace, one server overloaded and the plan was for one of 20 replicas, fitted on 7,000
+    # steps instead of 89,015.
+    light, heavy = _light_and_heavy_held_out_plans()
     assert light.simulation.replicas == heavy.simulation.replicas == 1
     assert light.basis.fit_steps == heavy.basis.fit_steps == 89_015
 
@@ -519,14 +526,7 @@ def test_held_out_requests_do_not_move_the_sizes_the_closed_loop_adds():
     # The same two traces: served with its own step times over the whole trace, the heavy
     # burst pushed the plan's decode batches to 56 and its decode graphs followed (they were
     # [1, 2, 4] for the light trace). What the closed loop adds is judged on the fit requests.
-    n, first_held = 1000, 700
-    arrival, prompt, output = np.arange(n) * 0.5, np.full(n, 500), np.full(n, 100)
-    heavy_arrival, heavy_prompt, heavy_output = arrival.copy(), prompt.copy(), output.copy()
-    heavy_arrival[first_held:] = arrival[first_held] + np.arange(n - first_held) * 0.001
-    heavy_prompt[first_held:], heavy_output[first_held:] = 8000, 4000
-    light = plan_requests(arrival, prompt, output, np.zeros(n, int), PlanRequest(CFG, H100))
-    heavy = plan_requests(heavy_arrival, heavy_prompt, heavy_output, np.zeros(n, int),
-                          PlanRequest(CFG, H100))
+    light, heavy = _light_and_heavy_held_out_plans()
     assert heavy.decode.capture_bs == light.decode.capture_bs
     assert heavy.piecewise.capture_num_tokens == light.piecewise.capture_num_tokens
     assert max(r.largest_decode_batch for r in heavy.closed_loop if r.schedule == "plan") > max(
