@@ -21,6 +21,9 @@
 # MEM_PARTS= skips them); all in $OUT/memory.tgz.
 # `replay` (by name only): issue 37, cgtool replay's GPU test, then slices of the Azure and Mooncake
 # examples replayed (plan and default, twice) against the simulator, in $OUT/replay.tgz.
+# `decode-chunks` (by name only): the dense decode kernel's one chunk length for the batch: its GPU tests
+# and the padded-replay test, then benchmarks/bench_decode_chunks.py against the kernel it replaced
+# (DECODE_OLD, default gpu-carry-mem/old_triton_decode.py), in $OUT/decode-chunks.
 # `decode-contexts` (by name only): issue 37, llama-3.1-8b decode captured at CONTEXTS (1024 4096 8192 16384;
 # the first with both kinds), for the replay profile's long-context attention, in $OUT/contexts.tgz.
 # `tp` (two GPUs): tensor-parallel GPU tests and benchmarks/bench_tp.py, logs and reports in $OUT/tp.
@@ -264,10 +267,12 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
   cgtool plan --trace "$R/azure.jsonl" --model llama-3.1-8b --gpu "$gpu" --load "$az_load" --out "$R/plan-azure" >"$R/plan-azure.log" 2>&1
   cgtool plan --trace "$R/mooncake.jsonl" --model llama-3.1-8b --gpu "$gpu" --load "$mc_load" --out "$R/plan-mooncake" >"$R/plan-mooncake.log" 2>&1
   rstamp "plans exit $?"
-  # The prediction's --profile: a capture of the same model on this GPU (it also fills the compile cache).
+  # The prediction's --profile: a capture of the same model on this GPU (it also fills the compile
+  # cache), or REPLAY_PROFILE, one such capture's report.json kept from an earlier call.
+  if [[ -n "${REPLAY_PROFILE:-}" ]]; then mkdir -p "$R/capture"; cp "$REPLAY_PROFILE" "$R/capture/report.json"; else
   timeout -k 10 "${REPLAY_CAPTURE_TIMEOUT:-150}" cgtool capture --model llama-3.1-8b --bs "${REPLAY_PROFILE_BS:-1,2,4,8,16,24,32,48,64,96,128,192,256}" \
     --tokens "${REPLAY_PROFILE_TOKENS:-64,128,256,512,1024,2048,4096,8192}" --out "$R/capture" >"$R/capture.log" 2>&1
-  rstamp "profile capture exit $?"; grep -E "^\[ *[0-9.]+ s\]" "$R/capture.log" | tail -4
+  rstamp "profile capture exit $?"; grep -E "^\[ *[0-9.]+ s\]" "$R/capture.log" | tail -4; fi
   cases=() ; a="$R/azure.jsonl,$R/plan-azure/plan.json"; m="$R/mooncake.jsonl,$R/plan-mooncake/plan.json"
   # REPLAY_CASES: "slice-schedule-repeat" names, in the order run (the budget skips the last).
   for c in ${REPLAY_CASES:-azure-default-1 mooncake-default-1 azure-plan-1 mooncake-plan-1 azure-default-2 mooncake-default-2 azure-plan-2 mooncake-plan-2}; do
@@ -280,6 +285,16 @@ if [[ " $stages " == *" replay "* ]]; then  # issue 37, by name only: cgtool rep
     "$R"/runs/*.json 2>&1 | tee -a "$OUT/replay-stage.log"
   tar czf "$OUT/replay.tgz" -C "$R" runs capture/report.json plan-azure/plan.json plan-mooncake/plan.json gpu-tests.log capture.log 2>/dev/null
   rm -rf "$R"
+fi
+if [[ " $stages " == *" decode-chunks "* ]]; then  # by name only: one chunk length for the batch
+  D="$OUT/decode-chunks"; mkdir -p "$D"
+  echo "[$(date +%H:%M:%S)] decode GPU tests" | tee -a "$D/stage.log"
+  timeout -k 10 "${CHUNK_TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/test_triton_decode.py tests/test_decode_runner.py >"$D/gpu-tests.log" 2>&1
+  echo "[$(date +%H:%M:%S)] decode GPU tests exit $?" | tee -a "$D/stage.log"; tail -8 "$D/gpu-tests.log"
+  timeout -k 10 "${CHUNK_BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode_chunks.py \
+    --old "${DECODE_OLD:-gpu-carry-mem/old_triton_decode.py}" --out "$D/decode-chunks.json" 2>&1 | tee "$D/bench.log"
+  echo "[$(date +%H:%M:%S)] decode chunk bench exit ${PIPESTATUS[0]}" | tee -a "$D/stage.log"
 fi
 if [[ " $stages " == *" decode-contexts "* ]]; then  # issue 37, by name only: decode timed at several contexts
   # The first context captures both kinds (the replay's --profile); the others decode alone, at

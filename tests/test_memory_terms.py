@@ -14,6 +14,7 @@ from cgtool.planner.cost import roofline_cost
 from cgtool.planner.margin import FIRST_FORWARD_BYTES
 from cgtool.planner.memory_terms import (
     activation_bytes_per_token,
+    decode_chunk_slots,
     decode_graph_pool_bytes,
     extend_graph_pool_bytes,
     family,
@@ -110,3 +111,15 @@ def test_the_predicted_fraction_is_never_above_the_one_verify_proved(path):
     )
     proven = result["recommended_mem_fraction_static"]
     assert proven - 0.035 <= memory.mem_fraction_static <= proven
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b", "qwen2.5-0.5b", "tiny"])
+@pytest.mark.parametrize("bs", [1, 3, 8, 16, 64, 256])
+def test_the_partials_room_of_a_dense_pool_is_the_decode_kernels(model, bs):
+    # (MLA's is still the rule it was measured with, above its kernel's: see memory_terms.)
+    pytest.importorskip("triton")
+    from cgtool.attention.triton_decode import chunk_slots, target_chunks
+
+    cfg = load_model_config(model)
+    kernel = chunk_slots(bs, cfg.num_kv_heads, target_chunks(cfg.num_kv_heads))
+    assert decode_chunk_slots(cfg, bs) == kernel

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
-from cgtool.attention.triton_decode import num_kv_splits_for
+from cgtool.attention.triton_decode import chunk_slots, num_kv_splits_for, target_chunks
 from cgtool.specs.config import ModelConfig
 from cgtool.runtime.engine import decode_batch
 from cgtool.runtime.kv import KVPool
@@ -70,14 +70,14 @@ def assert_attention_close(out: torch.Tensor, ref: torch.Tensor, atol: float) ->
 
 def run_decode(
     pool: KVPool, rows: list[int], seq_lens: list[int], num_heads: int, head_dim: int,
-    num_kv_splits: int | None = None,
+    chunks: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(triton output, reference output) for one decode step."""
     device = str(pool.req_to_token.device)
     batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
     q = random_q(len(rows), num_heads, head_dim, pool.k_buffers[0].dtype, device)
     out, ref = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-    TritonAttentionBackend(num_heads, head_dim, num_kv_splits).forward(q, out, 0, batch, pool)
+    TritonAttentionBackend(num_heads, head_dim, chunks=chunks).forward(q, out, 0, batch, pool)
     TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
     return out, ref
 
@@ -98,10 +98,47 @@ def test_decode_matches_reference_for_mixed_seq_lens(num_heads, kv_heads, head_d
 
 @INTERPRETER_ONLY
 def test_decode_with_several_key_blocks_per_chunk_matches_reference():
-    # 16 chunks of 700 keys are 64 keys each: two BLOCK_N iterations per chunk, the last partial.
+    # 740 keys over 12 chunks are 64 keys a chunk: two BLOCK_N iterations each, the last partial.
     pool, rows = random_pool([700, 40, 1], 8, 2, 64, torch.float32, "cpu")
-    out, ref = run_decode(pool, rows, [700, 40, 1], 8, 64, num_kv_splits=16)
+    out, ref = run_decode(pool, rows, [700, 40, 1], 8, 64, chunks=12)
     assert_attention_close(out, ref, atol=1e-4)
+
+
+@INTERPRETER_ONLY
+def test_a_long_request_beside_short_ones_takes_up_to_64_chunks_and_matches_reference():
+    # 3,000 keys beside three short rows at 8 chunks: one length for all (3,000 / 64 rounded up
+    # to 64 keys) gives the long row 47 chunks, the merge's lanes nearly full.
+    lens = [3000, 5, 70, 33]
+    pool, rows = random_pool(lens, 4, 2, 64, torch.float32, "cpu")
+    out, ref = run_decode(pool, rows, lens, 4, 64, chunks=8)
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+@INTERPRETER_ONLY
+def test_filler_rows_of_a_padded_batch_change_no_bit_of_the_real_rows():
+    """A decode graph pads its batch with rows of one token; the real rows must chunk as they
+    do at their own size, so a padded replay equals the eager step bit for bit."""
+    # 8 KV heads: at 5 requests and at 8 a split count fixed by the batch size differed.
+    lens = [300, 17, 1000, 64, 5]
+    pool, rows = random_pool(lens + [1, 1, 1], 16, 8, 64, torch.float32, "cpu")
+    own = decode_batch(pool, rows[:5], [n - 1 for n in lens], [0] * 5)
+    padded = decode_batch(pool, rows, [n - 1 for n in lens] + [0, 0, 0], [0] * 8)
+    q = random_q(8, 16, 64, torch.float32, "cpu")
+    outs = []
+    for batch, bs in ((own, 5), (padded, 8)):
+        out = torch.full_like(q[:bs], float("nan"))
+        TritonAttentionBackend(16, 64).forward(q[:bs].contiguous(), out, 0, batch, pool)
+        outs.append(out)
+    torch.testing.assert_close(outs[1][:5], outs[0], atol=0, rtol=0)
+
+
+def test_the_partials_always_have_room_and_never_less_than_the_fixed_splits_kept():
+    for kv_heads in (1, 2, 8, 32):
+        chunks = target_chunks(kv_heads)
+        for bs in (1, 3, 8, 64, 256, 1024):
+            slots = chunk_slots(bs, kv_heads, chunks)
+            assert slots >= chunks + bs
+            assert slots >= bs * num_kv_splits_for(bs, kv_heads)
 
 
 @INTERPRETER_ONLY
@@ -176,23 +213,23 @@ def test_decode_replayed_graph_equals_eager_for_new_seq_lens():
 
 
 @pytest.mark.gpu
-def test_the_split_count_changes_no_bit_where_the_chunks_are_the_same():
-    """A batch padded up to a captured size takes that size's split count. Up to 1,024 keys
-    the chunks are 32 keys at 32 and at 64 splits alike, so the outputs must be the same
-    bits: with a NUM_SPLITS-wide merge a padded replay differed from eager by an ulp."""
-    num_heads, kv_heads, head_dim = 14, 2, 64  # qwen2.5-0.5b, whose padded replay showed it
-    seq_lens = [301, 17, 1000, 64, 5, 999, 1, 512, 33, 300, 200, 100, 250]
-    pool, rows = random_pool(seq_lens, num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)
-    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * len(rows))
+def test_a_padded_batch_reads_the_same_bits_as_at_its_own_size_in_bf16():
+    """A batch padded up to a captured size (filler rows of one token) must chunk its real
+    rows as at its own size: a padded replay of qwen2.5-0.5b once differed from eager by an ulp."""
+    num_heads, kv_heads, head_dim = 14, 2, 64  # qwen2.5-0.5b
+    lens = [301, 17, 1000, 64, 5, 999, 2, 512, 33, 300, 200, 100, 250]
+    bs, padded_bs = len(lens), 16
+    pool, rows = random_pool(lens + [1] * (padded_bs - bs), num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)
+    own = decode_batch(pool, rows[:bs], [n - 1 for n in lens], [0] * bs)
+    padded = decode_batch(pool, rows, [n - 1 for n in lens] + [0] * (padded_bs - bs), [0] * padded_bs)
     gen = torch.Generator(device=CUDA).manual_seed(2)
+    backend = TritonAttentionBackend(num_heads, head_dim)
     for _ in range(20):
-        q = (torch.randn((len(rows), num_heads * head_dim), generator=gen, device=CUDA) * 3).to(torch.bfloat16)
-        outs = []
-        for splits in (32, 64):
-            out = torch.empty_like(q)
-            TritonAttentionBackend(num_heads, head_dim, num_kv_splits=splits).forward(q, out, 0, batch, pool)
-            outs.append(out)
-        torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+        q = (torch.randn((padded_bs, num_heads * head_dim), generator=gen, device=CUDA) * 3).to(torch.bfloat16)
+        a, b = torch.empty_like(q[:bs]), torch.empty_like(q)
+        backend.forward(q[:bs].contiguous(), a, 0, own, pool)
+        backend.forward(q, b, 0, padded, pool)
+        torch.testing.assert_close(b[:bs], a, atol=0, rtol=0)
 
 
 @INTERPRETER_ONLY

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from cgtool.attention.backend import HeadsBackend
-from cgtool.attention.triton_decode import decode_attention, num_kv_splits_for
+from cgtool.attention.triton_decode import decode_attention
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.attention.triton_mla import mla_decode_attention, mla_extend_attention, mla_num_kv_splits
 from cgtool.runtime.batch import ForwardBatch, forward_scratch
@@ -18,10 +18,14 @@ from cgtool.runtime.kv import KVPool
 class TritonAttentionBackend(HeadsBackend):
     name = "triton"
 
-    def __init__(self, num_heads: int, head_dim: int, num_kv_splits: int | None = None) -> None:
-        """`num_kv_splits` (a power of two) overrides the choice by batch size."""
+    def __init__(
+        self, num_heads: int, head_dim: int, num_kv_splits: int | None = None, chunks: int | None = None,
+    ) -> None:
+        """Overrides, for tests and benchmarks: `num_kv_splits` (a power of two), MLA's chunks
+        a request; `chunks`, the chunks a KV head a dense decode step aims for."""
         super().__init__(num_heads, head_dim)
         self.num_kv_splits = num_kv_splits
+        self.chunks = chunks
 
     def _decode(
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
@@ -40,10 +44,9 @@ class TritonAttentionBackend(HeadsBackend):
                 self.scale, splits, scratch,
             )
             return
-        splits = self.num_kv_splits or num_kv_splits_for(bs, k_cache.shape[1])
         decode_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
-            batch.req_pool_indices, batch.seq_lens, self.scale, splits, scratch,
+            batch.req_pool_indices, batch.seq_lens, self.scale, self.chunks, scratch,
         )
 
     def _extend(

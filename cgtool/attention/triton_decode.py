@@ -1,15 +1,21 @@
 """Split-KV decode attention (flash-decoding) over the token-granular KV pool.
 
-Stage 1 splits each request's keys into `num_kv_splits` chunks (a number fixed by the
-batch size) and lets one program attend the whole GQA group of q heads of one KV head over
-one chunk, so each K/V row is read once per group and the scores come from one tensor-core
-dot. Stage 2 merges the chunks by their log-sum-exp. The grid depends only on the batch size
-and the shapes and the chunk bounds are computed in the kernel from `seq_lens`, so a CUDA
-graph captured at one batch size replays correctly for any sequence lengths.
+Stage 1 cuts the batch's keys into chunks of one length for every request, so a request
+gets chunks in proportion to its context and every program reads about as many keys: the
+step costs the context read in all, not its longest request. (With a fixed number of chunks
+per request, a replay of the Mooncake trace spent most of its decode residual on the
+batch's longest request: docs/replay.md.) One program attends the whole GQA group of q heads
+of one KV head over one chunk, so each K/V row is read once per group and the scores come
+from one tensor-core dot. Stage 2 merges each request's chunks by their log-sum-exp.
 
-A merge folded into stage 1 (the last program of a request and KV head to arrive merging
-them all) saved an eager step 32 launches but cost the GPU 4.3 µs a call at batch size 1 and
-a third more at 64 (H100, benchmarks r11): the merging program works alone, head by head.
+Both stages work out the chunking from `seq_lens` in the kernel (the grid depends only on
+the batch size), so a CUDA graph captured at one batch size replays correctly for any
+lengths. Rows of one token (a padded batch's filler rows) do not count toward the chunk
+length, so a batch padded to a captured size chunks its real rows exactly as eagerly at its
+own size and reads the same bits.
+
+MLA's decode (cgtool.attention.triton_mla) still cuts each request into a number of chunks
+fixed by the batch size, with the helpers `split_bounds` and `merge_head` below.
 """
 
 from __future__ import annotations
@@ -38,9 +44,28 @@ MERGE_LANES = tl.constexpr(MAX_KV_SPLITS)
 
 
 def num_kv_splits_for(batch_size: int, kv_heads: int) -> int:
-    """A power of two fixed by the batch size, so a captured graph's grid stays valid."""
+    """A power of two fixed by the batch size, so a captured graph's grid stays valid.
+
+    MLA's chunks per request; for GQA, the partials' room per request (`chunk_slots`)."""
     wanted = next_power_of_2(cdiv(TARGET_PROGRAMS, batch_size * kv_heads))
     return max(MIN_KV_SPLITS, min(MAX_KV_SPLITS, wanted))
+
+
+def target_chunks(kv_heads: int) -> int:
+    """Chunks of one KV head a GQA decode step aims for, whatever its batch size: a number
+    that depends on the batch size would chunk a padded batch apart from its own."""
+    return max(MERGE_LANES.value, TARGET_PROGRAMS // kv_heads)
+
+
+def chunk_slots(batch_size: int, kv_heads: int, chunks: int) -> int:
+    """Room for the partial results of a GQA step aiming at `chunks` chunks a head.
+
+    Cutting the keys in all into `chunks` and rounding up gives each request at most one chunk
+    more (its filler rows one each), so `chunks + batch_size` always hold them. The room is
+    never less than the fixed-splits kernel before it kept (batch_size x num_kv_splits_for),
+    the size whose graph pools the memory terms were measured with
+    (cgtool.planner.memory_terms)."""
+    return max(chunks + batch_size, batch_size * num_kv_splits_for(batch_size, kv_heads))
 
 
 def launch_config() -> tuple[int, int, int]:
@@ -82,24 +107,41 @@ def store_split(
 
 
 @triton.jit
+def chunk_plan(seq_lens, bs, BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(keys a chunk, each row's chunks, the chunk after each row's last, row offsets).
+
+    One length for every row: the keys in all over CHUNKS, at least the longest row's over
+    MERGE_LANES (stage 2 merges at most that many), whole BLOCK_N multiples. Rows of one
+    token are left out of the sums (see the module docstring); each still gets its chunk."""
+    offs_b = tl.arange(0, BLOCK_BS)
+    lens = tl.load(seq_lens + offs_b, mask=offs_b < bs, other=0)
+    counted = tl.where(lens > 1, lens, 0)
+    keys = tl.maximum(tl.cdiv(tl.sum(counted, 0), CHUNKS), tl.cdiv(tl.max(counted, 0), MERGE_LANES))
+    keys = tl.maximum(tl.cdiv(keys, BLOCK_N), 1) * BLOCK_N
+    counts = tl.cdiv(lens, keys)
+    return keys, counts, tl.cumsum(counts, 0), offs_b
+
+
+@triton.jit
 def _decode_stage1(
-    Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2, stride_req,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2, stride_req, bs,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr,
 ):
     # Every tensor but req_to_token is contiguous, so its strides follow from the grid and
     # the constexprs: fewer arguments are less host time at each launch.
-    b = tl.program_id(0)
+    chunk = tl.program_id(0)  # of the whole batch, request by request
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
     stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q: [bs, heads, head_dim]
     stride_kt, stride_kh = tl.num_programs(1) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
-    stride_ms, stride_mh = HEAD_DIM, NUM_SPLITS * HEAD_DIM  # [bs, heads, splits, head_dim]
-    stride_lh = NUM_SPLITS  # [bs, heads, splits]
-    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
-    if split_end <= split_start:
-        return  # stage 2 skips empty chunks, so nothing needs writing
+    keys, counts, ends, offs_b = chunk_plan(seq_lens, bs, BLOCK_BS, CHUNKS, BLOCK_N)
+    b = tl.sum((ends <= chunk).to(tl.int32), 0)
+    if b >= bs:
+        return  # a spare program: the chunks ran out
+    split = chunk - tl.sum(tl.where(offs_b == b, ends - counts, 0), 0)
+    split_start = split * keys
+    split_end = tl.minimum(split_start + keys, tl.load(seq_lens + b))
 
     offs_h = tl.arange(0, BLOCK_H)
     heads = kv_head * GROUP + offs_h
@@ -118,10 +160,12 @@ def _decode_stage1(
             acc, l_i, m_i, q, 0, K, V, token_row, start_n, split_end, kv_head, scale_log2,
             stride_kt, stride_kh, stride_kt, stride_kh, offs_d, mask_d, BLOCK_N, BEFORE_END,
         )
-    store_split(
-        MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_d, mask_h, mask_d,
-        num_heads * stride_mh, stride_mh, stride_ms, num_heads * stride_lh, stride_lh,
+    rows = chunk * num_heads + heads  # [chunk, head] rows of the partials
+    tl.store(
+        MidOut + rows[:, None] * HEAD_DIM + offs_d[None, :], acc / l_i[:, None],
+        mask=mask_h[:, None] & mask_d[None, :],
     )
+    tl.store(MidLse + rows, m_i + tl.log2(l_i), mask=mask_h)
 
 
 @triton.jit
@@ -154,18 +198,33 @@ def merge_head(
 
 @triton.jit
 def _decode_stage2(
-    MidOut, MidLse, O, seq_lens,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+    MidOut, MidLse, O, seq_lens, bs, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr,
 ):
+    """One head of one request from its chunks, weighted by their log-sum-exps. The sums run
+    over MERGE_LANES lanes however many chunks there are, so the same chunks always add up in
+    the same order."""
     b = tl.program_id(0)
     head = tl.program_id(1)
-    merge_head(
-        MidOut, MidLse, O, b, head, tl.load(seq_lens + b),
-        stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-        HEAD_DIM, BLOCK_D, BLOCK_N, NUM_SPLITS,
-    )
+    num_heads = tl.num_programs(1)
+    _, counts, ends, offs_b = chunk_plan(seq_lens, bs, BLOCK_BS, CHUNKS, BLOCK_N)
+    count = tl.sum(tl.where(offs_b == b, counts, 0), 0)
+    first = tl.sum(tl.where(offs_b == b, ends, 0), 0) - count
+    offs_s = tl.arange(0, MERGE_LANES)
+    used = offs_s < count
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    rows = (first + offs_s) * num_heads + head  # [chunk, head] rows of the partials
+    lse = tl.load(MidLse + rows, mask=used, other=float("-inf"))
+    parts = tl.load(
+        MidOut + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=used[:, None] & mask_d[None, :], other=0.0,
+    )  # [MERGE_LANES, BLOCK_D]
+    lse_max = tl.max(lse, 0)
+    weights = tl.where(used, tl.exp2(lse - lse_max), 0.0)
+    total = tl.sum(weights, 0)
+    merged = tl.sum(parts * weights[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(O + b * stride_ob + head * stride_oh + offs_d, merged.to(O.dtype.element_ty), mask=mask_d)
 
 
 _STAGE1 = CachedKernel(_decode_stage1)
@@ -200,20 +259,21 @@ def decode_scratch(
     return mid_out, mid_lse
 
 
-def merge_splits(
-    mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, seq_lens: torch.Tensor,
-    block_d: int, block_n: int,
-) -> None:
-    """Stage 2: each head's output from its chunks, weighted by their log-sum-exps.
-
-    It needs only each chunk's bounds, which `block_n` (stage 1's) and seq_lens decide."""
-    _STAGE2.launch(
-        (out.shape[0], out.shape[1]), mid_out, mid_lse, out, seq_lens,
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        HEAD_DIM=mid_out.shape[3], BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=mid_out.shape[2],
-        num_warps=4, num_stages=1,
-    )
+def chunk_scratch(
+    slots: int, num_heads: int, head_dim: int, device: torch.device,
+    shared: dict[object, Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [slots, heads, head_dim] and base-2 log-sum-exps [slots, heads]
+    of a GQA step's chunks; from `shared` as `decode_scratch`."""
+    key = ("chunk_scratch", slots, num_heads, head_dim, device)
+    found = shared.get(key) if shared is not None else None
+    if found is not None:
+        return found
+    mid_out = torch.empty((slots, num_heads, head_dim), dtype=torch.float32, device=device)
+    mid_lse = torch.empty((slots, num_heads), dtype=torch.float32, device=device)
+    if shared is not None:
+        shared[key] = (mid_out, mid_lse)
+    return mid_out, mid_lse
 
 
 def decode_attention(
@@ -221,24 +281,30 @@ def decode_attention(
     k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim] each
     out: torch.Tensor,  # [bs, heads, head_dim], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
+    sm_scale: float, chunks: int | None = None, scratch: dict[object, Any] | None = None,
 ) -> None:
-    """One query per request over keys 0..seq_lens[b]-1 (the new token included), split
-    into `num_kv_splits` chunks, a power of two; no host synchronisation. `scratch`: see
-    `decode_scratch`."""
+    """One query per request over keys 0..seq_lens[b]-1 (the new token included), the
+    batch's keys cut into about `chunks` chunks a KV head (`target_chunks` by default); no
+    host synchronisation. `scratch`: see `decode_scratch`."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    mid_out, mid_lse = decode_scratch(bs, num_heads, head_dim, num_kv_splits, q.device, scratch)
+    chunks = chunks or target_chunks(kv_heads)
+    slots = chunk_slots(bs, kv_heads, chunks)
+    mid_out, mid_lse = chunk_scratch(slots, num_heads, head_dim, q.device, scratch)
     block_n, num_warps, num_stages = launch_config()
-    group, block_d = num_heads // kv_heads, next_power_of_2(head_dim)
+    group, block_d, block_bs = num_heads // kv_heads, next_power_of_2(head_dim), next_power_of_2(bs)
     _STAGE1.launch(
-        (bs, kv_heads, num_kv_splits), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
-        req_pool_indices, seq_lens, sm_scale * LOG2_E, req_to_token.stride(0),
+        (chunks + bs, kv_heads), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
+        req_pool_indices, seq_lens, sm_scale * LOG2_E, req_to_token.stride(0), bs,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_BS=block_bs,
+        CHUNKS=chunks, num_warps=num_warps, num_stages=num_stages,
     )
-    merge_splits(mid_out, mid_lse, out, seq_lens, block_d, block_n)
+    _STAGE2.launch(
+        (bs, num_heads), mid_out, mid_lse, out, seq_lens, bs, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_BS=block_bs, CHUNKS=chunks,
+        num_warps=4, num_stages=1,
+    )

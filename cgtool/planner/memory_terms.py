@@ -39,8 +39,11 @@ GRAPH_POOL_OVER_EAGER = {"dense": 1.27, "MoE": 1.68, "MLA": 1.68}
 # and 644 kernels a forward: 8.7, 7.2 and 7.0 KiB a node. Graphs captured after others were
 # freed cost nothing new (the driver reuses them: parts-call3.json's second pass).
 GRAPH_NODE_BYTES = 8 << 10
-# cgtool.attention.triton_decode's split rule (num_kv_splits_for): about 1,024 programs, 16..64;
-# MLA used it too when measured (triton_mla.mla_num_kv_splits now aims at 256 programs, 2..64).
+# cgtool.attention.triton_decode's room for partials (num_kv_splits_for, chunk_slots): about
+# 1,024 programs, 16..64 chunks a request, and at least target_chunks + bs chunks a KV head;
+# MLA used the first rule too when measured (triton_mla.mla_num_kv_splits now aims at 256
+# programs, 2..64). The planner does not import the kernels (Triton), so the rule is repeated
+# here and tests/test_memory_terms.py checks that the two agree.
 _TARGET_PROGRAMS, _MIN_SPLITS, _MAX_SPLITS = 1024, 16, 64
 _MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 
@@ -85,12 +88,23 @@ def decode_kv_splits(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
     return max(_MIN_SPLITS, min(_MAX_SPLITS, wanted))
 
 
+def decode_chunk_slots(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
+    """Chunks of partial results a decode step of `bs` requests keeps room for, a head."""
+    splits = bs * decode_kv_splits(cfg, bs, tp_size)
+    if cfg.mla is not None:
+        return splits
+    kv_heads = rank_shapes(cfg, tp_size).num_kv_heads
+    return max(splits, max(_MAX_SPLITS, _TARGET_PROGRAMS // kv_heads) + bs)
+
+
 def decode_partials_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
-    """Per request, the decode kernel's fp32 partial outputs and log-sum-exps of every split;
-    an eager decode allocates them once for all layers, a captured one per layer (reused)."""
+    """Per request (rounded up), the decode kernel's fp32 partial outputs and log-sum-exps of
+    every chunk; an eager decode allocates them once for all layers, a captured one per layer
+    (reused)."""
     shard = rank_shapes(cfg, tp_size)
     width = cfg.mla.kv_lora_rank if cfg.mla is not None else cfg.head_dim
-    return shard.num_heads * decode_kv_splits(cfg, bs, tp_size) * (width + 1) * FP32_BYTES
+    bs = max(bs, 1)
+    return -(-shard.num_heads * decode_chunk_slots(cfg, bs, tp_size) * (width + 1) * FP32_BYTES // bs)
 
 
 def decode_graph_pool_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> float:
