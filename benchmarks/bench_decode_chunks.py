@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_attention import DTYPE, HEAD_DIM, HEADS, KV_HEADS, as_graph, copy_bandwidth_gbs, make_pool, time_us  # noqa: E402
 
+from cgtool.attention import triton_decode  # noqa: E402
 from cgtool.attention.torch_ref import TorchAttentionBackend  # noqa: E402
 from cgtool.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from cgtool.runtime.engine import decode_batch  # noqa: E402
@@ -50,7 +51,7 @@ def load_old(path: Path) -> Callable[..., None]:
     return step
 
 
-def run_case(lens: list[int], old: Callable[..., None], copy_gbs: float, chunk_targets: list[int]) -> dict:
+def run_case(lens: list[int], old: Callable[..., None], copy_gbs: float, per_rows: list[int]) -> dict:
     pool, rows = make_pool(lens)
     batch = decode_batch(pool, rows, [n - 1 for n in lens], [0] * len(lens))
     q = torch.randn(len(lens), HEADS * HEAD_DIM, dtype=DTYPE, device="cuda")
@@ -66,12 +67,15 @@ def run_case(lens: list[int], old: Callable[..., None], copy_gbs: float, chunk_t
                            batch.req_pool_indices, batch.seq_lens, scale)
     row["old_us"] = time_us(as_graph(old_step))
     row["old_err"] = (out.float() - ref.float()).abs().max().item()
-    for chunks in chunk_targets:
-        backend = TritonAttentionBackend(HEADS, HEAD_DIM, chunks=chunks or None)
-        new_step = lambda b=backend: b.forward(q, out, 0, batch, pool)
-        label = f"new_{chunks or 'default'}"
+    backend = TritonAttentionBackend(HEADS, HEAD_DIM)
+    default = triton_decode.CHUNKS_PER_ROW
+    for per_row in per_rows:
+        triton_decode.CHUNKS_PER_ROW = per_row
+        new_step = lambda: backend.forward(q, out, 0, batch, pool)
+        label = f"new_{per_row}"
         row[f"{label}_us"] = time_us(as_graph(new_step))
         row[f"{label}_err"] = (out.float() - ref.float()).abs().max().item()
+    triton_decode.CHUNKS_PER_ROW = default
     del pool
     torch.cuda.empty_cache()
     return row
@@ -81,12 +85,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--old", type=Path, required=True)
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--chunks", default="0,256,512", help="chunk targets a KV head; 0 is the default")
+    parser.add_argument("--per-row", default=f"{triton_decode.CHUNKS_PER_ROW},0,31",
+                        help="chunks aimed for a real row (CHUNKS_PER_ROW), the first the default")
     args = parser.parse_args()
-    targets = [int(c) for c in args.chunks.split(",")]
+    targets = [int(c) for c in args.per_row.split(",")]
     copy_gbs = copy_bandwidth_gbs()
     print(f"{torch.cuda.get_device_name()}  copy bandwidth {copy_gbs:.0f} GB/s  heads {HEADS}/{KV_HEADS} "
-          f"head_dim {HEAD_DIM}; graph replay us (% of the K/V read bound); chunk targets {targets}")
+          f"head_dim {HEAD_DIM}; graph replay us (% of the K/V read bound); new kernel at chunks a row {targets}")
     rows = []
     for name, lens in CASES:
         row = run_case(lens, load_old(args.old), copy_gbs, targets) | {"case": name}

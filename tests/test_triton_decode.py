@@ -234,9 +234,10 @@ def test_a_padded_batch_reads_the_same_bits_as_at_its_own_size_in_bf16():
 
 @INTERPRETER_ONLY
 def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
-    """Within a forward the split buffers are allocated once and every layer reuses them;
-    each call still matches the reference, and nothing outlives the forward."""
-    from cgtool.runtime.batch import forward_context, forward_scratch
+    """Within a forward the split buffers are allocated once and the chunks planned once,
+    and every layer reuses them; each call still matches the reference, and nothing outlives
+    the forward."""
+    from cgtool.runtime.batch import forward_context, forward_memo, forward_scratch
 
     seq_lens = [200, 33]
     pool, rows = random_pool([256] * 2, 8, 2, 64, torch.float32, "cpu")
@@ -250,7 +251,9 @@ def test_layers_of_one_forward_share_one_scratch_block_and_stay_exact():
             ref_backend.forward(q, ref, 0, batch, pool)
             assert_attention_close(out, ref, atol=1e-4)
         assert len(forward_scratch()) == 1
+        assert len(forward_memo()) == 1  # one chunk plan, worked out by the first layer
     assert forward_scratch() == {}
+    assert forward_memo() == {}
 
 
 @INTERPRETER_ONLY

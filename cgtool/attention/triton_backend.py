@@ -11,7 +11,7 @@ from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.attention.triton_mla import mla_decode_attention, mla_extend_attention, mla_num_kv_splits
-from cgtool.runtime.batch import ForwardBatch, forward_scratch
+from cgtool.runtime.batch import ForwardBatch, forward_memo, forward_scratch
 from cgtool.runtime.kv import KVPool
 
 
@@ -46,7 +46,7 @@ class TritonAttentionBackend(HeadsBackend):
             return
         decode_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
-            batch.req_pool_indices, batch.seq_lens, self.scale, self.chunks, scratch,
+            batch.req_pool_indices, batch.seq_lens, self.scale, self.chunks, scratch, forward_memo(),
         )
 
     def _extend(

@@ -51,21 +51,29 @@ def num_kv_splits_for(batch_size: int, kv_heads: int) -> int:
     return max(MIN_KV_SPLITS, min(MAX_KV_SPLITS, wanted))
 
 
+# Chunks a GQA decode step aims for, a KV head: CHUNKS_PER_ROW for each real row (as many
+# programs as the fixed splits kept from 8 rows up, which the H200 needed: with 128 chunks in
+# all, 64 rows of 4k tokens ran at 59% of the K/V read bound against their 92%), and never
+# fewer than target_chunks. Both count only real rows, never the batch size: a number that
+# depended on it would chunk a padded batch apart from its own.
+CHUNKS_PER_ROW = MIN_KV_SPLITS - 1
+
+
 def target_chunks(kv_heads: int) -> int:
-    """Chunks of one KV head a GQA decode step aims for, whatever its batch size: a number
-    that depends on the batch size would chunk a padded batch apart from its own."""
+    """The fewest chunks a GQA decode step aims for, a KV head, however few its rows."""
     return max(MERGE_LANES.value, TARGET_PROGRAMS // kv_heads)
 
 
-def chunk_slots(batch_size: int, kv_heads: int, chunks: int) -> int:
-    """Room for the partial results of a GQA step aiming at `chunks` chunks a head.
+def chunk_slots(batch_size: int, kv_heads: int, chunks: int, per_row: int = CHUNKS_PER_ROW) -> int:
+    """Room for the partial results of a GQA step of `batch_size` rows, a head.
 
-    Cutting the keys in all into `chunks` and rounding up gives each request at most one chunk
-    more (its filler rows one each), so `chunks + batch_size` always hold them. The room is
-    never less than the fixed-splits kernel before it kept (batch_size x num_kv_splits_for),
-    the size whose graph pools the memory terms were measured with
-    (cgtool.planner.memory_terms)."""
-    return max(chunks + batch_size, batch_size * num_kv_splits_for(batch_size, kv_heads))
+    Cutting the keys in all into C chunks and rounding up gives each row at most one chunk
+    more (filler rows one each), so C + batch_size always hold them, C being the most the
+    step aims for (every row real). The room is never less than the fixed-splits kernel
+    before it kept (batch_size x num_kv_splits_for), the size whose graph pools the memory
+    terms were measured with (cgtool.planner.memory_terms): the same from 8 rows up."""
+    most = max(chunks, per_row * batch_size)
+    return max(most + batch_size, batch_size * num_kv_splits_for(batch_size, kv_heads))
 
 
 def launch_config() -> tuple[int, int, int]:
@@ -107,40 +115,58 @@ def store_split(
 
 
 @triton.jit
-def chunk_plan(seq_lens, bs, BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(keys a chunk, each row's chunks, the chunk after each row's last, row offsets).
+def _chunk_plan_kernel(
+    seq_lens, Plan, bs,
+    BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr, PER_ROW: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program b writes row b's part of the plan (`plan_layout`).
 
-    One length for every row: the keys in all over CHUNKS, at least the longest row's over
-    MERGE_LANES (stage 2 merges at most that many), whole BLOCK_N multiples. Rows of one
-    token are left out of the sums (see the module docstring); each still gets its chunk."""
+    One chunk length for every row: the keys in all over max(CHUNKS, PER_ROW x real rows),
+    at least the longest row's over MERGE_LANES (stage 2 merges at most that many), whole
+    BLOCK_N multiples. Rows of one token are filler, left out of the counts and sums (see the
+    module docstring); each still gets its chunk."""
+    b = tl.program_id(0)
     offs_b = tl.arange(0, BLOCK_BS)
     lens = tl.load(seq_lens + offs_b, mask=offs_b < bs, other=0)
     counted = tl.where(lens > 1, lens, 0)
-    keys = tl.maximum(tl.cdiv(tl.sum(counted, 0), CHUNKS), tl.cdiv(tl.max(counted, 0), MERGE_LANES))
+    aim = tl.maximum(tl.sum((lens > 1).to(tl.int32), 0) * PER_ROW, CHUNKS)
+    keys = tl.maximum(tl.cdiv(tl.sum(counted, 0), aim), tl.cdiv(tl.max(counted, 0), MERGE_LANES))
     keys = tl.maximum(tl.cdiv(keys, BLOCK_N), 1) * BLOCK_N
     counts = tl.cdiv(lens, keys)
-    return keys, counts, tl.cumsum(counts, 0), offs_b
+    ends = tl.cumsum(counts, 0)
+    count = tl.sum(tl.where(offs_b == b, counts, 0), 0)
+    first = tl.sum(tl.where(offs_b == b, ends, 0), 0) - count
+    offs_s = tl.arange(0, MERGE_LANES)
+    tl.store(Plan + 2 + 2 * bs + first + offs_s, b * MERGE_LANES + offs_s, mask=offs_s < count)
+    tl.store(Plan + 2 + b, first)
+    tl.store(Plan + 2 + bs + b, count)
+    if b == 0:
+        tl.store(Plan, keys)
+        tl.store(Plan + 1, tl.sum(counts, 0))
 
 
 @triton.jit
 def _decode_stage1(
-    Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2, stride_req, bs,
+    Q, K, V, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, Plan, scale_log2,
+    stride_req, bs,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
 ):
     # Every tensor but req_to_token is contiguous, so its strides follow from the grid and
     # the constexprs: fewer arguments are less host time at each launch.
-    chunk = tl.program_id(0)  # of the whole batch, request by request
-    kv_head = tl.program_id(1)
-    num_heads = tl.num_programs(1) * GROUP
+    # KV heads vary fastest: the programs running together read every head of the same
+    # tokens, whole K/V rows, where one head's programs side by side read a strided slice.
+    kv_head = tl.program_id(0)
+    chunk = tl.program_id(1)  # of the whole batch, request by request
+    num_heads = tl.num_programs(0) * GROUP
     stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q: [bs, heads, head_dim]
-    stride_kt, stride_kh = tl.num_programs(1) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
-    keys, counts, ends, offs_b = chunk_plan(seq_lens, bs, BLOCK_BS, CHUNKS, BLOCK_N)
-    b = tl.sum((ends <= chunk).to(tl.int32), 0)
-    if b >= bs:
+    stride_kt, stride_kh = tl.num_programs(0) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
+    if chunk >= tl.load(Plan + 1):
         return  # a spare program: the chunks ran out
-    split = chunk - tl.sum(tl.where(offs_b == b, ends - counts, 0), 0)
-    split_start = split * keys
+    keys = tl.load(Plan)
+    entry = tl.load(Plan + 2 + 2 * bs + chunk)
+    b = entry // MERGE_LANES
+    split_start = (entry % MERGE_LANES) * keys
     split_end = tl.minimum(split_start + keys, tl.load(seq_lens + b))
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -198,9 +224,8 @@ def merge_head(
 
 @triton.jit
 def _decode_stage2(
-    MidOut, MidLse, O, seq_lens, bs, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_BS: tl.constexpr, CHUNKS: tl.constexpr,
+    MidOut, MidLse, O, Plan, bs, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One head of one request from its chunks, weighted by their log-sum-exps. The sums run
     over MERGE_LANES lanes however many chunks there are, so the same chunks always add up in
@@ -208,9 +233,8 @@ def _decode_stage2(
     b = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
-    _, counts, ends, offs_b = chunk_plan(seq_lens, bs, BLOCK_BS, CHUNKS, BLOCK_N)
-    count = tl.sum(tl.where(offs_b == b, counts, 0), 0)
-    first = tl.sum(tl.where(offs_b == b, ends, 0), 0) - count
+    first = tl.load(Plan + 2 + b)
+    count = tl.load(Plan + 2 + bs + b)
     offs_s = tl.arange(0, MERGE_LANES)
     used = offs_s < count
     offs_d = tl.arange(0, BLOCK_D)
@@ -227,6 +251,7 @@ def _decode_stage2(
     tl.store(O + b * stride_ob + head * stride_oh + offs_d, merged.to(O.dtype.element_ty), mask=mask_d)
 
 
+_PLAN = CachedKernel(_chunk_plan_kernel)
 _STAGE1 = CachedKernel(_decode_stage1)
 _STAGE2 = CachedKernel(_decode_stage2)
 
@@ -276,35 +301,59 @@ def chunk_scratch(
     return mid_out, mid_lse
 
 
+def chunk_plan(
+    seq_lens: torch.Tensor, kv_heads: int, chunks: int | None = None, memo: dict[object, Any] | None = None,
+) -> tuple[torch.Tensor, int]:
+    """(plan, chunk slots) of a GQA decode step: int32 [2 + 2 bs + slots] holding the chunk
+    length, the chunks in all, each row's first chunk, each row's chunks, and each chunk's row
+    x MERGE_LANES + its place in the row. From `memo` (`batch.forward_memo()`) when a layer
+    of this forward already planned this batch: the lengths are the same for every layer."""
+    chunks, per_row = chunks or target_chunks(kv_heads), CHUNKS_PER_ROW
+    bs = seq_lens.shape[0]
+    slots = chunk_slots(bs, kv_heads, chunks, per_row)
+    key = ("decode_chunk_plan", seq_lens.data_ptr(), bs, chunks, per_row)
+    found = memo.get(key) if memo is not None else None
+    if found is not None:
+        return found, slots
+    plan = torch.empty(2 + 2 * bs + slots, dtype=torch.int32, device=seq_lens.device)
+    _PLAN.launch(
+        (bs,), seq_lens, plan, bs, BLOCK_BS=next_power_of_2(bs), CHUNKS=chunks, PER_ROW=per_row,
+        BLOCK_N=launch_config()[0], num_warps=4, num_stages=1,
+    )
+    if memo is not None:
+        memo[key] = plan
+    return plan, slots
+
+
 def decode_attention(
     q: torch.Tensor,  # [bs, heads, head_dim]
     k_cache: torch.Tensor, v_cache: torch.Tensor,  # [num_slots, kv_heads, head_dim] each
     out: torch.Tensor,  # [bs, heads, head_dim], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, chunks: int | None = None, scratch: dict[object, Any] | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> None:
     """One query per request over keys 0..seq_lens[b]-1 (the new token included), the
-    batch's keys cut into about `chunks` chunks a KV head (`target_chunks` by default); no
-    host synchronisation. `scratch`: see `decode_scratch`."""
+    batch's keys cut into chunks of one length (`chunk_plan`; `chunks` overrides
+    `target_chunks`); no host synchronisation. `scratch`: see `decode_scratch`; `memo`:
+    see `chunk_plan`."""
     bs, num_heads, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     assert q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    chunks = chunks or target_chunks(kv_heads)
-    slots = chunk_slots(bs, kv_heads, chunks)
+    plan, slots = chunk_plan(seq_lens, kv_heads, chunks, memo)
     mid_out, mid_lse = chunk_scratch(slots, num_heads, head_dim, q.device, scratch)
     block_n, num_warps, num_stages = launch_config()
-    group, block_d, block_bs = num_heads // kv_heads, next_power_of_2(head_dim), next_power_of_2(bs)
+    group, block_d = num_heads // kv_heads, next_power_of_2(head_dim)
     _STAGE1.launch(
-        (chunks + bs, kv_heads), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
-        req_pool_indices, seq_lens, sm_scale * LOG2_E, req_to_token.stride(0), bs,
+        (kv_heads, slots), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
+        req_pool_indices, seq_lens, plan, sm_scale * LOG2_E, req_to_token.stride(0), bs,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n, BLOCK_BS=block_bs,
-        CHUNKS=chunks, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n,
+        num_warps=num_warps, num_stages=num_stages,
     )
     _STAGE2.launch(
-        (bs, num_heads), mid_out, mid_lse, out, seq_lens, bs, out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_BS=block_bs, CHUNKS=chunks,
-        num_warps=4, num_stages=1,
+        (bs, num_heads), mid_out, mid_lse, out, plan, bs, out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, num_warps=4, num_stages=1,
     )

@@ -40,7 +40,7 @@ GRAPH_POOL_OVER_EAGER = {"dense": 1.27, "MoE": 1.68, "MLA": 1.68}
 # freed cost nothing new (the driver reuses them: parts-call3.json's second pass).
 GRAPH_NODE_BYTES = 8 << 10
 # cgtool.attention.triton_decode's room for partials (num_kv_splits_for, chunk_slots): about
-# 1,024 programs, 16..64 chunks a request, and at least target_chunks + bs chunks a KV head;
+# 1,024 programs, 16..64 chunks a request, and at least max(target_chunks, 15 bs) + bs a KV head;
 # MLA used the first rule too when measured (triton_mla.mla_num_kv_splits now aims at 256
 # programs, 2..64). The planner does not import the kernels (Triton), so the rule is repeated
 # here and tests/test_memory_terms.py checks that the two agree.
@@ -94,7 +94,8 @@ def decode_chunk_slots(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
     if cfg.mla is not None:
         return splits
     kv_heads = rank_shapes(cfg, tp_size).num_kv_heads
-    return max(splits, max(_MAX_SPLITS, _TARGET_PROGRAMS // kv_heads) + bs)
+    aimed = max(_MAX_SPLITS, _TARGET_PROGRAMS // kv_heads, (_MIN_SPLITS - 1) * bs)
+    return max(splits, aimed + bs)
 
 
 def decode_partials_bytes(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:

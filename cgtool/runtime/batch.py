@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -75,6 +75,8 @@ class ForwardContext:
     # Workspace every layer of this forward shares, by shape, when the caller asked for it:
     # see forward_scratch.
     scratch: dict[object, Any] | None = None
+    # What every layer derives alike from the batch, worked out by the first: see forward_memo.
+    memo: dict[object, Any] = field(default_factory=dict)
 
 
 _context: ForwardContext | None = None
@@ -103,6 +105,16 @@ def forward_scratch() -> dict[object, Any]:
     if _context is None or _context.scratch is None:
         return {}
     return _context.scratch
+
+
+def forward_memo() -> dict[object, Any]:
+    """Values the layers of one forward derive alike from its batch (the decode kernel's
+    chunk plan), computed by the first layer and read by the rest. Inside a capture the
+    first layer's kernel is captured and the rest read its output, so a replay recomputes it
+    once for its new batch. Outside a forward, an empty dict that keeps nothing."""
+    if _context is None:
+        return {}
+    return _context.memo
 
 
 def scratch_empty(name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
