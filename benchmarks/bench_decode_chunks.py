@@ -25,7 +25,6 @@ from bench_attention import DTYPE, HEAD_DIM, HEADS, KV_HEADS, as_graph, copy_ban
 
 from cgtool.attention import triton_decode  # noqa: E402
 from cgtool.attention.torch_ref import TorchAttentionBackend  # noqa: E402
-from cgtool.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from cgtool.runtime.engine import decode_batch  # noqa: E402
 
 # (name, context of each request): uniform batches, then one long request among shorter ones
@@ -67,14 +66,23 @@ def run_case(lens: list[int], old: Callable[..., None], copy_gbs: float, per_row
                            batch.req_pool_indices, batch.seq_lens, scale)
     row["old_us"] = time_us(as_graph(old_step))
     row["old_err"] = (out.float() - ref.float()).abs().max().item()
-    backend = TritonAttentionBackend(HEADS, HEAD_DIM)
     default = triton_decode.CHUNKS_PER_ROW
+    k, v = pool.k_buffers[0], pool.v_buffers[0]
     for per_row in per_rows:
         triton_decode.CHUNKS_PER_ROW = per_row
-        new_step = lambda: backend.forward(q, out, 0, batch, pool)
+        # A layer's call, the chunk plan made beforehand: a forward plans once for all its
+        # layers (forward_memo). The plan's own kernel is timed apart.
+        memo: dict = {}
+        triton_decode.chunk_plan(batch.seq_lens, KV_HEADS, memo=memo)
+        new_step = lambda m=memo: triton_decode.decode_attention(
+            qh, k, v, out.view_as(qh), pool.req_to_token, batch.req_pool_indices, batch.seq_lens, scale,
+            memo=m,
+        )
         label = f"new_{per_row}"
         row[f"{label}_us"] = time_us(as_graph(new_step))
         row[f"{label}_err"] = (out.float() - ref.float()).abs().max().item()
+        if per_row == default:
+            row["plan_us"] = time_us(as_graph(lambda: triton_decode.chunk_plan(batch.seq_lens, KV_HEADS)))
     triton_decode.CHUNKS_PER_ROW = default
     del pool
     torch.cuda.empty_cache()
@@ -103,7 +111,7 @@ def main() -> None:
         errs = max(v for k, v in row.items() if k.endswith("_err"))
         print(f"{name:<8} bs {row['bs']:<3} longest {row['longest']:<6} tokens {row['tokens']:<7} "
               f"bound {row['bound_us']:6.1f}  old {row['old_us']:7.1f} ({100 * row['bound_us'] / row['old_us']:3.0f}%)  "
-              f"{news}  max err {errs:.3f}", flush=True)
+              f"{news}  plan {row['plan_us']:5.1f}  max err {errs:.3f}", flush=True)
     if args.out:
         args.out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "copy_gbs": copy_gbs,
                                         "rows": rows}, indent=1))

@@ -161,10 +161,11 @@ def _decode_stage1(
     num_heads = tl.num_programs(0) * GROUP
     stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q: [bs, heads, head_dim]
     stride_kt, stride_kh = tl.num_programs(0) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
-    if chunk >= tl.load(Plan + 1):
+    # The three loads before the test, so that they are in flight together (a spare
+    # program's entry is never written, and never used).
+    total, keys, entry = tl.load(Plan + 1), tl.load(Plan), tl.load(Plan + 2 + 2 * bs + chunk)
+    if chunk >= total:
         return  # a spare program: the chunks ran out
-    keys = tl.load(Plan)
-    entry = tl.load(Plan + 2 + 2 * bs + chunk)
     b = entry // MERGE_LANES
     split_start = (entry % MERGE_LANES) * keys
     split_end = tl.minimum(split_start + keys, tl.load(seq_lens + b))
