@@ -24,6 +24,8 @@
 # `decode-chunks` (by name only): the dense decode kernel's one chunk length for the batch: its GPU tests
 # and the padded-replay test, then benchmarks/bench_decode_chunks.py against the kernel it replaced
 # (DECODE_OLD, default gpu-carry-mem/old_triton_decode.py), in $OUT/decode-chunks.
+# `kernel-sweep` (by name only): benchmarks/bench_kernel_sweep.py, launch configurations of the dense decode
+# kernel and of extend over long cached prefixes, in $OUT/kernel-sweep.
 # `decode-contexts` (by name only): issue 37, llama-3.1-8b decode captured at CONTEXTS (1024 4096 8192 16384;
 # the first with both kinds), for the replay profile's long-context attention, in $OUT/contexts.tgz.
 # `tp` (two GPUs): tensor-parallel GPU tests and benchmarks/bench_tp.py, logs and reports in $OUT/tp.
@@ -295,6 +297,12 @@ if [[ " $stages " == *" decode-chunks "* ]]; then  # by name only: one chunk len
   timeout -k 10 "${CHUNK_BENCH_TIMEOUT:-240}" python3 benchmarks/bench_decode_chunks.py \
     --old "${DECODE_OLD:-gpu-carry-mem/old_triton_decode.py}" --out "$D/decode-chunks.json" 2>&1 | tee "$D/bench.log"
   echo "[$(date +%H:%M:%S)] decode chunk bench exit ${PIPESTATUS[0]}" | tee -a "$D/stage.log"
+fi
+if [[ " $stages " == *" kernel-sweep "* ]]; then  # by name only: decode and extend launch configurations
+  mkdir -p "$OUT/kernel-sweep"
+  timeout -k 10 "${SWEEP_TIMEOUT:-400}" python3 benchmarks/bench_kernel_sweep.py --out "$OUT/kernel-sweep/sweep.json" 2>&1 \
+    | tee "$OUT/kernel-sweep/sweep.log"
+  echo "[$(date +%H:%M:%S)] kernel sweep exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" decode-contexts "* ]]; then  # issue 37, by name only: decode timed at several contexts
   # The first context captures both kinds (the replay's --profile); the others decode alone, at
