@@ -18,6 +18,7 @@ from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec
 from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.planner.kernel_terms import (
+    GQA_EXTEND_FLOPS_EFFICIENCY,
     MLA_DECODE_READ_EFFICIENCY,
     MLA_DECODE_REQUEST_MS,
     MLA_EXTEND_FLOPS_EFFICIENCY,
@@ -41,7 +42,6 @@ from cgtool.units import BF16_BYTES, FP32_BYTES
 # Hopper-class parts (typical of published GEMM and memcpy benchmarks, not measured here).
 _BANDWIDTH_EFFICIENCY = 0.85
 _FLOPS_EFFICIENCY = 0.7
-_ATTENTION_FLOPS_EFFICIENCY = 0.5  # flash-style kernels reach less than dense GEMMs
 # Host cost of launching one kernel from eager PyTorch. 4 us puts an 8B model's eager decode
 # at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
 _LAUNCH_MS = 4e-3
@@ -222,7 +222,7 @@ def roofline_cost(
     # benchmarks/results/h200-2026-11-26-replay-long/contexts): steps of mixed lengths in a real
     # loop ran slower than that, set by their longest request, a term this model lacks (docs/replay.md).
     kv_efficiency = MLA_DECODE_READ_EFFICIENCY if cfg.mla else _BANDWIDTH_EFFICIENCY
-    attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else _ATTENTION_FLOPS_EFFICIENCY
+    attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else GQA_EXTEND_FLOPS_EFFICIENCY
     return CostModel(
         source="roofline",
         decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS,

@@ -20,6 +20,14 @@ datasheet bandwidth, plus 0.32 us a request and layer (the chunk merge; the two 
 floors are counted with the rest). MLA extend (2,048-8,192 new tokens, with a 6k prefix
 too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head and (query, key)
 pair as the cost model does (512 tokens: 0.10).
+
+Dense (GQA) extend attention (H200, 2026-11-26,
+benchmarks/results/h200-2026-11-26-decode-chunks/sweep.json from
+benchmarks/bench_kernel_sweep.py; 32/8 heads, head_dim 128, the kernel's default tiles): 320-333
+TFLOP/s, 0.32-0.34 of the bf16 peak, from 8,192 new tokens alone to 2,048 after a 64k cached
+prefix (2,048 alone: 0.28), counting 4 x head_dim FLOPs a head and pair. A cached prefix costs
+no more a pair than the new tokens do. (The unmeasured 0.5 used before priced the pairs of the
+Mooncake slice's long prefixes 1.5 times too cheap: docs/replay.md.)
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 MLA_DECODE_READ_EFFICIENCY = 0.78
 MLA_DECODE_REQUEST_MS = 0.32e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
+GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
 
 def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarray:
