@@ -40,7 +40,7 @@ from cgtool.planner.scenarios import (
 from cgtool.planner.server import Server, default_step_cost, server_for
 from cgtool.planner.sim_parallel import simulate_all
 from cgtool.planner.sim_result import SimulationResult, StepTally
-from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall
+from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall, whole_trace_shortfall
 from cgtool.units import counted
 
 __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
@@ -107,6 +107,7 @@ def plan_traffic(
         pool.choice, pool.memory, judged, tail_note = matched
     if covered is not None or matched is not None:
         loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop)
+    whole_note = whole_trace_shortfall(loop) if matched is not None and fit is not traffic else None
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
     plan.warnings.extend(pool.notes)
@@ -114,6 +115,8 @@ def plan_traffic(
         plan.warnings.append(note)
     if matched is not None:
         plan.warnings.append(tail_note)
+    if whole_note:
+        plan.warnings.append(whole_note)
     if replicas != req.replicas:
         plan.warnings.insert(0, overload_warning(asked, req.replicas, replicas))
     _note_incomplete(plan, pool.runs, req)
@@ -231,7 +234,7 @@ def _match_default_tails(
     return choice, memory, rows, (
         f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}; added the "
         f"default's {names} (sizes the plan lacked, those saving the most step time first), "
-        f"{now} on every client figure (predicted)")
+        f"{now} on every client figure of the fit requests (predicted)")
 
 
 def _served_as_chosen(

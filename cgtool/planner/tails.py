@@ -114,3 +114,13 @@ def fewest_that_fix(
         else:
             low = mid
     return order[:high]
+
+
+def whole_trace_shortfall(rows: list[ClosedLoopRow]) -> str | None:
+    """The sizes were matched on the fit requests alone (no held-out request moves a size); where
+    the whole trace's runs still leave the plan behind the default, a line that says so."""
+    worst, where = shortfall(rows)
+    if worst <= TAIL_TOLERANCE:
+        return None
+    return (f"closed loop: over the whole trace, held-out requests included, the plan's {where} "
+            f"still trails the engine default's by {worst:.0%} (predicted)")
