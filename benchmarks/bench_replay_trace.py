@@ -87,21 +87,17 @@ def _report(name: str, result) -> None:  # noqa: ANN001
 
 
 def predict(args: argparse.Namespace) -> int:
-    from cgtool.replay.profile import load_profile
-    from cgtool.replay.result import load_replay, write_replay
-    from cgtool.replay.session import predict_replay
+    from cgtool.replay.profile import load_profiles
+    from cgtool.replay.result import is_replay_document, load_replay, write_replay
     from cgtool.replay.run import resolve_gpu
-
-    from cgtool.replay.result import is_replay_document
-
-    from cgtool.planner.profile_fit import merge_context_reports
+    from cgtool.replay.session import predict_replay
 
     paths = args.profile or []
     profile, name = None, None
     if paths:
         # Several capture reports (one model and GPU, decode at different --context-len): one
         # profile whose decode rows price attention per context token.
-        profile = merge_context_reports([load_profile(p) for p in paths]) if len(paths) > 1 else load_profile(paths[0])
+        profile = load_profiles(paths)
         name = str(paths[0]) + (f" (+{len(paths) - 1} contexts)" if len(paths) > 1 else "")
     fed_back = len(paths) == 1 and is_replay_document(paths[0])
     results = []

@@ -47,7 +47,7 @@ from cgtool.planner.vit import vit_plan
 from cgtool.reports.plan_view import plan_view
 from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS, counted
-from cgtool.replay.profile import load_profile  # report.json, verify.json or replay.json
+from cgtool.replay.profile import load_profiles  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
 
@@ -81,8 +81,10 @@ GpuOpt = Annotated[
     str, typer.Option(help=f"GPU name (e.g. H100-80GB) or auto (falls back to {FALLBACK_GPU}).")
 ]
 ProfileOpt = Annotated[
-    Path | None,
-    typer.Option(help="Capture report.json or verify.json: measured step times and graph memory."),
+    list[Path] | None,
+    typer.Option(help="Capture report.json, verify.json or replay.json: measured step times and graph "
+                      "memory. Repeat it with capture reports at several --context-len to price decode "
+                      "attention across them."),
 ]
 BudgetGraphsOpt = Annotated[
     int | None, typer.Option(min=0, help="Capture at most this many graphs in all.")
@@ -158,7 +160,7 @@ def plan(
     old_plan = load_plan(compare_plan) if compare_plan is not None else None
     compare = _compare_sizes(old_plan)
     gpu_choice, gpu_note = resolve_gpu(gpu)
-    report = load_profile(profile) if profile is not None else None  # report.json or verify.json
+    report = load_profiles(profile) if profile else None  # report.json(s), verify.json or replay.json
     request = PlanRequest(
         cfg=load_model_config(model),
         gpu=gpu_choice,
@@ -166,7 +168,7 @@ def plan(
         engine_version=engine_version,
         trace_name=str(trace),
         profile=report,
-        profile_name=None if profile is None else str(profile),
+        profile_name=", ".join(str(p) for p in profile) if profile else None,
         tp_size=tp,
         chunked_prefill_size=chunked_prefill_size,
         max_running_requests=max_running_requests,

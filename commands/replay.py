@@ -23,7 +23,7 @@ def replay(
     requests: Annotated[int, typer.Option(help="The slice: the first N requests of the trace.")] = 300,
     load: Annotated[float, typer.Option(help="Arrival rate multiple: arrival times are divided by it.")] = 1.0,
     model: Annotated[str | None, typer.Option(help=f"Model preset or HF folder (default: the plan's, else {DEFAULT_MODEL}).")] = None,
-    profile: Annotated[Path | None, typer.Option(help="Capture report of this model and GPU: the prediction's step times.")] = None,
+    profile: Annotated[list[Path] | None, typer.Option(help="Capture report of this model and GPU: the prediction's step times; repeat it with reports at several --context-len.")] = None,
     chunked_prefill_size: Annotated[int | None, typer.Option(help="Tokens per extend step (default: the plan's or the engine's).")] = None,
     max_running_requests: Annotated[int | None, typer.Option(help="Most requests running at once (default: the plan's or the engine's).")] = None,
     mem_fraction_static: Annotated[float | None, typer.Option(help="Sizes the KV pool as SGLang does (default: the plan's or the engine's).")] = None,

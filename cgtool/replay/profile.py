@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from cgtool.errors import InputError
 from cgtool.planner.profile_fit import within_slope
 from cgtool.replay.result import ReplayResult, is_replay_document, load_replay
 from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
@@ -30,6 +31,32 @@ def load_profile(path: Path) -> dict[str, Any]:
     from cgtool.verify.profile import load_profile as load_other
 
     return load_other(path)
+
+
+def load_profiles(paths: list[Path]) -> dict[str, Any]:
+    """One profile from one file (`load_profile`), or from capture reports of one model on one
+    GPU at different --context-len, merged so that decode attention is priced across their
+    contexts (cgtool.planner.profile_fit.merge_context_reports)."""
+    if len(paths) == 1:
+        return load_profile(paths[0])
+    from cgtool.planner.profile_fit import merge_context_reports
+
+    reports = [load_profile(path) for path in paths]
+    for path, report in zip(paths, reports):
+        if "memory_proof" in report or "attention" in report or not report.get("sizes"):
+            raise InputError(f"--profile {path}: only capture reports can be merged",
+                             "Pass one verify.json or replay.json alone, or several capture report.json files.")
+    first = _identity(reports[0])
+    for path, report in zip(paths[1:], reports[1:]):
+        if _identity(report) != first:
+            raise InputError(f"--profile {path}: another model or GPU than {paths[0]} ({' on '.join(first)})",
+                             "Merge captures of one model on one GPU, each at its own --context-len.")
+    return merge_context_reports(reports)
+
+
+def _identity(report: dict[str, Any]) -> tuple[str, str]:
+    model = report.get("model") or {}
+    return str(model.get("name")), str((report.get("environment") or {}).get("gpu_name"))
 
 
 def replay_as_profile(result: ReplayResult) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def prepare(trace: Path, *, plan: Path | None = None, default: bool = False, req
             load: float = 1.0, model: str | None = None, gpu: GpuSpec,
             chunked_prefill_size: int | None = None, max_running_requests: int | None = None,
             mem_fraction_static: float | None = None, max_total_tokens: int | None = None,
-            profile: Path | None = None, device: str = "cuda", attention_backend: str | None = None,
+            profile: list[Path] | None = None, device: str = "cuda", attention_backend: str | None = None,
             seed: int = 0, prefill_backend: str | None = None) -> ReplayInputs:
     """Every bad input found here, before any model is built."""
     if requests < 1:
@@ -121,14 +121,15 @@ def _engine_defaults(cfg: ModelConfig, gpu: GpuSpec, chunk: int | None, running:
     return server.chunk, server.max_running, fraction or server.default_fraction, sizes
 
 
-def _profile(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:
-    if path is None:
+def _profile(paths: list[Path] | None) -> tuple[dict[str, Any] | None, str | None]:
+    if not paths:
         return None, None
-    from cgtool.replay.profile import load_profile
+    from cgtool.replay.profile import load_profiles
 
-    if not Path(path).is_file():
-        raise InputError(f"--profile {path}: no such file", "Pass a capture report.json of the same model and GPU.")
-    return load_profile(Path(path)), str(path)
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"--profile {path}: no such file", "Pass a capture report.json of the same model and GPU.")
+    return load_profiles([Path(p) for p in paths]), ", ".join(str(p) for p in paths)
 
 
 def resolve_gpu(name: str, device: str) -> GpuSpec:
