@@ -21,11 +21,20 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import DTYPE, HEAD_DIM, HEADS, KV_HEADS, as_graph, copy_bandwidth_gbs, make_pool, time_us  # noqa: E402
+from bench_attention import (
+    DTYPE,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    as_graph,
+    copy_bandwidth_gbs,
+    make_pool,
+    time_us,
+)
 
-from cgtool.attention import triton_decode  # noqa: E402
-from cgtool.attention.torch_ref import TorchAttentionBackend  # noqa: E402
-from cgtool.runtime.engine import decode_batch  # noqa: E402
+from cgtool.attention import triton_decode
+from cgtool.attention.torch_ref import TorchAttentionBackend
+from cgtool.runtime.engine import decode_batch
 
 # (name, context of each request): uniform batches, then one long request among shorter ones
 # (the Mooncake slice's decode batches held about 20 requests of 13k tokens, the longest 34k).
@@ -84,8 +93,6 @@ def run_case(lens: list[int], old: Callable[..., None], copy_gbs: float, per_row
         if per_row == default:
             row["plan_us"] = time_us(as_graph(lambda: triton_decode.chunk_plan(batch.seq_lens, KV_HEADS)))
     triton_decode.CHUNKS_PER_ROW = default
-    del pool
-    torch.cuda.empty_cache()
     return row
 
 
@@ -104,6 +111,7 @@ def main() -> None:
     for name, lens in CASES:
         row = run_case(lens, load_old(args.old), copy_gbs, targets) | {"case": name}
         rows.append(row)
+        torch.cuda.empty_cache()  # the case's pool is gone with run_case's frame
         news = "  ".join(
             f"{k[4:-3]} {row[k]:7.1f} ({100 * row['bound_us'] / row[k]:3.0f}%)"
             for k in row if k.startswith("new_") and k.endswith("_us")

@@ -23,7 +23,6 @@ from cgtool.replay.result import ReplayResult, is_replay_document, load_replay
 from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
 
 
-
 def load_profile(path: Path) -> dict[str, Any]:
     """A capture report's dict, a verify.json's or a replay.json's made into one."""
     if is_replay_document(path):
