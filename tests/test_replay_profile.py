@@ -56,3 +56,12 @@ def test_a_verify_document_cannot_be_merged(tmp_path):
     result = cgtool("plan", "--trace", EXAMPLE, "--profile", REPORTS[0], "--profile", path)
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "only capture reports can be merged" in result.output
+
+
+def test_replay_reads_the_profile_repeated_and_names_a_missing_file():
+    from cgtool.replay.run import _profile
+
+    merged, name = _profile(REPORTS)
+    assert merged == load_profiles(REPORTS) and name == ", ".join(str(r) for r in REPORTS)
+    with pytest.raises(InputError, match="no such file"):
+        _profile([REPORTS[0], REPORTS[0].with_name("absent.json")])
