@@ -22,7 +22,7 @@ import numpy as np
 
 from cgtool.documents.plan_document import ClosedLoopRow, LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.errors import InputError
-from cgtool.planner.closed_loop import closed_loop
+from cgtool.planner.closed_loop import SimulationCache, closed_loop, run_key
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
 from cgtool.planner.plan_scores import compared_schedules
@@ -80,7 +80,8 @@ def plan_traffic(
     # also the default's closed loop under the first eager assumption (its cost is the server's).
     kv = server.default_kv_tokens
     # The replica count is chosen on the fit requests alone, so no held-out request moves it.
-    asked, replicas = _enough_replicas(fit_traffic(traffic), req, server, kv, progress, stop)
+    fit = fit_traffic(traffic)
+    asked, replicas, fit_runs = _enough_replicas(fit, req, server, kv, progress, stop)
     runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
     _check_some_fit(runs[0].result, req, server, kv)
     if progress is not None:
@@ -91,22 +92,26 @@ def plan_traffic(
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
-    known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
     loads = req.loads[:len(pool.runs)]
-    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, known)
+    # The runs so far are the default's closed loop under the first eager assumption.
+    served = _default_runs(server, pool.runs)
+    fit_served = served if fit is traffic else _default_runs(server, fit_runs)
+    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, served)
     # What the closed loop changes is decided on the fit requests alone, served by themselves, so
     # no held-out request moves a size; the whole trace's runs are what the plan reports.
-    fit = fit_traffic(traffic)
     judged = loop if fit is traffic else _closed_loop(fit, req, server, schedules, replicas,
-                                                       loads, progress, stop)
-    covered = _cover_own_batches(fit, req, server, pool, judged, replicas, progress, stop)
+                                                       loads, progress, stop, fit_served)
+    covered = _cover_own_batches(fit, req, server, pool, judged, replicas, progress, stop,
+                                 fit_served)
     if covered is not None:
         pool.choice, pool.memory, judged, note = covered
-    matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop)
+    matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop,
+                                   fit_served)
     if matched is not None:
         pool.choice, pool.memory, judged, tail_note = matched
     if covered is not None or matched is not None:
-        loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop)
+        loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop,
+                                 served)
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
     plan.warnings.extend(pool.notes)
@@ -142,22 +147,33 @@ def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
 def _closed_loop(
     traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
     replicas: int, loads: tuple[float, ...], progress: Progress | None,
-    stop: Callable[[], bool] | None, known: dict | None = None,
+    stop: Callable[[], bool] | None, cache: SimulationCache | None = None,
 ) -> list[ClosedLoopRow]:
-    """Each schedule served with its own step times at each of these loads."""
+    """Each schedule served with its own step times at each of these loads; `cache` holds
+    runs of `traffic` at `replicas` (closed_loop.run_key)."""
     if stop is not None and stop():
         return []
     limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
               "context_len": server.context_len}
     report = None if progress is None else (lambda f: progress("closed loop", f))
     jobs = traffic.load_jobs(loads, replicas)
-    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, known)
+    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, cache)
+
+
+def _default_runs(server: Server, runs: list[LoadRun]) -> SimulationCache:
+    """Runs of the server as it runs today, as the default's closed loop under the first eager
+    assumption: the same step times (default_step_cost) and KV pool."""
+    d = server.default
+    default = Schedule("default", tuple(d.decode_bs), tuple(d.piecewise_tokens), d.pads)
+    eager = server.assumptions[0].name
+    return {run_key(default, eager, r.load, server.default_kv_tokens): r.result
+            for r in runs if r.result.completed_fraction >= 1.0}
 
 
 def _cover_own_batches(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """When the plan, served with its own step times, reaches batches past its decode graphs
     (sizes were fitted on the default's steps), its decode graphs are extended to cover them
@@ -178,7 +194,7 @@ def _cover_own_batches(
                          first.typical_request_tokens)
     plan_schedule = compared_schedules(req, server, choice, memory)[:1]
     rows = _closed_loop(traffic, req, server, plan_schedule, replicas, req.loads[:len(pool.runs)],
-                        progress, stop)
+                        progress, stop, cache)
     note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
             f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
     return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
@@ -187,7 +203,7 @@ def _cover_own_batches(
 def _match_default_tails(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
     fewest of the default's sizes the plan lacks, prefill first, that bring every figure
@@ -214,7 +230,7 @@ def _match_default_tails(
         memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
                              first.typical_request_tokens)
         rows = _closed_loop(traffic, req, server, compared_schedules(req, server, choice, memory)[:1],
-                            replicas, at, progress, stop)
+                            replicas, at, progress, stop, cache)
         runs[tuple(added), at] = choice, memory, rows + others
         return runs[tuple(added), at]
 
@@ -237,12 +253,13 @@ def _match_default_tails(
 def _served_as_chosen(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> list[ClosedLoopRow]:
-    """The whole trace's closed loop with the plan's rows served again for its final sizes."""
+    """The whole trace's closed loop with the plan's rows served again for its final sizes (the
+    runs of sizes already served come from `cache`)."""
     plan_schedule = compared_schedules(req, server, pool.choice, pool.memory)[:1]
     rows = _closed_loop(traffic, req, server, plan_schedule, replicas,
-                        req.loads[:len(pool.runs)], progress, stop)
+                        req.loads[:len(pool.runs)], progress, stop, cache)
     return rows + [r for r in loop if r.schedule != "plan"]
 
 
@@ -300,20 +317,21 @@ def fit_traffic(traffic: Traffic) -> Traffic:
 def _enough_replicas(
     traffic: Traffic, req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], int]:
+) -> tuple[list[LoadRun], int, list[LoadRun]]:
     """(runs of `traffic` at the asked-for replicas, the fewest replicas from there up at
-    which no load scenario of it overloads). Each estimate is checked by simulating it, so
-    re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
-    finds it again."""
+    which no load scenario of it overloads, the runs at those). Each estimate is checked by
+    simulating it, so re-planning at the count the plan names (as `verify` does, or a user
+    pasting --replicas) finds it again. Overload reads no held-out split, so these runs have
+    none: they are then exactly the default's closed loop on `traffic` (no split ends a step)."""
     replicas = req.replicas
-    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
+    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, split=False)
     for _ in range(REPLICA_ROUNDS):
         needed = replicas_needed(runs, replicas)
         if needed is None or runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
-    return asked, replicas
+        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, split=False)
+    return asked, replicas, runs
 
 
 @dataclass(slots=True)
@@ -348,6 +366,7 @@ def _simulate_loads(
     kv_tokens: int,
     progress: Progress | None,
     stop: Callable[[], bool] | None,
+    split: bool = True,
 ) -> list[LoadRun]:
     loads = traffic.load_jobs(req.loads, replicas)
     limits = {
@@ -358,7 +377,10 @@ def _simulate_loads(
         "context_len": server.context_len,
     }
     report = None if progress is None else (lambda f: progress("simulate", f))
-    results = simulate_all([job.columns | limits for job in loads], report, stop)
+    columns = [job.columns if split else
+               {k: v for k, v in job.columns.items() if k not in ("split_s", "split_request")}
+               for job in loads]
+    results = simulate_all([c | limits for c in columns], report, stop)
     return [
         LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
         for job, result in zip(loads, results)
