@@ -13,7 +13,8 @@ Two runs whose step times agree at every size the first one visited take the sam
 scheduler's every decision depends on the clock, and the clock only on those times), so the
 second is not simulated again: under the low and high eager costs a schedule that never runs
 eagerly is simulated once. A plan serves the same schedule more than once (the whole trace, the
-fit requests, again after the tail check): a SimulationCache keeps each run for the next.
+fit requests, again after the tail check): a SimulationCache keeps each run for the next, and
+a run of the whole trace also gives the fit requests' own run (simulate's `alone_first`).
 """
 
 from __future__ import annotations
@@ -114,12 +115,14 @@ def closed_loop(
     progress: Callable[[float], None] | None = None,
     stop: Callable[[], bool] | None = None,
     cache: SimulationCache | None = None,
+    alone: tuple[dict[float, int], SimulationCache] | None = None,
 ) -> list[ClosedLoopRow]:
     """Every schedule (with its KV pool) at every load under every eager assumption, each run
     with its own step times; `limits` are simulate()'s server arguments. Runs that would take
     the same steps as one already simulated are not simulated again (see the module doc).
     `cache` holds runs of these `loads`' requests by run_key, and gains the runs made here.
-    Fewer rows when `stop` fired."""
+    `alone` (first requests per load, their cache): each run made here also serves the first
+    requests by themselves, and their cache gains it. Fewer rows when `stop` fired."""
     jobs = [
         _Job(schedule, a, load, schedule_step_cost(a.cost, schedule.decode_bs, schedule.tokens,
                                                    schedule.pads), kv)
@@ -135,8 +138,11 @@ def closed_loop(
         batch = _next_of_each(jobs, done)
         if not batch:
             break
-        results = _simulate_batch([jobs[i] for i in batch], limits, progress, stop)
+        firsts = None if alone is None else alone[0]
+        results = _simulate_batch([jobs[i] for i in batch], limits, progress, stop, firsts)
         done.update(zip(batch, results))
+        if alone is not None:
+            alone[1].update((keys[i], r.alone) for i, r in zip(batch, results) if r.alone)
         if len(results) < len(batch) or any(r.completed_fraction < 1.0 for r in results):
             break
     cache.update((keys[i], r) for i, r in done.items() if r.completed_fraction >= 1.0)
@@ -186,7 +192,7 @@ def _next_of_each(jobs: list[_Job], done: dict[int, SimulationResult]) -> list[i
 
 
 def _simulate_batch(
-    jobs: list[_Job], limits: dict, progress, stop
+    jobs: list[_Job], limits: dict, progress, stop, firsts: dict[float, int] | None = None
 ) -> list[SimulationResult]:
     """simulate() for each job, up to SIMULATIONS_AT_ONCE at a time (forked processes share
     the cores; more at once only costs memory)."""
@@ -197,6 +203,7 @@ def _simulate_batch(
         kwargs = [
             {key: value for key, value in job.load.columns.items() if key not in ("split_s", "split_request")}
             | limits | {"cost": job.cost, "kv_capacity_tokens": job.kv_tokens}
+            | ({} if firsts is None else {"alone_first": firsts[job.load.load]})
             for job in part
         ]
         got = simulate_all(kwargs, progress, stop)

@@ -81,8 +81,8 @@ def plan_traffic(
     kv = server.default_kv_tokens
     # The replica count is chosen on the fit requests alone, so no held-out request moves it.
     fit = fit_traffic(traffic)
-    asked, replicas, fit_runs = _enough_replicas(fit, req, server, kv, progress, stop)
-    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
+    asked, replicas, runs, fit_runs = _enough_replicas(traffic, fit, req, server, kv, progress,
+                                                       stop)
     _check_some_fit(runs[0].result, req, server, kv)
     if progress is not None:
         progress("optimise", 0.0)
@@ -96,7 +96,11 @@ def plan_traffic(
     # The runs so far are the default's closed loop under the first eager assumption.
     served = _default_runs(server, pool.runs)
     fit_served = served if fit is traffic else _default_runs(server, fit_runs)
-    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, served)
+    # Each run of the whole trace also serves the fit requests by themselves (sim_alone).
+    firsts = _first_counts(traffic, fit, loads, replicas)
+    alone = None if firsts is None else (firsts, fit_served)
+    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, served,
+                        alone)
     # What the closed loop changes is decided on the fit requests alone, served by themselves, so
     # no held-out request moves a size; the whole trace's runs are what the plan reports.
     judged = loop if fit is traffic else _closed_loop(fit, req, server, schedules, replicas,
@@ -148,16 +152,30 @@ def _closed_loop(
     traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
     replicas: int, loads: tuple[float, ...], progress: Progress | None,
     stop: Callable[[], bool] | None, cache: SimulationCache | None = None,
+    alone: tuple[dict[float, int], SimulationCache] | None = None,
 ) -> list[ClosedLoopRow]:
     """Each schedule served with its own step times at each of these loads; `cache` holds
-    runs of `traffic` at `replicas` (closed_loop.run_key)."""
+    runs of `traffic` at `replicas` (closed_loop.run_key); see closed_loop for `alone`."""
     if stop is not None and stop():
         return []
     limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
               "context_len": server.context_len}
     report = None if progress is None else (lambda f: progress("closed loop", f))
     jobs = traffic.load_jobs(loads, replicas)
-    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, cache)
+    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, cache, alone)
+
+
+def _first_counts(
+    traffic: Traffic, fit: Traffic, loads: tuple[float, ...], replicas: int
+) -> dict[float, int] | None:
+    """Per load, how many of the first requests of one replica's share of `traffic` are its
+    share of `fit`, or None when they are not its first requests (arrivals out of order)."""
+    if fit is traffic or traffic.arrival_s is None:
+        return None
+    arrival = np.asarray(traffic.arrival_s)
+    if not np.all(arrival[1:] >= arrival[:-1]):
+        return None
+    return {job.load: len(job.columns["input_len"]) for job in fit.load_jobs(loads, replicas)}
 
 
 def _default_runs(server: Server, runs: list[LoadRun]) -> SimulationCache:
@@ -315,23 +333,40 @@ def fit_traffic(traffic: Traffic) -> Traffic:
 
 
 def _enough_replicas(
-    traffic: Traffic, req: PlanRequest, server: Server, kv: int,
+    traffic: Traffic, fit: Traffic, req: PlanRequest, server: Server, kv: int,
     progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], int, list[LoadRun]]:
-    """(runs of `traffic` at the asked-for replicas, the fewest replicas from there up at
-    which no load scenario of it overloads, the runs at those). Each estimate is checked by
-    simulating it, so re-planning at the count the plan names (as `verify` does, or a user
-    pasting --replicas) finds it again. Overload reads no held-out split, so these runs have
-    none: they are then exactly the default's closed loop on `traffic` (no split ends a step)."""
+) -> tuple[list[LoadRun], int, list[LoadRun], list[LoadRun]]:
+    """(runs of `fit` at the asked-for replicas, the fewest replicas from there up at which no
+    load scenario of `fit` overloads, the runs of `traffic` and of `fit` at those). Each
+    estimate is checked by simulating it, so re-planning at the count the plan names (as
+    `verify` does, or a user pasting --replicas) finds it again."""
     replicas = req.replicas
-    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, split=False)
+    runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
+    asked = fit_runs
     for _ in range(REPLICA_ROUNDS):
-        needed = replicas_needed(runs, replicas)
-        if needed is None or runs[-1].result.completed_fraction < 1.0:
+        needed = replicas_needed(fit_runs, replicas)
+        if needed is None or fit_runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, split=False)
-    return asked, replicas, runs
+        runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
+    return asked, replicas, runs, fit_runs
+
+
+def _simulate_both(
+    traffic: Traffic, fit: Traffic, req: PlanRequest, server: Server, replicas: int, kv: int,
+    progress: Progress | None, stop: Callable[[], bool] | None,
+) -> tuple[list[LoadRun], list[LoadRun]]:
+    """The runs of `traffic` (with the held-out split) and of `fit` by itself, the second
+    taken from the first where `fit` is its first requests (sim_alone). Overload reads no
+    split, so the fit runs have none: they are then exactly the default's closed loop on
+    `fit` (no split ends a step)."""
+    firsts = _first_counts(traffic, fit, req.loads, replicas)
+    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, firsts=firsts)
+    if firsts is None or len(runs) < len(req.loads) or any(r.result.alone is None for r in runs):
+        return runs, _simulate_loads(fit, req, server, replicas, kv, progress, stop, split=False)
+    closed = fit.concurrency is not None
+    return runs, [LoadRun(job.load, run.result.alone, job.span_s, job.offline, closed)
+                  for job, run in zip(fit.load_jobs(req.loads, replicas), runs)]
 
 
 @dataclass(slots=True)
@@ -367,6 +402,7 @@ def _simulate_loads(
     progress: Progress | None,
     stop: Callable[[], bool] | None,
     split: bool = True,
+    firsts: dict[float, int] | None = None,
 ) -> list[LoadRun]:
     loads = traffic.load_jobs(req.loads, replicas)
     limits = {
@@ -380,7 +416,8 @@ def _simulate_loads(
     columns = [job.columns if split else
                {k: v for k, v in job.columns.items() if k not in ("split_s", "split_request")}
                for job in loads]
-    results = simulate_all([c | limits for c in columns], report, stop)
+    alone = [{} if firsts is None else {"alone_first": firsts[job.load]} for job in loads]
+    results = simulate_all([c | limits | a for c, a in zip(columns, alone)], report, stop)
     return [
         LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
         for job, result in zip(loads, results)
