@@ -25,20 +25,13 @@ from cgtool.errors import InputError
 from cgtool.planner.closed_loop import SimulationCache, closed_loop, run_key
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
+from cgtool.planner.plan_runs import enough_replicas, first_counts, fit_traffic
 from cgtool.planner.plan_scores import compared_schedules
 from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
-from cgtool.planner.scenarios import (
-    LoadRun,
-    Traffic,
-    overload_warning,
-    replicas_needed,
-    split_index,
-    split_time,
-)
-from cgtool.planner.server import Server, default_step_cost, server_for
-from cgtool.planner.sim_parallel import simulate_all
+from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning
+from cgtool.planner.server import Server, server_for
 from cgtool.planner.sim_result import SimulationResult, StepTally
 from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall
 from cgtool.units import counted
@@ -47,8 +40,6 @@ __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batch
            "plan_requests", "plan_traffic"]
 
 Progress = Callable[[str, float], None]
-# Replica estimates are re-simulated until one sustains every load scenario, at most this often.
-REPLICA_ROUNDS = 4
 
 
 def plan_requests(
@@ -81,7 +72,7 @@ def plan_traffic(
     kv = server.default_kv_tokens
     # The replica count is chosen on the fit requests alone, so no held-out request moves it.
     fit = fit_traffic(traffic)
-    asked, replicas, runs, fit_runs = _enough_replicas(traffic, fit, req, server, kv, progress,
+    asked, replicas, runs, fit_runs = enough_replicas(traffic, fit, req, server, kv, progress,
                                                        stop)
     _check_some_fit(runs[0].result, req, server, kv)
     if progress is not None:
@@ -97,7 +88,7 @@ def plan_traffic(
     served = _default_runs(server, pool.runs)
     fit_served = served if fit is traffic else _default_runs(server, fit_runs)
     # Each run of the whole trace also serves the fit requests by themselves (sim_alone).
-    firsts = _first_counts(traffic, fit, loads, replicas)
+    firsts = first_counts(traffic, fit, loads, replicas)
     alone = None if firsts is None else (firsts, fit_served)
     loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, served,
                         alone)
@@ -163,19 +154,6 @@ def _closed_loop(
     report = None if progress is None else (lambda f: progress("closed loop", f))
     jobs = traffic.load_jobs(loads, replicas)
     return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, cache, alone)
-
-
-def _first_counts(
-    traffic: Traffic, fit: Traffic, loads: tuple[float, ...], replicas: int
-) -> dict[float, int] | None:
-    """Per load, how many of the first requests of one replica's share of `traffic` are its
-    share of `fit`, or None when they are not its first requests (arrivals out of order)."""
-    if fit is traffic or traffic.arrival_s is None:
-        return None
-    arrival = np.asarray(traffic.arrival_s)
-    if not np.all(arrival[1:] >= arrival[:-1]):
-        return None
-    return {job.load: len(job.columns["input_len"]) for job in fit.load_jobs(loads, replicas)}
 
 
 def _default_runs(server: Server, runs: list[LoadRun]) -> SimulationCache:
@@ -314,61 +292,6 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
         )
 
 
-def fit_traffic(traffic: Traffic) -> Traffic:
-    """The requests before the whole trace's held-out split: those that arrive before the
-    first held-out one, or a closed-loop client's first requests. A trace whose requests all
-    arrive at the split (one burst) has no fit part: then all of it (issue 34)."""
-    n = len(traffic)
-    if traffic.arrival_s is None:
-        keep = np.arange(n) < split_index(n)
-    else:
-        arrival = np.asarray(traffic.arrival_s, dtype=np.float64)
-        keep = arrival < split_time(np.sort(arrival))
-    if not keep.any():
-        return traffic
-    cached = None if traffic.cached_len is None else np.asarray(traffic.cached_len)[keep]
-    arrival_s = None if traffic.arrival_s is None else np.asarray(traffic.arrival_s)[keep]
-    return replace(traffic, arrival_s=arrival_s, input_len=np.asarray(traffic.input_len)[keep],
-                   output_len=np.asarray(traffic.output_len)[keep], cached_len=cached)
-
-
-def _enough_replicas(
-    traffic: Traffic, fit: Traffic, req: PlanRequest, server: Server, kv: int,
-    progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], int, list[LoadRun], list[LoadRun]]:
-    """(runs of `fit` at the asked-for replicas, the fewest replicas from there up at which no
-    load scenario of `fit` overloads, the runs of `traffic` and of `fit` at those). Each
-    estimate is checked by simulating it, so re-planning at the count the plan names (as
-    `verify` does, or a user pasting --replicas) finds it again."""
-    replicas = req.replicas
-    runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
-    asked = fit_runs
-    for _ in range(REPLICA_ROUNDS):
-        needed = replicas_needed(fit_runs, replicas)
-        if needed is None or fit_runs[-1].result.completed_fraction < 1.0:
-            break
-        replicas = needed
-        runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
-    return asked, replicas, runs, fit_runs
-
-
-def _simulate_both(
-    traffic: Traffic, fit: Traffic, req: PlanRequest, server: Server, replicas: int, kv: int,
-    progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], list[LoadRun]]:
-    """The runs of `traffic` (with the held-out split) and of `fit` by itself, the second
-    taken from the first where `fit` is its first requests (sim_alone). Overload reads no
-    split, so the fit runs have none: they are then exactly the default's closed loop on
-    `fit` (no split ends a step)."""
-    firsts = _first_counts(traffic, fit, req.loads, replicas)
-    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop, firsts=firsts)
-    if firsts is None or len(runs) < len(req.loads) or any(r.result.alone is None for r in runs):
-        return runs, _simulate_loads(fit, req, server, replicas, kv, progress, stop, split=False)
-    closed = fit.concurrency is not None
-    return runs, [LoadRun(job.load, run.result.alone, job.span_s, job.offline, closed)
-                  for job, run in zip(fit.load_jobs(req.loads, replicas), runs)]
-
-
 @dataclass(slots=True)
 class _PoolFit:
     """The runs the sizes are fitted on (the default's server), and the sizes chosen."""
@@ -391,37 +314,6 @@ def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _Poo
         req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
     )
     return _PoolFit(runs, kv, 1, choice, memory, fit, notes)
-
-
-def _simulate_loads(
-    traffic: Traffic,
-    req: PlanRequest,
-    server: Server,
-    replicas: int,
-    kv_tokens: int,
-    progress: Progress | None,
-    stop: Callable[[], bool] | None,
-    split: bool = True,
-    firsts: dict[float, int] | None = None,
-) -> list[LoadRun]:
-    loads = traffic.load_jobs(req.loads, replicas)
-    limits = {
-        "cost": default_step_cost(server),
-        "max_running_requests": server.max_running,
-        "chunked_prefill_size": server.chunk,
-        "kv_capacity_tokens": kv_tokens,
-        "context_len": server.context_len,
-    }
-    report = None if progress is None else (lambda f: progress("simulate", f))
-    columns = [job.columns if split else
-               {k: v for k, v in job.columns.items() if k not in ("split_s", "split_request")}
-               for job in loads]
-    alone = [{} if firsts is None else {"alone_first": firsts[job.load]} for job in loads]
-    results = simulate_all([c | limits | a for c, a in zip(columns, alone)], report, stop)
-    return [
-        LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
-        for job, result in zip(loads, results)
-    ]
 
 
 def _simulation(pool: _PoolFit, replicas: int) -> Simulation:
