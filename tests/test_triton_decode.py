@@ -186,6 +186,15 @@ def test_decode_bf16_matches_reference_up_to_32k(group, head_dim):
 
 
 @pytest.mark.gpu
+def test_a_batch_of_more_than_4096_requests_launches_and_matches_reference():
+    # 16 chunks a request: over 65,535 chunk programs, past the limit of a grid's second axis.
+    lens = [3 + (i % 29) for i in range(4100)]
+    pool, rows = random_pool(lens, 8, 2, 64, torch.bfloat16, CUDA)
+    out, ref = run_decode(pool, rows, lens, 8, 64)
+    assert_attention_close(out, ref, atol=2e-2)
+
+
+@pytest.mark.gpu
 def test_decode_replayed_graph_equals_eager_for_new_seq_lens():
     num_heads, kv_heads, head_dim, bs = 32, 8, 128, 4
     pool, rows = random_pool([20000] * bs, num_heads, kv_heads, head_dim, torch.bfloat16, CUDA)

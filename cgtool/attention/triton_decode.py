@@ -8,11 +8,11 @@ batch's longest request: docs/replay.md.) One program attends the whole GQA grou
 of one KV head over one chunk, so each K/V row is read once per group and the scores come
 from one tensor-core dot. Stage 2 merges each request's chunks by their log-sum-exp.
 
-Both stages work out the chunking from `seq_lens` in the kernel (the grid depends only on
-the batch size), so a CUDA graph captured at one batch size replays correctly for any
-lengths. Rows of one token (a padded batch's filler rows) do not count toward the chunk
-length, so a batch padded to a captured size chunks its real rows exactly as eagerly at its
-own size and reads the same bits.
+A small kernel works out the chunking from `seq_lens` once a forward and both stages read it
+(the grids depend only on the batch size), so a CUDA graph captured at one batch size replays
+correctly for any lengths. Rows of one token (a padded batch's filler rows) do not count toward
+the chunk length, so a batch padded to a captured size chunks its real rows exactly as eagerly
+at its own size and reads the same bits.
 
 MLA's decode (cgtool.attention.triton_mla) still cuts each request into a number of chunks
 fixed by the batch size, with the helpers `split_bounds` and `merge_head` below.
@@ -154,13 +154,14 @@ def _decode_stage1(
 ):
     # Every tensor but req_to_token is contiguous, so its strides follow from the grid and
     # the constexprs: fewer arguments are less host time at each launch.
-    # KV heads vary fastest: the programs running together read every head of the same
-    # tokens, whole K/V rows, where one head's programs side by side read a strided slice.
-    kv_head = tl.program_id(0)
-    chunk = tl.program_id(1)  # of the whole batch, request by request
-    num_heads = tl.num_programs(0) * GROUP
+    # Chunks on the grid's first axis: the others stop at 65,535 programs, which 16 chunks a
+    # request pass from 4,096 requests up (an eager step of verify's). Which axis varies
+    # fastest made no difference on the H200 (benchmarks/results/h200-2026-11-26-decode-chunks).
+    chunk = tl.program_id(0)  # of the whole batch, request by request
+    kv_head = tl.program_id(1)
+    num_heads = tl.num_programs(1) * GROUP
     stride_qb, stride_qh = num_heads * HEAD_DIM, HEAD_DIM  # q: [bs, heads, head_dim]
-    stride_kt, stride_kh = tl.num_programs(0) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
+    stride_kt, stride_kh = tl.num_programs(1) * HEAD_DIM, HEAD_DIM  # [slots, kv_heads, head_dim]
     # The three loads before the test, so that they are in flight together (a spare
     # program's entry is never written, and never used).
     total, keys, entry = tl.load(Plan + 1), tl.load(Plan), tl.load(Plan + 2 + 2 * bs + chunk)
@@ -348,7 +349,7 @@ def decode_attention(
     block_n, num_warps, num_stages = launch_config()
     group, block_d = num_heads // kv_heads, next_power_of_2(head_dim)
     _STAGE1.launch(
-        (kv_heads, slots), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
+        (slots, kv_heads), q, k_cache, v_cache, mid_out, mid_lse, req_to_token,
         req_pool_indices, seq_lens, plan, sm_scale * LOG2_E, req_to_token.stride(0), bs,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_H=max(MIN_BLOCK_H, next_power_of_2(group)), BLOCK_N=block_n,

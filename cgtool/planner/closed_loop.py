@@ -12,7 +12,9 @@ client sees: time to first token, time per output token, throughput and queueing
 Two runs whose step times agree at every size the first one visited take the same steps (the
 scheduler's every decision depends on the clock, and the clock only on those times), so the
 second is not simulated again: under the low and high eager costs a schedule that never runs
-eagerly is simulated once.
+eagerly is simulated once. A plan serves the same schedule more than once (the whole trace, the
+fit requests, again after the tail check): a SimulationCache keeps each run for the next, and
+a run of the whole trace also gives the fit requests' own run (simulate's `alone_first`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,17 @@ BASIN_WAIT = 1.25
 # Closed-loop runs simulated side by side (cgtool.planner.sim_parallel): each holds its trace's
 # lists, about 400 MB for a million requests.
 SIMULATIONS_AT_ONCE = 4
+
+# Runs of one request list at one replica count, by what decides their steps (run_key). A
+# million requests take seconds to simulate; the same run is asked for again by the tail check
+# and by the plan's final closed loop.
+SimulationCache = dict[tuple, SimulationResult]
+
+
+def run_key(schedule: Schedule, eager: str, load: float, kv_tokens: int) -> tuple:
+    """What a closed-loop run's steps depend on, beside its requests and the server's limits."""
+    return (load, eager, tuple(schedule.decode_bs), tuple(schedule.tokens), schedule.pads,
+            kv_tokens)
 
 
 def metrics(
@@ -101,22 +114,23 @@ def closed_loop(
     limits: dict,
     progress: Callable[[float], None] | None = None,
     stop: Callable[[], bool] | None = None,
-    known: dict[tuple[str, float, str], SimulationResult] | None = None,
+    cache: SimulationCache | None = None,
+    alone: tuple[dict[float, int], SimulationCache] | None = None,
 ) -> list[ClosedLoopRow]:
     """Every schedule (with its KV pool) at every load under every eager assumption, each run
     with its own step times; `limits` are simulate()'s server arguments. Runs that would take
     the same steps as one already simulated are not simulated again (see the module doc).
-    `known` holds runs already simulated, by (schedule, load, eager assumption), with that
-    schedule's step times and KV pool. Fewer rows when `stop` fired."""
+    `cache` holds runs of these `loads`' requests by run_key, and gains the runs made here.
+    `alone` (first requests per load, their cache): each run made here also serves the first
+    requests by themselves, and their cache gains it. Fewer rows when `stop` fired."""
     jobs = [
         _Job(schedule, a, load, schedule_step_cost(a.cost, schedule.decode_bs, schedule.tokens,
                                                    schedule.pads), kv)
         for load in loads for schedule, kv in schedules for a in assumptions
     ]
-    done = {
-        i: known[key] for i, job in enumerate(jobs)
-        if (key := (job.schedule.name, job.load.load, job.assumption.name)) in (known or {})
-    }
+    cache = {} if cache is None else cache
+    keys = [run_key(job.schedule, job.assumption.name, job.load.load, job.kv_tokens) for job in jobs]
+    done = {i: cache[key] for i, key in enumerate(keys) if key in cache}
     while True:
         _reuse(jobs, done)
         # Each (schedule, load) runs its assumptions in turn: a later one may then be found to
@@ -124,10 +138,14 @@ def closed_loop(
         batch = _next_of_each(jobs, done)
         if not batch:
             break
-        results = _simulate_batch([jobs[i] for i in batch], limits, progress, stop)
+        firsts = None if alone is None else alone[0]
+        results = _simulate_batch([jobs[i] for i in batch], limits, progress, stop, firsts)
         done.update(zip(batch, results))
+        if alone is not None:
+            alone[1].update((keys[i], r.alone) for i, r in zip(batch, results) if r.alone)
         if len(results) < len(batch) or any(r.completed_fraction < 1.0 for r in results):
             break
+    cache.update((keys[i], r) for i, r in done.items() if r.completed_fraction >= 1.0)
     return [
         metrics(done[i], job.schedule, job.load.load, job.assumption, job.kv_tokens)
         for i, job in enumerate(jobs) if i in done
@@ -174,7 +192,7 @@ def _next_of_each(jobs: list[_Job], done: dict[int, SimulationResult]) -> list[i
 
 
 def _simulate_batch(
-    jobs: list[_Job], limits: dict, progress, stop
+    jobs: list[_Job], limits: dict, progress, stop, firsts: dict[float, int] | None = None
 ) -> list[SimulationResult]:
     """simulate() for each job, up to SIMULATIONS_AT_ONCE at a time (forked processes share
     the cores; more at once only costs memory)."""
@@ -185,6 +203,7 @@ def _simulate_batch(
         kwargs = [
             {key: value for key, value in job.load.columns.items() if key not in ("split_s", "split_request")}
             | limits | {"cost": job.cost, "kv_capacity_tokens": job.kv_tokens}
+            | ({} if firsts is None else {"alone_first": firsts[job.load.load]})
             for job in part
         ]
         got = simulate_all(kwargs, progress, stop)

@@ -22,23 +22,16 @@ import numpy as np
 
 from cgtool.documents.plan_document import ClosedLoopRow, LoadSummary, Plan, PlanMemory, Simulation
 from cgtool.errors import InputError
-from cgtool.planner.closed_loop import closed_loop
+from cgtool.planner.closed_loop import SimulationCache, closed_loop, run_key
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
+from cgtool.planner.plan_runs import enough_replicas, first_counts, fit_traffic
 from cgtool.planner.plan_scores import compared_schedules
 from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
-from cgtool.planner.scenarios import (
-    LoadRun,
-    Traffic,
-    overload_warning,
-    replicas_needed,
-    split_index,
-    split_time,
-)
-from cgtool.planner.server import Server, default_step_cost, server_for
-from cgtool.planner.sim_parallel import simulate_all
+from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning
+from cgtool.planner.server import Server, server_for
 from cgtool.planner.sim_result import SimulationResult, StepTally
 from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall, whole_trace_shortfall
 from cgtool.units import counted
@@ -47,8 +40,6 @@ __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batch
            "plan_requests", "plan_traffic"]
 
 Progress = Callable[[str, float], None]
-# Replica estimates are re-simulated until one sustains every load scenario, at most this often.
-REPLICA_ROUNDS = 4
 
 
 def plan_requests(
@@ -80,8 +71,9 @@ def plan_traffic(
     # also the default's closed loop under the first eager assumption (its cost is the server's).
     kv = server.default_kv_tokens
     # The replica count is chosen on the fit requests alone, so no held-out request moves it.
-    asked, replicas = _enough_replicas(fit_traffic(traffic), req, server, kv, progress, stop)
-    runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
+    fit = fit_traffic(traffic)
+    asked, replicas, runs, fit_runs = enough_replicas(traffic, fit, req, server, kv, progress,
+                                                       stop)
     _check_some_fit(runs[0].result, req, server, kv)
     if progress is not None:
         progress("optimise", 0.0)
@@ -91,22 +83,30 @@ def plan_traffic(
     first = pool.runs[0].result
     whole = first.tally().histograms(kv_ms)
     schedules = compared_schedules(req, server, pool.choice, pool.memory)
-    known = {("default", r.load, server.assumptions[0].name): r.result for r in pool.runs}
     loads = req.loads[:len(pool.runs)]
-    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, known)
+    # The runs so far are the default's closed loop under the first eager assumption.
+    served = _default_runs(server, pool.runs)
+    fit_served = served if fit is traffic else _default_runs(server, fit_runs)
+    # Each run of the whole trace also serves the fit requests by themselves (sim_alone).
+    firsts = first_counts(traffic, fit, loads, replicas)
+    alone = None if firsts is None else (firsts, fit_served)
+    loop = _closed_loop(traffic, req, server, schedules, replicas, loads, progress, stop, served,
+                        alone)
     # What the closed loop changes is decided on the fit requests alone, served by themselves, so
     # no held-out request moves a size; the whole trace's runs are what the plan reports.
-    fit = fit_traffic(traffic)
     judged = loop if fit is traffic else _closed_loop(fit, req, server, schedules, replicas,
-                                                       loads, progress, stop)
-    covered = _cover_own_batches(fit, req, server, pool, judged, replicas, progress, stop)
+                                                       loads, progress, stop, fit_served)
+    covered = _cover_own_batches(fit, req, server, pool, judged, replicas, progress, stop,
+                                 fit_served)
     if covered is not None:
         pool.choice, pool.memory, judged, note = covered
-    matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop)
+    matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop,
+                                   fit_served)
     if matched is not None:
         pool.choice, pool.memory, judged, tail_note = matched
     if covered is not None or matched is not None:
-        loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop)
+        loop = _served_as_chosen(traffic, req, server, pool, loop, replicas, progress, stop,
+                                 served)
     whole_note = whole_trace_shortfall(loop) if matched is not None and fit is not traffic else None
     plan = finish_plan(req, server, pool.choice, pool.memory, pool.fit, held, whole,
                        _simulation(pool, replicas), "requests", replicas, loop)
@@ -145,22 +145,34 @@ def fit_parts(run: LoadRun) -> tuple[StepTally, StepTally]:
 def _closed_loop(
     traffic: Traffic, req: PlanRequest, server: Server, schedules: list[tuple[Schedule, int]],
     replicas: int, loads: tuple[float, ...], progress: Progress | None,
-    stop: Callable[[], bool] | None, known: dict | None = None,
+    stop: Callable[[], bool] | None, cache: SimulationCache | None = None,
+    alone: tuple[dict[float, int], SimulationCache] | None = None,
 ) -> list[ClosedLoopRow]:
-    """Each schedule served with its own step times at each of these loads."""
+    """Each schedule served with its own step times at each of these loads; `cache` holds
+    runs of `traffic` at `replicas` (closed_loop.run_key); see closed_loop for `alone`."""
     if stop is not None and stop():
         return []
     limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
               "context_len": server.context_len}
     report = None if progress is None else (lambda f: progress("closed loop", f))
     jobs = traffic.load_jobs(loads, replicas)
-    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, known)
+    return closed_loop(schedules, server.assumptions, jobs, limits, report, stop, cache, alone)
+
+
+def _default_runs(server: Server, runs: list[LoadRun]) -> SimulationCache:
+    """Runs of the server as it runs today, as the default's closed loop under the first eager
+    assumption: the same step times (default_step_cost) and KV pool."""
+    d = server.default
+    default = Schedule("default", tuple(d.decode_bs), tuple(d.piecewise_tokens), d.pads)
+    eager = server.assumptions[0].name
+    return {run_key(default, eager, r.load, server.default_kv_tokens): r.result
+            for r in runs if r.result.completed_fraction >= 1.0}
 
 
 def _cover_own_batches(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """When the plan, served with its own step times, reaches batches past its decode graphs
     (sizes were fitted on the default's steps), its decode graphs are extended to cover them
@@ -181,7 +193,7 @@ def _cover_own_batches(
                          first.typical_request_tokens)
     plan_schedule = compared_schedules(req, server, choice, memory)[:1]
     rows = _closed_loop(traffic, req, server, plan_schedule, replicas, req.loads[:len(pool.runs)],
-                        progress, stop)
+                        progress, stop, cache)
     note = (f"closed loop: served with its own step times the plan reached decode batch {own}, "
             f"past its largest graph ({top}); its decode graphs now reach {max(decode_bs)}")
     return choice, memory, rows + [r for r in loop if r.schedule != "plan"], note
@@ -190,7 +202,7 @@ def _cover_own_batches(
 def _match_default_tails(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
     fewest of the default's sizes the plan lacks, prefill first, that bring every figure
@@ -217,7 +229,7 @@ def _match_default_tails(
         memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
                              first.typical_request_tokens)
         rows = _closed_loop(traffic, req, server, compared_schedules(req, server, choice, memory)[:1],
-                            replicas, at, progress, stop)
+                            replicas, at, progress, stop, cache)
         runs[tuple(added), at] = choice, memory, rows + others
         return runs[tuple(added), at]
 
@@ -240,12 +252,13 @@ def _match_default_tails(
 def _served_as_chosen(
     traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
-    stop: Callable[[], bool] | None,
+    stop: Callable[[], bool] | None, cache: SimulationCache,
 ) -> list[ClosedLoopRow]:
-    """The whole trace's closed loop with the plan's rows served again for its final sizes."""
+    """The whole trace's closed loop with the plan's rows served again for its final sizes (the
+    runs of sizes already served come from `cache`)."""
     plan_schedule = compared_schedules(req, server, pool.choice, pool.memory)[:1]
     rows = _closed_loop(traffic, req, server, plan_schedule, replicas,
-                        req.loads[:len(pool.runs)], progress, stop)
+                        req.loads[:len(pool.runs)], progress, stop, cache)
     return rows + [r for r in loop if r.schedule != "plan"]
 
 
@@ -282,43 +295,6 @@ def _check_some_fit(first: SimulationResult, req: PlanRequest, server: Server, k
         )
 
 
-def fit_traffic(traffic: Traffic) -> Traffic:
-    """The requests before the whole trace's held-out split: those that arrive before the
-    first held-out one, or a closed-loop client's first requests. A trace whose requests all
-    arrive at the split (one burst) has no fit part: then all of it (issue 34)."""
-    n = len(traffic)
-    if traffic.arrival_s is None:
-        keep = np.arange(n) < split_index(n)
-    else:
-        arrival = np.asarray(traffic.arrival_s, dtype=np.float64)
-        keep = arrival < split_time(np.sort(arrival))
-    if not keep.any():
-        return traffic
-    cached = None if traffic.cached_len is None else np.asarray(traffic.cached_len)[keep]
-    arrival_s = None if traffic.arrival_s is None else np.asarray(traffic.arrival_s)[keep]
-    return replace(traffic, arrival_s=arrival_s, input_len=np.asarray(traffic.input_len)[keep],
-                   output_len=np.asarray(traffic.output_len)[keep], cached_len=cached)
-
-
-def _enough_replicas(
-    traffic: Traffic, req: PlanRequest, server: Server, kv: int,
-    progress: Progress | None, stop: Callable[[], bool] | None,
-) -> tuple[list[LoadRun], int]:
-    """(runs of `traffic` at the asked-for replicas, the fewest replicas from there up at
-    which no load scenario of it overloads). Each estimate is checked by simulating it, so
-    re-planning at the count the plan names (as `verify` does, or a user pasting --replicas)
-    finds it again."""
-    replicas = req.replicas
-    asked = runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
-    for _ in range(REPLICA_ROUNDS):
-        needed = replicas_needed(runs, replicas)
-        if needed is None or runs[-1].result.completed_fraction < 1.0:
-            break
-        replicas = needed
-        runs = _simulate_loads(traffic, req, server, replicas, kv, progress, stop)
-    return asked, replicas
-
-
 @dataclass(slots=True)
 class _PoolFit:
     """The runs the sizes are fitted on (the default's server), and the sizes chosen."""
@@ -341,31 +317,6 @@ def _fit(req: PlanRequest, server: Server, runs: list[LoadRun], kv: int) -> _Poo
         req, server, fit, first.peak_kv_demand_tokens, first.typical_request_tokens
     )
     return _PoolFit(runs, kv, 1, choice, memory, fit, notes)
-
-
-def _simulate_loads(
-    traffic: Traffic,
-    req: PlanRequest,
-    server: Server,
-    replicas: int,
-    kv_tokens: int,
-    progress: Progress | None,
-    stop: Callable[[], bool] | None,
-) -> list[LoadRun]:
-    loads = traffic.load_jobs(req.loads, replicas)
-    limits = {
-        "cost": default_step_cost(server),
-        "max_running_requests": server.max_running,
-        "chunked_prefill_size": server.chunk,
-        "kv_capacity_tokens": kv_tokens,
-        "context_len": server.context_len,
-    }
-    report = None if progress is None else (lambda f: progress("simulate", f))
-    results = simulate_all([job.columns | limits for job in loads], report, stop)
-    return [
-        LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)
-        for job, result in zip(loads, results)
-    ]
 
 
 def _simulation(pool: _PoolFit, replicas: int) -> Simulation:

@@ -41,6 +41,7 @@ class SimulationResult:
     requests: RequestTimes | None = None  # each kept request's times
     origin_s: float = 0.0  # the first arrival in the clock of the arrays given; times count from it
     steps_log: StepLog | None = None  # every step, when simulate(log_steps=True)
+    alone: SimulationResult | None = None  # the first requests by themselves (alone_first)
 
     def tally(self) -> StepTally:
         return StepTally(

@@ -24,9 +24,11 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
+from cgtool.planner.sim_alone import AloneFork, alone_fork, go_alone
 from cgtool.planner.sim_requests import NEVER_MS, Requests, prepare
 from cgtool.planner.sim_result import RunTallies, SimulationResult, StepLog, build_result
 from cgtool.planner.step_time import StepCost
@@ -49,6 +51,7 @@ def _run(
     concurrency: int | None = None,
     split_request: int = -1,
     log: StepLog | None = None,
+    alone: AloneFork | None = None,
 ) -> RunTallies:
     # One flat loop over local variables, longer than a screen on purpose: it turns once per
     # arrival and once per completion (millions of times for a large trace), and a helper
@@ -94,9 +97,18 @@ def _run(
     # With a concurrency, the next request to arrive when one finishes; n (never) without.
     releasing = n if concurrency is None else min(concurrency, n)
     poll_at = POLL_EVERY_REQUESTS
+    # Until a request after the first `alone.given` could change a step, the run forks
+    # (cgtool.planner.sim_alone); each of the three places below is the first such step of
+    # its kind, and the child goes on as the first requests' own run.
+    # NaN once forked (or never to fork): it compares false with every time, even NEVER_MS.
+    alone_ms = math.nan if alone is None else alone.at_ms
     # `context`: tokens the decoding requests hold at `step`. One admitted at `step` holds its
     # prompt and first output (footprint - decode steps); it holds its footprint at `finish`.
     while True:
+        if clock >= alone_ms:  # a later request has arrived
+            alone_ms = math.nan
+            if go_alone(alone, arrival_ms, footprint):
+                split_ms, progress, stop = math.inf, None, None
         if clock >= split_ms:
             split_ms = math.inf  # once: the tallies so far are the fit part
             t.before_split = (
@@ -223,6 +235,10 @@ def _run(
                 zero_done = 0
             continue
         if not heap:
+            if arrival_ms[arrived] >= alone_ms:  # idle until a later request
+                alone_ms = math.nan
+                if go_alone(alone, arrival_ms, footprint):
+                    split_ms, progress, stop = math.inf, None, None
             if arrived >= n or arrival_ms[arrived] == NEVER_MS:
                 break
             clock = max(clock, arrival_ms[arrived])
@@ -234,6 +250,10 @@ def _run(
         first_ms = decode_ms[batch] + kv_ms * context
         growth_ms = kv_ms * batch
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
+        if clock + elapsed >= alone_ms:  # the run would reach a later request's arrival
+            alone_ms = math.nan
+            if go_alone(alone, arrival_ms, footprint):
+                split_ms, progress, stop = math.inf, None, None
         # The held-out split ends a run as an admissible arrival does, so the fit part never
         # holds steps after it, whether or not the request arriving then fits (issue 34).
         coming = split_ms
@@ -302,6 +322,7 @@ def simulate(
     concurrency: int | None = None,
     split_request: int | None = None,
     log_steps: bool = False,
+    alone_first: int | None = None,
 ) -> SimulationResult:
     """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
 
@@ -313,7 +334,10 @@ def simulate(
     (`before_split`): no request arriving at or after `split_s` can be in them. With a
     `concurrency`, `arrival_s` is not read, and `split_request` (the position of the first
     held-out request among those kept) places the split where that request arrives.
-    `log_steps` keeps every step in `steps_log`."""
+    `log_steps` keeps every step in `steps_log`. With `alone_first` k, `alone` also holds the
+    run of the first k requests given, served by themselves (no split, no log): the same as
+    simulating them apart, the steps before the (k+1)-th arrival simulated once
+    (cgtool.planner.sim_alone) when arrivals come in order."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
     kept = prepare(arrival_s, input_len, output_len, cached_len, limit, concurrency)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
@@ -326,17 +350,43 @@ def simulate(
         if split_request < concurrency:  # it arrives with the first requests: nothing before
             split_ms = 0.0
     log = StepLog() if log_steps else None
+    alone = None if alone_first is None else alone_fork(
+        kept, alone_first, arrival_s, split_ms, concurrency is None and log is None)
     collecting = gc.isenabled()
     gc.disable()  # the loop allocates no cycles; collections would only rescan its big lists
     try:
         tallies = _run(
             kept.requests, cost, max_running_requests, chunked_prefill_size, kv_capacity_tokens,
-            progress, stop, split_ms, concurrency, release_split, log,
+            progress, stop, split_ms, concurrency, release_split, log, alone,
         )
+    except BaseException as exc:
+        if alone is not None and alone.in_child:
+            alone.send_and_exit(exc)
+        if alone is not None:
+            alone.discard()
+        raise
     finally:
         if collecting:
             gc.enable()
+    if alone is not None and alone.in_child:
+        alone.finish_child(tallies, kept)  # exits
     if progress is not None:
         progress(1.0)
     split = split_s is not None or split_request is not None
-    return build_result(tallies, kept, split, log)
+    result = build_result(tallies, kept, split, log)
+    if alone_first is None:
+        return result
+    if result.completed_fraction < 1.0:  # stopped: the plan ends here
+        if alone is not None:
+            alone.discard()
+        return result
+    first = None if alone is None else alone.receive()
+    if first is None:  # no fork: simulated apart
+        server = {"cost": cost, "max_running_requests": max_running_requests,
+                  "chunked_prefill_size": chunked_prefill_size,
+                  "kv_capacity_tokens": kv_capacity_tokens, "context_len": context_len,
+                  "concurrency": concurrency}
+        arrays = (arrival_s, input_len, output_len, cached_len)
+        first = simulate(*(None if a is None else np.asarray(a)[:alone_first] for a in arrays),
+                         **server)
+    return replace(result, alone=first)
