@@ -133,10 +133,13 @@ class SessionState:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Add the time spent inside to `phase_s[name]`, kept even if the phase is cut short."""
-        if self.on_phase is not None:
-            self.on_phase(name)
         start = time.perf_counter()
         try:
+            # Inside the try: a signal that lands while the checkpoint is written (it takes a
+            # while) still names this phase.
+            if self.on_phase is not None:
+                self.on_phase(name)
+            start = time.perf_counter()  # the checkpoint is not the phase's own time
             yield
         except BaseException:
             self.stopped_in = self.stopped_in or name
