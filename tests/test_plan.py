@@ -415,6 +415,34 @@ def test_the_replica_count_a_plan_names_is_found_again_when_planned_at_that_coun
     assert again.decode.histogram.counts == first.decode.histogram.counts
 
 
+def test_a_round_of_the_replica_search_that_is_redone_stops_early_and_plans_the_same(
+    monkeypatch,
+):
+    from cgtool.planner import sim_alone, sim_parallel, simulator
+
+    monkeypatch.setattr(sim_alone, "FORK_MIN_REQUESTS", 1)
+    monkeypatch.setattr(simulator, "POLL_EVERY_REQUESTS", 100)
+    arrival, prompt, output, cached = synthetic(6000, rate=20.0, seed=4)
+    arrays = (arrival, prompt * 4, output * 4, cached)
+    req = PlanRequest(CFG, H100, loads=(1.0, 2.0))
+    stopped = []
+    real = sim_parallel.simulate
+
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
+        stopped.append(result.completed_fraction < 1.0 and result.alone is not None)
+        return result
+
+    monkeypatch.setattr(sim_parallel, "simulate", spy)
+    early = plan_requests(*arrays, req).to_dict()
+    assert any(stopped)  # the first round overloads: its whole runs stopped early
+    monkeypatch.setattr(sim_alone.DropWhole, "raised", lambda self: False)
+    whole = plan_requests(*arrays, req).to_dict()
+    for key in ("created", "commit", "dirty", "argv"):
+        early.pop(key, None), whole.pop(key, None)
+    assert early == whole
+
+
 def test_an_existing_plan_is_scored_beside_the_new_one(base_plan):
     old = (tuple(base_plan.decode.default_capture_bs[:5]), (512,), 100_000)
     plan = plan_requests(*synthetic(800), PlanRequest(CFG, H100, compare=old, compare_name="o"))

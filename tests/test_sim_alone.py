@@ -114,3 +114,16 @@ def test_a_stopped_run_gives_no_run_alone_and_leaves_no_child(monkeypatch, polls
     assert result.completed_fraction < 1.0 and result.alone is None
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)
+
+
+@pytest.mark.parametrize("redo", [False, True])
+def test_a_whole_run_of_a_round_redone_stops_and_keeps_the_first_requests_run(monkeypatch, redo):
+    monkeypatch.setattr(simulator, "POLL_EVERY_REQUESTS", 100)
+    arrival, inp, out, cached = trace(3000, 6, 20.0)
+    drop = sim_alone.DropWhole(lambda result: redo, sim_alone.DropWhole.shared_flag())
+    both = simulate(arrival, inp, out, cached, **server(50_000), alone_first=1500, drop_whole=drop)
+    assert_same(both.alone, simulate(arrival[:1500], inp[:1500], out[:1500], cached[:1500],
+                                     **server(50_000)))
+    assert (both.completed_fraction < 1.0) == redo
+    if not redo:
+        assert_same(both, simulate(arrival, inp, out, cached, **server(50_000)))

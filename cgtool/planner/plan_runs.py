@@ -15,6 +15,7 @@ import numpy as np
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import LoadRun, Traffic, replicas_needed, split_index, split_time
 from cgtool.planner.server import Server, default_step_cost
+from cgtool.planner.sim_alone import DropWhole
 from cgtool.planner.sim_parallel import simulate_all
 
 Progress = Callable[[str, float], None]
@@ -49,32 +50,43 @@ def enough_replicas(
     estimate is checked by simulating it, so re-planning at the count the plan names (as
     `verify` does, or a user pasting --replicas) finds it again."""
     replicas = req.replicas
-    runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
+    runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop,
+                                    REPLICA_ROUNDS > 0)
     asked = fit_runs
-    for _ in range(REPLICA_ROUNDS):
+    for round_ in range(REPLICA_ROUNDS):
         needed = replicas_needed(fit_runs, replicas)
         if needed is None or fit_runs[-1].result.completed_fraction < 1.0:
             break
         replicas = needed
-        runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop)
+        # The last round's runs are kept whatever its fit runs show: they must be whole.
+        runs, fit_runs = _simulate_both(traffic, fit, req, server, replicas, kv, progress, stop,
+                                        round_ + 1 < REPLICA_ROUNDS)
     return asked, replicas, runs, fit_runs
 
 
 def _simulate_both(
     traffic: Traffic, fit: Traffic, req: PlanRequest, server: Server, replicas: int, kv: int,
-    progress: Progress | None, stop: Callable[[], bool] | None,
+    progress: Progress | None, stop: Callable[[], bool] | None, may_redo: bool,
 ) -> tuple[list[LoadRun], list[LoadRun]]:
     """The runs of `traffic` (with the held-out split) and of `fit` by itself, the second
     taken from the first where `fit` is its first requests (sim_alone). Overload reads no
     split, so the fit runs have none: they are then exactly the default's closed loop on
-    `fit` (no split ends a step)."""
+    `fit` (no split ends a step). Where `may_redo` and a fit run overloads, the round is
+    simulated again at more replicas: the runs of `traffic` then stop early (DropWhole)."""
     firsts = first_counts(traffic, fit, req.loads, replicas)
-    runs = simulate_loads(traffic, req, server, replicas, kv, progress, stop, firsts=firsts)
+    closed = fit.concurrency is not None
+    fit_jobs = fit.load_jobs(req.loads, replicas)
+    drop = None
+    if may_redo and firsts is not None:
+        flag = DropWhole.shared_flag()
+        drop = {job.load: DropWhole(lambda r, job=job: LoadRun(
+            job.load, r, job.span_s, job.offline, closed).overloaded, flag) for job in fit_jobs}
+    runs = simulate_loads(traffic, req, server, replicas, kv, progress, stop, firsts=firsts,
+                          drop=drop)
     if firsts is None or len(runs) < len(req.loads) or any(r.result.alone is None for r in runs):
         return runs, simulate_loads(fit, req, server, replicas, kv, progress, stop, split=False)
-    closed = fit.concurrency is not None
     return runs, [LoadRun(job.load, run.result.alone, job.span_s, job.offline, closed)
-                  for job, run in zip(fit.load_jobs(req.loads, replicas), runs)]
+                  for job, run in zip(fit_jobs, runs)]
 
 
 def simulate_loads(
@@ -87,6 +99,7 @@ def simulate_loads(
     stop: Callable[[], bool] | None,
     split: bool = True,
     firsts: dict[float, int] | None = None,
+    drop: dict[float, DropWhole] | None = None,
 ) -> list[LoadRun]:
     loads = traffic.load_jobs(req.loads, replicas)
     limits = {
@@ -100,7 +113,8 @@ def simulate_loads(
     columns = [job.columns if split else
                {k: v for k, v in job.columns.items() if k not in ("split_s", "split_request")}
                for job in loads]
-    alone = [{} if firsts is None else {"alone_first": firsts[job.load]} for job in loads]
+    alone = [({} if firsts is None else {"alone_first": firsts[job.load]})
+             | ({} if drop is None else {"drop_whole": drop[job.load]}) for job in loads]
     results = simulate_all([c | limits | a for c, a in zip(columns, alone)], report, stop)
     return [
         LoadRun(job.load, result, job.span_s, job.offline, traffic.concurrency is not None)

@@ -9,13 +9,22 @@ there (os.fork, which copies the loop's state for nothing): the child forgets th
 requests, runs on alone and sends its result through a pipe; the parent goes on with every
 request. The steps before the fork are simulated once. The child's run is the run of the first
 requests by themselves, step for step: the same lists, the same arithmetic in the same order.
+
+While the plan searches for the number of replicas, a round whose first requests' run overloads
+at any load is simulated again at more replicas, and only those runs of it are read. Such a
+run raises a flag shared by the round's processes (DropWhole), and each whole run, once forked,
+stops at its next poll of `stop`: on the million-request benchmark the whole runs went on for
+4-6 s after the 2x load's first requests were done (2-core CPU, 2026-11-26).
 """
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 import pickle
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +39,22 @@ _CHUNK = 1 << 20
 FORK_MIN_REQUESTS = 10_000
 
 
+@dataclass(frozen=True, eq=False)
+class DropWhole:
+    """The whole runs of one round stop once `redo` (of a first requests' run) says the round
+    is simulated again; `flag` is shared by every process the round forks."""
+
+    redo: Callable[[object], bool]
+    flag: mmap.mmap
+
+    @staticmethod
+    def shared_flag() -> mmap.mmap:
+        return mmap.mmap(-1, 1)  # anonymous and MAP_SHARED: children's writes reach everyone
+
+    def raised(self) -> bool:
+        return self.flag[0] == 1
+
+
 @dataclass(slots=True)
 class AloneFork:
     """Where the whole run forks, and the pipe its child sends the run alone through."""
@@ -41,6 +66,7 @@ class AloneFork:
     write_fd: int = -1
     pid: int = 0  # the child's, in the parent once forked
     in_child: bool = False
+    drop: DropWhole | None = None
 
     def fork(self) -> bool:
         """Fork once; True in the child."""
@@ -66,9 +92,15 @@ class AloneFork:
         try:
             tallies.finish_ms = tallies.finish_ms[: self.index]
             result: object = build_result(tallies, self.prefix(kept), False)
+            if self.drop is not None and self.drop.redo(result):
+                self.drop.flag[0] = 1
         except BaseException as exc:  # noqa: BLE001 - the parent raises it
             result = exc
         self.send_and_exit(result)
+
+    def dropped(self) -> bool:
+        """In the parent: whether its whole run stopped because the round is redone."""
+        return self.pid != 0 and self.drop is not None and self.drop.raised()
 
     def discard(self) -> None:
         """In the parent, when its run was stopped or failed: end the child unread."""
@@ -105,7 +137,8 @@ class AloneFork:
 
 
 def alone_fork(
-    kept: Prepared, given: int, arrival_s: np.ndarray, split_ms: float, forkable: bool
+    kept: Prepared, given: int, arrival_s: np.ndarray, split_ms: float, forkable: bool,
+    drop: DropWhole | None = None,
 ) -> AloneFork | None:
     """The fork for the first `given` requests, or None where the whole run cannot stand for
     them: arrivals out of order (the first given are not the first to arrive), no later request
@@ -121,18 +154,26 @@ def alone_fork(
     at_ms = kept.requests.arrival_ms[index]
     if split_ms < at_ms:
         return None
-    return AloneFork(index, at_ms, given)
+    return AloneFork(index, at_ms, given, drop=drop)
+
+
+Stop = Callable[[], bool] | None
 
 
 def go_alone(
-    fork: AloneFork, arrival_ms: list[float], footprint: list[int]
-) -> bool:
-    """Fork the run; in the child, the requests from `fork.index` on never arrive and never
-    fit, as past the end of a trace of the first ones alone. True in the child."""
+    fork: AloneFork, arrival_ms: list[float], footprint: list[int], split_ms: float,
+    progress: object, stop: Stop,
+) -> tuple[float, object, Stop]:
+    """Fork the run; the loop's (split_ms, progress, stop) from here on. In the child, the
+    requests from `fork.index` on never arrive and never fit, as past the end of a trace of the
+    first ones alone, with no split, progress or stop. In the parent, `stop` also fires once
+    the round is to be simulated again (DropWhole)."""
     if not fork.fork():
-        return False
+        drop = fork.drop
+        if drop is None:
+            return split_ms, progress, stop
+        return split_ms, progress, lambda: drop.raised() or (stop is not None and stop())
     k = fork.index
     del arrival_ms[k + 1:], footprint[k + 1:]
     arrival_ms[k], footprint[k] = NEVER_MS, NEVER_FITS
-    return True
-
+    return math.inf, None, None

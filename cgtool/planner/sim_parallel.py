@@ -66,7 +66,7 @@ def simulate_all(
             send.close()
             children.append((process, receive))
         first = simulate(**(jobs[0] | {"progress": progress, "stop": stop}))
-        if first.completed_fraction < 1.0:
+        if stopped(first):
             return [first]
         results = [first]
         for process, receive in children:
@@ -92,6 +92,12 @@ def _serial(jobs, progress, stop) -> list[SimulationResult]:
     for i, job in enumerate(jobs):
         report = None if progress is None else (lambda f, i=i: progress((i + f) / len(jobs)))
         results.append(simulate(**(job | {"progress": report, "stop": stop})))
-        if results[-1].completed_fraction < 1.0:
-            break  # stopped: plan on what was simulated
+        if stopped(results[-1]):
+            break  # plan on what was simulated
     return results
+
+
+def stopped(result: SimulationResult) -> bool:
+    """Whether `stop` ended the run. A whole run ended because its round is simulated again
+    (sim_alone.DropWhole) still carries its first requests' run, and the other jobs go on."""
+    return result.completed_fraction < 1.0 and result.alone is None

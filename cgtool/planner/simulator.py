@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from cgtool.planner.sim_alone import AloneFork, alone_fork, go_alone
+from cgtool.planner.sim_alone import AloneFork, DropWhole, alone_fork, go_alone
 from cgtool.planner.sim_requests import NEVER_MS, Requests, prepare
 from cgtool.planner.sim_result import RunTallies, SimulationResult, StepLog, build_result
 from cgtool.planner.step_time import StepCost
@@ -107,8 +107,8 @@ def _run(
     while True:
         if clock >= alone_ms:  # a later request has arrived
             alone_ms = math.nan
-            if go_alone(alone, arrival_ms, footprint):
-                split_ms, progress, stop = math.inf, None, None
+            split_ms, progress, stop = go_alone(
+                alone, arrival_ms, footprint, split_ms, progress, stop)
         if clock >= split_ms:
             split_ms = math.inf  # once: the tallies so far are the fit part
             t.before_split = (
@@ -237,8 +237,8 @@ def _run(
         if not heap:
             if arrival_ms[arrived] >= alone_ms:  # idle until a later request
                 alone_ms = math.nan
-                if go_alone(alone, arrival_ms, footprint):
-                    split_ms, progress, stop = math.inf, None, None
+                split_ms, progress, stop = go_alone(
+                    alone, arrival_ms, footprint, split_ms, progress, stop)
             if arrived >= n or arrival_ms[arrived] == NEVER_MS:
                 break
             clock = max(clock, arrival_ms[arrived])
@@ -252,8 +252,8 @@ def _run(
         elapsed = run * first_ms + growth_ms * run * (run - 1) / 2
         if clock + elapsed >= alone_ms:  # the run would reach a later request's arrival
             alone_ms = math.nan
-            if go_alone(alone, arrival_ms, footprint):
-                split_ms, progress, stop = math.inf, None, None
+            split_ms, progress, stop = go_alone(
+                alone, arrival_ms, footprint, split_ms, progress, stop)
         # The held-out split ends a run as an admissible arrival does, so the fit part never
         # holds steps after it, whether or not the request arriving then fits (issue 34).
         coming = split_ms
@@ -323,6 +323,7 @@ def simulate(
     split_request: int | None = None,
     log_steps: bool = False,
     alone_first: int | None = None,
+    drop_whole: DropWhole | None = None,
 ) -> SimulationResult:
     """Replay requests (seconds, tokens) through the scheduler; see the module docstring.
 
@@ -337,7 +338,8 @@ def simulate(
     `log_steps` keeps every step in `steps_log`. With `alone_first` k, `alone` also holds the
     run of the first k requests given, served by themselves (no split, no log): the same as
     simulating them apart, the steps before the (k+1)-th arrival simulated once
-    (cgtool.planner.sim_alone) when arrivals come in order."""
+    (cgtool.planner.sim_alone) when arrivals come in order. With `drop_whole`, a run forked
+    for them stops early once the flag is raised (completed_fraction < 1, `alone` whole)."""
     limit = min(kv_capacity_tokens, context_len or kv_capacity_tokens)
     kept = prepare(arrival_s, input_len, output_len, cached_len, limit, concurrency)
     if len(cost.decode_ms) <= max_running_requests or len(cost.extend_ms) <= chunked_prefill_size:
@@ -351,7 +353,7 @@ def simulate(
             split_ms = 0.0
     log = StepLog() if log_steps else None
     alone = None if alone_first is None else alone_fork(
-        kept, alone_first, arrival_s, split_ms, concurrency is None and log is None)
+        kept, alone_first, arrival_s, split_ms, concurrency is None and log is None, drop_whole)
     collecting = gc.isenabled()
     gc.disable()  # the loop allocates no cycles; collections would only rescan its big lists
     try:
@@ -376,8 +378,10 @@ def simulate(
     result = build_result(tallies, kept, split, log)
     if alone_first is None:
         return result
-    if result.completed_fraction < 1.0:  # stopped: the plan ends here
-        if alone is not None:
+    if result.completed_fraction < 1.0:
+        if alone is not None and alone.dropped():  # only the first requests' run is read
+            return replace(result, alone=alone.receive())
+        if alone is not None:  # stopped: the plan ends here
             alone.discard()
         return result
     first = None if alone is None else alone.receive()
