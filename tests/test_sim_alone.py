@@ -120,10 +120,20 @@ def test_a_stopped_run_gives_no_run_alone_and_leaves_no_child(monkeypatch, polls
 def test_a_whole_run_of_a_round_redone_stops_and_keeps_the_first_requests_run(monkeypatch, redo):
     monkeypatch.setattr(simulator, "POLL_EVERY_REQUESTS", 100)
     arrival, inp, out, cached = trace(3000, 6, 20.0)
+    alone = simulate(arrival[:1500], inp[:1500], out[:1500], cached[:1500], **server(50_000))
     drop = sim_alone.DropWhole(lambda result: redo, sim_alone.DropWhole.shared_flag())
     both = simulate(arrival, inp, out, cached, **server(50_000), alone_first=1500, drop_whole=drop)
-    assert_same(both.alone, simulate(arrival[:1500], inp[:1500], out[:1500], cached[:1500],
-                                     **server(50_000)))
-    assert (both.completed_fraction < 1.0) == redo
+    assert_same(both.alone, alone)
+    # The child raises the flag before it sends its run, which the parent has read by now.
+    assert drop.raised() == redo
     if not redo:
+        assert both.completed_fraction == 1.0
         assert_same(both, simulate(arrival, inp, out, cached, **server(50_000)))
+    # Whether the whole run sees the flag before it ends races the child (a fresh clone's test
+    # run once lost it): raised from the start, it stops at its first poll after the fork, and
+    # the first requests' run is still whole.
+    up = sim_alone.DropWhole(lambda result: True, sim_alone.DropWhole.shared_flag())
+    up.flag[0] = 1
+    stopped = simulate(arrival, inp, out, cached, **server(50_000), alone_first=1500, drop_whole=up)
+    assert stopped.completed_fraction < 1.0
+    assert_same(stopped.alone, alone)
