@@ -143,12 +143,16 @@ def _collect_partials(procs: list[Any], channel_queue: Any) -> dict[int, Any]:
             proc.terminate()
     partials: dict[int, Any] = {}
     deadline = time.monotonic() + _PARTIAL_GRACE_S
+    gone = False  # every rank has left: what they sent is in the pipe, read until it is empty
     while time.monotonic() < deadline and len(partials) < len(procs):
         try:
             kind, rank, payload = channel_queue.get(timeout=0.2)
         except queue_module.Empty:
-            if not any(proc.is_alive() for proc in procs):
-                break  # everyone has left; whatever was sent has been read
+            if gone:
+                break
+            # A rank that left had flushed its message (join_thread) but the read above may
+            # have timed out just before it arrived: one more read after they have all left.
+            gone = not any(proc.is_alive() for proc in procs)
             continue
         if kind == "partial":
             partials[rank] = pickle.loads(payload)
