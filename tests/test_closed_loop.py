@@ -246,3 +246,72 @@ def test_the_bundled_examples_plan_keeps_the_defaults_tails_at_every_load():
                 for (n, x, e) in rows if n == "plan" for f in ("ttft_p99_s", "tpot_p99_ms"))
     assert (worst > TAIL_TOLERANCE) == bool(whole)
     assert all(f"by {worst:.0%}" in w for w in whole)
+
+
+def _example_plan():
+    trace = read_trace(EXAMPLE)
+    req = PlanRequest(CFG, H100, loads=(1.0, 2.0))
+    return plan_requests(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len, req)
+
+
+def _sizes(plan):
+    return plan.decode.capture_bs, plan.piecewise.capture_num_tokens, plan.memory.kv_tokens
+
+
+def _tail_note(plan):
+    return next(w for w in plan.warnings if w.startswith("closed loop: the plan's"))
+
+
+def test_the_tail_search_on_the_first_requests_keeps_a_head_all_fit_requests_confirm(monkeypatch):
+    # Searched on the first 200 of the bundled example's 700 fit requests (a long trace's
+    # searches run on its first 50,000 per replica), the head kept must hold on all 700: served
+    # afresh with the plan's sizes and pool, the plan trails the default by at most the tolerance.
+    import cgtool.planner.plan as plan_module
+    import cgtool.planner.tails as tails
+    from cgtool.planner.plan_runs import fit_traffic
+    from cgtool.planner.server import server_for
+    from cgtool.planner.tails import shortfall
+
+    monkeypatch.setattr(tails, "PROBE_REQUESTS_PER_REPLICA", 200)
+    served_sizes = []
+    real = plan_module._closed_loop
+
+    def spy(traffic, *args, **kwargs):
+        served_sizes.append(len(traffic))
+        return real(traffic, *args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "_closed_loop", spy)
+    plan = _example_plan()
+    assert "added the default's" in _tail_note(plan)
+    assert served_sizes.count(200) >= 3  # the default on the probe, then the bisection's heads
+
+    trace = read_trace(EXAMPLE)
+    fit = fit_traffic(Traffic(trace.arrival_s, trace.input_len, trace.output_len, trace.cached_len))
+    server = server_for(PlanRequest(CFG, H100, loads=(1.0, 2.0)))
+    d = server.default
+    ours = Schedule("plan", tuple(plan.decode.capture_bs), tuple(plan.piecewise.capture_num_tokens))
+    theirs = Schedule("default", d.decode_bs, d.piecewise_tokens, d.pads)
+    limits = {"max_running_requests": server.max_running, "chunked_prefill_size": server.chunk,
+              "context_len": server.context_len}
+    rows = closed_loop([(ours, plan.memory.kv_tokens), (theirs, server.default_kv_tokens)],
+                       server.assumptions, fit.load_jobs((1.0, 2.0), 1), limits)
+    assert shortfall(rows)[0] <= TAIL_TOLERANCE
+
+
+def test_a_head_the_fit_requests_do_not_confirm_is_searched_again_on_all_of_them(monkeypatch):
+    # A probe blind to every loss (its runs give no rows) finds the shortest head, one size; all
+    # 700 fit requests need more, so the search runs again on them and the plan is the one
+    # searched on all of them from the start.
+    import cgtool.planner.plan as plan_module
+    import cgtool.planner.tails as tails
+
+    searched_whole = _example_plan()
+    added = _tail_note(searched_whole).split("added the default's ")[1].split(" (sizes")[0]
+    assert len(added.replace(";", " ").split()) > 2  # a kind and more than one size
+    monkeypatch.setattr(tails, "PROBE_REQUESTS_PER_REPLICA", 200)
+    real = plan_module._closed_loop
+    monkeypatch.setattr(plan_module, "_closed_loop", lambda traffic, *a, **k:
+                        [] if len(traffic) == 200 else real(traffic, *a, **k))
+    probed = _example_plan()
+    assert _sizes(probed) == _sizes(searched_whole)
+    assert _tail_note(probed) == _tail_note(searched_whole)

@@ -33,7 +33,14 @@ from cgtool.planner.robust import RobustChoice, Scenario, Schedule, cover_decode
 from cgtool.planner.scenarios import LoadRun, Traffic, overload_warning
 from cgtool.planner.server import Server, server_for
 from cgtool.planner.sim_result import SimulationResult, StepTally
-from cgtool.planner.tails import TAIL_TOLERANCE, fewest_that_fix, offers, shortfall, whole_trace_shortfall
+from cgtool.planner.tails import (
+    TAIL_TOLERANCE,
+    fewest_that_fix,
+    offers,
+    probe_size,
+    shortfall,
+    whole_trace_shortfall,
+)
 from cgtool.units import counted
 
 __all__ = ["BATCH_TRACE_CONTEXT_TOKENS", "PlanRequest", "fit_parts", "plan_batches",
@@ -100,8 +107,14 @@ def plan_traffic(
                                  fit_served)
     if covered is not None:
         pool.choice, pool.memory, judged, note = covered
+
+    def confirm(schedule: list[tuple[Schedule, int]]) -> list[ClosedLoopRow]:
+        # The whole trace served (as the plan reports it), its run forking the fit requests'.
+        _closed_loop(traffic, req, server, schedule, replicas, loads, progress, stop, served, alone)
+        return _closed_loop(fit, req, server, schedule, replicas, loads, progress, stop, fit_served)
+
     matched = _match_default_tails(fit, req, server, pool, judged, replicas, progress, stop,
-                                   fit_served)
+                                   fit_served, confirm)
     if matched is not None:
         pool.choice, pool.memory, judged, tail_note = matched
     if covered is not None or matched is not None:
@@ -200,14 +213,17 @@ def _cover_own_batches(
 
 
 def _match_default_tails(
-    traffic: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
+    fit: Traffic, req: PlanRequest, server: Server, pool: _PoolFit,
     loop: list[ClosedLoopRow], replicas: int, progress: Progress | None,
     stop: Callable[[], bool] | None, cache: SimulationCache,
+    confirm: Callable[[list[tuple[Schedule, int]]], list[ClosedLoopRow]] | None = None,
 ) -> tuple[RobustChoice, PlanMemory, list[ClosedLoopRow], str] | None:
     """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
     fewest of the default's sizes the plan lacks, prefill first, that bring every figure
     within the tolerance, or the plan unchanged with a note when none do; None when it loses
-    nowhere or a budget rules."""
+    nowhere or a budget rules. A long trace is searched on its first requests (tails.probe_size)
+    and the head found there is kept only if the fit requests confirm it (`confirm` serves a
+    plan schedule and returns its rows on `fit`; by default simulated on `fit` alone)."""
     before, where = shortfall(loop)
     if before <= TAIL_TOLERANCE or req.budget_graphs is not None or req.budget_memory_bytes is not None:
         return None
@@ -219,22 +235,43 @@ def _match_default_tails(
     # The search serves only the loads where the plan loses; the head it keeps, every load.
     losing = tuple(x for x in loads if shortfall([r for r in loop if r.load == x])[0] > TAIL_TOLERANCE)
 
-    runs: dict = {}
-
-    def served(added: list[tuple[str, int]], at: tuple[float, ...]):
-        if (tuple(added), at) in runs:
-            return runs[tuple(added), at]
+    def with_sizes(added: list[tuple[str, int]]) -> tuple[RobustChoice, PlanMemory]:
         choice = replace(ours, decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}),
                          tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}))
-        memory = size_memory(req, server, choice, first.peak_kv_demand_tokens,
-                             first.typical_request_tokens)
-        rows = _closed_loop(traffic, req, server, compared_schedules(req, server, choice, memory)[:1],
-                            replicas, at, progress, stop, cache)
-        runs[tuple(added), at] = choice, memory, rows + others
-        return runs[tuple(added), at]
+        return choice, size_memory(req, server, choice, first.peak_kv_demand_tokens,
+                                   first.typical_request_tokens)
 
-    fix = fewest_that_fix(order, lambda added: shortfall(served(added, losing)[2])[0])
-    choice, memory, rows = served(fix, loads) if fix else (ours, pool.memory, loop)
+    def searcher(on: Traffic, on_cache: SimulationCache, rivals: list[ClosedLoopRow]):
+        def worst_with(added: list[tuple[str, int]]) -> float:
+            choice, memory = with_sizes(added)
+            rows = _closed_loop(on, req, server, compared_schedules(req, server, choice, memory)[:1],
+                                replicas, losing, progress, stop, on_cache)
+            return shortfall(rows + rivals)[0]
+        return worst_with
+
+    probe = fit.first_requests(probe_size(len(fit), replicas))
+    if probe is fit:
+        fix = fewest_that_fix(order, searcher(fit, cache, others))
+    else:
+        # The default's rows on the probe, to weigh the plan's against there.
+        rivals = [s for s in compared_schedules(req, server, ours, pool.memory) if s[0].name == "default"]
+        probe_rows = _closed_loop(probe, req, server, rivals, replicas, loads, progress, stop, {})
+        fix = fewest_that_fix(order, searcher(probe, {}, probe_rows))
+    choice, memory, rows = ours, pool.memory, loop
+    if fix:
+        choice, memory = with_sizes(fix)
+        schedule = compared_schedules(req, server, choice, memory)[:1]
+        served = confirm(schedule) if confirm is not None else _closed_loop(
+            fit, req, server, schedule, replicas, loads, progress, stop, cache)
+        rows = served + others
+        if probe is not fit and shortfall(rows)[0] > TAIL_TOLERANCE:
+            # The first requests' head does not hold on all of them: search on all of them.
+            fix = fewest_that_fix(order, searcher(fit, cache, others))
+            if fix:
+                choice, memory = with_sizes(fix)
+                schedule = compared_schedules(req, server, choice, memory)[:1]
+                rows = (confirm(schedule) if confirm is not None else _closed_loop(
+                    fit, req, server, schedule, replicas, loads, progress, stop, cache)) + others
     after = shortfall(rows)[0]
     if not fix or after > TAIL_TOLERANCE:
         return ours, pool.memory, loop, (

@@ -8,7 +8,6 @@ first requests (cgtool.planner.sim_alone), so the steps the two share are simula
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 
@@ -33,12 +32,7 @@ def fit_traffic(traffic: Traffic) -> Traffic:
     else:
         arrival = np.asarray(traffic.arrival_s, dtype=np.float64)
         keep = arrival < split_time(np.sort(arrival))
-    if not keep.any():
-        return traffic
-    cached = None if traffic.cached_len is None else np.asarray(traffic.cached_len)[keep]
-    arrival_s = None if traffic.arrival_s is None else np.asarray(traffic.arrival_s)[keep]
-    return replace(traffic, arrival_s=arrival_s, input_len=np.asarray(traffic.input_len)[keep],
-                   output_len=np.asarray(traffic.output_len)[keep], cached_len=cached)
+    return traffic.kept(keep) if keep.any() else traffic
 
 
 def enough_replicas(

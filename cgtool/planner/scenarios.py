@@ -16,7 +16,7 @@ is never called overloaded and never split across replicas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -95,6 +95,25 @@ class Traffic:
 
     def __len__(self) -> int:
         return len(self.input_len)
+
+    def kept(self, keep: np.ndarray) -> Traffic:
+        """The requests where `keep` (a mask over them) is true, in the order given."""
+        def pick(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else np.asarray(a)[keep]
+        return replace(self, arrival_s=pick(self.arrival_s), input_len=pick(self.input_len),
+                       output_len=pick(self.output_len), cached_len=pick(self.cached_len))
+
+    def first_requests(self, count: int) -> Traffic:
+        """The first `count` requests by arrival (a closed-loop client's in the order given):
+        each of N replicas' shares then holds its first count / N."""
+        if count >= len(self):
+            return self
+        keep = np.zeros(len(self), dtype=bool)
+        if self.arrival_s is None:
+            keep[:count] = True
+        else:
+            keep[np.argsort(np.asarray(self.arrival_s), kind="stable")[:count]] = True
+        return self.kept(keep)
 
     def load_jobs(self, loads: tuple[float, ...], replicas: int) -> list[LoadJob]:
         """One simulation's arguments (requests, split) per load, for one replica's share."""
