@@ -24,6 +24,7 @@
 # `decode-chunks` (by name only): the dense decode kernel's one chunk length for the batch: its GPU tests
 # and the padded-replay test, then benchmarks/bench_decode_chunks.py against the kernel it replaced
 # (DECODE_OLD, default gpu-carry-mem/old_triton_decode.py), in $OUT/decode-chunks.
+# `oom-diag` (by name only): benchmarks/diag_capture_oom.py, allocator readings through the OOM test's capture.
 # `kernel-sweep` (by name only): benchmarks/bench_kernel_sweep.py, launch configurations of the dense decode
 # kernel and of extend over long cached prefixes, in $OUT/kernel-sweep.
 # `decode-contexts` (by name only): issue 37, llama-3.1-8b decode captured at CONTEXTS (1024 4096 8192 16384;
@@ -65,6 +66,9 @@ if want speed; then  # issue 14: eager step, whole-session wall time and phases,
   done
   ls -la "$OUT"/runs/speed-llama-3.1-8b-profile/*.pickle "$OUT"/runs/speed-llama-3.1-8b-profile/*.json 2>/dev/null
   python3 benchmarks/bench_phases.py "${walls[@]}" | tee "$OUT/phases.txt"
+fi
+if [[ " $stages " == *" oom-diag "* ]]; then  # by name only: the capture-reliability OOM test's memory, event by event
+  python3 benchmarks/diag_capture_oom.py 2>&1 | tee "$OUT/oom-diag.log" | tail -60
 fi
 if want tests; then
   # GPU_TESTS narrows the run to some files or tests (default: every gpu-marked test).

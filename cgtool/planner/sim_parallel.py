@@ -19,7 +19,7 @@ from cgtool.planner.sim_result import SimulationResult
 from cgtool.planner.simulator import simulate
 
 # Below this many requests a simulation takes well under a second, less than a fork costs.
-PARALLEL_MIN_REQUESTS = 100_000
+PARALLEL_MIN_REQUESTS = 20_000
 
 _JOBS: list[dict[str, Any]] = []  # read by forked children; set just before they start
 
