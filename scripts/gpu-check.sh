@@ -249,7 +249,7 @@ if [[ " $stages " == *" memory "* ]]; then  # issue 32, by name only: memory par
       >"$d-replan.log" 2>&1; mstamp "$name plan --profile exit $?"; grep -E "mem-fraction-static" "$d-replan.log" | head -3
     rm -rf "$d/plan/"*.png "$d/verify/"*.png "$d/replan/"*.png "$d"/*/*.html 2>/dev/null
   done
-  if [[ -n "${MEM_PARTS:-1}" ]]; then
+  if [[ -n "${MEM_PARTS-1}" ]]; then
     mstamp "memory parts ${MEM_MODELS:=llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}"
     timeout -k 10 "${MEM_PARTS_TIMEOUT:-300}" python3 benchmarks/bench_memory_parts.py --models "${MEM_MODELS// /,}" \
       --out "$M/parts.json" >"$M/parts.log" 2>&1; mstamp "memory parts exit $?"; tail -c 3000 "$M/parts.log"

@@ -108,3 +108,14 @@ def test_a_host_sync_inside_the_captured_forward_is_named(tmp_path):
     message = next((l for l in done.stdout.splitlines() if l.startswith("PITFALL ")), done.stdout + done.stderr)
     assert message.startswith("PITFALL decode size 2: the captured forward waits for the host at sync_in_forward.py:"), message
     assert "hidden.sum().item()" in message
+
+
+def test_the_drivers_out_of_memory_counts_as_out_of_memory_and_other_cuda_errors_do_not():
+    # Instantiating a graph reports a full device as torch.AcceleratorError, not OutOfMemoryError.
+    from cgtool.runners.pitfalls import is_out_of_memory
+
+    assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB"))
+    assert is_out_of_memory(torch.AcceleratorError("CUDA error: out of memory\nSearch for ..."))
+    assert not is_out_of_memory(torch.AcceleratorError("CUDA error: an illegal memory access was encountered"))
+    assert not is_out_of_memory(RuntimeError("operation not permitted when stream is capturing"))
+    assert not is_out_of_memory(ValueError("CUDA error: out of memory"))

@@ -67,3 +67,58 @@ def test_the_verified_model_runs_the_fused_moe_kernel_as_capture_does(tmp_path):
     model = session.load_model(cfg, None, opts, 32, device="cpu")
     experts = [m for m in model.modules() if isinstance(m, Experts)]
     assert experts and {e.backend for e in experts} == {"triton"}
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_graph_the_driver_cannot_instantiate_is_a_failed_size_not_a_crash(strict):
+    # Breakable prefill graphs run out of device memory in cudaGraphInstantiate, which PyTorch
+    # raises as torch.AcceleratorError (qwen3-30b-a3b's default set, H200, 2026-11-26): the size
+    # is noted as failed; the default's loop goes on, the plan's stops.
+    failed: list[tuple[str, str]] = []
+    step = session._each("piecewise", failed, strict)
+
+    def instantiate_fails():
+        raise torch.AcceleratorError("CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'")
+
+    assert step(0, 8192, instantiate_fails) is (not strict)
+    assert failed == [("piecewise 8192", "CUDA error: out of memory\nSearch for `cudaErrorMemoryAllocation'")]
+
+
+def test_another_cuda_error_while_capturing_a_size_is_raised():
+    step = session._each("decode", [], strict=False)
+
+    def illegal_access():
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(torch.AcceleratorError):
+        step(0, 64, illegal_access)
+
+
+def test_the_defaults_graphs_are_captured_after_the_rehearsals_cached_blocks_are_released(monkeypatch):
+    # The rehearsal's eager steps leave their blocks cached, where no graph pool can use them:
+    # the default's breakable prefill graphs then ran out of memory beside the plan's (H200).
+    from cgtool.verify.result import Rehearsal
+    from cgtool.verify.summary import SetMeasurement
+
+    events: list[str] = []
+
+    def build(cfg, weights_dir, opts, out):
+        out.kv_tokens = 1000
+        return object()
+
+    def capture_set(runner, graph_set, opts, strict):
+        events.append(f"capture {graph_set.name}")
+        return SetMeasurement(graph_set.name, graph_set.capture_bs, [], [], 0.0, 0.0, 0, []), [], None
+
+    import cgtool.capture.session as capture_session
+
+    monkeypatch.setattr(capture_session, "resolve_model", lambda *a, **k: (type("C", (), {"name": "m"})(), None))
+    monkeypatch.setattr(session, "_build", build)
+    monkeypatch.setattr(session, "_free_gib", lambda: 1.0)
+    monkeypatch.setattr(session, "_capture_set", capture_set)
+    monkeypatch.setattr(session, "_rehearse", lambda runner, opts: events.append("rehearse") or Rehearsal(
+        "ok", 8192, 64, 100, 0, 1 << 30, 80 << 30))
+    monkeypatch.setattr(session, "_replay", lambda *a: events.append("replay"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    run_session(_options(0.9), lambda _: None)
+    assert events == ["capture plan", "rehearse", "empty_cache", "capture default", "replay"]

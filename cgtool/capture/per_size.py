@@ -26,7 +26,7 @@ from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size
 from cgtool.runtime.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
 from cgtool.documents.results import KernelRow, SampleSpread, SizeResult
-from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error
+from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error, is_out_of_memory
 from cgtool.runners.pool import freeze_gc
 from cgtool.units import GIB
 
@@ -199,9 +199,9 @@ def _capture_size(
     the report then names the largest size that fits, which is what the remedy needs."""
     try:
         costs[size] = measure_capture(record, pool)
-    except torch.OutOfMemoryError as error:
-        return out_of_memory(error)
     except RuntimeError as error:
+        if is_out_of_memory(error):
+            return out_of_memory(error)
         if not is_capture_error(error):
             raise
         raise diagnose_capture_error(kind, size, lambda: forward_static(size)) from error
@@ -285,7 +285,7 @@ class OutOfMemory:
     shortfall_bytes: int  # the allocation that failed: at least this much more was needed
 
 
-def out_of_memory(error: torch.OutOfMemoryError) -> OutOfMemory:
+def out_of_memory(error: RuntimeError) -> OutOfMemory:
     gc.collect()  # the failed attempt's tensors, so the next size starts from the same memory
     free, total = torch.cuda.mem_get_info()
     return OutOfMemory(free, total, oom_request_bytes(str(error)))

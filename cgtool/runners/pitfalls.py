@@ -17,6 +17,19 @@ import torch
 from cgtool.errors import CgtoolError
 
 _CAPTURE_ERROR_MARKS = ("stream is capturing", "StreamCapture", "capture sequence")
+# A full device met by a driver call, not by PyTorch's caching allocator: instantiating a
+# captured graph takes device memory outside the allocator, and CUDA's error comes up as a
+# plain CUDA error (torch.AcceleratorError), not torch.OutOfMemoryError. Breakable prefill
+# graphs, each size instantiated layer by layer, met it first (qwen3-30b-a3b's default set at
+# its plan's fraction, H200, 2026-11-26).
+_DRIVER_OUT_OF_MEMORY = "CUDA error: out of memory"
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """The caching allocator's out-of-memory error, or the driver's."""
+    return isinstance(error, torch.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and _DRIVER_OUT_OF_MEMORY in str(error)
+    )
 
 
 class CapturePitfall(CgtoolError):

@@ -15,6 +15,7 @@ import torch
 
 from cgtool.specs.config import ModelConfig
 from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runners.pitfalls import is_out_of_memory
 from cgtool.runners.pool import SizeStep
 from cgtool.units import GIB
 from cgtool.verify.result import Rehearsal
@@ -71,6 +72,8 @@ def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
     live: list[Any] = []  # graphs must outlive the session: keep every runner
     for graph_set in opts.sets:
         is_plan = graph_set is opts.sets[0]
+        if not is_plan:
+            _release_cached_blocks()
         phase(f"capture {graph_set.name}: {len(graph_set.capture_bs)} decode, "
               f"{len(graph_set.capture_num_tokens)} piecewise sizes")
         measured, runners, oom = _capture_set(runner, graph_set, opts, strict=is_plan)
@@ -88,6 +91,17 @@ def run_session(opts: SessionOptions, phase: Phase) -> SessionResult:
     phase(f"replay {len(opts.steps)} sampled steps x {opts.repeats} repeats through both sets")
     _replay(runner, opts, live, out.sets, phase)
     return out
+
+
+def _release_cached_blocks() -> None:
+    """Hand the rehearsal's cached activation blocks back to the device before the next set is
+    captured. A graph's private pool cannot reuse blocks cached for eager steps, and graph
+    instantiation takes device memory outside the allocator: with them still cached, the
+    default's breakable prefill graphs ran out of memory beside the plan's (qwen3-30b-a3b and
+    deepseek-v2-lite at their plans' fractions, H200, 2026-11-26), where a server running the
+    default alone has them to spare."""
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: SessionResult) -> ModelRunner:
@@ -207,7 +221,9 @@ def _each(kind: str, failed: list[tuple[str, str]], strict: bool) -> SizeStep:
     def step(index: int, size: int, record: Callable[[], None]) -> bool:
         try:
             record()
-        except torch.OutOfMemoryError as oom:
+        except RuntimeError as oom:
+            if not is_out_of_memory(oom):
+                raise
             failed.append((f"{kind} {size}", str(oom)))
             return not strict
         return True

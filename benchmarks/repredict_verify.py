@@ -1,0 +1,75 @@
+"""Predictions of recorded `verify` runs made again with the cost model of this checkout.
+
+    .venv/bin/python benchmarks/repredict_verify.py FOLDER [--efficiency-then 0.5]
+
+FOLDER holds one sub-folder per run with `plan.json` and `verify.json` (as gpu-check.sh's
+`memory` stage leaves them). Per run, set and kind: the measured step mean, the prediction
+recorded then, and the roofline's prediction now, each weighted as verify weights its sampled
+steps (by size: the recorded rows carry each size's mean context, and a step's predicted time
+is linear in it). With --efficiency-then the dense extend attention efficiency the runs were
+made with is put back first: the "then" column must then come out as recorded, which checks
+the method.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+
+import cgtool.planner.cost as cost_module
+from cgtool.documents.results import load_plan
+from cgtool.verify.population import plan_cost, predicted_ms
+from cgtool.verify.steps import Step
+
+
+def rows(folder: Path) -> list[tuple[str, str, str, float, float, float]]:
+    out = []
+    for run in sorted(p for p in folder.iterdir() if (p / "verify.json").exists() or (p / "verify" / "verify.json").exists()):
+        verify_json = run / "verify.json" if (run / "verify.json").exists() else run / "verify" / "verify.json"
+        plan_json = run / "plan.json" if (run / "plan.json").exists() else run / "plan" / "plan.json"
+        verify, plan = json.loads(verify_json.read_text()), load_plan(plan_json)
+        plan.inputs.profile = None  # the roofline: the profile path was the GPU machine's
+        inputs, decode, piecewise = plan.inputs, plan.decode, plan.piecewise
+        for graph_set in verify["sets"]:
+            sizes = [r["size"] for r in graph_set["sizes"]]
+            max_bs = max([inputs.max_running_requests or 1] + sizes + decode.capture_bs + decode.default_capture_bs)
+            max_tokens = max([inputs.chunked_prefill_size or 1] + sizes + piecewise.capture_num_tokens
+                             + piecewise.default_capture_num_tokens)
+            cost = plan_cost(plan, max_bs, max_tokens)
+            for kind in ("decode", "extend"):
+                kept = [r for r in graph_set["sizes"] if r["kind"] == kind]
+                if not kept:
+                    continue
+                weights = np.array([r["weight"] for r in kept])
+                captured = graph_set["capture_bs"] if kind == "decode" else graph_set["capture_num_tokens"]
+                now = [predicted_ms(cost, Step(kind, r["size"], r["context"], r["weight"]), captured)[0] for r in kept]
+
+                def mean(values: list[float]) -> float:
+                    return float((np.array(values) * weights).sum() / weights.sum())
+
+                out.append((run.name, graph_set["name"], kind, mean([r["measured_ms"] for r in kept]),
+                            mean([r["predicted_ms"] for r in kept]), mean(now)))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--efficiency-then", type=float, default=None)
+    args = parser.parse_args()
+    if args.efficiency_then is not None:
+        cost_module.GQA_EXTEND_FLOPS_EFFICIENCY = args.efficiency_then
+    print(f"# dense extend attention at {cost_module.GQA_EXTEND_FLOPS_EFFICIENCY} of peak; "
+          "error = measured / predicted - 1")
+    print("| run | set | kind | measured ms | predicted then | error then | predicted now | error now |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for name, graph_set, kind, measured, then, now in rows(args.folder):
+        print(f"| {name} | {graph_set} | {kind} | {measured:.2f} | {then:.2f} | {measured / then - 1:+.1%} "
+              f"| {now:.2f} | {measured / now - 1:+.1%} |")
+
+
+if __name__ == "__main__":
+    main()
