@@ -18,7 +18,10 @@ from typing import Any
 from cgtool.planner.sim_result import SimulationResult
 from cgtool.planner.simulator import simulate
 
-# Below this many requests a simulation takes well under a second, less than a fork costs.
+# Below this many requests a simulation takes well under 0.1 s, and a fork of a process that
+# holds a million requests' lists costs 30 ms. From 20,000 (the tail check's 50,000-request
+# searches run in parallel) the million-request benchmark took 13.5-14.8 s against 15.1-15.5 s
+# from 100,000 (2-core CPU, quiet, 2026-11-26, benchmarks/results/cpu-2026-11-26-speed3).
 PARALLEL_MIN_REQUESTS = 20_000
 
 _JOBS: list[dict[str, Any]] = []  # read by forked children; set just before they start
