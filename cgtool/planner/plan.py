@@ -221,60 +221,22 @@ def _match_default_tails(
     """Where the plan's clients fare worse than the default's (cgtool.planner.tails), the
     fewest of the default's sizes the plan lacks, prefill first, that bring every figure
     within the tolerance, or the plan unchanged with a note when none do; None when it loses
-    nowhere or a budget rules. A long trace is searched on its first requests (tails.probe_size)
-    and the head found there is kept only if the fit requests confirm it (`confirm` serves a
-    plan schedule and returns its rows on `fit`; by default simulated on `fit` alone)."""
+    nowhere or a budget rules. `confirm` serves a plan schedule and returns its rows on `fit`
+    (by default simulated on `fit` alone); see _TailSearch for the search."""
     before, where = shortfall(loop)
     if before <= TAIL_TOLERANCE or req.budget_graphs is not None or req.budget_memory_bytes is not None:
         return None
     steps = [fit_parts(r)[0].histograms(server.cost.kv_read_ms_per_token) for r in pool.runs]
-    ours = pool.choice
-    order = offers(ours.decode_bs, ours.tokens, server.default, steps, server.cost)
-    first, others = pool.runs[0].result, [r for r in loop if r.schedule != "plan"]
+    order = offers(pool.choice.decode_bs, pool.choice.tokens, server.default, steps, server.cost)
     loads = req.loads[:len(pool.runs)]
     # The search serves only the loads where the plan loses; the head it keeps, every load.
     losing = tuple(x for x in loads if shortfall([r for r in loop if r.load == x])[0] > TAIL_TOLERANCE)
-
-    def with_sizes(added: list[tuple[str, int]]) -> tuple[RobustChoice, PlanMemory]:
-        choice = replace(ours, decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}),
-                         tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}))
-        return choice, size_memory(req, server, choice, first.peak_kv_demand_tokens,
-                                   first.typical_request_tokens)
-
-    def searcher(on: Traffic, on_cache: SimulationCache, rivals: list[ClosedLoopRow]):
-        def worst_with(added: list[tuple[str, int]]) -> float:
-            choice, memory = with_sizes(added)
-            rows = _closed_loop(on, req, server, compared_schedules(req, server, choice, memory)[:1],
-                                replicas, losing, progress, stop, on_cache)
-            return shortfall(rows + rivals)[0]
-        return worst_with
-
-    probe = fit.first_requests(probe_size(len(fit), replicas))
-    if probe is fit:
-        fix = fewest_that_fix(order, searcher(fit, cache, others))
-    else:
-        # The default's rows on the probe, to weigh the plan's against there.
-        rivals = [s for s in compared_schedules(req, server, ours, pool.memory) if s[0].name == "default"]
-        probe_rows = _closed_loop(probe, req, server, rivals, replicas, loads, progress, stop, {})
-        fix = fewest_that_fix(order, searcher(probe, {}, probe_rows))
-    choice, memory, rows = ours, pool.memory, loop
-    if fix:
-        choice, memory = with_sizes(fix)
-        schedule = compared_schedules(req, server, choice, memory)[:1]
-        served = confirm(schedule) if confirm is not None else _closed_loop(
-            fit, req, server, schedule, replicas, loads, progress, stop, cache)
-        rows = served + others
-        if probe is not fit and shortfall(rows)[0] > TAIL_TOLERANCE:
-            # The first requests' head does not hold on all of them: search on all of them.
-            fix = fewest_that_fix(order, searcher(fit, cache, others))
-            if fix:
-                choice, memory = with_sizes(fix)
-                schedule = compared_schedules(req, server, choice, memory)[:1]
-                rows = (confirm(schedule) if confirm is not None else _closed_loop(
-                    fit, req, server, schedule, replicas, loads, progress, stop, cache)) + others
-    after = shortfall(rows)[0]
+    search = _TailSearch(fit, req, server, pool, replicas, loads, losing, progress, stop, cache,
+                         confirm, [r for r in loop if r.schedule != "plan"])
+    fix, choice, memory, rows = search.run(order)
+    after = shortfall(rows)[0] if fix else before
     if not fix or after > TAIL_TOLERANCE:
-        return ours, pool.memory, loop, (
+        return pool.choice, pool.memory, loop, (
             f"closed loop: the plan's {where} trails the engine default's by {before:.0%}; adding "
             "the default's sizes the plan lacks does not close that, so none are added (predicted)")
     names = "; ".join(f"{kind} {' '.join(str(s) for k, s in fix if k == kind)}"
@@ -284,6 +246,79 @@ def _match_default_tails(
         f"closed loop: the plan's {where} trailed the engine default's by {before:.0%}; added the "
         f"default's {names} (sizes the plan lacked, those saving the most step time first), "
         f"{now} on every client figure of the fit requests (predicted)")
+
+
+@dataclass(eq=False)
+class _TailSearch:
+    """The tail check's search for a head of `order` (the default's sizes the plan lacks).
+
+    A long trace is searched on each replica's first fit requests (tails.probe_size) against the
+    default's run of the same requests; the head found there is served on all the fit requests
+    and kept only if it holds there, else the search runs again on all of them."""
+
+    fit: Traffic
+    req: PlanRequest
+    server: Server
+    pool: _PoolFit
+    replicas: int
+    loads: tuple[float, ...]
+    losing: tuple[float, ...]
+    progress: Progress | None
+    stop: Callable[[], bool] | None
+    cache: SimulationCache  # runs of `fit`
+    confirm: Callable[[list[tuple[Schedule, int]]], list[ClosedLoopRow]] | None
+    others: list[ClosedLoopRow]  # the other schedules' rows on `fit`
+
+    def run(self, order: list[tuple[str, int]]) -> tuple[
+            list[tuple[str, int]] | None, RobustChoice, PlanMemory, list[ClosedLoopRow]]:
+        """(the head kept or None, and the sizes, memory and fit rows that go with it)."""
+        probe = self.fit.first_requests(probe_size(len(self.fit), self.replicas))
+        if probe is self.fit:
+            fix = fewest_that_fix(order, self._shortfall_on(self.fit, self.cache, self.others))
+        else:
+            fix = fewest_that_fix(order, self._shortfall_on(probe, {}, self._default_rows(probe)))
+        if not fix:
+            return None, self.pool.choice, self.pool.memory, []
+        choice, memory, rows = self._served_on_fit(fix)
+        if probe is not self.fit and shortfall(rows)[0] > TAIL_TOLERANCE:
+            # The first requests' head does not hold on all of them: search on all of them.
+            fix = fewest_that_fix(order, self._shortfall_on(self.fit, self.cache, self.others))
+            if not fix:
+                return None, self.pool.choice, self.pool.memory, []
+            choice, memory, rows = self._served_on_fit(fix)
+        return fix, choice, memory, rows
+
+    def _with_sizes(self, added: list[tuple[str, int]]) -> tuple[RobustChoice, PlanMemory]:
+        ours, first = self.pool.choice, self.pool.runs[0].result
+        choice = replace(ours, decode_bs=sorted({*ours.decode_bs, *(s for k, s in added if k == "decode")}),
+                         tokens=sorted({*ours.tokens, *(s for k, s in added if k == "prefill")}))
+        return choice, size_memory(self.req, self.server, choice, first.peak_kv_demand_tokens,
+                                   first.typical_request_tokens)
+
+    def _shortfall_on(self, traffic: Traffic, cache: SimulationCache,
+                      rivals: list[ClosedLoopRow]) -> Callable[[list[tuple[str, int]]], float]:
+        def worst_with(added: list[tuple[str, int]]) -> float:
+            choice, memory = self._with_sizes(added)
+            schedule = compared_schedules(self.req, self.server, choice, memory)[:1]
+            rows = _closed_loop(traffic, self.req, self.server, schedule, self.replicas,
+                                self.losing, self.progress, self.stop, cache)
+            return shortfall(rows + rivals)[0]
+        return worst_with
+
+    def _default_rows(self, traffic: Traffic) -> list[ClosedLoopRow]:
+        schedules = compared_schedules(self.req, self.server, self.pool.choice, self.pool.memory)
+        default = [s for s in schedules if s[0].name == "default"]
+        return _closed_loop(traffic, self.req, self.server, default, self.replicas, self.loads,
+                            self.progress, self.stop, {})
+
+    def _served_on_fit(self, added: list[tuple[str, int]]) -> tuple[
+            RobustChoice, PlanMemory, list[ClosedLoopRow]]:
+        choice, memory = self._with_sizes(added)
+        schedule = compared_schedules(self.req, self.server, choice, memory)[:1]
+        rows = self.confirm(schedule) if self.confirm is not None else _closed_loop(
+            self.fit, self.req, self.server, schedule, self.replicas, self.loads, self.progress,
+            self.stop, self.cache)
+        return choice, memory, rows + self.others
 
 
 def _served_as_chosen(
