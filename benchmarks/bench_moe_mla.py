@@ -36,8 +36,20 @@ from cgtool.attention.triton_mla import (
 )
 from cgtool.model.fused import silu_and_mul
 from cgtool.model.moe import experts_ref
-from cgtool.model.moe_routing import align_block_size, route_topk, router_logits
-from cgtool.model.moe_triton import GemmTiles, combine_top_k, experts_config, fused_experts, grouped_gemm
+from cgtool.model.moe_routing import ROUTER_ROUTE_TOKENS, align_block_size, route_topk, router_logits, router_route
+from cgtool.model.moe_triton import (
+    CONFIGS,
+    DIRECT,
+    DIRECT_CONFIG,
+    MIN_BLOCK_M,
+    ExpertsConfig,
+    GemmTiles,
+    combine_top_k,
+    direct_align,
+    experts_config,
+    fused_experts,
+    grouped_gemm,
+)
 from cgtool.runtime.triton_launch import cdiv
 
 DTYPE = torch.bfloat16
@@ -55,9 +67,19 @@ SMALL_UP = [GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(32, 25
 SMALL_DOWN = [GemmTiles(32, 128, 4, 4), GemmTiles(64, 128, 4, 4), GemmTiles(64, 256, 4, 3),
               GemmTiles(128, 128, 8, 4), GemmTiles(64, 64, 4, 3), GemmTiles(32, 256, 4, 4)]
 LARGE_UP = [GemmTiles(64, 64, 4, 4), GemmTiles(64, 64, 8, 4), GemmTiles(128, 64, 8, 3),
-            GemmTiles(64, 128, 8, 3), GemmTiles(128, 64, 8, 4)]
+            GemmTiles(64, 128, 8, 3), GemmTiles(128, 64, 8, 4), GemmTiles(128, 64, 4, 4),
+            GemmTiles(128, 32, 8, 5), GemmTiles(256, 64, 8, 2), GemmTiles(128, 128, 8, 2)]
 LARGE_DOWN = [GemmTiles(128, 64, 8, 4), GemmTiles(128, 128, 8, 3), GemmTiles(64, 64, 4, 4),
-              GemmTiles(256, 64, 8, 3), GemmTiles(128, 64, 4, 4)]
+              GemmTiles(256, 64, 8, 3), GemmTiles(128, 64, 4, 4), GemmTiles(256, 64, 8, 4),
+              GemmTiles(256, 32, 8, 5), GemmTiles(128, 128, 4, 3), GemmTiles(256, 128, 8, 2)]
+# The direct path (one token): the gate/up and down tiles tried, and experts a router program.
+DIRECT_UP = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(32, 256, 4, 3),
+             GemmTiles(16, 256, 4, 4), GemmTiles(32, 128, 2, 6), GemmTiles(64, 256, 4, 3),
+             GemmTiles(16, 128, 2, 8)]
+DIRECT_DOWN = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(128, 128, 4, 4),
+               GemmTiles(64, 256, 4, 3), GemmTiles(32, 256, 4, 4), GemmTiles(64, 64, 4, 6),
+               GemmTiles(128, 64, 4, 6)]
+ROUTER_BLOCKS_E = [1, 2, 4, 8, 16]
 
 
 def log(msg: str) -> None:
@@ -175,31 +197,47 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     read_us = (distinct * layers.expert_bytes + pairs * (H + I) * 6) / copy_bs * 1e6
     flops = pairs * 3 * H * I * 2
     bound_us = max(read_us, flops / peak * 1e6)
-    config = experts_config(pairs, E)
-    aligns = [align_block_size(ids, E, config.block_m) for _, ids in routed]
+    config = experts_config(pairs, E, n)
+    direct = config.block_m == DIRECT
+    bm = MIN_BLOCK_M if direct else config.block_m
+    aligns = [direct_align(ids) if direct else align_block_size(ids, E, bm) for _, ids in routed]
     act = torch.empty(pairs, I, dtype=DTYPE, device=DEVICE)
     y = torch.empty(pairs, H, dtype=torch.float32, device=DEVICE)
+    summed = torch.empty(n, H, dtype=DTYPE, device=DEVICE)
     row: dict = {"tokens": n, "pairs": pairs, "distinct_experts": distinct, "read_us": read_us,
                  "flop_us": flops / peak * 1e6, "bound_us": bound_us, "config": str(config)}
 
-    def up(tiles, bm=config.block_m, al=aligns):
+    def up(tiles, bm=bm, al=aligns):
         return lambda: [grouped_gemm(x, layers.gate_up[i], act, al[i], routed[i][0], k, bm, tiles,
                                      mul_weight=False, gated=True) for i in range(LAYERS)]
 
-    def down(tiles, bm=config.block_m, al=aligns):
+    def down(tiles, bm=bm, al=aligns, with_sum=direct):
         return lambda: [grouped_gemm(act, layers.down[i], y, al[i], routed[i][0], 1, bm, tiles,
-                                     mul_weight=True, gated=False) for i in range(LAYERS)]
+                                     mul_weight=True, gated=False, summed=summed if with_sum else None,
+                                     top_k=k) for i in range(LAYERS)]
+
+    def experts(cfg=None):
+        return lambda: [fused_experts(x, layers.gate_up[i], layers.down[i], *routed[i], cfg)
+                        for i in range(LAYERS)]
+
+    def fused_router(block_e):
+        return lambda: [router_route(x, w, k, layers.renorm, 1.0, block_e) for w in layers.router]
 
     per = lambda fn: graph_us(fn) / LAYERS
     row["router_gemm_us"] = per(lambda: [router_logits(x, w) for w in layers.router])
     row["old_router_gemm_us"] = per(lambda: [F.linear(x.float(), w.float()) for w in layers.router])
     row["route_us"] = per(lambda: [route_topk(lg, k, layers.renorm, 1.0) for lg in logits])
-    row["align_us"] = per(lambda: [align_block_size(ids, E, config.block_m) for _, ids in routed])
+    if n <= ROUTER_ROUTE_TOKENS:  # router and routing in one launch
+        row["router_route_us"] = per(fused_router(4))
+    row["align_us"] = 0.0 if direct else per(lambda: [align_block_size(ids, E, bm) for _, ids in routed])
     row["up_us"], row["down_us"] = per(up(config.up)), per(down(config.down))
-    row["combine_us"] = per(lambda: [combine_top_k(y, k, DTYPE) for _ in range(LAYERS)])
-    experts_us = per(lambda: [fused_experts(x, layers.gate_up[i], layers.down[i], *routed[i])
-                              for i in range(LAYERS)])
-    row["layer_us"] = row["router_gemm_us"] + row["route_us"] + experts_us
+    row["combine_us"] = 0.0 if direct else per(lambda: [combine_top_k(y, k, DTYPE) for _ in range(LAYERS)])
+    experts_us = per(experts())
+    routing_us = row.get("router_route_us", row["router_gemm_us"] + row["route_us"])
+    row["layer_us"] = routing_us + experts_us
+    if n <= 8:  # the direct path against the aligned one at a few tokens
+        row["aligned_layer_us"] = row["router_gemm_us"] + row["route_us"] + per(experts(CONFIGS[0][1]))
+        row["direct_layer_us"] = routing_us + per(experts(DIRECT_CONFIG))
     # the pre-issue path, component by component
     bm0 = old_block_m(pairs, E)
     olds = [old_align(ids, E, bm0) for _, ids in routed]
@@ -221,19 +259,35 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     got = fused_experts(x[:64], layers.gate_up[0], layers.down[0], w0[:64], ids0[:64]).float()
     row["max_abs_err_vs_ref"] = float((got - ref).abs().max())
     if sweep:
-        small = config.block_m <= 32
-        sweep_rows = []
-        for bm in ([config.block_m, 32] if small and pairs / E >= 8 else
-                   [config.block_m] if small else [64, 128] + ([32] if pairs / E < 64 else [])):
-            al = aligns if bm == config.block_m else [align_block_size(ids, E, bm) for _, ids in routed]
-            for tiles in (SMALL_UP if small else LARGE_UP):
-                sweep_rows.append({"gemm": "up", "block_m": bm, "tiles": list(vars(tiles).values()),
-                                   "us": per(up(tiles, bm, al))})
-            for tiles in (SMALL_DOWN if small else LARGE_DOWN):
-                sweep_rows.append({"gemm": "down", "block_m": bm, "tiles": list(vars(tiles).values()),
-                                   "us": per(down(tiles, bm, al))})
-        row["sweep"] = sweep_rows
+        row["sweep"] = direct_sweep(up, down, fused_router, per) if direct else tile_sweep(
+            layers, routed, pairs, config, up, down, per)
     return row
+
+
+def direct_sweep(up, down, fused_router, per) -> list[dict]:
+    rows = [{"gemm": "up", "block_m": DIRECT, "tiles": list(vars(t).values()), "us": per(up(t))}
+            for t in DIRECT_UP]
+    rows += [{"gemm": "down", "block_m": DIRECT, "tiles": list(vars(t).values()), "us": per(down(t))}
+             for t in DIRECT_DOWN]
+    rows += [{"gemm": "router", "block_m": DIRECT, "tiles": [e], "us": per(fused_router(e))}
+             for e in ROUTER_BLOCKS_E]
+    return rows
+
+
+def tile_sweep(layers, routed, pairs, config: ExpertsConfig, up, down, per) -> list[dict]:
+    E = layers.E
+    small = config.block_m <= 32
+    rows = []
+    for bm in ([config.block_m, 32] if small and pairs / E >= 8 else
+               [config.block_m] if small else [64, 128] + ([32] if pairs / E < 64 else [])):
+        al = [align_block_size(ids, E, bm) for _, ids in routed]
+        for tiles in (SMALL_UP if small else LARGE_UP):
+            rows.append({"gemm": "up", "block_m": bm, "tiles": list(vars(tiles).values()),
+                         "us": per(up(tiles, bm, al))})
+        for tiles in (SMALL_DOWN if small else LARGE_DOWN):
+            rows.append({"gemm": "down", "block_m": bm, "tiles": list(vars(tiles).values()),
+                         "us": per(down(tiles, bm, al))})
+    return rows
 
 
 # ------------------------------------------------------------------ MLA
@@ -261,16 +315,23 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
     bound_us = bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     default_splits = mla_num_kv_splits(bs, MLA_HEADS)
 
-    def run(tiles, splits):
-        return graph_us(lambda: [mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None, tiles)
-                                 for c in caches]) / layers
+    def run(tiles, splits, min_chunk=None, fused=None):
+        return graph_us(lambda: [mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
+                                                      tiles, min_chunk, fused) for c in caches]) / layers
 
     row = {"bs": bs, "context": ctx, "bound_us": bound_us, "splits": default_splits,
            "us": run(DECODE_TILES, default_splits)}
     if sweep:
-        row["sweep"] = [{"tiles": list(t), "splits": s, "us": run(t, s)}
-                        for t in [(16, 4, 2), (64, 4, 2), (32, 8, 2), (64, 8, 2), (32, 4, 3), (16, 4, 3), (32, 4, 1)]
-                        for s in sorted({default_splits, 2, 4, 8, 16, 32, 64})]
+        tried = []
+        for tiles in [(64, 8, 2), (32, 4, 2), (32, 8, 3), (64, 4, 2)]:
+            for splits in sorted({default_splits, 1, 2, 4, 8} if bs > 1 else {8, 16, 32, 64}):
+                for min_chunk in (0, 512):
+                    for fused in ((False, True) if splits <= 8 else (False,)):
+                        if min_chunk % tiles[0] or (min_chunk and splits == 1):
+                            continue
+                        tried.append({"tiles": list(tiles), "splits": splits, "min_chunk": min_chunk,
+                                      "fused": fused, "us": run(tiles, splits, min_chunk, fused)})
+        row["sweep"] = tried
     return row
 
 
@@ -323,7 +384,7 @@ def main() -> None:
         json.dump(result, open(args.out, "w"), indent=1)
         result["mla"]["extend"] = []
         for new, prefix in MLA_EXTEND:
-            row = mla_extend_case(new, prefix, peak, sweep)
+            row = mla_extend_case(new, prefix, peak, False)  # no MLA extend change to sweep
             result["mla"]["extend"].append(row)
             best = min(row.get("sweep", [row]), key=lambda s: s["us"])
             log(f"mla extend new={new} prefix={prefix}: {row['us']:.1f} us, flops bound {row['flop_us']:.1f} us = "

@@ -65,3 +65,36 @@ def test_mla_decode_graphs_replay_equal_to_eager(mla_bench):
         replayed = runner.replay(batch).clone()
         assert replayed.shape == (bs, model.cfg.vocab_size)
         assert_replay_equals_eager(replayed, eager)
+
+
+@pytest.mark.parametrize(("num_kv_splits", "min_chunk"), [(4, 0), (8, 512), (2, 512)])
+def test_mla_decode_merged_by_the_last_program_matches_reference_and_replays_stably(num_kv_splits, min_chunk):
+    # 64 requests of 1 to 4,000 tokens: the last program of each request's chunks merges them.
+    # 30 replays must give the same bits; a merge that read a chunk too early would not.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention.triton_mla import mla_decode_attention
+
+    seq_lens = [(i * 997) % 4000 + 1 for i in range(64)]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    _, ref = run_decode(pool, rows, seq_lens, 16)
+    q = latent_q(64, 16, 576, torch.bfloat16, CUDA).view(64, 16, 576)
+    args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, num_kv_splits)
+
+    def decode(fused: bool) -> torch.Tensor:
+        out = torch.empty(64, 16, 512, dtype=torch.bfloat16, device=CUDA)
+        mla_decode_attention(q, args[0], out, *args[2:], min_chunk=min_chunk, fused_merge=fused)
+        return out
+
+    fused, merged = decode(True), decode(False)
+    torch.testing.assert_close(fused.float(), merged.float(), rtol=0, atol=1e-2)
+    out = torch.empty(64, 16, 512, dtype=torch.bfloat16, device=CUDA)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mla_decode_attention(q, args[0], out, *args[2:], min_chunk=min_chunk, fused_merge=True)
+    for _ in range(30):
+        out.zero_()
+        graph.replay()
+        torch.testing.assert_close(out, fused, rtol=0, atol=0)
+    assert_attention_close(fused.view(64, -1), ref, atol=2e-2)

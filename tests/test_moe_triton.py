@@ -110,6 +110,62 @@ def test_router_logits_kernel_matches_the_fp32_linear(num_tokens, num_experts, h
     torch.testing.assert_close(router_logits(x, w), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden", [(1, 8, 2, 48), (3, 64, 6, 300), (4, 6, 6, 32)])
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_router_and_routing_in_one_launch_match_the_two_kernels(num_tokens, num_experts, top_k, hidden,
+                                                                renormalise):
+    # 64 experts over 16 programs and a hidden size past one 256-wide slice; the last program
+    # routes every token and leaves its counter at zero for the next launch.
+    from cgtool.model.moe_routing import router_route
+    from cgtool.runtime.tickets import tickets
+
+    gen = torch.Generator(device=DEVICE).manual_seed(5)
+    x = torch.randn(num_tokens, hidden, generator=gen, device=DEVICE)
+    w = torch.randn(num_experts, hidden, generator=gen, device=DEVICE)
+    weights, ids = router_route(x, w, top_k, renormalise, 1.5)
+    ref_weights, ref_ids = route_topk(router_logits(x, w), top_k, renormalise, 1.5)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+    assert tickets(DEVICE, 1).item() == 0
+
+
+def test_fused_route_takes_one_launch_for_a_few_tokens_only(monkeypatch):
+    from cgtool.model import moe_routing
+
+    calls = []
+    monkeypatch.setattr(moe_routing, "router_route", lambda *a, **k: calls.append("one") or ("w", "i"))
+    monkeypatch.setattr(moe_routing, "route_topk", lambda *a, **k: calls.append("two") or ("w", "i"))
+    monkeypatch.setattr(moe_routing, "router_logits", lambda *a, **k: None)
+    w = torch.randn(8, 16, device=DEVICE)
+    for n in (1, moe_routing.ROUTER_ROUTE_TOKENS, moe_routing.ROUTER_ROUTE_TOKENS + 1):
+        moe_routing.fused_route(torch.randn(n, 16, device=DEVICE), w, 2, True, 1.0)
+    assert calls == ["one", "one", "two"]
+
+
+@pytest.mark.parametrize("num_tokens,top_k", [(1, 4), (3, 4)])
+def test_direct_path_matches_the_aligned_path_and_sums_in_the_gemm(num_tokens, top_k):
+    # Three tokens over eight experts share some: the direct path reads those once a pair.
+    from cgtool.model.moe_triton import DIRECT_CONFIG
+    from cgtool.runtime.tickets import tickets
+
+    hidden, inter = 48, 40
+    x = torch.randn(num_tokens, hidden, device=DEVICE)
+    gate_up, down = _experts(8, hidden, inter, torch.float32)
+    weights, ids = _routing(num_tokens, 8, top_k)
+    direct = fused_experts(x, gate_up, down, weights, ids, DIRECT_CONFIG)
+    aligned = fused_experts(x, gate_up, down, weights, ids, CONFIGS[0][1])
+    torch.testing.assert_close(direct, aligned, rtol=0, atol=0)
+    torch.testing.assert_close(direct, experts_ref(x, gate_up, down, weights, ids), rtol=1e-5, atol=1e-5)
+    assert tickets(DEVICE, 64).eq(0).all()
+
+
+def test_one_token_takes_the_direct_path():
+    from cgtool.model.moe_triton import DIRECT, DIRECT_TOKENS
+
+    assert experts_config(8, 128, num_tokens=1).block_m == DIRECT
+    assert experts_config(8 * (DIRECT_TOKENS + 1), 128, num_tokens=DIRECT_TOKENS + 1).block_m > 0
+
+
 @pytest.mark.gpu
 def test_router_logits_kernel_matches_the_fp32_linear_of_bf16_weights():
     x = torch.randn(300, 2048, device="cuda").to(torch.bfloat16)
@@ -222,3 +278,42 @@ def test_fused_experts_replay_a_captured_graph_for_new_routing():
     ids.copy_(new_ids)
     graph.replay()
     torch.testing.assert_close(out, fused_experts(x, gate_up, down, weights, ids), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,top_k", [(64, 6), (128, 8)])
+def test_direct_path_replays_equal_to_the_aligned_path_in_bf16(num_experts, top_k):
+    # The top-k sum happens in whichever down program finishes last: 50 replays must all give
+    # the aligned path's bits, or the tickets' ordering lost a row.
+    hidden, inter = 2048, 768
+    x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+    gate_up, down = _experts(num_experts, hidden, inter, torch.bfloat16, device="cuda")
+    weights, ids = _routing(1, num_experts, top_k, device="cuda")
+    aligned = fused_experts(x, gate_up, down, weights, ids, CONFIGS[0][1])
+    fused_experts(x, gate_up, down, weights, ids)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, gate_up, down, weights, ids)
+    for _ in range(50):
+        out.zero_()
+        graph.replay()
+        torch.testing.assert_close(out, aligned, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [1, 4])
+def test_router_and_routing_in_one_launch_replay_the_two_kernels_choice_in_bf16(num_tokens):
+    from cgtool.model.moe_routing import router_route
+
+    x = torch.randn(num_tokens, 2048, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(128, 2048, device="cuda") * 2048**-0.5).to(torch.bfloat16)
+    ref_weights, ref_ids = route_topk(router_logits(x, w), 8, True, 1.0)
+    router_route(x, w, 8, True, 1.0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        weights, ids = router_route(x, w, 8, True, 1.0)
+    for _ in range(50):
+        ids.fill_(-1)
+        graph.replay()
+        assert torch.equal(ids, ref_ids)
+        torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)

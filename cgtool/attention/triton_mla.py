@@ -29,10 +29,12 @@ from cgtool.attention.triton_decode import (
     decode_scratch,
     merge_head,
     split_bounds,
+    split_len,
     store_split,
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
+from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Heads of one program: tl.dot needs 16 rows, and 16 heads x 512 fp32 accumulators fit the
@@ -52,6 +54,13 @@ MLA_TARGET_PROGRAMS = 256
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
 # 1k context ran 1.0 ms where its latent read takes 0.07).
 MERGE_SLICE = 128
+# Keys a chunk holds at the least, whatever the split count: short contexts then fill fewer
+# chunks and the programs past them return at once. 0: chunks follow the split count alone.
+MIN_CHUNK = 0
+# Up to this many chunks a request, the program that finishes a request's head block last
+# merges its chunks (runtime.tickets) instead of a second launch; past it one program's merge
+# would read too many partials alone.
+FUSED_MERGE_SPLITS = 8
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -80,42 +89,92 @@ def _attend_latent_block(
 
 
 @triton.jit
+def _merge_head_block(
+    MidOut, MidLse, O, b, heads, mask_h, seq_len,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+    RANK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+):
+    """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), the
+    chunks added in split order, so chunks a request leaves empty add exact zeros. Loads go
+    to L2 (.cg): other programs wrote the partials, and L1 is not coherent with them."""
+    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+    lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
+    lse_max = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        # A [BLOCK_H] mask, not a scalar one: Triton's interpreter refuses those.
+        used = tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len
+        lse = tl.load(lse_ptrs + s, mask=mask_h & used, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, lse)
+    lse_max = tl.where(mask_h, lse_max, 0.0)
+    for d0 in tl.static_range(0, RANK, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        mask_d = offs_d < RANK
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            used = mask_h & (tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len)
+            lse = tl.load(lse_ptrs + s, mask=used, other=float("-inf"), cache_modifier=".cg")
+            weight = tl.where(used, tl.exp2(lse - lse_max), 0.0)
+            part = tl.load(
+                MidOut + b * stride_mb + heads[:, None] * stride_mh + s * stride_ms + offs_d[None, :],
+                mask=used[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg",
+            )
+            acc += part * weight[:, None]
+            total += weight
+        merged = acc / tl.where(total > 0, total, 1.0)[:, None]
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 merged.to(O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
+
+
+@triton.jit
 def _mla_decode_stage1(
-    Q, Kv, MidOut, MidLse, req_to_token, req_pool_indices, seq_lens, scale_log2,
+    Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
     stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms,
-    stride_lb, stride_lh,
+    stride_lb, stride_lh, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, MERGE_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
-    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
-    if split_end <= split_start:
-        return  # stage 2 skips empty chunks
-
+    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < RANK
-    offs_p = tl.arange(0, BLOCK_P)
-    mask_p = offs_p < ROPE
-    q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
-    q_r = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
-    q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
-    token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
+    if split_end > split_start:  # the merge skips empty chunks
+        offs_r = tl.arange(0, BLOCK_R)
+        mask_r = offs_r < RANK
+        offs_p = tl.arange(0, BLOCK_P)
+        mask_p = offs_p < ROPE
+        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
+        q_r = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
+        q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
+        token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
 
-    acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
-    for start_n in range(split_start, split_end, BLOCK_N):
-        acc, l_i, m_i = _attend_latent_block(
-            acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
-            offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
+        acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            acc, l_i, m_i = _attend_latent_block(
+                acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
+                offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
+            )
+        store_split(
+            MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
+            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         )
-    store_split(
-        MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
-        stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    )
+    if FUSED_MERGE:
+        # Every program of the request's head block takes a ticket, empty chunks too; the
+        # barrier puts all of this program's stores before its release.
+        tl.debug_barrier()
+        ticket = Tickets + b * tl.num_programs(1) + head_block
+        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+            tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+            _merge_head_block(
+                MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
+                stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS, MIN_CHUNK,
+            )
 
 
 @triton.jit
@@ -165,12 +224,13 @@ def _mla_merge_kernel(
     MidOut, MidLse, O, seq_lens,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    MIN_CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0)
     merge_head(
         MidOut, MidLse, O, b, tl.program_id(1), tl.load(seq_lens + b),
         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, tl.program_id(2) * BLOCK_D,
+        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, MIN_CHUNK, tl.program_id(2) * BLOCK_D,
     )
 
 
@@ -204,29 +264,40 @@ def mla_decode_attention(
     out: torch.Tensor,  # [bs, heads, rank], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
-    tiles: tuple[int, int, int] | None = None,
+    tiles: tuple[int, int, int] | None = None, min_chunk: int | None = None,
+    fused_merge: bool | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1; `tiles`
-    overrides DECODE_TILES (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
+    `min_chunk` and `fused_merge` override DECODE_TILES, MIN_CHUNK and the merge's placement
+    (benchmarks)."""
     block_n, num_warps, num_stages = tiles or DECODE_TILES
+    min_chunk = MIN_CHUNK if min_chunk is None else min_chunk
+    assert min_chunk % block_n == 0, "chunks are whole key blocks"
+    fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
+    head_blocks = cdiv(num_heads, BLOCK_H)
+    counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
+    slice_d = min(MERGE_SLICE, block_r)
     _MLA_STAGE1.launch(
-        (bs, cdiv(num_heads, BLOCK_H), num_kv_splits), q, latent_cache, mid_out, mid_lse,
+        (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
         req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
-        BLOCK_H=BLOCK_H, BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk,
+        FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
     )
-    slice_d = min(MERGE_SLICE, block_r)
+    if fused:
+        return
     _MLA_MERGE.launch(
         (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, num_warps=4, num_stages=1,
+        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk,
+        num_warps=4, num_stages=1,
     )
 
 

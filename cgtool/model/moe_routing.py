@@ -21,12 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program aligns this many pairs (decode up to bs 512 at top 8) in one launch; past it the
 # work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.
 ONE_PROGRAM_PAIRS = 4096
 PAIRS_BLOCK = 1024
+# Up to this many tokens the router's logits and the routing are one launch (router_route),
+# ROUTER_ROUTE_EXPERTS experts a program over ROUTER_ROUTE_K-wide slices of the hidden size.
+ROUTER_ROUTE_TOKENS = 4
+ROUTER_ROUTE_EXPERTS = 4
+ROUTER_ROUTE_K = 256
 BLOCKS_BLOCK = 64
 
 
@@ -78,18 +84,18 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _route_kernel(
-    Logits, Weights, Ids, num_tokens, scale,
+def _route_tokens(
+    Logits, Weights, Ids, tokens, num_tokens, scale,
     NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-    RENORM: tl.constexpr, BLOCK_T: tl.constexpr,
+    RENORM: tl.constexpr, BLOCK_T: tl.constexpr, CACHE: tl.constexpr,
 ):
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    """Softmax, top k, renormalisation and scaling of the logits of `tokens` [BLOCK_T]."""
     mask_t = tokens < num_tokens
     offs_e = tl.arange(0, BLOCK_E)
     is_expert = offs_e[None, :] < NUM_EXPERTS
     logits = tl.load(
         Logits + tokens[:, None] * NUM_EXPERTS + offs_e[None, :], mask=mask_t[:, None] & is_expert,
-        other=0.0,
+        other=0.0, cache_modifier=CACHE,
     )
     logits = tl.where(is_expert, logits, float("-inf"))  # rows past the batch stay finite
     p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -110,7 +116,51 @@ def _route_kernel(
     tl.store(Ids + out, ids, mask=mask)
 
 
+@triton.jit
+def _route_kernel(
+    Logits, Weights, Ids, num_tokens, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
+    RENORM: tl.constexpr, BLOCK_T: tl.constexpr,
+):
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    _route_tokens(Logits, Weights, Ids, tokens, num_tokens, scale, NUM_EXPERTS, BLOCK_E, TOP_K,
+                  BLOCK_K, RENORM, BLOCK_T, "")
+
+
+@triton.jit
+def _router_route_kernel(
+    X, W, Logits, Weights, Ids, Tickets, num_tokens, hidden, stride_xt, stride_we, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr, ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
+    BLOCK_TOPK: tl.constexpr, RENORM: tl.constexpr,
+):
+    # A few tokens: each program takes BLOCK_E experts for every token, products on the CUDA
+    # cores (tl.dot would pad the tokens to 16 rows and leave most SMs idle), then the last
+    # program to finish routes every token (runtime.tickets): one launch, not two.
+    tokens = tl.arange(0, BLOCK_T)
+    experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    mask_t = tokens < num_tokens
+    mask_e = experts < NUM_EXPERTS
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        mask_k = offs_k < hidden - k0
+        x = tl.load(X + tokens[:, None].to(tl.int64) * stride_xt + k0 + offs_k[None, :],
+                    mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        w = tl.load(W + experts[:, None] * stride_we + k0 + offs_k[None, :],
+                    mask=mask_e[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    tl.store(Logits + tokens[:, None] * NUM_EXPERTS + experts[None, :], acc,
+             mask=mask_t[:, None] & mask_e[None, :])
+    tl.debug_barrier()  # every thread's logits stored before the ticket's release
+    if tl.atomic_add(Tickets, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.atomic_xchg(Tickets, 0, sem="relaxed", scope="gpu")
+        _route_tokens(Logits, Weights, Ids, tokens, num_tokens, scale, NUM_EXPERTS, ALL_EXPERTS,
+                      TOP_K, BLOCK_TOPK, RENORM, BLOCK_T, ".cg")
+
+
 _ROUTE = CachedKernel(_route_kernel)
+_ROUTER_ROUTE = CachedKernel(_router_route_kernel)
 
 
 def route_topk(
@@ -281,14 +331,45 @@ def fused_route(
     """`moe.route` of the router's logits for x: two kernels, one opaque node for dynamo."""
     if torch.compiler.is_compiling():
         return torch.ops.cgtool.route_topk(x, weight, top_k, renormalise, scale)
+    return _fused_route(x, weight, top_k, renormalise, scale)
+
+
+def _fused_route(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.shape[0] <= ROUTER_ROUTE_TOKENS:
+        return router_route(x, weight, top_k, renormalise, scale)
     return route_topk(router_logits(x, weight), top_k, renormalise, scale)
+
+
+def router_route(
+    x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float,
+    block_e: int = ROUTER_ROUTE_EXPERTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_topk(router_logits(x, weight), ...)` in one launch, for a few tokens
+    (ROUTER_ROUTE_TOKENS at most); `block_e` experts a program (benchmarks)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    assert weight.stride(-1) == 1 and x.shape[0] <= ROUTER_ROUTE_TOKENS
+    num_tokens, hidden = x.shape
+    num_experts = weight.shape[0]
+    logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
+    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
+    _ROUTER_ROUTE.launch(
+        (cdiv(num_experts, block_e),), x, weight, logits, weights, ids, tickets(x.device, 1),
+        num_tokens, hidden, x.stride(0), weight.stride(0), float(scale),
+        NUM_EXPERTS=num_experts, BLOCK_T=next_power_of_2(num_tokens), BLOCK_E=block_e,
+        BLOCK_K=ROUTER_ROUTE_K, ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k,
+        BLOCK_TOPK=next_power_of_2(top_k), RENORM=renormalise, num_warps=4,
+    )
+    return weights, ids
 
 
 @torch.library.custom_op("cgtool::route_topk", mutates_args=())
 def _route_topk_op(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return route_topk(router_logits(x, weight), top_k, renormalise, scale)
+    return _fused_route(x, weight, top_k, renormalise, scale)
 
 
 @_route_topk_op.register_fake

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from cgtool.model.moe_routing import align_block_size, max_padded_pairs
+from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 __all__ = ["align_block_size", "max_padded_pairs", "fused_experts", "experts_config"]
@@ -59,8 +60,19 @@ CONFIGS: tuple[tuple[float, ExpertsConfig], ...] = (
 )
 
 
-def experts_config(num_pairs: int, num_experts: int) -> ExpertsConfig:
+# block_m of the direct path: no alignment, one pair a block (`direct_align`), and the down
+# GEMM's programs sum each token's rows. Up to DIRECT_TOKENS tokens; its tiles are the best of
+# issue 33's second sweep (bs 1, H200).
+DIRECT = 0
+DIRECT_TOKENS = 1
+DIRECT_CONFIG = ExpertsConfig(DIRECT, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
+MIN_BLOCK_M = 16  # tl.dot's fewest rows: the direct path's blocks are one row of 16
+
+
+def experts_config(num_pairs: int, num_experts: int, num_tokens: int | None = None) -> ExpertsConfig:
     """Fixed by the shapes alone, so a captured grid stays valid for any routing."""
+    if num_tokens is not None and num_tokens <= DIRECT_TOKENS:
+        return DIRECT_CONFIG
     mean_rows = num_pairs / num_experts
     return next(config for bound, config in CONFIGS if mean_rows <= bound)
 
@@ -71,19 +83,25 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
 
 @triton.jit
 def _grouped_gemm_kernel(
-    A, B, C, sorted_pair_ids, block_experts, num_padded, pair_weights,
+    A, B, C, sorted_pair_ids, block_experts, num_padded, pair_weights, Out, Tickets,
     num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
     PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
-    PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
-    # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up.
+    # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up. DIRECT: a block is
+    # one pair and block_experts holds each pair's expert (the routing's ids, unaligned); the
+    # down GEMM then also sums each token's TOP_K rows into Out (TOP_K > 0).
     pid_m = tl.program_id(0)
-    if pid_m * BLOCK_M >= tl.load(num_padded):
-        return  # the grid covers the worst case; this block holds only padding
-    expert = tl.load(block_experts + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_pair_ids + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    if DIRECT:
+        expert = tl.load(block_experts + pid_m).to(tl.int64)
+        pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded):
+            return  # the grid covers the worst case; this block holds only padding
+        expert = tl.load(block_experts + pid_m).to(tl.int64)
+        pairs = tl.load(sorted_pair_ids + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     mask_m = pairs < num_pairs
     rows = (pairs // PAIRS_PER_ROW).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -116,6 +134,25 @@ def _grouped_gemm_kernel(
         acc = acc * tl.load(pair_weights + pairs, mask=mask_m, other=0.0)[:, None]
     c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if TOP_K > 0:
+        _sum_top_k_last(C, Out, Tickets, pid_m // TOP_K, offs_n, mask_n, N, stride_cm, TOP_K, BLOCK_N)
+
+
+@triton.jit
+def _sum_top_k_last(
+    Y, Out, Tickets, token, offs_n, mask_n, N, stride_ym, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """The last of a token's TOP_K programs over these columns sums their rows into Out, in
+    slot order from zero as `_combine_kernel` does (runtime.tickets)."""
+    tl.debug_barrier()  # every thread's row stored before the ticket's release
+    ticket = Tickets + token * tl.num_programs(1) + tl.program_id(1)
+    if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
+        tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in tl.static_range(TOP_K):
+            acc += tl.load(Y + (token * TOP_K + j).to(tl.int64) * stride_ym + offs_n, mask=mask_n,
+                           other=0.0, cache_modifier=".cg")
+        tl.store(Out + token.to(tl.int64) * N + offs_n, acc.to(Out.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
@@ -137,22 +174,38 @@ _COMBINE = CachedKernel(_combine_kernel)
 def grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, align: tuple[torch.Tensor, ...],
     pair_weights: torch.Tensor, pairs_per_row: int, block_m: int, tiles: GemmTiles,
-    mul_weight: bool, gated: bool,
+    mul_weight: bool, gated: bool, summed: torch.Tensor | None = None, top_k: int = 0,
 ) -> None:
+    """One grouped GEMM over `align` (alignment's three tensors, or `direct_align`'s); with
+    `summed` (direct only), each token's top_k rows of `out` also summed into it."""
     sorted_pair_ids, block_experts, num_padded = align
+    direct = sorted_pair_ids is block_experts
     assert a.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1
+    assert summed is None or direct, "the top-k sum in the GEMM takes one pair a block"
     n_out, k_in = w.shape[1] // (2 if gated else 1), w.shape[2]
     block_k = min(tiles.block_k, max(16, next_power_of_2(k_in)))
     grid = (block_experts.numel(), cdiv(n_out, tiles.block_n))
+    counters = out if summed is None else tickets(out.device, summed.shape[0] * grid[1])
     # fp32 weights take exact fp32 products: TF32 would drift from the reference.
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     _GROUPED_GEMM.launch(
         grid, a, w, out, sorted_pair_ids, block_experts, num_padded, pair_weights,
+        out if summed is None else summed, counters,
         out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
-        EVEN_K=k_in % block_k == 0, BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
+        EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
+
+
+def direct_align(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The grouped GEMM's blocks without alignment: one pair a block, its expert from the
+    routing's ids. Each pair reads its expert's weights, so experts that several pairs share
+    are read once each; worth it where a launch costs more than the repeats (one token)."""
+    flat = ids.reshape(-1)
+    flat = flat if flat.dtype == torch.int32 else flat.int()
+    return flat, flat, flat
 
 
 def combine_top_k(y: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -172,15 +225,22 @@ def _launch_fused_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     num_tokens, top_k = ids.shape
     num_experts, num_pairs, hidden = gate_up.shape[0], ids.numel(), x.shape[1]
-    config = config or experts_config(num_pairs, num_experts)
-    align = align_block_size(ids, num_experts, config.block_m)
+    config = config or experts_config(num_pairs, num_experts, num_tokens)
+    direct = config.block_m == DIRECT
+    block_m = MIN_BLOCK_M if direct else config.block_m
+    align = direct_align(ids) if direct else align_block_size(ids, num_experts, block_m)
     pair_weights = weights.float().contiguous()  # [num_pairs] read flat, fp32 as routed
     act = torch.empty((num_pairs, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)  # [pairs, I]
-    grouped_gemm(x, gate_up, act, align, pair_weights, top_k, config.block_m, config.up,
+    grouped_gemm(x, gate_up, act, align, pair_weights, top_k, block_m, config.up,
                  mul_weight=False, gated=True)
     # fp32 partial outputs, so the top-k sum rounds once, as the reference's einsum does.
     y = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)  # [pairs, hidden]
-    grouped_gemm(act, down, y, align, pair_weights, 1, config.block_m, config.down,
+    if direct:
+        out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
+        grouped_gemm(act, down, y, align, pair_weights, 1, block_m, config.down,
+                     mul_weight=True, gated=False, summed=out, top_k=top_k)
+        return out
+    grouped_gemm(act, down, y, align, pair_weights, 1, block_m, config.down,
                  mul_weight=True, gated=False)
     return combine_top_k(y, top_k, x.dtype)
 
