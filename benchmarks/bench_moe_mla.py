@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 
 from cgtool.attention.triton_mla import (
-    DECODE_TILES,
     EXTEND_TILES,
     mla_decode_attention,
     mla_extend_attention,
@@ -79,7 +78,7 @@ DIRECT_UP = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(32, 2
 DIRECT_DOWN = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(128, 128, 4, 4),
                GemmTiles(64, 256, 4, 3), GemmTiles(32, 256, 4, 4), GemmTiles(64, 64, 4, 6),
                GemmTiles(128, 64, 4, 6)]
-ROUTER_BLOCKS_E = [1, 2, 4, 8, 16]
+ROUTER_BLOCKS_E = [1, 2, 4, 8]
 
 
 def log(msg: str) -> None:
@@ -315,22 +314,19 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
     bound_us = bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     default_splits = mla_num_kv_splits(bs, MLA_HEADS)
 
-    def run(tiles, splits, min_chunk=None, fused=None):
+    def run(tiles, splits, fused=None):
         return graph_us(lambda: [mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                                      tiles, min_chunk, fused) for c in caches]) / layers
+                                                      tiles, fused) for c in caches]) / layers
 
     row = {"bs": bs, "context": ctx, "bound_us": bound_us, "splits": default_splits,
-           "us": run(DECODE_TILES, default_splits)}
+           "us": run(None, default_splits)}
     if sweep:
         tried = []
-        for tiles in [(64, 8, 2), (32, 4, 2), (32, 8, 3), (64, 4, 2)]:
+        for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 2)]:
             for splits in sorted({default_splits, 1, 2, 4, 8} if bs > 1 else {8, 16, 32, 64}):
-                for min_chunk in (0, 512):
-                    for fused in ((False, True) if splits <= 8 else (False,)):
-                        if min_chunk % tiles[0] or (min_chunk and splits == 1):
-                            continue
-                        tried.append({"tiles": list(tiles), "splits": splits, "min_chunk": min_chunk,
-                                      "fused": fused, "us": run(tiles, splits, min_chunk, fused)})
+                for fused in ((False, True) if splits <= 8 else (False,)):
+                    tried.append({"tiles": list(tiles), "splits": splits, "fused": fused,
+                                  "us": run(tiles, splits, fused)})
         row["sweep"] = tried
     return row
 

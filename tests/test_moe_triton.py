@@ -110,17 +110,16 @@ def test_router_logits_kernel_matches_the_fp32_linear(num_tokens, num_experts, h
     torch.testing.assert_close(router_logits(x, w), torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("num_tokens,num_experts,top_k,hidden", [(1, 8, 2, 48), (3, 64, 6, 300), (4, 6, 6, 32)])
+@pytest.mark.parametrize("num_experts,top_k,hidden", [(8, 2, 48), (64, 6, 300), (6, 6, 32), (128, 8, 2100)])
 @pytest.mark.parametrize("renormalise", [True, False])
-def test_router_and_routing_in_one_launch_match_the_two_kernels(num_tokens, num_experts, top_k, hidden,
-                                                                renormalise):
-    # 64 experts over 16 programs and a hidden size past one 256-wide slice; the last program
-    # routes every token and leaves its counter at zero for the next launch.
+def test_router_and_routing_in_one_launch_match_the_two_kernels(num_experts, top_k, hidden, renormalise):
+    # 64 experts over 16 programs; hidden 2100 takes two slices of the row. The last program
+    # routes the token and leaves its counter at zero for the next launch.
     from cgtool.model.moe_routing import router_route
     from cgtool.runtime.tickets import tickets
 
     gen = torch.Generator(device=DEVICE).manual_seed(5)
-    x = torch.randn(num_tokens, hidden, generator=gen, device=DEVICE)
+    x = torch.randn(1, hidden, generator=gen, device=DEVICE)
     w = torch.randn(num_experts, hidden, generator=gen, device=DEVICE)
     weights, ids = router_route(x, w, top_k, renormalise, 1.5)
     ref_weights, ref_ids = route_topk(router_logits(x, w), top_k, renormalise, 1.5)
@@ -129,7 +128,20 @@ def test_router_and_routing_in_one_launch_match_the_two_kernels(num_tokens, num_
     assert tickets(DEVICE, 1).item() == 0
 
 
-def test_fused_route_takes_one_launch_for_a_few_tokens_only(monkeypatch):
+def test_routing_by_rank_breaks_ties_as_rounds_of_argmax():
+    # Equal logits: the lower expert comes first, as torch.topk and the argmax rounds order them.
+    from cgtool.model.moe_routing import router_route
+
+    x = torch.ones(1, 16, device=DEVICE)
+    w = torch.zeros(8, 16, device=DEVICE)
+    w[[1, 3, 6, 7], :] = 1.0  # four experts tie at the top
+    weights, ids = router_route(x, w, 3, True, 1.0)
+    ref_weights, ref_ids = route_topk(router_logits(x, w), 3, True, 1.0)
+    assert ids.tolist() == ref_ids.tolist() == [[1, 3, 6]]
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+
+
+def test_fused_route_takes_one_launch_for_one_token_only(monkeypatch):
     from cgtool.model import moe_routing
 
     calls = []
@@ -137,9 +149,9 @@ def test_fused_route_takes_one_launch_for_a_few_tokens_only(monkeypatch):
     monkeypatch.setattr(moe_routing, "route_topk", lambda *a, **k: calls.append("two") or ("w", "i"))
     monkeypatch.setattr(moe_routing, "router_logits", lambda *a, **k: None)
     w = torch.randn(8, 16, device=DEVICE)
-    for n in (1, moe_routing.ROUTER_ROUTE_TOKENS, moe_routing.ROUTER_ROUTE_TOKENS + 1):
+    for n in (1, 2, 5):
         moe_routing.fused_route(torch.randn(n, 16, device=DEVICE), w, 2, True, 1.0)
-    assert calls == ["one", "one", "two"]
+    assert calls == ["one", "two", "two"]
 
 
 @pytest.mark.parametrize("num_tokens,top_k", [(1, 4), (3, 4)])
@@ -301,17 +313,17 @@ def test_direct_path_replays_equal_to_the_aligned_path_in_bf16(num_experts, top_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [1, 4])
-def test_router_and_routing_in_one_launch_replay_the_two_kernels_choice_in_bf16(num_tokens):
+@pytest.mark.parametrize("num_experts,top_k", [(64, 6), (128, 8)])
+def test_router_and_routing_in_one_launch_replay_the_two_kernels_choice_in_bf16(num_experts, top_k):
     from cgtool.model.moe_routing import router_route
 
-    x = torch.randn(num_tokens, 2048, device="cuda").to(torch.bfloat16)
-    w = (torch.randn(128, 2048, device="cuda") * 2048**-0.5).to(torch.bfloat16)
-    ref_weights, ref_ids = route_topk(router_logits(x, w), 8, True, 1.0)
-    router_route(x, w, 8, True, 1.0)
+    x = torch.randn(1, 2048, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(num_experts, 2048, device="cuda") * 2048**-0.5).to(torch.bfloat16)
+    ref_weights, ref_ids = route_topk(router_logits(x, w), top_k, True, 1.0)
+    router_route(x, w, top_k, True, 1.0)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        weights, ids = router_route(x, w, 8, True, 1.0)
+        weights, ids = router_route(x, w, top_k, True, 1.0)
     for _ in range(50):
         ids.fill_(-1)
         graph.replay()

@@ -179,7 +179,7 @@ def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_re
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def _decode_direct(seq_lens, num_kv_splits, min_chunk, fused_merge, num_heads=20, rank=48, rope=16):
+def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16):
     """mla_decode_attention called directly on one latent pool, with the chunking given."""
     from cgtool.attention.triton_mla import mla_decode_attention
 
@@ -189,29 +189,26 @@ def _decode_direct(seq_lens, num_kv_splits, min_chunk, fused_merge, num_heads=20
     mla_decode_attention(
         q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
         torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, tiles=(16, 4, 2),
-        min_chunk=min_chunk, fused_merge=fused_merge,
+        fused_merge=fused_merge,
     )
     return out
 
 
-@pytest.mark.parametrize(("num_kv_splits", "min_chunk"), [(4, 0), (8, 32), (2, 64), (8, 0)])
-def test_merge_in_the_last_program_matches_the_merge_kernel(num_kv_splits, min_chunk):
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 4, 8])
+def test_merge_in_the_last_program_matches_the_merge_kernel(num_kv_splits):
     # 20 heads: a full block and a partial one, each with its own ticket; lengths 1 and 3 leave
-    # most chunks empty, 150 fills them all.
+    # most chunks empty, 150 fills them all. One chunk is written as the output directly.
     from cgtool.runtime.tickets import tickets
 
     seq_lens = [150, 1, 37, 3]
-    merged = _decode_direct(seq_lens, num_kv_splits, min_chunk, fused_merge=False)
-    fused = _decode_direct(seq_lens, num_kv_splits, min_chunk, fused_merge=True)
+    merged = _decode_direct(seq_lens, num_kv_splits, fused_merge=False)
+    fused = _decode_direct(seq_lens, num_kv_splits, fused_merge=True)
     assert not fused.isnan().any()
     torch.testing.assert_close(fused, merged, rtol=1e-6, atol=1e-6)
     assert tickets("cpu", 8).eq(0).all(), "the last program puts its counter back to zero"
 
 
-def test_a_minimum_chunk_gives_the_same_attention_with_fewer_chunks():
-    seq_lens = [150, 1, 70]
-    spread = _decode_direct(seq_lens, 8, 0, fused_merge=False)
-    for min_chunk in (64, 256):
-        torch.testing.assert_close(
-            _decode_direct(seq_lens, 8, min_chunk, fused_merge=True), spread, rtol=1e-5, atol=1e-5,
-        )
+def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
+    from cgtool.attention.triton_mla import mla_num_kv_splits
+
+    assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]

@@ -87,22 +87,16 @@ def launch_config() -> tuple[int, int, int]:
 
 
 @triton.jit
-def split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Keys per chunk: whole BLOCK_N multiples and at least MIN_CHUNK (a multiple of BLOCK_N,
-    or 0), so a short request fills fewer chunks."""
-    keys = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    if MIN_CHUNK > 0:
-        keys = tl.maximum(keys, MIN_CHUNK)
-    return keys
+def split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys per chunk: whole BLOCK_N multiples, so a short request fills fewer chunks."""
+    return tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
-def split_bounds(
-    seq_lens, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr,
-):
+def split_bounds(seq_lens, b, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(start, end) of request b's keys in chunk `split`; empty when the request is shorter."""
     seq_len = tl.load(seq_lens + b)
-    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
     split_start = split * keys
     return split_start, tl.minimum(split_start + keys, seq_len)
 
@@ -207,7 +201,7 @@ def merge_head(
     MidOut, MidLse, O, b, head, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    MIN_CHUNK: tl.constexpr, d_start=0,
+    d_start=0,
 ):
     """One head's output from its chunks, weighted by their log-sum-exps.
 
@@ -215,7 +209,7 @@ def merge_head(
     in the same order: a batch padded to a captured size (and a split count of its own)
     reads the same bits as at its own size, where a split-count-wide sum differed by an ulp."""
     offs_s = tl.arange(0, MERGE_LANES)
-    used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK) < seq_len  # stage 1 skipped the rest
+    used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
     offs_d = d_start + tl.arange(0, BLOCK_D)  # MLA's 512-wide heads merge in slices
     mask_d = offs_d < HEAD_DIM
     lse_ptrs = MidLse + b * stride_lb + head * stride_lh + offs_s

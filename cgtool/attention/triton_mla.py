@@ -42,24 +42,25 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 BLOCK_H = 16
 # tl.dot needs at least 16 along every dimension: narrower parts are padded with masked lanes.
 MIN_DOT = 16
-# Decode's (keys per step, warps, pipeline stages), the best of issue 33's sweep (H200,
-# 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json) at every batch size
-# and context tried: 64 keys a step at 8 warps, 1.1-1.3x the 32 at 4 before.
+# Decode's (keys per step, warps, pipeline stages): 64 keys a step, 1.1-1.3x the 32 before
+# (H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json). At 8 warps
+# for many chunks a request (small batches); at 4 where the last program merges (call4: bs 64
+# and 256, 1k-8k contexts, 3-9% faster than 8 warps).
 DECODE_TILES = (64, 8, 2)
+DECODE_TILES_FUSED = (64, 4, 2)
 # Programs stage 1 aims for. A chunk's partial output is a whole 512-wide latent per head (32
 # KiB fp32 for 16 heads), so each chunk adds writes that the dense kernel's 128-wide heads do
-# not; in the same sweep bs 64 and 256 ran fastest at 4 and 2 chunks, bs 1 at 32-64.
+# not. In call4's sweep bs 256 ran fastest in one chunk a request (92 us at a 1k context
+# against 102 in two), bs 64 in four, bs 1 in 32-64.
 MLA_TARGET_PROGRAMS = 256
 # The merge reads a head's 64 chunk lanes in slices this wide: a whole [64, 512] fp32 tile
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
 # 1k context ran 1.0 ms where its latent read takes 0.07).
 MERGE_SLICE = 128
-# Keys a chunk holds at the least, whatever the split count: short contexts then fill fewer
-# chunks and the programs past them return at once. 0: chunks follow the split count alone.
-MIN_CHUNK = 0
 # Up to this many chunks a request, the program that finishes a request's head block last
-# merges its chunks (runtime.tickets) instead of a second launch; past it one program's merge
-# would read too many partials alone.
+# merges its chunks (runtime.tickets) instead of a second launch, and one chunk is written as
+# the output at once; past it one program's merge would read too many partials alone. call4:
+# bs 64 at a 1k context 38 us against 53 with the merge kernel.
 FUSED_MERGE_SPLITS = 8
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
@@ -93,12 +94,12 @@ def _merge_head_block(
     MidOut, MidLse, O, b, heads, mask_h, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
     """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), the
     chunks added in split order, so chunks a request leaves empty add exact zeros. Loads go
     to L2 (.cg): other programs wrote the partials, and L1 is not coherent with them."""
-    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
     lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
     lse_max = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     for s in tl.static_range(NUM_SPLITS):
@@ -134,13 +135,13 @@ def _mla_decode_stage1(
     stride_lb, stride_lh, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, MERGE_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    MERGE_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
-    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
     if split_end > split_start:  # the merge skips empty chunks
@@ -159,11 +160,20 @@ def _mla_decode_stage1(
                 acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
                 offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
             )
-        store_split(
-            MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
-            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-        )
-    if FUSED_MERGE:
+        if FUSED_MERGE and NUM_SPLITS == 1:  # the merge of one chunk is the chunk itself
+            tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_r[None, :],
+                     (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_h[:, None] & mask_r[None, :])
+        else:
+            store_split(
+                MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
+                stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+            )
+    elif FUSED_MERGE and NUM_SPLITS == 1:  # no keys: zeros, as the merge writes them
+        offs_z = tl.arange(0, BLOCK_R)
+        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_z[None, :],
+                 tl.zeros((BLOCK_H, BLOCK_R), dtype=O.dtype.element_ty),
+                 mask=mask_h[:, None] & (offs_z[None, :] < RANK))
+    if FUSED_MERGE and NUM_SPLITS > 1:
         # Every program of the request's head block takes a ticket, empty chunks too; the
         # barrier puts all of this program's stores before its release.
         tl.debug_barrier()
@@ -173,7 +183,7 @@ def _mla_decode_stage1(
             _merge_head_block(
                 MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS, MIN_CHUNK,
+                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS,
             )
 
 
@@ -224,20 +234,19 @@ def _mla_merge_kernel(
     MidOut, MidLse, O, seq_lens,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    MIN_CHUNK: tl.constexpr,
 ):
     b = tl.program_id(0)
     merge_head(
         MidOut, MidLse, O, b, tl.program_id(1), tl.load(seq_lens + b),
         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, MIN_CHUNK, tl.program_id(2) * BLOCK_D,
+        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, tl.program_id(2) * BLOCK_D,
     )
 
 
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
     """A power of two fixed by the batch size, so a captured graph's grid stays valid."""
     wanted = next_power_of_2(cdiv(MLA_TARGET_PROGRAMS, batch_size * cdiv(num_heads, BLOCK_H)))
-    return max(2, min(MAX_KV_SPLITS, wanted))
+    return max(1, min(MAX_KV_SPLITS, wanted))
 
 
 _MLA_STAGE1 = CachedKernel(_mla_decode_stage1)
@@ -264,16 +273,12 @@ def mla_decode_attention(
     out: torch.Tensor,  # [bs, heads, rank], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
-    tiles: tuple[int, int, int] | None = None, min_chunk: int | None = None,
-    fused_merge: bool | None = None,
+    tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `min_chunk` and `fused_merge` override DECODE_TILES, MIN_CHUNK and the merge's placement
-    (benchmarks)."""
-    block_n, num_warps, num_stages = tiles or DECODE_TILES
-    min_chunk = MIN_CHUNK if min_chunk is None else min_chunk
-    assert min_chunk % block_n == 0, "chunks are whole key blocks"
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
+    `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
+    block_n, num_warps, num_stages = tiles or (DECODE_TILES_FUSED if fused else DECODE_TILES)
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
@@ -287,7 +292,7 @@ def mla_decode_attention(
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
-        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk,
+        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
         FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
@@ -296,8 +301,7 @@ def mla_decode_attention(
         (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk,
-        num_warps=4, num_stages=1,
+        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, num_warps=4, num_stages=1,
     )
 
 

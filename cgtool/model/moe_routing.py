@@ -5,7 +5,8 @@ Routing took six torch kernels (softmax, top-k, sum, divide, scale, a cast) and 
 pairs to blocks about 25 (scatter_add, cumsum, argsort, searchsorted and the index arithmetic
 between them), each a few microseconds of a replay whatever the batch, 48 layers a step.
 
-`route_topk` is softmax, top k, renormalisation and scaling in one kernel. `align_block_size`
+`route_topk` is softmax, top k, renormalisation and scaling in one kernel; for one token
+`router_route` computes the router's logits too, in the same launch. `align_block_size`
 sorts (token, slot) pairs by expert into blocks of block_m rows, as SGLang's and vLLM's
 moe_align_block_size kernels do: count each expert's pairs, scan the padded counts into run
 starts, then place each pair at its expert's cursor with an atomic increment. Up to
@@ -28,12 +29,13 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 # work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.
 ONE_PROGRAM_PAIRS = 4096
 PAIRS_BLOCK = 1024
-# Up to this many tokens the router's logits and the routing are one launch (router_route),
-# ROUTER_ROUTE_EXPERTS experts a program over ROUTER_ROUTE_K-wide slices of the hidden size.
-ROUTER_ROUTE_TOKENS = 4
-ROUTER_ROUTE_EXPERTS = 4
-ROUTER_ROUTE_K = 256
 BLOCKS_BLOCK = 64
+# A batch of this many tokens (one) takes the router's logits and the routing in one launch
+# (router_route), ROUTER_ROUTE_EXPERTS experts a program over ROUTER_ROUTE_K-wide slices of
+# the hidden size.
+ROUTER_ROUTE_TOKENS = 1
+ROUTER_ROUTE_EXPERTS = 4
+ROUTER_ROUTE_K = 2048
 
 
 @triton.jit
@@ -84,18 +86,18 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _route_tokens(
-    Logits, Weights, Ids, tokens, num_tokens, scale,
+def _route_kernel(
+    Logits, Weights, Ids, num_tokens, scale,
     NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-    RENORM: tl.constexpr, BLOCK_T: tl.constexpr, CACHE: tl.constexpr,
+    RENORM: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """Softmax, top k, renormalisation and scaling of the logits of `tokens` [BLOCK_T]."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     mask_t = tokens < num_tokens
     offs_e = tl.arange(0, BLOCK_E)
     is_expert = offs_e[None, :] < NUM_EXPERTS
     logits = tl.load(
         Logits + tokens[:, None] * NUM_EXPERTS + offs_e[None, :], mask=mask_t[:, None] & is_expert,
-        other=0.0, cache_modifier=CACHE,
+        other=0.0,
     )
     logits = tl.where(is_expert, logits, float("-inf"))  # rows past the batch stay finite
     p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
@@ -117,46 +119,55 @@ def _route_tokens(
 
 
 @triton.jit
-def _route_kernel(
-    Logits, Weights, Ids, num_tokens, scale,
-    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_K: tl.constexpr,
-    RENORM: tl.constexpr, BLOCK_T: tl.constexpr,
+def _route_one_by_rank(
+    Logits, Weights, Ids, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
 ):
-    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    _route_tokens(Logits, Weights, Ids, tokens, num_tokens, scale, NUM_EXPERTS, BLOCK_E, TOP_K,
-                  BLOCK_K, RENORM, BLOCK_T, "")
+    """`_route_kernel` for one token in a few reductions: each expert's place in the descending
+    order is the count of experts ahead of it (higher probability, or equal and a lower index,
+    as k rounds of argmax break ties), and the top k are stored at their places. The rounds of
+    argmax cost two block-wide reductions each, serial in the program that finishes last."""
+    offs_e = tl.arange(0, BLOCK_E)
+    is_expert = offs_e < NUM_EXPERTS
+    logits = tl.load(Logits + offs_e, mask=is_expert, other=float("-inf"), cache_modifier=".cg")
+    p = tl.exp(logits - tl.max(logits, axis=0))
+    p = p / tl.sum(p, axis=0)
+    other = offs_e[None, :]
+    ahead = (p[None, :] > p[:, None]) | ((p[None, :] == p[:, None]) & (other < offs_e[:, None]))
+    place = tl.sum(ahead.to(tl.int32), axis=1)
+    chosen = is_expert & (place < TOP_K)
+    weights = p
+    if RENORM:
+        weights = p / tl.sum(tl.where(chosen, p, 0.0), axis=0)
+    tl.store(Weights + place, weights * scale, mask=chosen)
+    tl.store(Ids + place, offs_e, mask=chosen)
 
 
 @triton.jit
 def _router_route_kernel(
-    X, W, Logits, Weights, Ids, Tickets, num_tokens, hidden, stride_xt, stride_we, scale,
-    NUM_EXPERTS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr, ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_TOPK: tl.constexpr, RENORM: tl.constexpr,
+    X, W, Logits, Weights, Ids, Tickets, hidden, stride_we, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
 ):
-    # A few tokens: each program takes BLOCK_E experts for every token, products on the CUDA
-    # cores (tl.dot would pad the tokens to 16 rows and leave most SMs idle), then the last
-    # program to finish routes every token (runtime.tickets): one launch, not two.
-    tokens = tl.arange(0, BLOCK_T)
+    # One token: each program takes BLOCK_E experts, products on the CUDA cores (tl.dot would
+    # pad the token to 16 rows and leave most SMs idle) over hidden slices of BLOCK_K (the
+    # whole row at once where it fits: a loop of loads without a dot is not pipelined), then
+    # the last program to finish routes the token (runtime.tickets): one launch, not two.
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    mask_t = tokens < num_tokens
     mask_e = experts < NUM_EXPERTS
     offs_k = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         mask_k = offs_k < hidden - k0
-        x = tl.load(X + tokens[:, None].to(tl.int64) * stride_xt + k0 + offs_k[None, :],
-                    mask=mask_t[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0).to(tl.float32)
         w = tl.load(W + experts[:, None] * stride_we + k0 + offs_k[None, :],
                     mask=mask_e[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-    tl.store(Logits + tokens[:, None] * NUM_EXPERTS + experts[None, :], acc,
-             mask=mask_t[:, None] & mask_e[None, :])
+        acc += tl.sum(x[None, :] * w, axis=1)
+    tl.store(Logits + experts, acc, mask=mask_e)
     tl.debug_barrier()  # every thread's logits stored before the ticket's release
     if tl.atomic_add(Tickets, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
         tl.atomic_xchg(Tickets, 0, sem="relaxed", scope="gpu")
-        _route_tokens(Logits, Weights, Ids, tokens, num_tokens, scale, NUM_EXPERTS, ALL_EXPERTS,
-                      TOP_K, BLOCK_TOPK, RENORM, BLOCK_T, ".cg")
+        _route_one_by_rank(Logits, Weights, Ids, scale, NUM_EXPERTS, ALL_EXPERTS, TOP_K, RENORM)
 
 
 _ROUTE = CachedKernel(_route_kernel)
@@ -337,8 +348,8 @@ def fused_route(
 def _fused_route(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if x.shape[0] <= ROUTER_ROUTE_TOKENS:
-        return router_route(x, weight, top_k, renormalise, scale)
+    if x.shape[0] == ROUTER_ROUTE_TOKENS:
+        return router_route(x if x.stride(-1) == 1 else x.contiguous(), weight, top_k, renormalise, scale)
     return route_topk(router_logits(x, weight), top_k, renormalise, scale)
 
 
@@ -346,21 +357,18 @@ def router_route(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float,
     block_e: int = ROUTER_ROUTE_EXPERTS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`route_topk(router_logits(x, weight), ...)` in one launch, for a few tokens
-    (ROUTER_ROUTE_TOKENS at most); `block_e` experts a program (benchmarks)."""
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    assert weight.stride(-1) == 1 and x.shape[0] <= ROUTER_ROUTE_TOKENS
-    num_tokens, hidden = x.shape
-    num_experts = weight.shape[0]
-    logits = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
-    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=x.device)
-    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=x.device)
+    """`route_topk(router_logits(x, weight), ...)` of one token in one launch; `block_e`
+    experts a program (benchmarks)."""
+    assert x.shape[0] == ROUTER_ROUTE_TOKENS and x.stride(-1) == 1 and weight.stride(-1) == 1
+    hidden, num_experts = x.shape[1], weight.shape[0]
+    logits = torch.empty((1, num_experts), dtype=torch.float32, device=x.device)
+    weights = torch.empty((1, top_k), dtype=torch.float32, device=x.device)
+    ids = torch.empty((1, top_k), dtype=torch.int32, device=x.device)
     _ROUTER_ROUTE.launch(
         (cdiv(num_experts, block_e),), x, weight, logits, weights, ids, tickets(x.device, 1),
-        num_tokens, hidden, x.stride(0), weight.stride(0), float(scale),
-        NUM_EXPERTS=num_experts, BLOCK_T=next_power_of_2(num_tokens), BLOCK_E=block_e,
-        BLOCK_K=ROUTER_ROUTE_K, ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k,
-        BLOCK_TOPK=next_power_of_2(top_k), RENORM=renormalise, num_warps=4,
+        hidden, weight.stride(0), float(scale),
+        NUM_EXPERTS=num_experts, BLOCK_E=block_e, BLOCK_K=min(ROUTER_ROUTE_K, next_power_of_2(hidden)),
+        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, num_warps=4,
     )
     return weights, ids
 

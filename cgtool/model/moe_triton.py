@@ -28,7 +28,7 @@ from cgtool.model.moe_routing import align_block_size, max_padded_pairs
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
-__all__ = ["align_block_size", "max_padded_pairs", "fused_experts", "experts_config"]
+__all__ = ["align_block_size", "direct_align", "experts_config", "fused_experts", "max_padded_pairs"]
 
 
 @dataclass(frozen=True)
