@@ -13,7 +13,8 @@ device-to-device copy bandwidth and the throughput of one large bf16 torch.mm.
   roofline: the latent rows read at the copy bandwidth. MLA extend of 512-8192 new tokens,
   with and without a cached prefix, against the torch.mm rate.
 
-    python3 benchmarks/bench_moe_mla.py --out results.json [--no-sweep] [--parts mla,moe] [--dry]
+    python3 benchmarks/bench_moe_mla.py --out results.json [--no-sweep] [--parts mla,moe]
+        [--sweep-parts moe,moe-direct,mla] [--dry]
 """
 
 from __future__ import annotations
@@ -355,6 +356,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--no-sweep", action="store_true")
     parser.add_argument("--parts", default="moe,mla")
+    parser.add_argument("--sweep-parts", default="moe,mla", help="where to sweep: moe, moe-direct (bs 1 only), mla")
     parser.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     sweep = not args.no_sweep
@@ -371,7 +373,7 @@ def main() -> None:
     if "mla" in args.parts:
         result["mla"]["decode"] = []
         for bs, ctx in MLA_DECODE:
-            row = mla_decode_case(bs, ctx, copy_bs, sweep)
+            row = mla_decode_case(bs, ctx, copy_bs, sweep and "mla" in args.sweep_parts)
             result["mla"]["decode"].append(row)
             best = min(row.get("sweep", [row]), key=lambda s: s["us"])
             log(f"mla decode bs={bs} ctx={ctx}: {row['us']:.1f} us, bound {row['bound_us']:.1f} us = "
@@ -391,7 +393,8 @@ def main() -> None:
             layers = MoeLayers(name)
             rows = []
             for n in DECODE_BS + EXTEND_TOKENS:
-                row = moe_case(layers, n, copy_bs, peak, sweep)
+                row = moe_case(layers, n, copy_bs, peak, sweep and (
+                    "moe" in args.sweep_parts.replace("moe-direct", "") or ("moe-direct" in args.sweep_parts and n == 1)))
                 rows.append(row)
                 log(f"moe {name} n={n}: layer {row['layer_us']:.1f} us (old {row['old_layer_us']:.1f}), "
                     f"bound {row['bound_us']:.1f} us = {100 * row['bound_us'] / row['layer_us']:.0f}%; "
