@@ -59,7 +59,7 @@ DEVICE = "cuda"
 MOE = {"qwen3-30b-a3b": (128, 8, 2048, 768, True), "deepseek-v2-lite": (64, 6, 2048, 1408, False)}
 MLA_HEADS, RANK, ROPE = 16, 512, 64  # deepseek-v2-lite
 DECODE_BS, EXTEND_TOKENS = [1, 8, 64, 256], [512, 2048, 8192]
-MLA_DECODE = [(bs, ctx) for bs in (1, 64, 256) for ctx in (1024, 8192)]
+MLA_DECODE = [(bs, ctx) for bs in (1, 16, 32, 64, 256) for ctx in (1024, 8192)]
 MLA_EXTEND = [(512, 0), (2048, 0), (8192, 0), (2048, 6144)]  # (new tokens, cached prefix)
 OLD_TILES = GemmTiles(64, 64, 4, 3)  # before issue 33: 64x64 tiles, Triton's default 3 stages
 SMALL_UP = [GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(32, 256, 4, 3),
@@ -228,7 +228,7 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     row["old_router_gemm_us"] = per(lambda: [F.linear(x.float(), w.float()) for w in layers.router])
     row["route_us"] = per(lambda: [route_topk(lg, k, layers.renorm, 1.0) for lg in logits])
     if n <= ROUTER_ROUTE_TOKENS:  # router and routing in one launch
-        row["router_route_us"] = per(fused_router(4))
+        row["router_route_us"] = per(fused_router(None))
     row["align_us"] = 0.0 if direct else per(lambda: [align_block_size(ids, E, bm) for _, ids in routed])
     row["up_us"], row["down_us"] = per(up(config.up)), per(down(config.down))
     row["combine_us"] = 0.0 if direct else per(lambda: [combine_top_k(y, k, DTYPE) for _ in range(LAYERS)])
@@ -323,8 +323,8 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
            "us": run(None, default_splits)}
     if sweep:
         tried = []
-        for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 2)]:
-            for splits in sorted({default_splits, 1, 2, 4, 8} if bs > 1 else {8, 16, 32, 64}):
+        for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 3), (32, 4, 4)]:
+            for splits in sorted({default_splits, 1, 2, 4, 8} if bs > 16 else {8, 16, 32, 64}):
                 for fused in ((False, True) if splits <= 8 else (False,)):
                     tried.append({"tiles": list(tiles), "splits": splits, "fused": fused,
                                   "us": run(tiles, splits, fused)})

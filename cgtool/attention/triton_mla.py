@@ -58,9 +58,9 @@ MLA_TARGET_PROGRAMS = 256
 # 1k context ran 1.0 ms where its latent read takes 0.07).
 MERGE_SLICE = 128
 # Up to this many chunks a request, the program that finishes a request's head block last
-# merges its chunks (runtime.tickets) instead of a second launch, and one chunk is written as
-# the output at once; past it one program's merge would read too many partials alone. call4:
-# bs 64 at a 1k context 38 us against 53 with the merge kernel.
+# merges its chunks (runtime.tickets) instead of a second launch; past it one program's merge
+# would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
+# merge kernel.
 FUSED_MERGE_SPLITS = 8
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
@@ -160,20 +160,13 @@ def _mla_decode_stage1(
                 acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
                 offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
             )
-        if FUSED_MERGE and NUM_SPLITS == 1:  # the merge of one chunk is the chunk itself
-            tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_r[None, :],
-                     (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_h[:, None] & mask_r[None, :])
-        else:
-            store_split(
-                MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
-                stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-            )
-    elif FUSED_MERGE and NUM_SPLITS == 1:  # no keys: zeros, as the merge writes them
-        offs_z = tl.arange(0, BLOCK_R)
-        tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_z[None, :],
-                 tl.zeros((BLOCK_H, BLOCK_R), dtype=O.dtype.element_ty),
-                 mask=mask_h[:, None] & (offs_z[None, :] < RANK))
-    if FUSED_MERGE and NUM_SPLITS > 1:
+        # One chunk a request still goes through the partials and the merge: storing the bf16
+        # output from here ran 1.3x slower (bs 256, H200, call5).
+        store_split(
+            MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
+            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+        )
+    if FUSED_MERGE:
         # Every program of the request's head block takes a ticket, empty chunks too; the
         # barrier puts all of this program's stores before its release.
         tl.debug_barrier()

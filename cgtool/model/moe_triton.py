@@ -61,11 +61,13 @@ CONFIGS: tuple[tuple[float, ExpertsConfig], ...] = (
 
 
 # block_m of the direct path: no alignment, one pair a block (`direct_align`), and the down
-# GEMM's programs sum each token's rows. Up to DIRECT_TOKENS tokens; its tiles are the best of
-# issue 33's second sweep (bs 1, H200).
+# GEMM's programs sum each token's rows. Up to DIRECT_TOKENS tokens: at 8 tokens the aligned
+# path was as fast (qwen3-30b-a3b 3% slower, deepseek-v2-lite 4% faster; H200, 2026-11-26,
+# benchmarks/results/h200-2026-11-26-moe-mla/call4). Tiles: the best of call4's and call5's
+# sweeps at bs 1 for both presets (32 gate/up columns a program, 128 down columns).
 DIRECT = 0
 DIRECT_TOKENS = 1
-DIRECT_CONFIG = ExpertsConfig(DIRECT, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
+DIRECT_CONFIG = ExpertsConfig(DIRECT, GemmTiles(32, 128, 4, 4), GemmTiles(128, 128, 4, 4))
 MIN_BLOCK_M = 16  # tl.dot's fewest rows: the direct path's blocks are one row of 16
 
 
