@@ -43,11 +43,12 @@ BLOCK_H = 16
 # tl.dot needs at least 16 along every dimension: narrower parts are padded with masked lanes.
 MIN_DOT = 16
 # Decode's (keys per step, warps, pipeline stages): 64 keys a step, 1.1-1.3x the 32 before
-# (H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json). At 8 warps
-# for many chunks a request (small batches); at 4 where the last program merges (call4: bs 64
-# and 256, 1k-8k contexts, 3-9% faster than 8 warps).
+# (H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json). At 8 warps,
+# but at 4 for up to FOUR_WARPS_SPLITS chunks a request merged in the last program (call6: bs
+# 64 and 256 at 1k-8k contexts 3-9% faster; bs 32's eight chunks 1.3x faster at 8 warps).
 DECODE_TILES = (64, 8, 2)
-DECODE_TILES_FUSED = (64, 4, 2)
+DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
+FOUR_WARPS_SPLITS = 4
 # Programs stage 1 aims for. A chunk's partial output is a whole 512-wide latent per head (32
 # KiB fp32 for 16 heads), so each chunk adds writes that the dense kernel's 128-wide heads do
 # not. In call4's sweep bs 256 ran fastest in one chunk a request (92 us at a 1k context
@@ -271,7 +272,8 @@ def mla_decode_attention(
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
     `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
-    block_n, num_warps, num_stages = tiles or (DECODE_TILES_FUSED if fused else DECODE_TILES)
+    few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
+    block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
