@@ -50,7 +50,6 @@ from cgtool.model.moe_triton import (
     fused_experts,
     grouped_gemm,
 )
-from cgtool.runtime import triton_launch
 from cgtool.runtime.triton_launch import cdiv
 
 DTYPE = torch.bfloat16
@@ -236,11 +235,6 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     experts_us = per(experts())
     routing_us = row.get("router_route_us", row["router_gemm_us"] + row["route_us"])
     row["layer_us"] = routing_us + experts_us
-    if direct:  # what programmatic dependent launch buys the one-token path
-        triton_launch.USE_PDL = False
-        row["no_pdl_layer_us"] = per(lambda: [router_route(x, w, k, layers.renorm, 1.0) for w in layers.router]) + per(
-            experts())
-        triton_launch.USE_PDL = True
     if n <= 8:  # the direct path against the aligned one at a few tokens
         row["aligned_layer_us"] = row["router_gemm_us"] + row["route_us"] + per(experts(CONFIGS[0][1]))
         row["direct_layer_us"] = routing_us + per(experts(DIRECT_CONFIG))
@@ -402,8 +396,7 @@ def main() -> None:
                 row = moe_case(layers, n, copy_bs, peak, sweep and (
                     "moe" in args.sweep_parts.replace("moe-direct", "") or ("moe-direct" in args.sweep_parts and n == 1)))
                 rows.append(row)
-                log(f"moe {name} n={n}: layer {row['layer_us']:.1f} us (old {row['old_layer_us']:.1f}, "
-                    f"no PDL {row.get('no_pdl_layer_us', 0):.1f}), "
+                log(f"moe {name} n={n}: layer {row['layer_us']:.1f} us (old {row['old_layer_us']:.1f}), "
                     f"bound {row['bound_us']:.1f} us = {100 * row['bound_us'] / row['layer_us']:.0f}%; "
                     + ", ".join(f"{c} {row[c + '_us']:.1f}" for c in
                                 ("router_gemm", "route", "align", "up", "down", "combine"))

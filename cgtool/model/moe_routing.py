@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2, pdl_for
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program aligns this many pairs (decode up to bs 512 at top 8) in one launch; past it the
 # work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.
@@ -148,11 +148,8 @@ def _route_one_by_rank(
 def _router_route_kernel(
     X, W, Logits, Weights, Ids, Tickets, hidden, stride_we, scale,
     NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
+    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
 ):
-    if PDL:  # launched early (runtime.triton_launch.pdl_for): x is the kernel before's output
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     # One token: each program takes BLOCK_E experts, products on the CUDA cores (tl.dot would
     # pad the token to 16 rows and leave most SMs idle) over hidden slices of BLOCK_K (the
     # whole row at once where it fits: a loop of loads without a dot is not pipelined), then
@@ -366,7 +363,6 @@ def router_route(
     assert x.shape[0] == ROUTER_ROUTE_TOKENS and x.stride(-1) == 1 and weight.stride(-1) == 1
     hidden, num_experts = x.shape[1], weight.shape[0]
     block_e = block_e or next_power_of_2(cdiv(num_experts, ROUTER_ROUTE_PROGRAMS))
-    pdl = pdl_for(x.device)
     logits = torch.empty((1, num_experts), dtype=torch.float32, device=x.device)
     weights = torch.empty((1, top_k), dtype=torch.float32, device=x.device)
     ids = torch.empty((1, top_k), dtype=torch.int32, device=x.device)
@@ -374,8 +370,7 @@ def router_route(
         (cdiv(num_experts, block_e),), x, weight, logits, weights, ids, tickets(x.device, 1),
         hidden, weight.stride(0), float(scale),
         NUM_EXPERTS=num_experts, BLOCK_E=block_e, BLOCK_K=min(ROUTER_ROUTE_K, next_power_of_2(hidden)),
-        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, PDL=pdl,
-        num_warps=4, launch_pdl=pdl,
+        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, num_warps=4,
     )
     return weights, ids
 

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from cgtool.model.moe_routing import align_block_size, max_padded_pairs
 from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2, pdl_for
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 __all__ = ["align_block_size", "direct_align", "experts_config", "fused_experts", "max_padded_pairs"]
 
@@ -89,16 +89,13 @@ def _grouped_gemm_kernel(
     num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
     PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, TOP_K: tl.constexpr,
-    PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
     # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up. DIRECT: a block is
     # one pair and block_experts holds each pair's expert (the routing's ids, unaligned); the
     # down GEMM then also sums each token's TOP_K rows into Out (TOP_K > 0).
     pid_m = tl.program_id(0)
-    if PDL:  # launched early (runtime.triton_launch.pdl_for): wait for the kernel before
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     if DIRECT:
         expert = tl.load(block_experts + pid_m).to(tl.int64)
         pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
@@ -191,7 +188,6 @@ def grouped_gemm(
     block_k = min(tiles.block_k, max(16, next_power_of_2(k_in)))
     grid = (block_experts.numel(), cdiv(n_out, tiles.block_n))
     counters = out if summed is None else tickets(out.device, summed.shape[0] * grid[1])
-    pdl = direct and pdl_for(a.device)  # the one-token path, where launch gaps dominate
     # fp32 weights take exact fp32 products: TF32 would drift from the reference.
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     _GROUPED_GEMM.launch(
@@ -200,8 +196,8 @@ def grouped_gemm(
         out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
         EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
-        PDL=pdl, BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 

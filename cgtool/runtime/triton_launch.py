@@ -12,7 +12,6 @@ The first call of each key goes through Triton as usual and compiles.
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -117,20 +116,3 @@ def cdiv(a: int, b: int) -> int:
     """`triton.cdiv`, likewise."""
     return -(-a // b)
 
-
-# Programmatic dependent launch (Hopper and later): a kernel launched with it may start while
-# the one before it finishes, and waits in `tl.extra.cuda.gdc_wait()` until that one's writes
-# are visible. Used where a launch's gap is most of a kernel's time (the one-token MoE path).
-# Benchmarks switch it off to measure what it buys.
-USE_PDL = True
-_PDL_DEVICES: dict[int, bool] = {}
-
-
-def pdl_for(device: torch.device) -> bool:
-    """Whether kernels on `device` launch with programmatic dependent launch."""
-    if not USE_PDL or device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _PDL_DEVICES:
-        _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _PDL_DEVICES[index]
