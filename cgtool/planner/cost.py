@@ -20,9 +20,9 @@ from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.planner.kernel_terms import (
     GQA_EXTEND_FLOPS_EFFICIENCY,
     MLA_DECODE_READ_EFFICIENCY,
-    MLA_DECODE_REQUEST_MS,
     MLA_EXTEND_FLOPS_EFFICIENCY,
     kernel_floor_ms,
+    mla_decode_fixed_ms,
     moe_layers_ms,
 )
 from cgtool.planner.memory_terms import (
@@ -201,9 +201,9 @@ def roofline_cost(
     decode_comm = comm_ms(cfg, gpu, tp_size, bs, bs)
     extend_comm = comm_ms(cfg, gpu, tp_size, tokens, np.ones_like(tokens))
     # MoE and MLA models: the floor of every kernel outside the MoE layers (kernel_terms), and
-    # MLA decode's merge of each request's chunks, layer by layer.
+    # MLA decode's fixed cost beyond its latent read (programs' start, merge), layer by layer.
     floor_ms = kernel_floor_ms(cfg, _kernels_outside_moe(cfg, kernels))
-    merge_ms = shard.num_layers * bs * MLA_DECODE_REQUEST_MS if cfg.mla else 0.0
+    merge_ms = mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs) if cfg.mla else 0.0
     decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + merge_ms
     extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm + floor_ms
     # Piecewise replay still launches the split ops eagerly between pieces: attention, and

@@ -6,20 +6,25 @@ layers are not that: their experts' reads, their grouped GEMMs' FLOPs and the sm
 around them (router GEMM, routing, alignment, top-k sum) were fitted here to issue 33's
 measurements, each figure a replayed CUDA graph over six layers of distinct weights:
 
-  H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call3/moe-mla.json
-  (benchmarks/bench_moe_mla.py --no-sweep; qwen3-30b-a3b and deepseek-v2-lite shapes).
+  H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call3/moe-mla.json (MoE, fitted)
+  and call8/moe-mla.json (the kernels of the last change: one token in three kernels, MLA's
+  merge in the last program; benchmarks/bench_moe_mla.py --no-sweep, both presets' shapes).
 
 MoE layer (least squares over 14 sizes, bs 1 to 8,192 tokens, both models, relative error
 weighted; every size within 5.4% of its measurement): the experts reached plus each pair's
 activations read at 0.93 of the datasheet bandwidth, the pairs' FLOPs at 0.54 of the bf16
 peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in a replay
-(launch and ramp), which a one-token step pays some twenty times a layer.
+(launch and ramp), which a one-token step pays some twenty times a layer. One token takes
+three kernels since call8 (router and routing, gate/up, down with the top-k sum); call8's
+layers, all 14 sizes, are within 6.2% of these terms.
 
-MLA decode (bs 64 and 256 at 1k and 8k contexts): the latent rows read at 0.76-0.78 of the
-datasheet bandwidth, plus 0.32 us a request and layer (the chunk merge; the two kernels'
-floors are counted with the rest). MLA extend (2,048-8,192 new tokens, with a 6k prefix
-too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head and (query, key)
-pair as the cost model does (512 tokens: 0.10).
+MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
+0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
+(the programs' start and the merge of chunks, each of some 256 programs in two waves carrying
+it once), plus a second kernel's floor below 32 requests, where the merge is a kernel of its
+own. bs 32 to 256 within 11%, bs 1 and 16 within 20%. MLA extend (2,048-8,192 new tokens,
+with a 6k prefix too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head
+and (query, key) pair as the cost model does (512 tokens: 0.10).
 
 Dense (GQA) extend attention (H200, 2026-11-26,
 benchmarks/results/h200-2026-11-26-decode-chunks/sweep.json from
@@ -42,16 +47,26 @@ from cgtool.units import BF16_BYTES
 MOE_READ_EFFICIENCY = 0.93
 MOE_FLOPS_EFFICIENCY = 0.54
 KERNEL_FLOOR_MS = 3.91e-3  # one kernel of a replayed graph, at the least
+# The same for the kernels outside the MoE layers (norms, rope, projections, attention): fitted
+# to call8's whole bs-1 steps, which 3.91 us each over-predicted by 15% (qwen3-30b-a3b 3.88
+# against 3.37 ms, deepseek-v2-lite 3.51 against 3.05); their elementwise kernels are smaller.
+OTHER_KERNEL_FLOOR_MS = 2.8e-3
 # Bytes a (token, expert) pair moves besides the weights: its token's row read by the gate/up
 # GEMM (bf16) and its fp32 partial output written by the down GEMM and read by the top-k sum.
 MOE_PAIR_BYTES_PER_HIDDEN = BF16_BYTES + 2 * 4
 # Router logits, routing, alignment, gate/up GEMM, down GEMM, top-k sum; past
-# ONE_PROGRAM_PAIRS the alignment takes four kernels, not one.
-MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 6, 9
+# ONE_PROGRAM_PAIRS the alignment takes four kernels, not one; one token takes three
+# (cgtool.model.moe_triton.DIRECT_TOKENS: no alignment, routing and the sum fused).
+MOE_KERNELS_ONE_TOKEN, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 3, 6, 9
 MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
-MLA_DECODE_READ_EFFICIENCY = 0.78
-MLA_DECODE_REQUEST_MS = 0.32e-3
+MLA_DECODE_READ_EFFICIENCY = 0.86
+MLA_DECODE_REQUEST_MS = 0.6e-3
+MLA_DECODE_FIXED_MS = 16e-3
+# Below this many (request, 16-head block) programs' rows the chunks are merged by a kernel of
+# their own (cgtool.attention.triton_mla: more than FUSED_MERGE_SPLITS chunks a request).
+MLA_FUSED_MERGE_ROWS = 32
+MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
@@ -67,6 +82,7 @@ def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarra
     read = experts * cfg.expert_params * BF16_BYTES + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN
     flops = 2.0 * pairs * cfg.expert_params
     kernels = np.where(pairs <= MOE_ONE_PROGRAM_PAIRS, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE)
+    kernels = np.where(rows <= 1, MOE_KERNELS_ONE_TOKEN, kernels)
     per_layer_ms = (
         read / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY) * 1e3
         + flops / (gpu.bf16_flops * MOE_FLOPS_EFFICIENCY) * 1e3
@@ -80,4 +96,14 @@ def kernel_floor_ms(cfg: ModelConfig, kernels: int) -> float:
     models keep the plain roofline, which their captures already match."""
     if cfg.moe is None and cfg.mla is None:
         return 0.0
-    return kernels * KERNEL_FLOOR_MS
+    return kernels * OTHER_KERNEL_FLOOR_MS
+
+
+def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray) -> np.ndarray:
+    """MLA decode attention's cost beyond its latent read, all layers, for each batch size:
+    the fixed part a layer and the merge kernel's floor where the merge is a kernel apart."""
+    bs = np.asarray(bs, dtype=np.float64)
+    rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
+    per_layer = np.minimum(bs * MLA_DECODE_REQUEST_MS, MLA_DECODE_FIXED_MS)
+    per_layer = per_layer + np.where(rows < MLA_FUSED_MERGE_ROWS, KERNEL_FLOOR_MS, 0.0)
+    return np.where(bs > 0, num_layers * per_layer, 0.0)
