@@ -115,4 +115,3 @@ def next_power_of_2(n: int) -> int:
 def cdiv(a: int, b: int) -> int:
     """`triton.cdiv`, likewise."""
     return -(-a // b)
-
