@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from cli_run import cgtool
+from cli_run import cgtool, piped
 
 
 @pytest.mark.parametrize(("args", "named"), [
@@ -22,10 +22,11 @@ def test_an_unknown_prefill_backend_is_refused_by_the_parser():
 
 @pytest.mark.gpu
 def test_breakable_capture_verifies_each_size_and_compiles_nothing(tmp_path):
+    # A process of its own: after test_cmd_capture's in-process run (its piecewise graphs
+    # compiled), the whole gpu-marked suite found 0 KV tokens of room here (H200, 2026-11-26).
     out = tmp_path / "run"
-    result = cgtool("capture", "--model", "qwen2.5-0.5b", "--kind", "piecewise", "--tokens", "64,128",
-                    "--prefill-backend", "breakable", "--out", out)
-    assert result.exit_code == 0, result.output
+    piped("capture", "--model", "qwen2.5-0.5b", "--kind", "piecewise", "--tokens", "64,128",
+          "--prefill-backend", "breakable", "--out", str(out), timeout_s=400)
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["prefill_backend"] == "breakable"
     assert {(r["kind"], r["size"], r["status"]) for r in report["sizes"]} == {
