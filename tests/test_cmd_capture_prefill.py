@@ -22,8 +22,8 @@ def test_an_unknown_prefill_backend_is_refused_by_the_parser():
 
 @pytest.mark.gpu
 def test_breakable_capture_verifies_each_size_and_compiles_nothing(tmp_path):
-    # A process of its own: after test_cmd_capture's in-process run (its piecewise graphs
-    # compiled), the whole gpu-marked suite found 0 KV tokens of room here (H200, 2026-11-26).
+    # A process of its own, as test_cmd_capture's: the whole gpu-marked suite found 0 KV tokens
+    # of room here after an in-process capture (H200, 2026-11-26).
     out = tmp_path / "run"
     piped("capture", "--model", "qwen2.5-0.5b", "--kind", "piecewise", "--tokens", "64,128",
           "--prefill-backend", "breakable", "--out", str(out), timeout_s=400)
