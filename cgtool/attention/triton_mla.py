@@ -10,9 +10,10 @@ The 576 values are not a power of two: the row is handled as a `rank` part and a
 part, each padded to its own power of two, so neither pays for the other's padding.
 
 Decode splits each request's context into `num_kv_splits` chunks (fixed by the batch size)
-and merges them by log-sum-exp with the dense decode kernel's stage 2; grids depend only on
-the batch size and chunk bounds come from `seq_lens` in the kernel, so a decode graph
-captured at one batch size replays for any lengths. Extend (eager, between piecewise graph
+and merges them by log-sum-exp: up to FUSED_MERGE_SPLITS chunks in the program that finishes
+a request's chunks last (runtime.tickets), beyond that in a second kernel built on the dense
+decode kernel's `merge_head`. Grids depend only on the batch size and chunk bounds come from
+`seq_lens` in the kernel, so a decode graph captured at one batch size replays for any lengths. Extend (eager, between piecewise graph
 pieces) is causal over prefix plus new tokens, one program per (head, request, query block).
 """
 

@@ -10,6 +10,10 @@ token's top-k rows. Shapes stay static for CUDA graphs: the number of blocks is 
 worst case for the token count, every count stays on the device, and the blocks past the
 real total return at once.
 
+One token skips the alignment (DIRECT): each pair is a block of its own, and the down GEMM's
+last program over a token's columns adds its top-k rows (runtime.tickets), so the layer is
+three launches with the router's, where a replay pays a few microseconds for each.
+
 Tile shapes follow the mean rows an expert gets, as SGLang's per-shape configs do: at decode
 sizes an expert's block is mostly padding and the GEMM streams weights, so narrow column tiles
 and a deep K pipeline spread the weight read over every SM; at extend sizes wide tiles keep
