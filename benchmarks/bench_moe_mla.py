@@ -75,11 +75,14 @@ LARGE_DOWN = [GemmTiles(128, 64, 8, 4), GemmTiles(128, 128, 8, 3), GemmTiles(64,
 # The direct path (one token): the gate/up and down tiles tried, and experts a router program.
 DIRECT_UP = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(32, 256, 4, 3),
              GemmTiles(16, 256, 4, 4), GemmTiles(32, 128, 2, 6), GemmTiles(64, 256, 4, 3),
-             GemmTiles(16, 128, 2, 8)]
+             GemmTiles(16, 128, 2, 8), GemmTiles(32, 128, 8, 4), GemmTiles(32, 64, 4, 8),
+             GemmTiles(64, 128, 8, 4), GemmTiles(32, 256, 8, 3)]
 DIRECT_DOWN = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(128, 128, 4, 4),
                GemmTiles(64, 256, 4, 3), GemmTiles(32, 256, 4, 4), GemmTiles(64, 64, 4, 6),
-               GemmTiles(128, 64, 4, 6)]
+               GemmTiles(128, 64, 4, 6), GemmTiles(128, 128, 8, 4), GemmTiles(256, 64, 8, 4),
+               GemmTiles(128, 64, 4, 8)]
 ROUTER_BLOCKS_E = [1, 2, 4, 8]
+ROUTER_WARPS = [2, 4, 8]
 
 
 def log(msg: str) -> None:
@@ -220,8 +223,8 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
         return lambda: [fused_experts(x, layers.gate_up[i], layers.down[i], *routed[i], cfg)
                         for i in range(LAYERS)]
 
-    def fused_router(block_e):
-        return lambda: [router_route(x, w, k, layers.renorm, 1.0, block_e) for w in layers.router]
+    def fused_router(block_e, warps=4):
+        return lambda: [router_route(x, w, k, layers.renorm, 1.0, block_e, warps) for w in layers.router]
 
     per = lambda fn: graph_us(fn) / LAYERS
     row["router_gemm_us"] = per(lambda: [router_logits(x, w) for w in layers.router])
@@ -261,6 +264,12 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     if sweep:
         row["sweep"] = direct_sweep(up, down, fused_router, per) if direct else tile_sweep(
             layers, routed, pairs, config, up, down, per)
+    if sweep and direct:  # the layer again with the sweep's best of each kernel
+        best = {g: min((r for r in row["sweep"] if r["gemm"] == g), key=lambda r: r["us"])["tiles"]
+                for g in ("up", "down", "router")}
+        cfg = ExpertsConfig(DIRECT, GemmTiles(*best["up"]), GemmTiles(*best["down"]))
+        row["best_layer_us"] = per(fused_router(*best["router"])) + per(experts(cfg))
+        row["default_layer_again_us"] = per(fused_router(None)) + per(experts())
     return row
 
 
@@ -269,8 +278,8 @@ def direct_sweep(up, down, fused_router, per) -> list[dict]:
             for t in DIRECT_UP]
     rows += [{"gemm": "down", "block_m": DIRECT, "tiles": list(vars(t).values()), "us": per(down(t))}
              for t in DIRECT_DOWN]
-    rows += [{"gemm": "router", "block_m": DIRECT, "tiles": [e], "us": per(fused_router(e))}
-             for e in ROUTER_BLOCKS_E]
+    rows += [{"gemm": "router", "block_m": DIRECT, "tiles": [e, w], "us": per(fused_router(e, w))}
+             for e in ROUTER_BLOCKS_E for w in ROUTER_WARPS]
     return rows
 
 
@@ -403,11 +412,14 @@ def main() -> None:
                     + "; old: " + ", ".join(f"{c} {row['old_' + c + '_us']:.1f}" for c in
                                              ("route", "align", "up", "silu", "down", "sum"))
                     + f"; err {row['max_abs_err_vs_ref']:.3g}")
-                for gemm in ("up", "down"):
+                for gemm in ("up", "down", "router"):
                     tried = [s for s in row.get("sweep", []) if s["gemm"] == gemm]
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
+                if "best_layer_us" in row:
+                    log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
+                        f"default again {row['default_layer_again_us']:.1f} us")
             result["moe"][name] = rows
             del layers
             torch.cuda.empty_cache()

@@ -37,6 +37,7 @@ BLOCKS_BLOCK = 64
 ROUTER_ROUTE_TOKENS = 1
 ROUTER_ROUTE_PROGRAMS = 32
 ROUTER_ROUTE_K = 2048
+ROUTER_ROUTE_WARPS = 4
 
 
 @triton.jit
@@ -356,10 +357,11 @@ def _fused_route(
 
 def router_route(
     x: torch.Tensor, weight: torch.Tensor, top_k: int, renormalise: bool, scale: float,
-    block_e: int | None = None,
+    block_e: int | None = None, num_warps: int = ROUTER_ROUTE_WARPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`route_topk(router_logits(x, weight), ...)` of one token in one launch; `block_e`
-    experts a program (benchmarks; by default ROUTER_ROUTE_PROGRAMS programs)."""
+    experts a program (by default ROUTER_ROUTE_PROGRAMS programs) and `num_warps` for
+    benchmarks."""
     assert x.shape[0] == ROUTER_ROUTE_TOKENS and x.stride(-1) == 1 and weight.stride(-1) == 1
     hidden, num_experts = x.shape[1], weight.shape[0]
     block_e = block_e or next_power_of_2(cdiv(num_experts, ROUTER_ROUTE_PROGRAMS))
@@ -370,7 +372,7 @@ def router_route(
         (cdiv(num_experts, block_e),), x, weight, logits, weights, ids, tickets(x.device, 1),
         hidden, weight.stride(0), float(scale),
         NUM_EXPERTS=num_experts, BLOCK_E=block_e, BLOCK_K=min(ROUTER_ROUTE_K, next_power_of_2(hidden)),
-        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, num_warps=4,
+        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, num_warps=num_warps,
     )
     return weights, ids
 
