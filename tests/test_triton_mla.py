@@ -179,7 +179,7 @@ def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_re
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16, prefetch=None):
+def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16):
     """mla_decode_attention called directly on one latent pool, with the chunking given."""
     from cgtool.attention.triton_mla import mla_decode_attention
 
@@ -189,7 +189,7 @@ def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, 
     mla_decode_attention(
         q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
         torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, tiles=(16, 4, 2),
-        fused_merge=fused_merge, prefetch_slots=prefetch,
+        fused_merge=fused_merge,
     )
     return out
 
@@ -212,10 +212,3 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
     from cgtool.attention.triton_mla import mla_num_kv_splits
 
     assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]
-
-
-@pytest.mark.parametrize("num_kv_splits", [1, 4, 16])
-def test_decode_with_slots_loaded_a_step_ahead_matches(num_kv_splits):
-    seq_lens = [150, 1, 37, 3, 64]
-    ahead = _decode_direct(seq_lens, num_kv_splits, None, prefetch=True)
-    torch.testing.assert_close(ahead, _decode_direct(seq_lens, num_kv_splits, None, prefetch=False), rtol=0, atol=0)

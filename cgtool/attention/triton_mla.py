@@ -64,8 +64,6 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
-# Decode loads the next key block's pool slots a step ahead (an experiment, see the bench).
-PREFETCH_SLOTS = False
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -81,19 +79,7 @@ def _attend_latent_block(
     key (rank and rope parts) and the value (rank part) of every head."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     mask_n = offs_n < kv_end
-    return _attend_latent_slots(
-        acc, l_i, m_i, q_r, q_p, q_pos, Kv, block_slots(token_row, offs_n, mask_n), offs_n, mask_n,
-        scale_log2, offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, MASK,
-    )
-
-
-@triton.jit
-def _attend_latent_slots(
-    acc, l_i, m_i, q_r, q_p, q_pos, Kv, slots, offs_n, mask_n, scale_log2,
-    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK: tl.constexpr, MASK: tl.constexpr,
-):
-    """`_attend_latent_block` over the latent rows at pool `slots` (keys offs_n)."""
-    rows = Kv + slots[:, None] * stride_kt
+    rows = Kv + block_slots(token_row, offs_n, mask_n)[:, None] * stride_kt
     kv = tl.load(rows + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
     pe = tl.load(rows + RANK + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
     s = tl.dot(q_r, tl.trans(kv).to(q_r.dtype)) + tl.dot(q_p, tl.trans(pe).to(q_p.dtype))
@@ -152,7 +138,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, PREFETCH_SLOTS: tl.constexpr,
+    MERGE_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -171,26 +157,11 @@ def _mla_decode_stage1(
         token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
 
         acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
-        if PREFETCH_SLOTS:
-            # The next block's pool slots load while this block's rows do: a gather's
-            # addresses otherwise wait on a load of their own every step.
-            offs_b = tl.arange(0, BLOCK_N)
-            slots = block_slots(token_row, split_start + offs_b, split_start + offs_b < split_end)
-            for start_n in range(split_start, split_end, BLOCK_N):
-                offs_n = start_n + offs_b
-                next_n = offs_n + BLOCK_N
-                next_slots = block_slots(token_row, next_n, next_n < split_end)
-                acc, l_i, m_i = _attend_latent_slots(
-                    acc, l_i, m_i, q_r, q_p, 0, Kv, slots, offs_n, offs_n < split_end, scale_log2,
-                    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BEFORE_END,
-                )
-                slots = next_slots
-        else:
-            for start_n in range(split_start, split_end, BLOCK_N):
-                acc, l_i, m_i = _attend_latent_block(
-                    acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
-                    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
-                )
+        for start_n in range(split_start, split_end, BLOCK_N):
+            acc, l_i, m_i = _attend_latent_block(
+                acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
+                offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
+            )
         # One chunk a request still goes through the partials and the merge: storing the bf16
         # output from here ran 1.3x slower (bs 256, H200, call5).
         store_split(
@@ -298,11 +269,9 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    prefetch_slots: bool | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge` and `prefetch_slots` override DECODE_TILES, the merge's placement and
-    PREFETCH_SLOTS (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
+    `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -320,9 +289,7 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=slice_d,
-        PREFETCH_SLOTS=PREFETCH_SLOTS if prefetch_slots is None else prefetch_slots,
-        num_warps=num_warps, num_stages=num_stages,
+        FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
         return
