@@ -207,8 +207,9 @@ def grouped_gemm(
 
 def direct_align(ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The grouped GEMM's blocks without alignment: one pair a block, its expert from the
-    routing's ids. Each pair reads its expert's weights, so experts that several pairs share
-    are read once each; worth it where a launch costs more than the repeats (one token)."""
+    routing's ids; the flat ids three times over, which `grouped_gemm` takes for this path.
+    Each pair reads its expert's weights, so an expert that several pairs share is read once
+    for each of them: worth it where a launch costs more than the repeats (one token)."""
     flat = ids.reshape(-1)
     flat = flat if flat.dtype == torch.int32 else flat.int()
     return flat, flat, flat
