@@ -433,3 +433,11 @@ def test_breakable_prefill_graphs_reach_the_chunk_in_plan_json_its_memory_and_it
     assert data["memory"]["graph_bytes"] == cost.graph_bytes(data["decode"]["capture_bs"], tokens)
     assert any(w.startswith(f"prefill graphs captured through --chunked-prefill-size {chunk}")
                for w in data["warnings"])
+
+
+def test_a_plan_from_three_requests_warns_that_it_is_a_guess(tmp_path):
+    csv = tmp_path / "tiny.csv"
+    csv.write_text("input_len,output_len\n374,44\n396,109\n879,55\n")
+    result = cgtool("plan", "--trace", csv, "--format", "lengths", "--rate", "2", "--gpu", "H100-80GB")
+    assert result.exit_code == 0, result.output
+    assert "only 3 requests" in " ".join(result.output.split())

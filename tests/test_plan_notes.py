@@ -34,3 +34,11 @@ def test_share_text_by_hand():
     assert share_text(1, 8) == "12.5%"
     assert share_text(9_999, 10_000) == "over 99.9%"
     assert share_text(10, 10) == "100.0%"
+
+
+def test_a_plan_from_a_handful_of_requests_says_it_is_a_guess():
+    from cgtool.planner.plan_notes import FEW_REQUESTS, few_requests_warning
+
+    assert few_requests_warning(FEW_REQUESTS) is None
+    assert few_requests_warning(1).startswith("only 1 request: ")
+    assert "guess" in few_requests_warning(FEW_REQUESTS - 1)

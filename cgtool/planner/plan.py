@@ -25,6 +25,7 @@ from cgtool.errors import InputError
 from cgtool.planner.closed_loop import SimulationCache, closed_loop, run_key
 from cgtool.planner.finish import finish_plan
 from cgtool.planner.plan_batches import BATCH_TRACE_CONTEXT_TOKENS, plan_batches
+from cgtool.planner.plan_notes import few_requests_warning
 from cgtool.planner.plan_runs import enough_replicas, first_counts, fit_traffic
 from cgtool.planner.plan_scores import compared_schedules
 from cgtool.planner.plan_sizing import choose_and_size, limits_for, size_memory
@@ -336,6 +337,9 @@ def _served_as_chosen(
 
 def _traffic_notes(traffic: Traffic, runs: list[LoadRun], replicas: int) -> list[str]:
     notes = []
+    few = few_requests_warning(len(traffic))
+    if few:
+        notes.append(few)
     if traffic.concurrency is not None:
         per = f", split evenly over {replicas} replicas" if replicas > 1 else ""
         notes.append(
