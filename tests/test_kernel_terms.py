@@ -86,3 +86,27 @@ def test_dense_models_keep_the_plain_roofline():
     assert kernel_floor_ms(llama, 356) == 0.0
     assert (moe_layers_ms(llama, gpu_spec("H200"), [1, 64]) == 0).all()
     assert kernel_floor_ms(load_model_config("deepseek-v2-lite"), 100) > 0
+
+
+def test_the_planners_copy_of_the_one_token_moe_path_matches_the_kernels():
+    pytest.importorskip("triton")
+    from cgtool.model.moe_routing import ROUTER_ROUTE_TOKENS
+    from cgtool.model.moe_triton import DIRECT_TOKENS
+    from cgtool.planner.kernel_terms import MOE_ONE_TOKEN_PATH
+
+    assert MOE_ONE_TOKEN_PATH == DIRECT_TOKENS == ROUTER_ROUTE_TOKENS
+
+
+def test_the_planners_copy_of_the_mla_merge_rule_matches_the_kernels():
+    # The planner does not import Triton: kernel_terms repeats triton_mla's block of heads and
+    # the batch below which the merge is a kernel of its own (more than FUSED_MERGE_SPLITS chunks).
+    pytest.importorskip("triton")
+    from cgtool.attention import triton_mla
+    from cgtool.planner.kernel_terms import MLA_FUSED_MERGE_ROWS, MLA_HEADS_PER_PROGRAM
+
+    assert MLA_HEADS_PER_PROGRAM == triton_mla.BLOCK_H
+    for heads in (16, 128):
+        for bs in range(1, 300):
+            rows = bs * -(-heads // triton_mla.BLOCK_H)
+            separate = triton_mla.mla_num_kv_splits(bs, heads) > triton_mla.FUSED_MERGE_SPLITS
+            assert separate == (rows < MLA_FUSED_MERGE_ROWS), (heads, bs)

@@ -58,6 +58,7 @@ MOE_PAIR_BYTES_PER_HIDDEN = BF16_BYTES + 2 * 4
 # ONE_PROGRAM_PAIRS the alignment takes four kernels, not one; one token takes three
 # (cgtool.model.moe_triton.DIRECT_TOKENS: no alignment, routing and the sum fused).
 MOE_KERNELS_ONE_TOKEN, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 3, 6, 9
+MOE_ONE_TOKEN_PATH = 1  # cgtool.model.moe_triton.DIRECT_TOKENS
 MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
 MLA_DECODE_READ_EFFICIENCY = 0.86
@@ -82,7 +83,7 @@ def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarra
     read = experts * cfg.expert_params * BF16_BYTES + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN
     flops = 2.0 * pairs * cfg.expert_params
     kernels = np.where(pairs <= MOE_ONE_PROGRAM_PAIRS, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE)
-    kernels = np.where(rows <= 1, MOE_KERNELS_ONE_TOKEN, kernels)
+    kernels = np.where(rows <= MOE_ONE_TOKEN_PATH, MOE_KERNELS_ONE_TOKEN, kernels)
     per_layer_ms = (
         read / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY) * 1e3
         + flops / (gpu.bf16_flops * MOE_FLOPS_EFFICIENCY) * 1e3

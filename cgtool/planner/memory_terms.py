@@ -26,6 +26,7 @@ what today's kernels hold, so the fraction errs low until the terms are measured
 from __future__ import annotations
 
 from cgtool.specs.config import ModelConfig
+from cgtool.planner.kernel_terms import MLA_HEADS_PER_PROGRAM
 from cgtool.planner.parallel import rank_shapes
 from cgtool.units import BF16_BYTES, FP32_BYTES
 
@@ -45,7 +46,6 @@ GRAPH_NODE_BYTES = 8 << 10
 # programs, 1..64). The planner does not import the kernels (Triton), so the rule is repeated
 # here and tests/test_memory_terms.py checks that the two agree.
 _TARGET_PROGRAMS, _MIN_SPLITS, _MAX_SPLITS = 1024, 16, 64
-_MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 
 
 def family(cfg: ModelConfig) -> str:
@@ -83,7 +83,7 @@ def extend_graph_pool_bytes(cfg: ModelConfig, num_tokens: float, tp_size: int = 
 
 def decode_kv_splits(cfg: ModelConfig, bs: int, tp_size: int = 1) -> int:
     shard = rank_shapes(cfg, tp_size)
-    groups = -(-shard.num_heads // _MLA_HEADS_PER_PROGRAM) if cfg.mla is not None else shard.num_kv_heads
+    groups = -(-shard.num_heads // MLA_HEADS_PER_PROGRAM) if cfg.mla is not None else shard.num_kv_heads
     wanted = 1 << max(0, (-(-_TARGET_PROGRAMS // max(bs * groups, 1)) - 1).bit_length())
     return max(_MIN_SPLITS, min(_MAX_SPLITS, wanted))
 
