@@ -36,7 +36,8 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 ONE_TOKEN = 1  # the batch this launch serves: a decode step of one request
 # Counters at the start of the ticket buffer; the pairs' gate/up tile counts follow, then one
 # ticket a down column tile for the top-k sum.
-ROUTER_TICKET, ROUTED, FINISHED, PAIR_TILES = 0, 1, 2, 3
+# (tl.constexpr: the only globals a kernel may read)
+ROUTER_TICKET, ROUTED, FINISHED, PAIR_TILES = (tl.constexpr(i) for i in range(4))
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,53 @@ def _wait_until(Counter, target):
 
 
 @triton.jit
+def _up_part(
+    X, GateUp, Ids, Act, Sync, q, hidden, inter, stride_ge, stride_gn,
+    UP_TILES: tl.constexpr, UP_N: tl.constexpr, UP_K: tl.constexpr, EVEN_UP_K: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    # Pairs one after another, so a pair's tiles finish together and its down programs start.
+    pair = q // UP_TILES
+    offs_n = (q % UP_TILES) * UP_N + tl.arange(0, UP_N)
+    mask_n = offs_n < inter
+    rows = tl.arange(0, BLOCK_M)
+    _wait_until(Sync + ROUTED, 1)
+    expert = tl.load(Ids + pair, cache_modifier=".cg").to(tl.int64)
+    acc = _gemm_tile(X, GateUp, rows * 0, rows == 0, expert, offs_n, mask_n, inter, hidden, 0,
+                     stride_ge, stride_gn, True, PRECISION, EVEN_UP_K, False,
+                     Act.dtype.element_ty, BLOCK_M, UP_N, UP_K)
+    ptrs = Act + pair * inter + rows[:, None] * 0 + offs_n[None, :]
+    tl.store(ptrs, acc.to(Act.dtype.element_ty), mask=(rows == 0)[:, None] & mask_n[None, :])
+    tl.debug_barrier()  # the tile stored before the count's release
+    tl.atomic_add(Sync + PAIR_TILES + pair, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _down_part(
+    Down, Weights, Ids, Act, Y, Out, Sync, q, hidden, inter, stride_de, stride_dn,
+    TOP_K: tl.constexpr, UP_TILES: tl.constexpr, DOWN_N: tl.constexpr, DOWN_K: tl.constexpr,
+    EVEN_DOWN_K: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    # A column tile's TOP_K programs one after another, so its sum starts early.
+    pair = q % TOP_K
+    tile = q // TOP_K
+    offs_n = tile * DOWN_N + tl.arange(0, DOWN_N)
+    mask_n = offs_n < hidden
+    rows = tl.arange(0, BLOCK_M)
+    _wait_until(Sync + PAIR_TILES + pair, UP_TILES)
+    expert = tl.load(Ids + pair, cache_modifier=".cg").to(tl.int64)
+    acc = _gemm_tile(Act, Down, pair + rows * 0, rows == 0, expert, offs_n, mask_n, hidden, inter,
+                     inter, stride_de, stride_dn, False, PRECISION, EVEN_DOWN_K, True,
+                     Y.dtype.element_ty, BLOCK_M, DOWN_N, DOWN_K)
+    acc = acc * tl.load(Weights + pair, cache_modifier=".cg")
+    ptrs = Y + pair * hidden + rows[:, None] * 0 + offs_n[None, :]
+    tl.store(ptrs, acc, mask=(rows == 0)[:, None] & mask_n[None, :])
+    token = tl.full((), 0, tl.int32)  # the only one
+    _sum_top_k_last(Y, Out, Sync + PAIR_TILES + TOP_K + tile, token, offs_n, mask_n, hidden, hidden,
+                    TOP_K, DOWN_N)
+
+
+@triton.jit
 def _one_token_moe_kernel(
     X, RouterW, GateUp, Down, Logits, Weights, Ids, Act, Y, Out, Sync,
     hidden, inter, stride_rw, stride_ge, stride_gn, stride_de, stride_dn, scale,
@@ -73,46 +121,19 @@ def _one_token_moe_kernel(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    up_start = ROUTER_PROGRAMS
-    down_start = up_start + TOP_K * UP_TILES
-    rows = tl.arange(0, BLOCK_M)
-    if pid < up_start:
+    down_start = ROUTER_PROGRAMS + TOP_K * UP_TILES
+    if pid < ROUTER_PROGRAMS:
         _router_logits_one(X, RouterW, Logits, hidden, stride_rw, NUM_EXPERTS, BLOCK_E, ROUTER_K)
         if _route_if_last(Logits, Weights, Ids, Sync + ROUTER_TICKET, ROUTER_PROGRAMS, scale,
                           NUM_EXPERTS, ALL_EXPERTS, TOP_K, RENORM):
             tl.debug_barrier()  # the routing stored before the flag's release
             tl.atomic_xchg(Sync + ROUTED, 1, sem="release", scope="gpu")
     elif pid < down_start:
-        # Pairs one after another, so a pair's tiles finish together and its down programs start.
-        pair = (pid - up_start) // UP_TILES
-        offs_n = ((pid - up_start) % UP_TILES) * UP_N + tl.arange(0, UP_N)
-        mask_n = offs_n < inter
-        _wait_until(Sync + ROUTED, 1)
-        expert = tl.load(Ids + pair, cache_modifier=".cg").to(tl.int64)
-        acc = _gemm_tile(X, GateUp, rows * 0, rows == 0, expert, offs_n, mask_n, inter, hidden, 0,
-                         stride_ge, stride_gn, True, PRECISION, EVEN_UP_K, False,
-                         Act.dtype.element_ty, BLOCK_M, UP_N, UP_K)
-        act_ptrs = Act + pair * inter + rows[:, None] * 0 + offs_n[None, :]
-        tl.store(act_ptrs, acc.to(Act.dtype.element_ty), mask=(rows == 0)[:, None] & mask_n[None, :])
-        tl.debug_barrier()  # the tile stored before the count's release
-        tl.atomic_add(Sync + PAIR_TILES + pair, 1, sem="release", scope="gpu")
+        _up_part(X, GateUp, Ids, Act, Sync, pid - ROUTER_PROGRAMS, hidden, inter, stride_ge, stride_gn,
+                 UP_TILES, UP_N, UP_K, EVEN_UP_K, PRECISION, BLOCK_M)
     else:
-        # A column tile's TOP_K programs one after another, so its sum starts early.
-        pair = (pid - down_start) % TOP_K
-        tile = (pid - down_start) // TOP_K
-        offs_n = tile * DOWN_N + tl.arange(0, DOWN_N)
-        mask_n = offs_n < hidden
-        _wait_until(Sync + PAIR_TILES + pair, UP_TILES)
-        expert = tl.load(Ids + pair, cache_modifier=".cg").to(tl.int64)
-        acc = _gemm_tile(Act, Down, pair + rows * 0, rows == 0, expert, offs_n, mask_n, hidden, inter,
-                         inter, stride_de, stride_dn, False, PRECISION, EVEN_DOWN_K, True,
-                         Y.dtype.element_ty, BLOCK_M, DOWN_N, DOWN_K)
-        acc = acc * tl.load(Weights + pair, cache_modifier=".cg")
-        y_ptrs = Y + pair * hidden + rows[:, None] * 0 + offs_n[None, :]
-        tl.store(y_ptrs, acc, mask=(rows == 0)[:, None] & mask_n[None, :])
-        ticket = Sync + PAIR_TILES + TOP_K + tile
-        token = tl.full((), 0, tl.int32)  # the only one
-        _sum_top_k_last(Y, Out, ticket, token, offs_n, mask_n, hidden, hidden, TOP_K, DOWN_N)
+        _down_part(Down, Weights, Ids, Act, Y, Out, Sync, pid - down_start, hidden, inter, stride_de,
+                   stride_dn, TOP_K, UP_TILES, DOWN_N, DOWN_K, EVEN_DOWN_K, PRECISION, BLOCK_M)
     # The last program of the launch puts the wait counters back to zero for the next one.
     tl.debug_barrier()
     if tl.atomic_add(Sync + FINISHED, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
@@ -144,7 +165,7 @@ def one_token_moe_launch(
     logits, weights = new(num_experts, dtype=torch.float32), new(1, top_k, dtype=torch.float32)
     ids, act = new(1, top_k, dtype=torch.int32), new(top_k, inter)
     y, out = new(top_k, hidden, dtype=torch.float32), new(1, hidden)
-    sync = tickets(x.device, PAIR_TILES + top_k + down_tiles)
+    sync = tickets(x.device, PAIR_TILES.value + top_k + down_tiles)
     grid = (router_programs + top_k * (up_tiles + down_tiles),)
     _ONE_TOKEN_MOE.launch(
         grid, x, router_weight, gate_up, down, logits, weights, ids, act, y, out, sync,
