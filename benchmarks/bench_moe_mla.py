@@ -36,19 +36,7 @@ from cgtool.attention.triton_mla import (
 )
 from cgtool.model.fused import silu_and_mul
 from cgtool.model.moe import experts_ref
-from cgtool.model.moe_one_token import (
-    ONE_TOKEN,
-    ONE_TOKEN_TILES,
-    OneTokenTiles,
-    one_token_moe_launch,
-)
-from cgtool.model.moe_routing import (
-    ROUTER_ROUTE_TOKENS,
-    align_block_size,
-    route_topk,
-    router_logits,
-    router_route,
-)
+from cgtool.model.moe_routing import ROUTER_ROUTE_TOKENS, align_block_size, route_topk, router_logits, router_route
 from cgtool.model.moe_triton import (
     CONFIGS,
     DIRECT,
@@ -93,12 +81,6 @@ DIRECT_DOWN = [GemmTiles(64, 128, 4, 4), GemmTiles(32, 128, 4, 4), GemmTiles(128
                GemmTiles(64, 256, 4, 3), GemmTiles(32, 256, 4, 4), GemmTiles(64, 64, 4, 6),
                GemmTiles(128, 64, 4, 6), GemmTiles(128, 128, 8, 4), GemmTiles(256, 64, 8, 4),
                GemmTiles(128, 64, 4, 8)]
-# The one-launch layer (one token): (up_n, up_k, down_n, down_k, warps, stages) tried.
-ONE_LAUNCH = [OneTokenTiles(32, 128, 64, 128, 4, 4), OneTokenTiles(32, 128, 128, 128, 4, 4),
-              OneTokenTiles(32, 128, 64, 128, 4, 3), OneTokenTiles(32, 128, 32, 128, 4, 4),
-              OneTokenTiles(64, 128, 64, 128, 4, 4), OneTokenTiles(32, 256, 64, 256, 4, 3),
-              OneTokenTiles(16, 128, 64, 128, 4, 4), OneTokenTiles(32, 128, 64, 128, 8, 4),
-              OneTokenTiles(32, 64, 64, 64, 4, 6), OneTokenTiles(64, 128, 128, 128, 4, 4)]
 ROUTER_BLOCKS_E = [1, 2, 4, 8]
 ROUTER_WARPS = [2, 4, 8]
 
@@ -256,8 +238,6 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     experts_us = per(experts())
     routing_us = row.get("router_route_us", row["router_gemm_us"] + row["route_us"])
     row["layer_us"] = routing_us + experts_us
-    if n == ONE_TOKEN:  # the whole layer in one launch: what models run for one token now
-        one_token_case(layers, x, routed, row, per, sweep)
     if n <= 8:  # the direct path against the aligned one at a few tokens
         row["aligned_layer_us"] = row["router_gemm_us"] + row["route_us"] + per(experts(CONFIGS[0][1]))
         row["direct_layer_us"] = routing_us + per(experts(DIRECT_CONFIG))
@@ -291,28 +271,6 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
         row["best_layer_us"] = per(fused_router(*best["router"])) + per(experts(cfg))
         row["default_layer_again_us"] = per(fused_router(None)) + per(experts())
     return row
-
-
-def one_token_case(layers: MoeLayers, x: torch.Tensor, routed, row: dict, per, sweep: bool) -> None:
-    k, renorm = layers.k, layers.renorm
-
-    def one_launch(tiles):
-        return lambda: [one_token_moe_launch(x, layers.router[i], layers.gate_up[i], layers.down[i], k,
-                                             renorm, 1.0, tiles) for i in range(LAYERS)]
-
-    row["three_launch_layer_us"] = row["layer_us"]
-    row["layer_us"] = row["one_launch_layer_us"] = per(one_launch(ONE_TOKEN_TILES))
-    # bits: the one launch at the direct path's tiles against the three launches
-    up, down = DIRECT_CONFIG.up, DIRECT_CONFIG.down
-    same = OneTokenTiles(up.block_n, up.block_k, down.block_n, down.block_k, up.num_warps, up.num_stages)
-    out, w, ids = one_token_moe_launch(x, layers.router[0], layers.gate_up[0], layers.down[0], k, renorm, 1.0, same)
-    three = fused_experts(x, layers.gate_up[0], layers.down[0], w, ids, DIRECT_CONFIG)
-    row["one_launch_equal_to_three"] = bool(torch.equal(out, three)) and bool(torch.equal(ids, routed[0][1]))
-    out = one_token_moe_launch(x, layers.router[0], layers.gate_up[0], layers.down[0], k, renorm, 1.0)[0]
-    ref = experts_ref(x.float(), layers.gate_up[0].float(), layers.down[0].float(), w, ids.long())
-    row["one_launch_max_abs_err_vs_ref"] = float((out.float() - ref).abs().max())
-    if sweep:
-        row["one_launch_sweep"] = [{"tiles": list(vars(t).values()), "us": per(one_launch(t))} for t in ONE_LAUNCH]
 
 
 def direct_sweep(up, down, fused_router, per) -> list[dict]:
@@ -459,11 +417,6 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "one_launch_layer_us" in row:
-                    log(f"   one launch {row['one_launch_layer_us']:.1f} us against three {row['three_launch_layer_us']:.1f}; "
-                        f"bits equal {row['one_launch_equal_to_three']}, err {row['one_launch_max_abs_err_vs_ref']:.3g}")
-                    for s in sorted(row.get("one_launch_sweep", []), key=lambda s: s["us"])[:4]:
-                        log(f"   one launch tiles {s['tiles']}: {s['us']:.1f} us")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

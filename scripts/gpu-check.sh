@@ -137,7 +137,7 @@ fi
 if [[ " $stages " == *" moe "* ]]; then  # issue 19: MoE/MLA presets, decode at the issue's sizes
   for m in ${MOE_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
     echo "[$(date +%H:%M:%S)] moe $m ${MOE_ARGS:-}"
-    timeout -k 10 "${MOE_TIMEOUT:-200}" cgtool capture --model "$m" --kind "${MOE_KIND:-decode}" --bs 1,8,64,256 \
+    timeout -k 10 "${MOE_TIMEOUT:-200}" cgtool capture --model "$m" --kind "${MOE_KIND:-decode}" --bs "${MOE_BS:-1,8,64,256}" \
       ${MOE_ARGS:-} --out "$OUT/runs/moe-$m" >"$OUT/runs/moe-$m.log" 2>&1
     echo "[$(date +%H:%M:%S)] moe $m exit $?"; tail -25 "$OUT/runs/moe-$m.log"
   done

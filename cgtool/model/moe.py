@@ -15,13 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.model.fused import silu_and_mul_ref
-from cgtool.model.layers import SwiGLU
-from cgtool.model.moe_one_token import ONE_TOKEN, one_token_moe
-from cgtool.model.moe_routing import fused_route
-from cgtool.model.moe_triton import fused_experts
 from cgtool.specs.config import ModelConfig
 from cgtool.specs.config_parts import MoeConfig
+from cgtool.model.fused import silu_and_mul_ref
+from cgtool.model.layers import SwiGLU
+from cgtool.model.moe_routing import fused_route
+from cgtool.model.moe_triton import fused_experts
 
 # "torch" runs the reference; "triton" the fused kernel (moe_triton), which reads only the
 # routed experts. Models are built with the reference (it runs anywhere); capture switches a
@@ -91,20 +90,16 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Router logits in fp32 as DeepSeek computes them: near-ties between experts must not
         # flip with the activation dtype.
-        moe, experts = self.moe, self.experts
-        if experts.backend == "triton" and x.shape[0] == ONE_TOKEN:  # the layer in one launch
-            out, ids = one_token_moe(x, self.gate.weight, experts.gate_up_proj, experts.down_proj,
-                                     moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor)
+        if self.experts.backend == "triton":  # two kernels, not the reference's nine
+            moe = self.moe
+            weights, ids = fused_route(
+                x, self.gate.weight, moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor
+            )
         else:
-            if experts.backend == "triton":  # two kernels, not the reference's nine
-                weights, ids = fused_route(
-                    x, self.gate.weight, moe.top_k, moe.norm_topk_prob, moe.routed_scaling_factor
-                )
-            else:
-                weights, ids = route(F.linear(x.float(), self.gate.weight.float()), moe)
-            out = experts(x, weights, ids)
+            weights, ids = route(F.linear(x.float(), self.gate.weight.float()), self.moe)
         if self.active_counts is not None:
             self.active_counts.append(int(ids.unique().numel()))  # a host sync: never while capturing
+        out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out

@@ -146,13 +146,15 @@ def _route_one_by_rank(
 
 
 @triton.jit
-def _router_logits_one(
-    X, W, Logits, hidden, stride_we, NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _router_route_kernel(
+    X, W, Logits, Weights, Ids, Tickets, hidden, stride_we, scale,
+    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
 ):
-    """One token's logits for this program's BLOCK_E experts, products on the CUDA cores (tl.dot
-    would pad the token to 16 rows and leave most SMs idle) over hidden slices of BLOCK_K (the
-    whole row at once where it fits: a loop of loads without a dot is not pipelined)."""
+    # One token: each program takes BLOCK_E experts, products on the CUDA cores (tl.dot would
+    # pad the token to 16 rows and leave most SMs idle) over hidden slices of BLOCK_K (the
+    # whole row at once where it fits: a loop of loads without a dot is not pipelined), then
+    # the last program to finish routes the token (runtime.tickets): one launch, not two.
     experts = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     mask_e = experts < NUM_EXPERTS
     offs_k = tl.arange(0, BLOCK_K)
@@ -164,34 +166,10 @@ def _router_logits_one(
                     mask=mask_e[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(x[None, :] * w, axis=1)
     tl.store(Logits + experts, acc, mask=mask_e)
-
-
-@triton.jit
-def _route_if_last(
-    Logits, Weights, Ids, Ticket, programs, scale,
-    NUM_EXPERTS: tl.constexpr, ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
-):
-    """The last of `programs` to store its logits routes the token (runtime.tickets); True in
-    that program."""
     tl.debug_barrier()  # every thread's logits stored before the ticket's release
-    last = tl.atomic_add(Ticket, 1, sem="acq_rel", scope="gpu") == programs - 1
-    if last:
-        tl.atomic_xchg(Ticket, 0, sem="relaxed", scope="gpu")
+    if tl.atomic_add(Tickets, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.atomic_xchg(Tickets, 0, sem="relaxed", scope="gpu")
         _route_one_by_rank(Logits, Weights, Ids, scale, NUM_EXPERTS, ALL_EXPERTS, TOP_K, RENORM)
-    return last
-
-
-@triton.jit
-def _router_route_kernel(
-    X, W, Logits, Weights, Ids, Tickets, hidden, stride_we, scale,
-    NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
-):
-    # One token: each program takes BLOCK_E experts' logits, then the last program to finish
-    # routes the token: one launch, not two.
-    _router_logits_one(X, W, Logits, hidden, stride_we, NUM_EXPERTS, BLOCK_E, BLOCK_K)
-    _route_if_last(Logits, Weights, Ids, Tickets, tl.num_programs(0), scale, NUM_EXPERTS, ALL_EXPERTS,
-                   TOP_K, RENORM)
 
 
 _ROUTE = CachedKernel(_route_kernel)

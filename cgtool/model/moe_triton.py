@@ -112,27 +112,6 @@ def _grouped_gemm_kernel(
     rows = (pairs // PAIRS_PER_ROW).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    acc = _gemm_tile(A, B, rows, mask_m, expert, offs_n, mask_n, N, K, stride_am, stride_be, stride_bn,
-                     GATED, PRECISION, EVEN_K, False, C.dtype.element_ty, BLOCK_M, BLOCK_N, BLOCK_K)
-    if MUL_WEIGHT:
-        acc = acc * tl.load(pair_weights + pairs, mask=mask_m, other=0.0)[:, None]
-    c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
-    if TOP_K > 0:
-        token = pid_m // TOP_K
-        ticket = Tickets + token * tl.num_programs(1) + tl.program_id(1)
-        _sum_top_k_last(C, Out, ticket, token, offs_n, mask_n, N, stride_cm, TOP_K, BLOCK_N)
-
-
-@triton.jit
-def _gemm_tile(
-    A, B, rows, mask_m, expert, offs_n, mask_n, N, K, stride_am, stride_be, stride_bn,
-    GATED: tl.constexpr, PRECISION: tl.constexpr, EVEN_K: tl.constexpr, A_WRITTEN_HERE: tl.constexpr,
-    OUT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """A[rows] @ B[expert].T over columns offs_n, in fp32; GATED: silu(gate) * up, rounded as
-    the unfused path rounds. A_WRITTEN_HERE: A was written by other programs of this launch,
-    so its loads skip L1, which does not see their stores."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = A + rows[:, None] * stride_am + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
     b_ptrs = B + expert * stride_be + offs_n[None, :] * stride_bn + offs_k[:, None]  # [BLOCK_K, BLOCK_N]
@@ -143,10 +122,7 @@ def _gemm_tile(
             mask_k = offs_k < BLOCK_K
         else:
             mask_k = offs_k < K - k0
-        if A_WRITTEN_HERE:
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0, cache_modifier=".cg")
-        else:
-            a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        a = tl.load(a_ptrs, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         if GATED:
@@ -157,19 +133,25 @@ def _gemm_tile(
     if GATED:
         # Rounded as the unfused path rounds: gate and up stored in C's dtype, F.silu's result
         # rounded before the product.
-        gate = acc.to(OUT_DTYPE).to(tl.float32)
-        act = (gate / (1.0 + tl.exp(-gate))).to(OUT_DTYPE)
-        acc = act.to(tl.float32) * acc_up.to(OUT_DTYPE).to(tl.float32)
-    return acc
+        gate = acc.to(C.dtype.element_ty).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(C.dtype.element_ty)
+        acc = act.to(tl.float32) * acc_up.to(C.dtype.element_ty).to(tl.float32)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(pair_weights + pairs, mask=mask_m, other=0.0)[:, None]
+    c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if TOP_K > 0:
+        _sum_top_k_last(C, Out, Tickets, pid_m // TOP_K, offs_n, mask_n, N, stride_cm, TOP_K, BLOCK_N)
 
 
 @triton.jit
 def _sum_top_k_last(
-    Y, Out, ticket, token, offs_n, mask_n, N, stride_ym, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    Y, Out, Tickets, token, offs_n, mask_n, N, stride_ym, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """The last of a token's TOP_K programs over these columns (counted at `ticket`) sums
-    their rows into Out, in slot order from zero as `_combine_kernel` does (runtime.tickets)."""
+    """The last of a token's TOP_K programs over these columns sums their rows into Out, in
+    slot order from zero as `_combine_kernel` does (runtime.tickets)."""
     tl.debug_barrier()  # every thread's row stored before the ticket's release
+    ticket = Tickets + token * tl.num_programs(1) + tl.program_id(1)
     if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == TOP_K - 1:
         tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
