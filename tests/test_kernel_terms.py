@@ -21,6 +21,9 @@ H200_RUN = (RESULTS / "h200-2026-11-26-moe-mla/call3", "H200", "H200")
 # The kernels of the last change (one token in three kernels, MLA's merge in the last program).
 H200_NOW = (RESULTS / "h200-2026-11-26-moe-mla/call8", "H200", "H200")
 H100_RUN = (RESULTS / "h100-2026-11-26-moe-mla", "H100-80GB", "H100")
+# Today's kernels on the H100, nothing fitted there: the bench, and captures at a 1k context
+# (qwen3-30b-a3b to bs 64, its 256 x 1k KV pool does not fit at 0.85).
+H100_NOW = (RESULTS / "h100-2026-11-26-moe-mla-2/kernels", "H100-80GB", "H100")
 MODELS = ["qwen3-30b-a3b", "deepseek-v2-lite"]
 
 
@@ -28,7 +31,8 @@ def _load(run: Path, name: str) -> dict:
     return json.loads((run / name).read_text())
 
 
-@pytest.mark.parametrize("run", [H200_RUN, H200_NOW, H100_RUN], ids=["H200-fit", "H200-now", "H100"])
+@pytest.mark.parametrize("run", [H200_RUN, H200_NOW, H100_RUN, H100_NOW],
+                         ids=["H200-fit", "H200-now", "H100-then", "H100-now"])
 @pytest.mark.parametrize("model", MODELS)
 def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model, run):
     folder, gpu, nvml = run
@@ -37,20 +41,24 @@ def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model, r
     cfg = load_model_config(model)
     rows = bench["moe"][model]
     assert [r["tokens"] for r in rows] == [1, 8, 64, 256, 512, 2048, 8192]
-    if run is not H200_NOW:  # one token ran six kernels there, not today's three
+    if run in (H200_RUN, H100_RUN):  # one token ran six kernels there, not today's three
         rows = rows[1:]
     for row in rows:
         predicted_us = moe_layers_ms(cfg, gpu_spec(gpu), row["tokens"]) / cfg.num_moe_layers * 1e3
-        assert predicted_us == pytest.approx(row["layer_us"], rel=0.10), row["tokens"]
+        # the docs' error: measured / predicted - 1
+        assert abs(row["layer_us"] / predicted_us - 1) <= 0.10, row["tokens"]
 
 
-def test_mla_decode_terms_predict_the_attention_of_every_batch_and_context():
+@pytest.mark.parametrize("run", [H200_NOW, H100_NOW], ids=["H200", "H100"])
+def test_mla_decode_terms_predict_the_attention_of_every_batch_and_context(run):
     # kernel_terms' MLA decode: the latent read, the fixed part and the merge's own kernel at
     # small batches, plus the one attention kernel's floor that the forward's count holds.
     from cgtool.planner.kernel_terms import KERNEL_FLOOR_MS, MLA_DECODE_READ_EFFICIENCY, mla_decode_fixed_ms
 
-    bench = _load(H200_NOW[0], "moe-mla.json")
-    gpu = gpu_spec("H200")
+    folder, gpu_name, nvml = run
+    bench = _load(folder, "moe-mla.json")
+    assert nvml in bench["device"]
+    gpu = gpu_spec(gpu_name)
     cases = {(r["bs"], r["context"]): r["us"] for r in bench["mla"]["decode"]}
     assert set(cases) == {(bs, ctx) for bs in (1, 16, 32, 64, 256) for ctx in (1024, 8192)}
     for (bs, ctx), measured_us in cases.items():
@@ -59,11 +67,11 @@ def test_mla_decode_terms_predict_the_attention_of_every_batch_and_context():
         assert predicted_us == pytest.approx(measured_us, rel=0.12 if bs >= 32 else 0.25), (bs, ctx)
 
 
+@pytest.mark.parametrize("run", [H200_NOW, H100_NOW], ids=["H200", "H100"])
 @pytest.mark.parametrize("model", MODELS)
-def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model):
-    # The H100's captures (deepseek-v2-lite) predate the one-token path and the merge in the
-    # last program, so only today's H200 captures check the steps.
-    folder, gpu, nvml = H200_NOW
+def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model, run):
+    # Captures with today's kernels: decode and piecewise extend on the H200, decode on the H100.
+    folder, gpu, nvml = run
     report = _load(folder, f"capture-{model}.json")
     assert nvml in report["environment"]["gpu_name"]
     cfg = load_model_config(model)
@@ -78,7 +86,7 @@ def test_roofline_predicts_captured_moe_and_mla_steps_within_15_percent(model):
             predicted = cost.extend_graph_ms[n] + cost.attention_ms_per_pair * n * (n + 1) / 2
         assert predicted == pytest.approx(size["replay_ms"], rel=0.15), (size["kind"], n)
         checked += 1
-    assert checked == 7
+    assert checked == len(report["sizes"]) >= 3
 
 
 def test_dense_models_keep_the_plain_roofline():
