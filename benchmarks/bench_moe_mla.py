@@ -24,7 +24,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -37,13 +36,7 @@ from cgtool.attention.triton_mla import (
 )
 from cgtool.model.fused import silu_and_mul
 from cgtool.model.moe import experts_ref
-from cgtool.model.moe_routing import (
-    ROUTER_ROUTE_TOKENS,
-    align_block_size,
-    route_topk,
-    router_logits,
-    router_route,
-)
+from cgtool.model.moe_routing import ROUTER_ROUTE_TOKENS, align_block_size, route_topk, router_logits, router_route
 from cgtool.model.moe_triton import (
     CONFIGS,
     DIRECT,
@@ -245,12 +238,6 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     experts_us = per(experts())
     routing_us = row.get("router_route_us", row["router_gemm_us"] + row["route_us"])
     row["layer_us"] = routing_us + experts_us
-    if direct:  # the down weights asked into L2 by the gate/up GEMM, or not, in turns
-        with_pf, without = (replace(DIRECT_CONFIG, prefetch_down=p) for p in (True, False))
-        turns = [(per(experts(with_pf)), per(experts(without))) for _ in range(3)]
-        row["prefetch_down_experts_us"] = sorted(t[0] for t in turns)[1]
-        row["no_prefetch_down_experts_us"] = sorted(t[1] for t in turns)[1]
-        row["prefetch_down_turns"] = turns
     if n <= 8:  # the direct path against the aligned one at a few tokens
         row["aligned_layer_us"] = row["router_gemm_us"] + row["route_us"] + per(experts(CONFIGS[0][1]))
         row["direct_layer_us"] = routing_us + per(experts(DIRECT_CONFIG))
@@ -430,9 +417,6 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "prefetch_down_experts_us" in row:
-                    log(f"   experts with the down prefetch {row['prefetch_down_experts_us']:.1f} us, "
-                        f"without {row['no_prefetch_down_experts_us']:.1f} (medians of 3 turns)")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

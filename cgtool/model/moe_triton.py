@@ -48,7 +48,6 @@ class ExpertsConfig:
     block_m: int  # rows of a block: the alignment of each expert's run
     up: GemmTiles  # the gate/up GEMM with SiLU
     down: GemmTiles  # the down GEMM
-    prefetch_down: bool = False  # direct only: the gate/up GEMM asks L2 for the down weights
 
 
 # (largest mean rows an expert gets, config): the fastest of issue 33's sweep (H200,
@@ -90,11 +89,11 @@ def block_m_for(num_pairs: int, num_experts: int) -> int:
 
 @triton.jit
 def _grouped_gemm_kernel(
-    A, B, C, sorted_pair_ids, block_experts, num_padded, pair_weights, Out, Tickets, Next,
-    num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm, next_expert_bytes,
+    A, B, C, sorted_pair_ids, block_experts, num_padded, pair_weights, Out, Tickets,
+    num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
     PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH_LINES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
     # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up. DIRECT: a block is
@@ -104,8 +103,6 @@ def _grouped_gemm_kernel(
     if DIRECT:
         expert = tl.load(block_experts + pid_m).to(tl.int64)
         pairs = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_pairs)
-        if PREFETCH_LINES > 0:
-            _prefetch_share(Next, expert, next_expert_bytes, PREFETCH_LINES)
     else:
         if pid_m * BLOCK_M >= tl.load(num_padded):
             return  # the grid covers the worst case; this block holds only padding
@@ -148,18 +145,6 @@ def _grouped_gemm_kernel(
 
 
 @triton.jit
-def _prefetch_share(Next, expert, expert_bytes, LINES: tl.constexpr):
-    """Asks L2 for this program's share (LINES lines of 128 bytes) of `expert`'s block of the
-    next GEMM's weights, kept there (evict_last) until that GEMM reads them; the program does
-    not wait for them."""
-    first = tl.program_id(1) * LINES * 128
-    offs = tl.minimum(first + tl.arange(0, LINES) * 128, expert_bytes - 1)
-    base = Next.to(tl.pointer_type(tl.int8)) + expert * expert_bytes
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];\n mov.u32 $0, 0;", "=r,l",
-                              [base + offs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _sum_top_k_last(
     Y, Out, Tickets, token, offs_n, mask_n, N, stride_ym, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -196,12 +181,9 @@ def grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, align: tuple[torch.Tensor, ...],
     pair_weights: torch.Tensor, pairs_per_row: int, block_m: int, tiles: GemmTiles,
     mul_weight: bool, gated: bool, summed: torch.Tensor | None = None, top_k: int = 0,
-    prefetch: torch.Tensor | None = None,
 ) -> None:
     """One grouped GEMM over `align` (alignment's three tensors, or `direct_align`'s); with
-    `summed` (direct only), each token's top_k rows of `out` also summed into it; with
-    `prefetch` (direct only: the next GEMM's [E, ...] weights), each pair's expert's block of
-    them asked into L2 while this GEMM runs."""
+    `summed` (direct only), each token's top_k rows of `out` also summed into it."""
     sorted_pair_ids, block_experts, num_padded = align
     direct = sorted_pair_ids is block_experts
     assert a.stride(-1) == 1 and w.stride(-1) == 1 and out.stride(-1) == 1
@@ -210,18 +192,15 @@ def grouped_gemm(
     block_k = min(tiles.block_k, max(16, next_power_of_2(k_in)))
     grid = (block_experts.numel(), cdiv(n_out, tiles.block_n))
     counters = out if summed is None else tickets(out.device, summed.shape[0] * grid[1])
-    assert prefetch is None or direct, "the prefetch follows one pair a block"
-    expert_bytes = 0 if prefetch is None else prefetch[0].numel() * prefetch.element_size()
-    lines = 0 if prefetch is None else next_power_of_2(cdiv(cdiv(expert_bytes, 128), grid[1]))
     # fp32 weights take exact fp32 products: TF32 would drift from the reference.
     precision = "ieee" if a.dtype == torch.float32 else "tf32"
     _GROUPED_GEMM.launch(
         grid, a, w, out, sorted_pair_ids, block_experts, num_padded, pair_weights,
-        out if summed is None else summed, counters, w if prefetch is None else prefetch,
-        out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0), expert_bytes,
+        out if summed is None else summed, counters,
+        out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
         EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
-        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k, PREFETCH_LINES=lines,
+        BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
@@ -259,10 +238,8 @@ def _launch_fused_experts(
     align = direct_align(ids) if direct else align_block_size(ids, num_experts, block_m)
     pair_weights = weights.float().contiguous()  # [num_pairs] read flat, fp32 as routed
     act = torch.empty((num_pairs, gate_up.shape[1] // 2), dtype=x.dtype, device=x.device)  # [pairs, I]
-    # Triton's interpreter (the CPU tests) has no inline PTX: the prefetch is the GPU's alone.
-    prefetch = down if direct and config.prefetch_down and x.is_cuda else None
     grouped_gemm(x, gate_up, act, align, pair_weights, top_k, block_m, config.up,
-                 mul_weight=False, gated=True, prefetch=prefetch)
+                 mul_weight=False, gated=True)
     # fp32 partial outputs, so the top-k sum rounds once, as the reference's einsum does.
     y = torch.empty((num_pairs, hidden), dtype=torch.float32, device=x.device)  # [pairs, hidden]
     if direct:
