@@ -324,16 +324,12 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
     bound_us = bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     default_splits = mla_num_kv_splits(bs, MLA_HEADS)
 
-    def run(tiles, splits, fused=None, keys_as_rows=None):
+    def run(tiles, splits, fused=None):
         return graph_us(lambda: [mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                                      tiles, fused, keys_as_rows) for c in caches]) / layers
+                                                      tiles, fused) for c in caches]) / layers
 
     row = {"bs": bs, "context": ctx, "bound_us": bound_us, "splits": default_splits,
            "us": run(None, default_splits)}
-    # the products with the keys as rows, or the heads, in turns (medians of three)
-    turns = [(run(None, default_splits, None, True), run(None, default_splits, None, False)) for _ in range(3)]
-    row["keys_as_rows_us"] = sorted(t[0] for t in turns)[1]
-    row["heads_as_rows_us"] = sorted(t[1] for t in turns)[1]
     if sweep:
         tried = []
         for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 3), (32, 4, 4)]:
@@ -390,8 +386,7 @@ def main() -> None:
             result["mla"]["decode"].append(row)
             best = min(row.get("sweep", [row]), key=lambda s: s["us"])
             log(f"mla decode bs={bs} ctx={ctx}: {row['us']:.1f} us, bound {row['bound_us']:.1f} us = "
-                f"{100 * row['bound_us'] / row['us']:.0f}%; keys as rows {row['keys_as_rows_us']:.1f}, "
-                f"heads as rows {row['heads_as_rows_us']:.1f}; best {best}")
+                f"{100 * row['bound_us'] / row['us']:.0f}%; best {best}")
             torch.cuda.empty_cache()
         json.dump(result, open(args.out, "w"), indent=1)
         result["mla"]["extend"] = []

@@ -64,8 +64,6 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
-# Decode's products with the keys as rows (`_attend_latent_block_keys_as_rows`).
-KEYS_AS_ROWS = False
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -91,31 +89,6 @@ def _attend_latent_block(
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
     s = tl.where(visible, s * scale_log2, float("-inf"))
     return online_softmax_step(acc, l_i, m_i, s, kv)
-
-
-@triton.jit
-def _attend_latent_block_keys_as_rows(
-    acc_t, l_i, m_i, q_r_t, q_p_t, Kv, token_row, start_n, kv_end, scale_log2,
-    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """`_attend_latent_block` for decode with the keys as the rows of both products: scores
-    [BLOCK_N, heads] = rows @ q^T, output^T [rank, heads] += rows^T @ p^T. With a block of 16
-    heads as the rows, tl.dot takes the small-tile MMA; with 64 keys (and 512 latent values)
-    as the rows it can take Hopper's warpgroup MMA, which reads both operands from shared
-    memory. acc_t is [rank, heads]; l_i and m_i are per head."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < kv_end
-    rows = Kv + block_slots(token_row, offs_n, mask_n)[:, None] * stride_kt
-    kv = tl.load(rows + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
-    pe = tl.load(rows + RANK + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-    s_t = tl.dot(kv.to(q_r_t.dtype), q_r_t) + tl.dot(pe.to(q_p_t.dtype), q_p_t)
-    s_t = tl.where(mask_n[:, None], s_t * scale_log2, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s_t, 0))
-    alpha = tl.exp2(m_i - m_new)
-    p_t = tl.exp2(s_t - m_new[None, :])
-    acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(kv), p_t.to(kv.dtype))
-    l_i = l_i * alpha + tl.sum(p_t, 0)
-    return acc_t, l_i, m_new
 
 
 @triton.jit
@@ -165,7 +138,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, KEYS_AS_ROWS: tl.constexpr,
+    MERGE_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -183,22 +156,12 @@ def _mla_decode_stage1(
         q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
         token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
 
-        if KEYS_AS_ROWS:
-            acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
-            acc_t, q_r_t, q_p_t = tl.trans(acc), tl.trans(q_r), tl.trans(q_p)
-            for start_n in range(split_start, split_end, BLOCK_N):
-                acc_t, l_i, m_i = _attend_latent_block_keys_as_rows(
-                    acc_t, l_i, m_i, q_r_t, q_p_t, Kv, token_row, start_n, split_end, scale_log2,
-                    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N,
-                )
-            acc = tl.trans(acc_t)
-        else:
-            acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
-            for start_n in range(split_start, split_end, BLOCK_N):
-                acc, l_i, m_i = _attend_latent_block(
-                    acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
-                    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
-                )
+        acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
+        for start_n in range(split_start, split_end, BLOCK_N):
+            acc, l_i, m_i = _attend_latent_block(
+                acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
+                offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
+            )
         # One chunk a request still goes through the partials and the merge: storing the bf16
         # output from here ran 1.3x slower (bs 256, H200, call5).
         store_split(
@@ -306,11 +269,9 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    keys_as_rows: bool | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge` and `keys_as_rows` override DECODE_TILES, the merge's placement and
-    KEYS_AS_ROWS (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
+    `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -328,8 +289,7 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=slice_d, KEYS_AS_ROWS=KEYS_AS_ROWS if keys_as_rows is None else keys_as_rows,
-        num_warps=num_warps, num_stages=num_stages,
+        FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
         return
