@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from cgtool.specs.config import load_model_config
@@ -34,3 +35,31 @@ def test_latent_pool_holds_more_tokens_for_the_same_budget():
     budget = 1 << 30
     tokens = kv_tokens_for_budget(load_model_config("deepseek-v2-lite"), budget, torch.bfloat16)
     assert tokens == budget // (27 * (512 + 64) * 2)
+
+
+def test_free_memory_is_read_after_the_cached_blocks_are_handed_back(monkeypatch):
+    # SGLang empties the allocator's cache before it reads free memory to size its pool.
+    from cgtool.runtime import kv
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: calls.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: calls.append("mem_get_info") or (3, 8))
+    assert kv.free_after_weights() == (3, 8)
+    assert calls == ["synchronize", "empty_cache", "mem_get_info"]
+
+
+@pytest.mark.gpu
+def test_a_second_workbench_in_one_process_gets_the_first_ones_pool():
+    # The first one's weights and pool, cached once it is dropped, read as free again.
+    from cgtool.capture.workbench import build_workbench
+    from cgtool.specs.config import load_model_config
+
+    def build():
+        return build_workbench(load_model_config("qwen2.5-0.5b"), weights_dir=None, dtype=torch.bfloat16,
+                               mem_fraction_static=0.5, max_bs=4, max_tokens=64, context_len=256, seed=0)
+
+    first = build()
+    tokens = first.kv_tokens
+    del first
+    assert build().kv_tokens == tokens

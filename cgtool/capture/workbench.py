@@ -13,7 +13,7 @@ from cgtool.specs.config import ModelConfig
 from cgtool.runtime.distributed import SINGLE, TensorParallel, all_min
 from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
-from cgtool.runtime.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
+from cgtool.runtime.kv import KVPool, free_after_weights, kv_budget_bytes, kv_tokens_for_budget
 from cgtool.model.loader import build_model
 from cgtool.model.moe import use_moe_backend
 from cgtool.model.parallel import kv_head_range, local_config
@@ -75,10 +75,7 @@ def build_workbench(
     use_moe_backend(model, moe_backend)
     weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     local = local_config(cfg, tp)
-    if tp.size > 1:
-        torch.cuda.empty_cache()  # the whole tensors each rank sliced its weights from
-    torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
+    free, total = free_after_weights()  # each rank's too: the whole tensors it sliced its weights from
     if tp.size > 1:
         free = all_min(free)  # every rank holds the same slots: the GPU with least room decides
     source = f"--max-total-tokens {kv_tokens}" if kv_tokens else f"--mem-fraction-static {mem_fraction_static}"

@@ -33,7 +33,7 @@ class Bench:
 def build_bench(inputs: ReplayInputs, width: int | None = None, rows: int | None = None) -> Bench:
     from cgtool.attention import make_backend
     from cgtool.model.loader import build_model
-    from cgtool.runtime.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
+    from cgtool.runtime.kv import KVPool, free_after_weights, kv_budget_bytes, kv_tokens_for_budget
 
     cfg, device = inputs.cfg, inputs.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -43,8 +43,7 @@ def build_bench(inputs: ReplayInputs, width: int | None = None, rows: int | None
     if inputs.max_total_tokens is not None:
         slots = inputs.max_total_tokens + 1
     elif device == "cuda":
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
+        free, total = free_after_weights()
         fraction = inputs.mem_fraction_static
         slots = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, fraction), dtype)
     else:  # the CPU has no fraction to honour: room for the whole slice at once

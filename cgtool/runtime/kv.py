@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import torch
 
 from cgtool.specs.config import ModelConfig
@@ -11,6 +13,18 @@ from cgtool.runtime.kv_store import store_kv
 # Slot 0 and request row 0 are never handed out: padded batch entries write and read there.
 DUMMY_SLOT = 0
 DUMMY_REQ = 0
+
+
+def free_after_weights() -> tuple[int, int]:
+    """(free, total) device bytes once the weights are loaded, read as SGLang reads them before
+    sizing its pool: the caching allocator's free blocks handed back first. Blocks cached by the
+    weights' loading or by an earlier session in this process would otherwise read as used,
+    and the pool would come out smaller than a fresh server's."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    return free, total
 
 
 def kv_budget_bytes(total_bytes: int, free_after_weights_bytes: int, mem_fraction_static: float) -> int:

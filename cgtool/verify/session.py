@@ -106,16 +106,12 @@ def _release_cached_blocks() -> None:
 
 def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: SessionResult) -> ModelRunner:
     from cgtool.attention import make_backend
-    from cgtool.runtime.kv import KVPool, kv_budget_bytes, kv_tokens_for_budget
+    from cgtool.runtime.kv import KVPool, free_after_weights, kv_budget_bytes, kv_tokens_for_budget
 
     width = _context_width(opts, cfg)
     model = load_model(cfg, weights_dir, opts, width)
-    torch.cuda.synchronize()
-    # Blocks an earlier session in this process left cached would read as used, and the pool
-    # would come out smaller than a fresh server's (the 0.999 rehearsal then fitted).
-    gc.collect()
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info()
+    # An earlier session's cached blocks would otherwise shrink the pool (the 0.999 rehearsal then fitted).
+    free, total = free_after_weights()
     # SGLang's order: the KV pool takes its share of what the weights left; req_to_token
     # comes out of the rest, as the server's does.
     kv_tokens = kv_tokens_for_budget(cfg, kv_budget_bytes(total, free, opts.mem_fraction_static), opts.dtype)
