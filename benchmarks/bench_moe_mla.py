@@ -324,16 +324,12 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
     bound_us = bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     default_splits = mla_num_kv_splits(bs, MLA_HEADS)
 
-    def run(tiles, splits, fused=None, rows_ahead=None):
+    def run(tiles, splits, fused=None):
         return graph_us(lambda: [mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                                      tiles, fused, rows_ahead) for c in caches]) / layers
+                                                      tiles, fused) for c in caches]) / layers
 
     row = {"bs": bs, "context": ctx, "bound_us": bound_us, "splits": default_splits,
            "us": run(None, default_splits)}
-    # a block's rows loaded a step ahead of its products, or in step, in turns (medians of three)
-    turns = [(run(None, default_splits, None, True), run(None, default_splits, None, False)) for _ in range(3)]
-    row["rows_ahead_us"] = sorted(t[0] for t in turns)[1]
-    row["rows_in_step_us"] = sorted(t[1] for t in turns)[1]
     if sweep:
         tried = []
         for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 3), (32, 4, 4)]:
@@ -390,8 +386,7 @@ def main() -> None:
             result["mla"]["decode"].append(row)
             best = min(row.get("sweep", [row]), key=lambda s: s["us"])
             log(f"mla decode bs={bs} ctx={ctx}: {row['us']:.1f} us, bound {row['bound_us']:.1f} us = "
-                f"{100 * row['bound_us'] / row['us']:.0f}%; rows ahead {row['rows_ahead_us']:.1f}, "
-                f"in step {row['rows_in_step_us']:.1f}; best {best}")
+                f"{100 * row['bound_us'] / row['us']:.0f}%; best {best}")
             torch.cuda.empty_cache()
         json.dump(result, open(args.out, "w"), indent=1)
         result["mla"]["extend"] = []

@@ -64,8 +64,6 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
-# Decode loads a block's latent rows a step ahead of its products (`_mla_decode_stage1`).
-ROWS_AHEAD = False
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -79,33 +77,13 @@ def _attend_latent_block(
 ):
     """One online-softmax step over latent rows start_n..start_n + BLOCK_N - 1, each row the
     key (rank and rope parts) and the value (rank part) of every head."""
-    kv, pe = _latent_rows(Kv, token_row, start_n, kv_end, offs_r, mask_r, offs_p, mask_p, stride_kt,
-                          RANK, BLOCK_N)
-    return _attend_rows(acc, l_i, m_i, q_r, q_p, q_pos, kv, pe, start_n, kv_end, scale_log2, BLOCK_N, MASK)
-
-
-@triton.jit
-def _latent_rows(
-    Kv, token_row, start_n, kv_end, offs_r, mask_r, offs_p, mask_p, stride_kt,
-    RANK: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """The rank and rope parts of latent rows start_n..start_n + BLOCK_N - 1 (none past kv_end)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     mask_n = offs_n < kv_end
     rows = Kv + block_slots(token_row, offs_n, mask_n)[:, None] * stride_kt
     kv = tl.load(rows + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
     pe = tl.load(rows + RANK + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-    return kv, pe
-
-
-@triton.jit
-def _attend_rows(
-    acc, l_i, m_i, q_r, q_p, q_pos, kv, pe, start_n, kv_end, scale_log2,
-    BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-):
-    offs_n = start_n + tl.arange(0, BLOCK_N)
     s = tl.dot(q_r, tl.trans(kv).to(q_r.dtype)) + tl.dot(q_p, tl.trans(pe).to(q_p.dtype))
-    visible = (offs_n < kv_end)[None, :]
+    visible = mask_n[None, :]
     if MASK == CAUSAL:
         # Key 0 is visible to every query, so no row is ever fully masked (no NaN).
         visible = visible & (offs_n[None, :] <= q_pos[:, None])
@@ -160,7 +138,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, ROWS_AHEAD: tl.constexpr,
+    MERGE_D: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -179,23 +157,11 @@ def _mla_decode_stage1(
         token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
 
         acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
-        if ROWS_AHEAD:
-            # The next block's rows are asked for before this block's products, so their
-            # loads are in flight while the tensor cores work.
-            kv, pe = _latent_rows(Kv, token_row, split_start, split_end, offs_r, mask_r, offs_p, mask_p,
-                                  stride_kt, RANK, BLOCK_N)
-            for start_n in range(split_start, split_end, BLOCK_N):
-                kv_next, pe_next = _latent_rows(Kv, token_row, start_n + BLOCK_N, split_end, offs_r, mask_r,
-                                                offs_p, mask_p, stride_kt, RANK, BLOCK_N)
-                acc, l_i, m_i = _attend_rows(acc, l_i, m_i, q_r, q_p, 0, kv, pe, start_n, split_end, scale_log2,
-                                             BLOCK_N, BEFORE_END)
-                kv, pe = kv_next, pe_next
-        else:
-            for start_n in range(split_start, split_end, BLOCK_N):
-                acc, l_i, m_i = _attend_latent_block(
-                    acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
-                    offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
-                )
+        for start_n in range(split_start, split_end, BLOCK_N):
+            acc, l_i, m_i = _attend_latent_block(
+                acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
+                offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
+            )
         # One chunk a request still goes through the partials and the merge: storing the bf16
         # output from here ran 1.3x slower (bs 256, H200, call5).
         store_split(
@@ -303,11 +269,9 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    rows_ahead: bool | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge` and `rows_ahead` override DECODE_TILES, the merge's placement and
-    ROWS_AHEAD (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
+    `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -325,8 +289,7 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=slice_d, ROWS_AHEAD=ROWS_AHEAD if rows_ahead is None else rows_ahead,
-        num_warps=num_warps, num_stages=num_stages,
+        FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
         return
