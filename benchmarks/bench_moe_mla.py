@@ -234,17 +234,6 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
         row["router_route_us"] = per(fused_router(None))
     row["align_us"] = 0.0 if direct else per(lambda: [align_block_size(ids, E, bm) for _, ids in routed])
     row["up_us"], row["down_us"] = per(up(config.up)), per(down(config.down))
-    if n >= 2048:  # what the rows' gather costs: A laid out in the blocks' order beforehand
-        rows_max = aligns[0][0].numel()
-        x_sorted = torch.randn(rows_max, H, device=DEVICE).to(DTYPE)
-        act_sorted = torch.randn(rows_max, I, device=DEVICE).to(DTYPE)
-        row["up_sorted_a_us"] = per(lambda: [grouped_gemm(
-            x_sorted, layers.gate_up[i], act, aligns[i], routed[i][0], k, bm, config.up, mul_weight=False,
-            gated=True, a_sorted=True) for i in range(LAYERS)])
-        row["down_sorted_a_us"] = per(lambda: [grouped_gemm(
-            act_sorted, layers.down[i], y, aligns[i], routed[i][0], 1, bm, config.down, mul_weight=True,
-            gated=False, a_sorted=True) for i in range(LAYERS)])
-        row["up_again_us"], row["down_again_us"] = per(up(config.up)), per(down(config.down))
     row["combine_us"] = 0.0 if direct else per(lambda: [combine_top_k(y, k, DTYPE) for _ in range(LAYERS)])
     experts_us = per(experts())
     routing_us = row.get("router_route_us", row["router_gemm_us"] + row["route_us"])
@@ -428,10 +417,6 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "up_sorted_a_us" in row:
-                    log(f"   A in the blocks' order: up {row['up_sorted_a_us']:.1f} us (gathered {row['up_us']:.1f}, "
-                        f"again {row['up_again_us']:.1f}), down {row['down_sorted_a_us']:.1f} "
-                        f"(gathered {row['down_us']:.1f}, again {row['down_again_us']:.1f})")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

@@ -93,7 +93,7 @@ def _grouped_gemm_kernel(
     num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
     PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, A_SORTED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
     # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up. DIRECT: a block is
@@ -109,10 +109,7 @@ def _grouped_gemm_kernel(
         expert = tl.load(block_experts + pid_m).to(tl.int64)
         pairs = tl.load(sorted_pair_ids + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
     mask_m = pairs < num_pairs
-    if A_SORTED:  # A's rows already in the blocks' order: plain strided loads, no gather
-        rows = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    else:
-        rows = (pairs // PAIRS_PER_ROW).to(tl.int64)
+    rows = (pairs // PAIRS_PER_ROW).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     offs_k = tl.arange(0, BLOCK_K)
@@ -184,7 +181,6 @@ def grouped_gemm(
     a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, align: tuple[torch.Tensor, ...],
     pair_weights: torch.Tensor, pairs_per_row: int, block_m: int, tiles: GemmTiles,
     mul_weight: bool, gated: bool, summed: torch.Tensor | None = None, top_k: int = 0,
-    a_sorted: bool = False,
 ) -> None:
     """One grouped GEMM over `align` (alignment's three tensors, or `direct_align`'s); with
     `summed` (direct only), each token's top_k rows of `out` also summed into it."""
@@ -203,7 +199,7 @@ def grouped_gemm(
         out if summed is None else summed, counters,
         out.shape[0], n_out, k_in, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
-        EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0, A_SORTED=a_sorted,
+        EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
