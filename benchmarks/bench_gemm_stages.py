@@ -37,7 +37,10 @@ def _plain_mm(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.const
 
 
 def time_us(fn, iters: int = 10) -> float:
-    fn()
+    try:
+        fn()
+    except triton.runtime.errors.OutOfResources:
+        return float("nan")  # this many stages do not fit the SM's shared memory
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
