@@ -11,6 +11,8 @@
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
 # `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
+# `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
+# Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -147,6 +149,11 @@ if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA k
   timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 benchmarks/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
     2>&1 | tee "$OUT/moe-mla.log"
   echo "[$(date +%H:%M:%S)] bench_moe_mla exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the MoE GEMMs by pipeline stages
+  echo "[$(date +%H:%M:%S)] bench_gemm_stages"
+  timeout -k 10 120 python3 benchmarks/bench_gemm_stages.py --out "$OUT/gemm-stages.json" 2>&1 | tee "$OUT/gemm-stages.log"
+  echo "[$(date +%H:%M:%S)] bench_gemm_stages exit ${PIPESTATUS[0]}"
 fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \
