@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from bench_attention import time_us as attention_time_us  # benchmarks/ is the script's path
+
 from cgtool.model.moe_routing import align_block_size, route_topk, router_logits
 from cgtool.model.moe_triton import CONFIGS, GemmTiles, grouped_gemm
 
@@ -37,18 +39,11 @@ def _plain_mm(A, B, C, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.const
 
 
 def time_us(fn, iters: int = 10) -> float:
+    """bench_attention's event timing; nan where the stages do not fit the SM's shared memory."""
     try:
-        fn()
+        return attention_time_us(fn, iters)
     except triton.runtime.errors.OutOfResources:
-        return float("nan")  # this many stages do not fit the SM's shared memory
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
+        return float("nan")
 
 
 def main() -> None:
