@@ -13,6 +13,8 @@
 # `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
+# `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
+# grouped GEMM against the Triton path (GROUPED_TOKENS picks sizes), in $OUT/moe-grouped.json.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -154,6 +156,12 @@ if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the M
   echo "[$(date +%H:%M:%S)] bench_gemm_stages"
   timeout -k 10 120 python3 benchmarks/bench_gemm_stages.py --out "$OUT/gemm-stages.json" 2>&1 | tee "$OUT/gemm-stages.log"
   echo "[$(date +%H:%M:%S)] bench_gemm_stages exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" moe-grouped "* ]]; then  # issue 33, by name only: extend MoE on the grouped GEMM
+  echo "[$(date +%H:%M:%S)] bench_moe_grouped"
+  timeout -k 10 300 python3 benchmarks/bench_moe_grouped.py --out "$OUT/moe-grouped.json" \
+    ${GROUPED_TOKENS:+--tokens "$GROUPED_TOKENS"} 2>&1 | tee "$OUT/moe-grouped.log"
+  echo "[$(date +%H:%M:%S)] bench_moe_grouped exit ${PIPESTATUS[0]}"
 fi
 if want decode; then
   cgtool capture --model llama-3.1-8b --kind decode --max-bs 256 --mem-fraction-static 0.85 \

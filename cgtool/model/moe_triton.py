@@ -14,6 +14,9 @@ One token skips the alignment (DIRECT): each pair is a block of its own, and the
 last program over a token's columns adds its top-k rows (runtime.tickets), so the layer is
 three launches with the router's, where a replay pays a few microseconds for each.
 
+Past moe_grouped.GROUPED_MIN_ROWS_X_WIDTH (thousands of tokens) the layer runs on torch's grouped
+GEMM instead, faster there (moe_grouped).
+
 Tile shapes follow the mean rows an expert gets, as SGLang's per-shape configs do: at decode
 sizes an expert's block is mostly padding and the GEMM streams weights, so narrow column tiles
 and a deep K pipeline spread the weight read over every SM; at extend sizes wide tiles keep
@@ -28,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.model.moe_grouped import grouped_mm_chosen, grouped_mm_experts, grouped_mm_usable
 from cgtool.model.moe_routing import align_block_size, max_padded_pairs
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
@@ -232,6 +236,8 @@ def _launch_fused_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     num_tokens, top_k = ids.shape
     num_experts, num_pairs, hidden = gate_up.shape[0], ids.numel(), x.shape[1]
+    if config is None and grouped_mm_chosen(num_pairs, num_experts, down.shape[2]) and grouped_mm_usable(x, gate_up):
+        return grouped_mm_experts(x, gate_up, down, weights, ids)
     config = config or experts_config(num_pairs, num_experts, num_tokens)
     direct = config.block_m == DIRECT
     block_m = MIN_BLOCK_M if direct else config.block_m
@@ -256,8 +262,9 @@ def fused_experts(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
     ids: torch.Tensor, config: ExpertsConfig | None = None,
 ) -> torch.Tensor:
-    """`moe.experts_ref` of the same arguments, reading only the routed experts' weights;
-    `config` overrides the tiles the shapes choose (benchmarks)."""
+    """`moe.experts_ref` of the same arguments, reading only the routed experts' weights; at
+    extend sizes on torch's grouped GEMM (moe_grouped). `config` forces the Triton path with
+    those tiles (benchmarks)."""
     if torch.compiler.is_compiling():
         # One opaque node for dynamo; eager calls skip the custom op's dispatch cost.
         return torch.ops.cgtool.fused_experts(x, gate_up, down, weights, ids)

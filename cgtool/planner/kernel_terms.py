@@ -18,6 +18,15 @@ peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in 
 three kernels since call8 (router and routing, gate/up, down with the top-k sum); call8's
 layers, all 14 sizes, are within 6.2% of these terms.
 
+Past moe_grouped's threshold (an expert's mean rows times its width at least 2^17: thousands of
+tokens) the experts run on torch's grouped GEMM (H200, 2026-11-26,
+benchmarks/results/h200-2026-11-26-moe-grouped/call2, benchmarks/bench_moe_grouped.py). Its
+layer is the same weights read, each pair moving 8 bytes a hidden unit and 12 a unit of expert
+width (its row gathered and read, its gate/up output and activation written and read, its
+output written and summed), and the pairs' FLOPs at 0.67 of the bf16 peak; a kernel floor term
+fitted to nothing (least squares on the 8 sizes of both models that take the path, relative
+error weighted: every size within 9.1%).
+
 MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
 0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
 (the programs' start and the merge of chunks, each of some 256 programs in two waves carrying
@@ -61,6 +70,11 @@ MOE_KERNELS_ONE_TOKEN, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 3, 6, 9
 MOE_ONE_TOKEN_PATH = 1  # cgtool.model.moe_triton.DIRECT_TOKENS
 MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
+# The grouped-GEMM path (cgtool.model.moe_grouped.GROUPED_MIN_ROWS_X_WIDTH and its layer).
+MOE_GROUPED_MIN_ROWS_X_WIDTH = 1 << 17
+MOE_GROUPED_FLOPS_EFFICIENCY = 0.67
+MOE_GROUPED_PAIR_BYTES_PER_HIDDEN, MOE_GROUPED_PAIR_BYTES_PER_WIDTH = 8, 12
+
 MLA_DECODE_READ_EFFICIENCY = 0.86
 MLA_DECODE_REQUEST_MS = 0.6e-3
 MLA_DECODE_FIXED_MS = 16e-3
@@ -79,16 +93,21 @@ def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarra
         return np.zeros_like(rows, dtype=np.float64)
     rows = np.asarray(rows, dtype=np.float64)
     pairs = rows * moe.top_k
-    experts = expected_experts(moe.num_experts, moe.top_k, rows)
-    read = experts * cfg.expert_params * BF16_BYTES + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN
-    flops = 2.0 * pairs * cfg.expert_params
+    width = moe.expert_intermediate_size
+    weights = expected_experts(moe.num_experts, moe.top_k, rows) * cfg.expert_params * BF16_BYTES
+    flops_ms = 2.0 * pairs * cfg.expert_params / gpu.bf16_flops * 1e3
+    read_ms = 1e3 / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY)
     kernels = np.where(pairs <= MOE_ONE_PROGRAM_PAIRS, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE)
     kernels = np.where(rows <= MOE_ONE_TOKEN_PATH, MOE_KERNELS_ONE_TOKEN, kernels)
-    per_layer_ms = (
-        read / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY) * 1e3
-        + flops / (gpu.bf16_flops * MOE_FLOPS_EFFICIENCY) * 1e3
+    triton_ms = (
+        (weights + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN) * read_ms
+        + flops_ms / MOE_FLOPS_EFFICIENCY
         + kernels * KERNEL_FLOOR_MS
     )
+    pair_bytes = cfg.hidden_size * MOE_GROUPED_PAIR_BYTES_PER_HIDDEN + width * MOE_GROUPED_PAIR_BYTES_PER_WIDTH
+    grouped_ms = (weights + pairs * pair_bytes) * read_ms + flops_ms / MOE_GROUPED_FLOPS_EFFICIENCY
+    grouped = pairs * width >= MOE_GROUPED_MIN_ROWS_X_WIDTH * moe.num_experts
+    per_layer_ms = np.where(grouped, grouped_ms, triton_ms)
     return np.where(rows > 0, cfg.num_moe_layers * per_layer_ms, 0.0)
 
 

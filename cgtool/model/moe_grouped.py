@@ -1,0 +1,154 @@
+"""Extend-sized MoE experts on torch's grouped GEMM (CUTLASS's on Hopper).
+
+At a few thousand tokens an expert gets hundreds of rows and the layer is its GEMMs' FLOPs.
+cgtool's Triton grouped GEMM (moe_triton) peaked there at about half of `torch.mm`'s rate:
+Triton pipelines it, but its plain GEMM of the same tiles tops out near 63% of the datasheet on
+an H100 (issue 33, docs/moe-mla.md). `torch.nn.functional.grouped_mm` runs one GEMM per group
+of rows with a warp-specialised TMA kernel, so the layer here is:
+
+  sort the (token, slot) pairs by expert (every expert's rows contiguous, no padding), gather
+  their tokens' rows, gate/up grouped GEMM, SiLU-and-multiply scaled by the routing weight (one
+  kernel, rounded as the reference rounds), down grouped GEMM, each token's top-k rows summed
+  through the inverse of the sort (one kernel).
+
+Every shape is the token count's and every count stays on the device, so it captures. Each
+pair's down output is rounded to bf16 before the top-k sum (the grouped GEMM writes bf16), one
+rounding more than the Triton path; tests hold both to the fp32 reference's tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
+
+_GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+# Where the grouped GEMM runs: an expert's mean rows times its width at least this. Below it the
+# Triton path was faster, above it the grouped GEMM (H200, 2026-11-26,
+# benchmarks/results/h200-2026-11-26-moe-grouped/call2): qwen3-30b-a3b (width 768) from 256 mean
+# rows (4k tokens: 987 against 1,007 us a layer; 2k: 708 against 629), deepseek-v2-lite (1,408)
+# from 96 (1k tokens: 467 against 507; 512: 439 against 365).
+GROUPED_MIN_ROWS_X_WIDTH = 1 << 17
+
+
+def grouped_mm_chosen(num_pairs: int, num_experts: int, width: int) -> bool:
+    """Whether a layer of these shapes takes the grouped GEMM (where `grouped_mm_usable`)."""
+    return num_pairs * width >= GROUPED_MIN_ROWS_X_WIDTH * num_experts
+
+
+def grouped_mm_usable(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
+    """torch's grouped GEMM takes bf16 only; on CUDA its fast kernel needs Hopper or later
+    (older GPUs fall back to a loop of GEMMs, slower than the Triton path)."""
+    if _GROUPED_MM is None or x.dtype != torch.bfloat16 or gate_up.dtype != torch.bfloat16:
+        return False
+    if x.device.type == "cuda":
+        return torch.cuda.get_device_capability(x.device)[0] >= 9
+    return x.device.type == "cpu"  # torch's reference loop: lets the tests run the path
+
+
+@triton.jit
+def _silu_mul_weight_kernel(GateUp, Weights, Order, Out, inter, stride_g, BLOCK: tl.constexpr):
+    # Out[r] = (silu(gate) * up) * w, each product rounded to Out's dtype as the reference
+    # rounds: silu_and_mul_ref's two ops, then the routing weight cast to the activations' dtype.
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < inter
+    gate = tl.load(GateUp + r * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(GateUp + r * stride_g + inter + offs, mask=mask, other=0.0).to(tl.float32)
+    dtype = Out.dtype.element_ty
+    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    act = (act * up).to(dtype).to(tl.float32)
+    w = tl.load(Weights + tl.load(Order + r)).to(dtype).to(tl.float32)
+    tl.store(Out + r * inter + offs, (act * w).to(dtype), mask=mask)
+
+
+@triton.jit
+def _sum_sorted_rows_kernel(Y, Inverse, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Out[t] = Σ_j Y[Inverse[t * TOP_K + j]] in fp32, slots in order, rounded once.
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(Inverse + t * TOP_K + j)
+        acc += tl.load(Y + row * hidden + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + t * hidden + offs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gather_rows_kernel(X, Order, Out, hidden, stride_x, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Out[r] = X[Order[r] // TOP_K]: each sorted pair's token row.
+    r = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < hidden
+    token = tl.load(Order + r) // TOP_K
+    tl.store(Out + r * hidden + offs, tl.load(X + token * stride_x + offs, mask=mask), mask=mask)
+
+
+_GATHER_ROWS = CachedKernel(_gather_rows_kernel)
+_SILU_MUL_WEIGHT = CachedKernel(_silu_mul_weight_kernel)
+_SUM_SORTED_ROWS = CachedKernel(_sum_sorted_rows_kernel)
+
+
+def sort_pairs(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order, inverse, ends) of the flat (token, slot) pairs: `order[r]` is the pair at sorted
+    row r (experts ascending, pairs in order within one), `inverse` its inverse, and `ends[e]`
+    one past expert e's last row (int32, the grouped GEMM's offsets)."""
+    flat = ids.reshape(-1)
+    # 32-bit keys: a radix sort makes half the passes of int64's
+    keys, order = torch.sort(flat if flat.dtype == torch.int32 else flat.int(), stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
+    experts = torch.arange(num_experts, dtype=torch.int32, device=flat.device)
+    return order, inverse, torch.searchsorted(keys, experts, right=True, out_int32=True)
+
+
+def gather_rows(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[pairs, hidden]: row r is the token row of the pair `order[r]`."""
+    hidden = x.shape[1]
+    rows = torch.empty((order.numel(), hidden), dtype=x.dtype, device=x.device)
+    block = min(1024, next_power_of_2(hidden))
+    _GATHER_ROWS.launch((order.numel(), cdiv(hidden, block)), x, order, rows, hidden, x.stride(0),
+                        TOP_K=top_k, BLOCK=block, num_warps=4)
+    return rows
+
+
+def silu_mul_weight(h: torch.Tensor, weights: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """[pairs, I] from the gate/up GEMM's [pairs, 2 * I]: silu(gate) * up times each sorted
+    pair's routing weight (`weights` flat fp32 [pairs], read at `order`)."""
+    pairs, inter = h.shape[0], h.shape[1] // 2
+    act = torch.empty((pairs, inter), dtype=h.dtype, device=h.device)
+    block = min(1024, next_power_of_2(inter))
+    _SILU_MUL_WEIGHT.launch((pairs, cdiv(inter, block)), h, weights, order, act, inter, h.stride(0),
+                            BLOCK=block, num_warps=4)
+    return act
+
+
+def sum_sorted_rows(y: torch.Tensor, inverse: torch.Tensor, top_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """[tokens, hidden]: each token's top_k rows of the sorted `y`, summed in slot order."""
+    pairs, hidden = y.shape
+    out = torch.empty((pairs // top_k, hidden), dtype=dtype, device=y.device)
+    block = min(1024, next_power_of_2(hidden))
+    _SUM_SORTED_ROWS.launch((out.shape[0], cdiv(hidden, block)), y, inverse, out, hidden,
+                            TOP_K=top_k, BLOCK=block, num_warps=4)
+    return out
+
+
+def grouped_mm_experts(
+    x: torch.Tensor,  # [n, hidden] bf16
+    gate_up: torch.Tensor,  # [E, 2 * I, hidden]
+    down: torch.Tensor,  # [E, hidden, I]
+    weights: torch.Tensor,  # [n, top_k] fp32
+    ids: torch.Tensor,  # [n, top_k]
+) -> torch.Tensor:
+    """`moe.experts_ref` of the same arguments on torch's grouped GEMM: [n, hidden]."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    order, inverse, ends = sort_pairs(ids, gate_up.shape[0])
+    rows = gather_rows(x, order, ids.shape[1])  # [pairs, hidden], each expert's rows together
+    # Weights stored [E, out, in] are the column-major [E, in, out] operand the kernel wants.
+    h = _GROUPED_MM(rows, gate_up.transpose(1, 2), offs=ends)  # [pairs, 2 * I]
+    act = silu_mul_weight(h, weights.float().contiguous(), order)
+    y = _GROUPED_MM(act, down.transpose(1, 2), offs=ends)  # [pairs, hidden]
+    return sum_sorted_rows(y, inverse, ids.shape[1], x.dtype)
