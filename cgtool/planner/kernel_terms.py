@@ -23,9 +23,11 @@ tokens) the experts run on torch's grouped GEMM (H200, 2026-11-26,
 benchmarks/results/h200-2026-11-26-moe-grouped/call2, benchmarks/bench_moe_grouped.py). Its
 layer is the same weights read, each pair moving 8 bytes a hidden unit and 12 a unit of expert
 width (its row gathered and read, its gate/up output and activation written and read, its
-output written and summed), and the pairs' FLOPs at 0.67 of the bf16 peak; a kernel floor term
-fitted to nothing (least squares on the 8 sizes of both models that take the path, relative
-error weighted: every size within 9.1%).
+output written and summed), and the pairs' FLOPs at 0.73 of the bf16 peak, with no kernel
+floor (a fitted floor came out below zero). One least-squares fit, relative error weighted, to
+the 16 sizes of both models that take the path on both GPUs (the H100's run:
+benchmarks/results/h100-2026-11-26-moe-grouped): H200 -5.2% to +11.2%, H100 -12.2% to -1.0%.
+Fitted to the H200 alone it was 0.67, within 9.1% there and up to 15% off on the H100.
 
 MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
 0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
