@@ -41,16 +41,22 @@ def _load(run: Path, name: str) -> dict:
     return json.loads((run / name).read_text())
 
 
+def _moe_rows(run: tuple, name: str, model: str, sizes: list[int]) -> list[dict]:
+    """One model's MoE rows of a bench file, after checking its GPU and sizes."""
+    folder, _, nvml = run
+    bench = _load(folder, name)
+    assert nvml in bench["device"]
+    rows = bench["moe"][model]
+    assert [r["tokens"] for r in rows] == sizes
+    return rows
+
+
 @pytest.mark.parametrize("run", [H200_RUN, H200_NOW, H100_RUN, H100_NOW],
                          ids=["H200-fit", "H200-now", "H100-then", "H100-now"])
 @pytest.mark.parametrize("model", MODELS)
 def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model, run):
-    folder, gpu, nvml = run
-    bench = _load(folder, "moe-mla.json")
-    assert nvml in bench["device"]
-    cfg = load_model_config(model)
-    rows = bench["moe"][model]
-    assert [r["tokens"] for r in rows] == [1, 8, 64, 256, 512, 2048, 8192]
+    gpu, cfg = run[1], load_model_config(model)
+    rows = _moe_rows(run, "moe-mla.json", model, [1, 8, 64, 256, 512, 2048, 8192])
     if run in (H200_RUN, H100_RUN):  # one token ran six kernels there, not today's three
         rows = rows[1:]
     # These runs predate the grouped GEMM: its sizes ran the Triton path, which the terms no
@@ -66,12 +72,8 @@ def test_moe_layer_terms_predict_every_measured_layer_within_10_percent(model, r
 @pytest.mark.parametrize("run", [H200_GROUPED, H100_GROUPED], ids=["H200", "H100"])
 @pytest.mark.parametrize("model", MODELS)
 def test_moe_layer_terms_predict_both_paths_at_extend_sizes(model, run):
-    folder, gpu, nvml = run
-    bench = _load(folder, "moe-grouped.json")
-    assert nvml in bench["device"]
-    cfg = load_model_config(model)
-    rows = bench["moe"][model]
-    assert [r["tokens"] for r in rows] == [256, 512, 1024, 2048, 4096, 8192, 16384]
+    gpu, cfg = run[1], load_model_config(model)
+    rows = _moe_rows(run, "moe-grouped.json", model, [256, 512, 1024, 2048, 4096, 8192, 16384])
     paths = []
     for row in rows:
         path = "grouped" if _grouped(cfg, row["tokens"]) else "triton"
@@ -89,7 +91,11 @@ def test_moe_layer_terms_predict_both_paths_at_extend_sizes(model, run):
 def test_mla_decode_terms_predict_the_attention_of_every_batch_and_context(run):
     # kernel_terms' MLA decode: the latent read, the fixed part and the merge's own kernel at
     # small batches, plus the one attention kernel's floor that the forward's count holds.
-    from cgtool.planner.kernel_terms import KERNEL_FLOOR_MS, MLA_DECODE_READ_EFFICIENCY, mla_decode_fixed_ms
+    from cgtool.planner.kernel_terms import (
+        KERNEL_FLOOR_MS,
+        MLA_DECODE_READ_EFFICIENCY,
+        mla_decode_fixed_ms,
+    )
 
     folder, gpu_name, nvml = run
     bench = _load(folder, "moe-mla.json")
