@@ -106,10 +106,12 @@ def test_the_planners_copy_of_the_grouped_threshold_matches_the_kernels():
     assert MOE_GROUPED_MIN_ROWS_X_WIDTH == GROUPED_MIN_ROWS_X_WIDTH
 
 
-def test_grouped_gemm_takes_bf16_only():
+def test_grouped_gemm_takes_bf16_rows_of_whole_16_byte_steps_only():
     x = torch.zeros(2, 8)
     assert not grouped_mm_usable(x, torch.zeros(2, 16, 8))
-    assert grouped_mm_usable(x.bfloat16(), torch.zeros(2, 16, 8).bfloat16()) == (DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9)
+    assert grouped_mm_usable(x.bfloat16(), torch.zeros(2, 16, 8).bfloat16())
+    assert not grouped_mm_usable(torch.zeros(2, 12).bfloat16(), torch.zeros(2, 16, 12).bfloat16())  # hidden 12
+    assert not grouped_mm_usable(x.bfloat16(), torch.zeros(2, 12, 8).bfloat16())  # expert width 6
 
 
 def test_fused_experts_take_the_grouped_path_at_extend_shapes_only(monkeypatch):

@@ -42,9 +42,12 @@ def grouped_mm_chosen(num_pairs: int, num_experts: int, width: int) -> bool:
 
 
 def grouped_mm_usable(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
-    """torch's grouped GEMM takes bf16 only; on CUDA its fast kernel needs Hopper or later
-    (older GPUs fall back to a loop of GEMMs, slower than the Triton path)."""
+    """torch's grouped GEMM takes bf16 only, with rows of whole 16-byte steps; on CUDA its fast
+    kernel needs Hopper or later (older GPUs fall back to a loop of GEMMs, slower than the
+    Triton path)."""
     if _GROUPED_MM is None or x.dtype != torch.bfloat16 or gate_up.dtype != torch.bfloat16:
+        return False
+    if gate_up.shape[-1] % 8 or gate_up.shape[1] % 16:  # its operands' rows in 16-byte steps
         return False
     if x.device.type == "cuda":
         return _hopper_or_later(x.device.index)
