@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from test_moe_triton import captured_for_new_routing  # tests/ is on the path: no package
 
 from cgtool.model import moe_triton
 from cgtool.model.moe import experts_ref
@@ -141,13 +142,7 @@ def test_grouped_path_replays_a_captured_graph_for_new_routing(num_experts, top_
     x = torch.randn(num_tokens, hidden, device="cuda").bfloat16()
     gate_up, down = _experts(num_experts, hidden, inter, device="cuda")
     weights, ids = _routing(num_tokens, num_experts, top_k, device="cuda")
-    fused_experts(x, gate_up, down, weights, ids)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fused_experts(x, gate_up, down, weights, ids)
-    new_weights, new_ids = _routing(num_tokens, num_experts, top_k, seed=7, device="cuda")
-    weights.copy_(new_weights)
-    ids.copy_(new_ids)
+    graph, out = captured_for_new_routing(x, gate_up, down, weights, ids)
     for _ in range(3):
         out.zero_()
         graph.replay()

@@ -275,19 +275,27 @@ def test_fused_experts_match_the_reference_in_bf16_at_preset_shapes(num_experts,
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
 
 
+def captured_for_new_routing(x, gate_up, down, weights, ids):
+    """`fused_experts` captured as a CUDA graph (after one eager call, which compiles), then
+    `weights` and `ids` overwritten in place with another routing: (graph, its output)."""
+    fused_experts(x, gate_up, down, weights, ids)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_experts(x, gate_up, down, weights, ids)
+    num_tokens, top_k = ids.shape
+    new_weights, new_ids = _routing(num_tokens, gate_up.shape[0], top_k, seed=7, device="cuda")
+    weights.copy_(new_weights)
+    ids.copy_(new_ids)
+    return graph, out
+
+
 @pytest.mark.gpu
 def test_fused_experts_replay_a_captured_graph_for_new_routing():
     num_experts, top_k, num_tokens, hidden, inter = 128, 8, 16, 256, 128
     x = torch.randn(num_tokens, hidden, device="cuda").to(torch.bfloat16)
     gate_up, down = _experts(num_experts, hidden, inter, torch.bfloat16, device="cuda")
     weights, ids = _routing(num_tokens, num_experts, top_k, device="cuda")
-    fused_experts(x, gate_up, down, weights, ids)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fused_experts(x, gate_up, down, weights, ids)
-    new_weights, new_ids = _routing(num_tokens, num_experts, top_k, seed=7, device="cuda")
-    weights.copy_(new_weights)
-    ids.copy_(new_ids)
+    graph, out = captured_for_new_routing(x, gate_up, down, weights, ids)
     graph.replay()
     torch.testing.assert_close(out, fused_experts(x, gate_up, down, weights, ids), rtol=0, atol=0)
 
