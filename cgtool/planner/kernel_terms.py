@@ -98,16 +98,16 @@ def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarra
     width = moe.expert_intermediate_size
     weights = expected_experts(moe.num_experts, moe.top_k, rows) * cfg.expert_params * BF16_BYTES
     flops_ms = 2.0 * pairs * cfg.expert_params / gpu.bf16_flops * 1e3
-    read_ms = 1e3 / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY)
+    ms_per_byte = 1e3 / (gpu.bandwidth_bytes_s * MOE_READ_EFFICIENCY)
     kernels = np.where(pairs <= MOE_ONE_PROGRAM_PAIRS, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE)
     kernels = np.where(rows <= MOE_ONE_TOKEN_PATH, MOE_KERNELS_ONE_TOKEN, kernels)
     triton_ms = (
-        (weights + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN) * read_ms
+        (weights + pairs * cfg.hidden_size * MOE_PAIR_BYTES_PER_HIDDEN) * ms_per_byte
         + flops_ms / MOE_FLOPS_EFFICIENCY
         + kernels * KERNEL_FLOOR_MS
     )
     pair_bytes = cfg.hidden_size * MOE_GROUPED_PAIR_BYTES_PER_HIDDEN + width * MOE_GROUPED_PAIR_BYTES_PER_WIDTH
-    grouped_ms = (weights + pairs * pair_bytes) * read_ms + flops_ms / MOE_GROUPED_FLOPS_EFFICIENCY
+    grouped_ms = (weights + pairs * pair_bytes) * ms_per_byte + flops_ms / MOE_GROUPED_FLOPS_EFFICIENCY
     grouped = pairs * width >= MOE_GROUPED_MIN_ROWS_X_WIDTH * moe.num_experts
     per_layer_ms = np.where(grouped, grouped_ms, triton_ms)
     return np.where(rows > 0, cfg.num_moe_layers * per_layer_ms, 0.0)
