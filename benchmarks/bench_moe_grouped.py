@@ -1,8 +1,9 @@
-"""Issue 33: MoE experts at extend sizes on torch's grouped GEMM against cgtool's Triton path.
+"""Issue 33: MoE experts at extend sizes on the grouped path against cgtool's Triton path.
 
 For qwen3-30b-a3b's and deepseek-v2-lite's shapes at 256-16,384 tokens: the experts (router
 excluded) on the Triton path (`moe_triton`, the tiles the shapes choose) and on the grouped
-GEMM (`moe_grouped`), each a replayed CUDA graph over bench_moe_mla's six layers of distinct
+path (`moe_grouped`: a counting sort and cgtool's TMA grouped GEMMs since 2026-11-26 13:00 UTC,
+torch.sort and torch's grouped GEMM before; both GEMMs' parts are timed), each a replayed CUDA graph over bench_moe_mla's six layers of distinct
 weights, per layer; the grouped path's parts; both paths' error against the fp32 reference on
 the first 256 tokens; the grouped path's replay against its eager call (bits); and the peak
 memory of one eager call of each. Roofline as bench_moe_mla's: the distinct experts' weights
@@ -39,6 +40,7 @@ from cgtool.model.moe_grouped import (
     sum_sorted_rows,
 )
 from cgtool.model.moe_routing import route_topk, router_logits
+from cgtool.model.moe_tma_gemm import DOWN_TILES, GATED_TILES, tma_grouped_mm
 from cgtool.model.moe_triton import experts_config, fused_experts
 
 TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384]
@@ -53,6 +55,16 @@ def argsort_pairs(ids: torch.Tensor, num_experts: int):
     counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
     counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
     return order, inverse, counts.cumsum(0, dtype=torch.int32)
+
+
+def torch_sort_pairs(ids: torch.Tensor, num_experts: int):
+    """The sort before the counting sort (calls 2-4): int32 torch.sort, the inverse by scatter,
+    searchsorted for the ends."""
+    flat = ids.reshape(-1).int()
+    keys, order = torch.sort(flat, stable=True)
+    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
+    experts = torch.arange(num_experts, dtype=torch.int32, device=flat.device)
+    return order, inverse, torch.searchsorted(keys, experts, right=True, out_int32=True)
 
 
 def peak_bytes(fn) -> int:
@@ -87,6 +99,7 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
     act = torch.empty(pairs, I, dtype=DTYPE, device=x.device)
     row["sort_us"] = per(lambda: [sort_pairs(ids, E) for _, ids in routed])
     row["argsort_us"] = per(lambda: [argsort_pairs(ids, E) for _, ids in routed])
+    row["torch_sort_us"] = per(lambda: [torch_sort_pairs(ids, E) for _, ids in routed])
     row["gather_us"] = per(lambda: [gather_rows(x, s[0], k) for s in sorts])
     row["index_select_us"] = per(lambda: [x.index_select(0, s[0] // k) for s in sorts])
     row["up_mm_us"] = per(lambda: [_GROUPED_MM(rows, layers.gate_up[i].transpose(1, 2), offs=sorts[i][2])
@@ -97,6 +110,13 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
                                      for i in range(LAYERS)])
     y = _GROUPED_MM(act, layers.down[0].transpose(1, 2), offs=sorts[0][2])
     row["sum_us"] = per(lambda: [sum_sorted_rows(y, sorts[i][1], k, DTYPE) for i in range(LAYERS)])
+    row["tma_gated_us"] = per(lambda: [tma_grouped_mm(rows, layers.gate_up[i], sorts[i][2], gated=True,
+                                                      pair_weights=flat_weights[i], order=sorts[i][0],
+                                                      **GATED_TILES) for i in range(LAYERS)])
+    row["tma_down_us"] = per(lambda: [tma_grouped_mm(act, layers.down[i], sorts[i][2], **DOWN_TILES)
+                                      for i in range(LAYERS)])
+    row["tma_gated_tflops"] = pairs * 2 * H * I * 2 / row["tma_gated_us"] / 1e6
+    row["tma_down_tflops"] = pairs * H * I * 2 / row["tma_down_us"] / 1e6
     row["up_mm_tflops"] = pairs * 2 * H * I * 2 / row["up_mm_us"] / 1e6
     row["down_mm_tflops"] = pairs * H * I * 2 / row["down_mm_us"] / 1e6
     for path in ("triton", "grouped"):
@@ -144,10 +164,12 @@ def main() -> None:
             log(f"{name} n={n}: triton {row['triton_layer_us']:.1f} us ({100 * row['triton_share_of_bound']:.0f}% "
                 f"of bound, {100 * row['triton_share_of_mm_peak']:.0f}% of mm), grouped {row['grouped_layer_us']:.1f} us "
                 f"({100 * row['grouped_share_of_bound']:.0f}%, {100 * row['grouped_share_of_mm_peak']:.0f}%); "
-                f"parts: sort {row['sort_us']:.1f} (argsort {row['argsort_us']:.1f}) gather {row['gather_us']:.1f} "
+                f"parts: sort {row['sort_us']:.1f} (torch.sort {row['torch_sort_us']:.1f}, argsort {row['argsort_us']:.1f}) gather {row['gather_us']:.1f} "
                 f"(index_select {row['index_select_us']:.1f}) up {row['up_mm_us']:.1f} "
                 f"({row['up_mm_tflops']:.0f} TF/s) down {row['down_mm_us']:.1f} ({row['down_mm_tflops']:.0f} TF/s) "
-                f"silu {row['silu_us']:.1f} sum {row['sum_us']:.1f}; "
+                f"silu {row['silu_us']:.1f} sum {row['sum_us']:.1f}; tma gated {row['tma_gated_us']:.1f} "
+                f"({row['tma_gated_tflops']:.0f} TF/s) tma down {row['tma_down_us']:.1f} "
+                f"({row['tma_down_tflops']:.0f} TF/s); "
                 f"err triton {row['triton_max_abs_err']:.3g} grouped {row['grouped_max_abs_err']:.3g}; "
                 f"replay==eager {row['grouped_replay_equals_eager']}; peak MB triton "
                 f"{row['triton_peak_bytes'] / 2**20:.0f} grouped {row['grouped_peak_bytes'] / 2**20:.0f}")

@@ -15,6 +15,8 @@
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
 # grouped GEMM against the Triton path (GROUPED_TOKENS picks sizes), in $OUT/moe-grouped.json.
+# `moe-tma` (by name only): benchmarks/bench_moe_tma.py, the extend GEMMs on cgtool's TMA grouped
+# GEMM against torch's, over a sweep of launch settings (TMA_TOKENS picks sizes), in $OUT/moe-tma.json.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -156,6 +158,12 @@ if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the M
   echo "[$(date +%H:%M:%S)] bench_gemm_stages"
   timeout -k 10 120 python3 benchmarks/bench_gemm_stages.py --out "$OUT/gemm-stages.json" 2>&1 | tee "$OUT/gemm-stages.log"
   echo "[$(date +%H:%M:%S)] bench_gemm_stages exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" moe-tma "* ]]; then  # issue 33, by name only: extend GEMMs on TMA tiles
+  echo "[$(date +%H:%M:%S)] bench_moe_tma"
+  timeout -k 10 500 python3 benchmarks/bench_moe_tma.py --out "$OUT/moe-tma.json" \
+    ${TMA_TOKENS:+--tokens "$TMA_TOKENS"} 2>&1 | tee "$OUT/moe-tma.log"
+  echo "[$(date +%H:%M:%S)] bench_moe_tma exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" moe-grouped "* ]]; then  # issue 33, by name only: extend MoE on the grouped GEMM
   echo "[$(date +%H:%M:%S)] bench_moe_grouped"

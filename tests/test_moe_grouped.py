@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from test_moe_triton import captured_for_new_routing  # tests/ is on the path: no package
 
-from cgtool.model import moe_triton
+from cgtool.model import moe_grouped, moe_triton
 from cgtool.model.moe import experts_ref
 from cgtool.model.moe_grouped import (
     GROUPED_MIN_ROWS_X_WIDTH,
@@ -43,13 +43,22 @@ def _experts(num_experts, hidden, inter, seed=1, device=DEVICE):
     return gate_up.bfloat16(), down.bfloat16()
 
 
-@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (37, 8, 3), (50, 16, 4), (9, 6, 6)])
-def test_sort_pairs_orders_by_expert_stably_with_its_inverse_and_ends(num_tokens, num_experts, top_k):
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,top_k,chunk,scan_block",
+    # one chunk; 1,600 pairs in 2 chunks; in 100 chunks, scanned 1,024 and 8 at a time
+    [(1, 4, 2, 1024, 1024), (37, 8, 3, 1024, 1024), (50, 16, 4, 1024, 1024), (9, 6, 6, 1024, 1024),
+     (200, 128, 8, 1024, 1024), (200, 128, 8, 16, 1024), (200, 128, 8, 16, 8)],
+)
+def test_sort_pairs_orders_by_expert_stably_with_its_inverse_and_ends(
+    num_tokens, num_experts, top_k, chunk, scan_block, monkeypatch
+):
+    monkeypatch.setattr(moe_grouped, "_CHUNK", chunk)
+    monkeypatch.setattr(moe_grouped, "_SCAN_BLOCK", scan_block)
     _, ids = _routing(num_tokens, num_experts, top_k, device="cpu")
     order, inverse, ends = sort_pairs(ids, num_experts)
     flat = ids.reshape(-1).long()
-    assert torch.equal(order, torch.argsort(flat, stable=True))
-    assert torch.equal(order[inverse], torch.arange(flat.numel()))
+    assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+    assert torch.equal(order[inverse].long(), torch.arange(flat.numel()))
     assert ends.dtype == torch.int32
     assert torch.equal(ends.long(), torch.bincount(flat, minlength=num_experts).cumsum(0))
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from cgtool.model.moe_tma_gemm import DOWN_TILES, GATED_TILES, tma_grouped_mm, tma_usable
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -103,16 +104,89 @@ _SILU_MUL_WEIGHT = CachedKernel(_silu_mul_weight_kernel)
 _SUM_SORTED_ROWS = CachedKernel(_sum_sorted_rows_kernel)
 
 
+# A counting sort's chunk of pairs: its histogram and its stable local sort run in one program
+_CHUNK = 1024
+_SCAN_BLOCK = 1024
+
+
+@triton.jit
+def _chunk_counts_kernel(Ids, Counts, num_pairs, CHUNK: tl.constexpr, E_POW2: tl.constexpr):
+    # Counts[c, e]: pairs of chunk c routed to expert e (ids past the pairs fall outside the bins)
+    c = tl.program_id(0)
+    offs = c * CHUNK + tl.arange(0, CHUNK)
+    ids = tl.load(Ids + offs, mask=offs < num_pairs, other=E_POW2).to(tl.int32)
+    tl.store(Counts + c * E_POW2 + tl.arange(0, E_POW2), tl.histogram(ids, E_POW2))
+
+
+@triton.jit
+def _chunk_scan_kernel(Counts, Before, Totals, num_chunks, E_POW2: tl.constexpr, BLOCK: tl.constexpr):
+    # for expert e (one program): Before[c, e] = pairs of e in chunks before c; Totals[e]
+    e = tl.program_id(0)
+    carry = 0
+    for c0 in range(0, num_chunks, BLOCK):
+        c = c0 + tl.arange(0, BLOCK)
+        counts = tl.load(Counts + c * E_POW2 + e, mask=c < num_chunks, other=0)
+        tl.store(Before + c * E_POW2 + e, carry + tl.cumsum(counts, 0) - counts, mask=c < num_chunks)
+        carry += tl.sum(counts, 0)
+    tl.store(Totals + e, carry)
+
+
+@triton.jit
+def _place_pairs_kernel(Ids, Counts, Before, Totals, Order, Inverse, Ends, num_pairs, num_experts,
+                        CHUNK: tl.constexpr, E_POW2: tl.constexpr):
+    # The chunk sorted locally by (expert, pair), so the order is torch.sort's stable one; a
+    # pair's row is its expert's start, its expert's pairs in earlier chunks, and its place
+    # among its expert's pairs in this chunk.
+    c = tl.program_id(0)
+    experts = tl.arange(0, E_POW2)
+    totals = tl.load(Totals + experts)
+    ends = tl.cumsum(totals, 0)
+    if c == 0:
+        tl.store(Ends + experts, ends, mask=experts < num_experts)
+    counts = tl.load(Counts + c * E_POW2 + experts)
+    base = ends - totals + tl.load(Before + c * E_POW2 + experts) - (tl.cumsum(counts, 0) - counts)
+    local = tl.arange(0, CHUNK)
+    offs = c * CHUNK + local
+    ids = tl.load(Ids + offs, mask=offs < num_pairs, other=E_POW2).to(tl.int32)
+    keys = tl.sort(ids * CHUNK + local)
+    expert = keys // CHUNK
+    pair = c * CHUNK + keys % CHUNK
+    rows = tl.gather(base, tl.minimum(expert, E_POW2 - 1), 0) + local
+    valid = expert < E_POW2
+    tl.store(Order + rows, pair, mask=valid)
+    tl.store(Inverse + pair, rows, mask=valid)
+
+
+_CHUNK_COUNTS = CachedKernel(_chunk_counts_kernel)
+_CHUNK_SCAN = CachedKernel(_chunk_scan_kernel)
+_PLACE_PAIRS = CachedKernel(_place_pairs_kernel)
+
+
 def sort_pairs(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(order, inverse, ends) of the flat (token, slot) pairs: `order[r]` is the pair at sorted
     row r (experts ascending, pairs in order within one), `inverse` its inverse, and `ends[e]`
-    one past expert e's last row (int32, the grouped GEMM's offsets)."""
+    one past expert e's last row (int32, the grouped GEMM's offsets).
+
+    A counting sort in three launches (chunk counts, their scan per expert, placement), where
+    torch.sort, searchsorted and the inverse's scatter took 55-60 us at 1k-16k tokens on an
+    H200 (benchmarks/results/h200-2026-11-26-moe-grouped/call2)."""
     flat = ids.reshape(-1)
-    # 32-bit keys: a radix sort makes half the passes of int64's
-    keys, order = torch.sort(flat if flat.dtype == torch.int32 else flat.int(), stable=True)
-    inverse = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
-    experts = torch.arange(num_experts, dtype=torch.int32, device=flat.device)
-    return order, inverse, torch.searchsorted(keys, experts, right=True, out_int32=True)
+    num_pairs, device = flat.numel(), flat.device
+    e_pow2 = next_power_of_2(num_experts)
+    chunk = min(_CHUNK, max(16, next_power_of_2(num_pairs)))
+    num_chunks = cdiv(num_pairs, chunk)
+    counts = torch.empty((num_chunks, e_pow2), dtype=torch.int32, device=device)
+    before = torch.empty_like(counts)
+    totals = torch.empty(e_pow2, dtype=torch.int32, device=device)
+    order = torch.empty(num_pairs, dtype=torch.int32, device=device)
+    inverse = torch.empty_like(order)
+    ends = torch.empty(num_experts, dtype=torch.int32, device=device)
+    _CHUNK_COUNTS.launch((num_chunks,), flat, counts, num_pairs, CHUNK=chunk, E_POW2=e_pow2, num_warps=4)
+    _CHUNK_SCAN.launch((e_pow2,), counts, before, totals, num_chunks, E_POW2=e_pow2, BLOCK=_SCAN_BLOCK,
+                       num_warps=4)
+    _PLACE_PAIRS.launch((num_chunks,), flat, counts, before, totals, order, inverse, ends, num_pairs,
+                        num_experts, CHUNK=chunk, E_POW2=e_pow2, num_warps=4)
+    return order, inverse, ends
 
 
 def gather_rows(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -153,14 +227,24 @@ def grouped_mm_experts(
     weights: torch.Tensor,  # [n, top_k] fp32
     ids: torch.Tensor,  # [n, top_k]
 ) -> torch.Tensor:
-    """`moe.experts_ref` of the same arguments on torch's grouped GEMM: [n, hidden]."""
+    """`moe.experts_ref` of the same arguments on a grouped GEMM: [n, hidden]. On a GPU the
+    GEMMs are cgtool's TMA kernels (`moe_tma_gemm`), the gate/up one writing the activations;
+    elsewhere torch's grouped GEMM and `silu_mul_weight`, which give the same bits."""
     x = x if x.stride(-1) == 1 else x.contiguous()
     order, inverse, ends = sort_pairs(ids, gate_up.shape[0])
     rows = gather_rows(x, order, ids.shape[1])  # [pairs, hidden], each expert's rows together
-    # Weights stored [E, out, in] are the column-major [E, in, out] operand the kernel wants.
-    h = _GROUPED_MM(rows, gate_up.transpose(1, 2), offs=ends)  # [pairs, 2 * I]
-    del rows  # each buffer freed once read, so the next reuses it: a smaller graph pool
-    act = silu_mul_weight(h, weights.float().contiguous(), order)
-    del h
-    y = _GROUPED_MM(act, down.transpose(1, 2), offs=ends)  # [pairs, hidden]
+    flat_weights = weights.float().reshape(-1).contiguous()
+    if tma_usable(x, gate_up, down):
+        act = tma_grouped_mm(rows, gate_up, ends, gated=True, pair_weights=flat_weights, order=order,
+                             **GATED_TILES)
+        del rows  # each buffer freed once read, so the next reuses it: a smaller graph pool
+        y = tma_grouped_mm(act, down, ends, **DOWN_TILES)
+    else:
+        # Weights stored [E, out, in] are the column-major [E, in, out] operand torch wants.
+        h = _GROUPED_MM(rows, gate_up.transpose(1, 2), offs=ends)  # [pairs, 2 * I]
+        del rows
+        act = silu_mul_weight(h, flat_weights, order)
+        del h
+        y = _GROUPED_MM(act, down.transpose(1, 2), offs=ends)  # [pairs, hidden]
+    del act
     return sum_sorted_rows(y, inverse, ids.shape[1], x.dtype)

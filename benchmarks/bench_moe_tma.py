@@ -1,0 +1,154 @@
+"""Issue 33: the MoE extend GEMMs on cgtool's persistent TMA grouped GEMM (`moe_tma_gemm`)
+against torch's grouped GEMM, on the same sorted rows.
+
+For qwen3-30b-a3b's and deepseek-v2-lite's shapes at 2k-16k tokens, each a replayed CUDA graph
+over bench_moe_mla's six layers of distinct weights, per layer:
+  - gate/up: torch's grouped GEMM then `silu_mul_weight`, against the gated TMA kernel (both
+    write the activations);
+  - down: torch's grouped GEMM against the plain TMA kernel;
+every launch setting in SWEEP, with the max |diff| of each against torch's result (bits where
+equal).
+
+    python3 benchmarks/bench_moe_tma.py --out tma.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+import triton.compiler.errors
+import triton.runtime.errors
+from bench_moe_mla import (  # benchmarks/ is the script's path
+    LAYERS,
+    MOE,
+    MoeLayers,
+    graph_us,
+    log,
+    mm_flops,
+)
+
+from cgtool.model import moe_grouped
+from cgtool.model.moe_grouped import _GROUPED_MM, gather_rows, silu_mul_weight, sort_pairs
+from cgtool.model.moe_tma_gemm import tma_grouped_mm
+
+TOKENS = (2048, 4096, 8192, 16384)
+# (block_m, block_n, num_warps, num_stages, flatten). Call 1 (H200) swept 128-row blocks at
+# 64-256 columns, 4-8 warps, 3-4 stages, flattened or not: 128 x 128 at 8 warps and 3 stages won
+# the gated GEMM at every size, 128 x 256 at 8 warps, 3 stages, flattened the down GEMM. Call 3
+# (H100) added 64-row blocks at 4 warps, 64-256 columns, 3-5 stages: none won anywhere.
+SWEEP_GATED = [(128, 128, 8, 3, False), (128, 128, 8, 4, False), (64, 128, 4, 3, False)]
+SWEEP_PLAIN = [(128, 256, 8, 3, True), (128, 256, 8, 4, True), (64, 256, 4, 3, True)]
+
+
+def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten}
+
+
+def checked(fn, reference: torch.Tensor) -> dict:
+    try:
+        out = fn()
+    except (triton.runtime.errors.OutOfResources, triton.compiler.errors.CompilationError, RuntimeError) as err:
+        # a setting that does not fit (shared memory, registers) or that this Triton cannot build
+        return {"error": f"{type(err).__name__}: {str(err)[:120]}"}
+    return {"max_abs_diff": float((out.float() - reference.float()).abs().max()),
+            "equal": bool(torch.equal(out, reference))}
+
+
+def case(layers: MoeLayers, n: int, peak: float) -> dict:
+    x, _, routed = layers.batch(n)
+    E, k, H, I = layers.E, layers.k, layers.H, layers.I
+    pairs = n * k
+    sorts = [sort_pairs(ids, E) for _, ids in routed]
+    rows = [gather_rows(x, s[0], k) for s in sorts]
+    flat_w = [w.float().reshape(-1).contiguous() for w, _ in routed]
+    up_ref = silu_mul_weight(_GROUPED_MM(rows[0], layers.gate_up[0].transpose(1, 2), offs=sorts[0][2]),
+                             flat_w[0], sorts[0][0])
+    acts = [silu_mul_weight(_GROUPED_MM(rows[i], layers.gate_up[i].transpose(1, 2), offs=sorts[i][2]),
+                            flat_w[i], sorts[i][0]) for i in range(LAYERS)]
+    down_ref = _GROUPED_MM(acts[0], layers.down[0].transpose(1, 2), offs=sorts[0][2])
+    up_flops, down_flops = pairs * 2 * H * I * 2, pairs * H * I * 2
+    row: dict = {"tokens": n, "pairs": pairs, "up_flops": up_flops, "down_flops": down_flops}
+    row["torch_up_silu_us"] = graph_us(lambda: [silu_mul_weight(
+        _GROUPED_MM(rows[i], layers.gate_up[i].transpose(1, 2), offs=sorts[i][2]), flat_w[i], sorts[i][0])
+        for i in range(LAYERS)]) / LAYERS
+    row["torch_down_us"] = graph_us(lambda: [_GROUPED_MM(acts[i], layers.down[i].transpose(1, 2),
+                                                         offs=sorts[i][2]) for i in range(LAYERS)]) / LAYERS
+    row["sort_us_by_chunk"] = {}
+    default = moe_grouped._CHUNK
+    for chunk in (256, 512, 1024, 2048):
+        moe_grouped._CHUNK = chunk
+        row["sort_us_by_chunk"][chunk] = graph_us(lambda: [sort_pairs(ids, E) for _, ids in routed]) / LAYERS
+        assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
+    moe_grouped._CHUNK = default
+    row["gated"], row["down"] = [], []
+    for config in SWEEP_GATED:
+        opts = setting(*config)
+
+        def gated(i=None, opts=opts):
+            layers_ = range(LAYERS) if i is None else [i]
+            outs = [tma_grouped_mm(rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j],
+                                   order=sorts[j][0], **opts) for j in layers_]
+            return outs[0]
+        res = checked(lambda: gated(0), up_ref)
+        if "error" not in res:
+            res["us"] = graph_us(gated) / LAYERS
+            res["tflops"] = up_flops / res["us"] / 1e6
+        row["gated"].append({**opts, **res})
+    for config in SWEEP_PLAIN:
+        opts = setting(*config)
+
+        def plain(i=None, opts=opts):
+            layers_ = range(LAYERS) if i is None else [i]
+            outs = [tma_grouped_mm(acts[j], layers.down[j], sorts[j][2], **opts) for j in layers_]
+            return outs[0]
+        res = checked(lambda: plain(0), down_ref)
+        if "error" not in res:
+            res["us"] = graph_us(plain) / LAYERS
+            res["tflops"] = down_flops / res["us"] / 1e6
+        row["down"].append({**opts, **res})
+    best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
+    best_d = min((r for r in row["down"] if "us" in r), key=lambda r: r["us"], default=None)
+    row["torch_up_tflops"] = up_flops / row["torch_up_silu_us"] / 1e6
+    row["torch_down_tflops"] = down_flops / row["torch_down_us"] / 1e6
+    row["best_gated"], row["best_down"] = best_g, best_d
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    args = parser.parse_args()
+    peak = mm_flops()
+    result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "torch": torch.__version__, "mm_flops": peak, "layers": LAYERS, "moe": {}}
+    log(f"{result['device']} torch {torch.__version__}: bf16 mm {peak / 1e12:.0f} TFLOP/s")
+    for name in MOE:
+        layers = MoeLayers(name)
+        result["moe"][name] = []
+        for n in map(int, args.tokens.split(",")):
+            row = case(layers, n, peak)
+            result["moe"][name].append(row)
+            g, d = row["best_gated"] or {}, row["best_down"] or {}
+            log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "
+                f"({row['torch_up_tflops']:.0f} TF/s) tma {g.get('us', float('nan')):.1f} "
+                f"({g.get('tflops', float('nan')):.0f}) {g}; down torch {row['torch_down_us']:.1f} "
+                f"({row['torch_down_tflops']:.0f}) tma {d.get('us', float('nan')):.1f} "
+                f"({d.get('tflops', float('nan')):.0f}) {d}")
+            log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
+            errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
+            if errors:
+                log(f"  settings that failed: {sorted(errors)[:3]}")
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        del layers
+        torch.cuda.empty_cache()
+    log("done")
+
+
+if __name__ == "__main__":
+    main()

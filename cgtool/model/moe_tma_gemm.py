@@ -1,0 +1,143 @@
+"""A persistent Triton grouped GEMM over experts' contiguous rows, its tiles loaded by TMA.
+
+torch's grouped GEMM (CUTLASS) ran cgtool's extend-sized MoE GEMMs at 450-600 TFLOP/s, where
+one 8192^3 `torch.mm` reaches ~790 (issue 33). Its tiles are fixed (128x256x64 past 128 mean
+rows) and each group's operands get tensor maps of their own. Here every expert's rows lie in
+one sorted `[pairs, K]` tensor and every expert's weights in one `[E * N, K]` view, so two
+tensor maps serve all groups: a tile of expert e starts at its first row and at row `e * N` of
+the weights. A tile's rows past its expert's end belong to the next expert (or lie past the
+tensor, which TMA fills with zeros); they are computed and never stored.
+
+The gated form computes the gate and the up halves of one column tile and writes
+silu(gate) * up * the pair's routing weight, rounded as `moe_grouped.silu_mul_weight` rounds
+the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches memory.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+import triton
+import triton.language as tl
+
+from cgtool.runtime.triton_launch import cdiv, next_power_of_2
+
+try:  # Triton 3.4 on: host-side tensor maps passed to the kernel by value
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton: the grouped path keeps torch's GEMM
+    TensorDescriptor = None
+
+
+@triton.jit
+def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr):
+    # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert.
+    e = tl.arange(0, E_POW2)
+    valid = e < num_experts
+    ends = tl.load(Ends + e, mask=valid, other=0)
+    starts = tl.load(Ends + e - 1, mask=valid & (e > 0), other=0)
+    blocks = tl.where(valid, (ends - starts + BM - 1) // BM, 0)
+    return e, starts, ends, blocks, tl.cumsum(blocks, 0)
+
+
+@triton.jit
+def _grouped_gemm_tma_kernel(
+    a_desc, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K, stride_out,
+    num_programs,
+    GATED: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    FLATTEN: tl.constexpr,
+):
+    e_ids, starts, ends, blocks, cum = _expert_blocks(Ends, num_experts, E_POW2, BM)
+    n_tiles = tl.cdiv(n_out, BN)
+    num_tiles = tl.sum(blocks, 0) * n_tiles
+    dtype = Out.dtype.element_ty
+    for t in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
+        block = t // n_tiles
+        col0 = (t % n_tiles) * BN
+        expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
+        mine = e_ids == expert
+        row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
+        row_end = tl.sum(tl.where(mine, ends, 0), 0)
+        b_row = expert * b_rows_per_expert + col0
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        if GATED:
+            acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            a = a_desc.load([row0, k0])
+            acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
+            if GATED:
+                acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
+        rows = row0 + tl.arange(0, BM)
+        cols = col0 + tl.arange(0, BN)
+        keep = rows < row_end
+        if GATED:
+            # as silu_mul_weight rounds the grouped GEMM's bf16 [gate | up] output
+            gate = acc.to(dtype).to(tl.float32)
+            up = acc_up.to(dtype).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            act = (act * up).to(dtype).to(tl.float32)
+            pair = tl.load(Order + rows, mask=keep, other=0)
+            w = tl.load(Weights + pair, mask=keep, other=0.0).to(dtype).to(tl.float32)
+            out = (act * w[:, None]).to(dtype)
+        else:
+            out = acc.to(dtype)
+        mask = keep[:, None] & (cols < n_out)[None, :]
+        tl.store(Out + rows[:, None].to(tl.int64) * stride_out + cols[None, :], out, mask=mask)
+
+
+# Launch settings: the fastest of bench_moe_tma's sweep at every size it ran (2k-16k tokens, both
+# presets' shapes; H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-tma/call1).
+GATED_TILES = {"block_n": 128, "num_warps": 8, "num_stages": 3, "flatten": False}
+DOWN_TILES = {"block_n": 256, "num_warps": 8, "num_stages": 3, "flatten": True}
+
+
+def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """Whether this Triton builds host tensor maps and the operands live where TMA runs: on the
+    GPU (the grouped path asks for Hopper or later before it gets here), the weights whole and
+    16-byte aligned as a tensor map's base must be."""
+    if TensorDescriptor is None or x.device.type != "cuda":
+        return False
+    return all(w.is_contiguous() and w.data_ptr() % 16 == 0 for w in weights)
+
+
+@cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def tma_grouped_mm(
+    rows: torch.Tensor,  # [pairs, K] bf16, each expert's rows together, experts ascending
+    weights: torch.Tensor,  # [E, N, K] (gated: [E, 2 * I, K])
+    ends: torch.Tensor,  # [E] int32: one past each expert's last row
+    *,
+    gated: bool = False,
+    pair_weights: torch.Tensor | None = None,  # gated: fp32 [pairs] routing weights, flat
+    order: torch.Tensor | None = None,  # gated: the pair at each sorted row
+    block_m: int = 128,
+    block_n: int = 128,
+    block_k: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 4,
+    flatten: bool = False,
+    num_programs: int | None = None,
+) -> torch.Tensor:
+    """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
+    silu(gate) * up * the pair's routing weight."""
+    pairs, k = rows.shape
+    num_experts, b_rows = weights.shape[0], weights.shape[1]
+    n_out = b_rows // 2 if gated else b_rows
+    out = torch.empty((pairs, n_out), dtype=rows.dtype, device=rows.device)
+    a_desc = TensorDescriptor.from_tensor(rows, [block_m, block_k])
+    b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
+    max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
+    if num_programs is None:
+        num_programs = _num_sms(rows.device.index) if rows.device.type == "cuda" else 4
+    grid = (max(1, min(num_programs, max_tiles)),)
+    dummy = ends  # the plain form reads no routing weights
+    _grouped_gemm_tma_kernel[grid](
+        a_desc, b_desc, out, ends, pair_weights if gated else dummy, order if gated else dummy,
+        num_experts, n_out, b_rows, k, out.stride(0), grid[0],
+        GATED=gated, E_POW2=next_power_of_2(num_experts), BM=block_m, BN=block_n, BK=block_k,
+        FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
+    )
+    return out

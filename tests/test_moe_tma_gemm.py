@@ -1,0 +1,61 @@
+"""cgtool's TMA grouped GEMM against torch on each expert's rows.
+
+Without a GPU the kernel runs in Triton's interpreter, whose tl.dot mishandles bf16: the tests
+here run fp32 (exact products, so tight tolerances); bf16, bits against torch's grouped GEMM and
+capture are test_moe_grouped's gpu-marked tests, through the whole layer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cgtool.model.moe_grouped import silu_mul_weight
+from cgtool.model.moe_tma_gemm import tma_grouped_mm, tma_usable
+
+# rows per expert: empty experts first, between and last; a group longer than one 128-row block
+COUNTS = [0, 5, 130, 0, 17, 1, 0]
+
+
+def _groups(counts, k, n, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(sum(counts), k, generator=gen)
+    weights = torch.randn(len(counts), n, k, generator=gen) * k**-0.5
+    ends = torch.tensor(counts).cumsum(0).int()
+    return rows, weights, ends
+
+
+def _per_expert(rows, weights, ends):
+    starts = [0] + ends[:-1].tolist()
+    return torch.cat([rows[s:e] @ weights[i].T for i, (s, e) in enumerate(zip(starts, ends.tolist()))])
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+@pytest.mark.parametrize("num_programs,block_m", [(1, 128), (3, 128), (3, 64)])
+def test_each_row_times_its_experts_weights(flatten, num_programs, block_m):
+    # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor
+    rows, weights, ends = _groups(COUNTS, 48, 40)
+    out = tma_grouped_mm(rows, weights, ends, block_m=block_m, block_n=32, block_k=32, flatten=flatten,
+                         num_programs=num_programs)
+    torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten):
+    rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
+    pairs = rows.shape[0]
+    order = torch.randperm(pairs, generator=torch.Generator().manual_seed(2)).int()
+    pair_weights = torch.rand(pairs, generator=torch.Generator().manual_seed(3))
+    out = tma_grouped_mm(rows, gate_up, ends, gated=True, pair_weights=pair_weights, order=order,
+                         block_n=16, block_k=32, flatten=flatten, num_programs=2)
+    expected = silu_mul_weight(_per_expert(rows, gate_up, ends), pair_weights, order)
+    assert out.shape == (pairs, 24)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_tma_is_for_the_gpu_with_whole_weights():
+    x, w = torch.zeros(4, 8), torch.zeros(2, 8, 8)
+    assert not tma_usable(x, w)  # the CPU: torch's grouped GEMM
+    if torch.cuda.is_available():
+        assert tma_usable(x.cuda(), w.cuda())
+        assert not tma_usable(x.cuda(), w.cuda().transpose(1, 2))
