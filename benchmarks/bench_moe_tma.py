@@ -32,7 +32,13 @@ from bench_moe_mla import (  # benchmarks/ is the script's path
 )
 
 from cgtool.model import moe_grouped
-from cgtool.model.moe_grouped import _GROUPED_MM, gather_rows, silu_mul_weight, sort_pairs
+from cgtool.model.moe_grouped import (
+    _GROUPED_MM,
+    gather_rows,
+    silu_mul_weight,
+    sort_pairs,
+    sum_sorted_rows,
+)
 from cgtool.model.moe_tma_gemm import tma_grouped_mm
 
 TOKENS = (2048, 4096, 8192, 16384)
@@ -84,6 +90,17 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
         row["sort_us_by_chunk"][chunk] = graph_us(lambda: [sort_pairs(ids, E) for _, ids in routed]) / LAYERS
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
     moe_grouped._CHUNK = default
+    # the row copies (gather, top-k sum) by rows a program and columns a block
+    row["copies_us_by_tile"] = {}
+    default = moe_grouped.ROW_COPY_TILE
+    y = torch.randn(pairs, H, device=x.device).to(x.dtype)
+    for tile in ((1, 1024), (2, 1024), (4, 1024), (8, 1024), (2, 2048), (4, 2048), (8, 2048)):
+        moe_grouped.ROW_COPY_TILE = tile
+        gather = graph_us(lambda: [gather_rows(x, s[0], k) for s in sorts]) / LAYERS
+        total = graph_us(lambda: [sum_sorted_rows(y, s[1], k, x.dtype) for s in sorts]) / LAYERS
+        row["copies_us_by_tile"][str(tile)] = {"gather": gather, "sum": total}
+        assert torch.equal(gather_rows(x, sorts[0][0], k), rows[0])
+    moe_grouped.ROW_COPY_TILE = default
     row["gated"], row["down"] = [], []
     for config in SWEEP_GATED:
         opts = setting(*config)
@@ -140,6 +157,7 @@ def main() -> None:
                 f"({row['torch_down_tflops']:.0f}) tma {d.get('us', float('nan')):.1f} "
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
+            log(f"  gather and sum us by tile: {row['copies_us_by_tile']}")
             errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
             if errors:
                 log(f"  settings that failed: {sorted(errors)[:3]}")

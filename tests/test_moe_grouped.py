@@ -63,7 +63,9 @@ def test_sort_pairs_orders_by_expert_stably_with_its_inverse_and_ends(
     assert torch.equal(ends.long(), torch.bincount(flat, minlength=num_experts).cumsum(0))
 
 
-def test_gather_rows_takes_each_sorted_pairs_token_row():
+@pytest.mark.parametrize("tile", [(4, 1024), (1, 16), (8, 16)])  # rows and columns past the last tile
+def test_gather_rows_takes_each_sorted_pairs_token_row(tile, monkeypatch):
+    monkeypatch.setattr(moe_grouped, "ROW_COPY_TILE", tile)
     x = torch.randn(11, 40)
     _, ids = _routing(11, 8, 3, device="cpu")
     order, _, _ = sort_pairs(ids, 8)
@@ -78,7 +80,9 @@ def test_silu_mul_weight_scales_each_sorted_pair_by_its_routing_weight():
     torch.testing.assert_close(silu_mul_weight(h, weights, order), expected, rtol=1e-6, atol=1e-6)
 
 
-def test_sum_sorted_rows_adds_each_tokens_rows_in_slot_order():
+@pytest.mark.parametrize("tile", [(4, 1024), (1, 16), (8, 8)])
+def test_sum_sorted_rows_adds_each_tokens_rows_in_slot_order(tile, monkeypatch):
+    monkeypatch.setattr(moe_grouped, "ROW_COPY_TILE", tile)
     y = torch.randn(5 * 3, 32)
     inverse = torch.randperm(15)
     expected = torch.zeros(5, 32)
@@ -141,6 +145,19 @@ def test_fused_experts_take_the_grouped_path_at_extend_shapes_only(monkeypatch):
 
 
 # ---------------------------------------------------------------- GPU: bits and capture
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,top_k", [(128, 8), (64, 6), (60, 4)])
+@pytest.mark.parametrize("num_tokens", [1, 37, 1000, 4099])
+def test_sort_pairs_on_the_gpu_orders_as_a_stable_argsort(num_tokens, num_experts, top_k):
+    # the GPU's histogram and sort, with a last chunk part full
+    _, ids = _routing(num_tokens, num_experts, top_k, device="cuda")
+    order, inverse, ends = sort_pairs(ids, num_experts)
+    flat = ids.reshape(-1).long()
+    assert torch.equal(order.long(), torch.argsort(flat, stable=True))
+    assert torch.equal(inverse.long(), torch.argsort(torch.argsort(flat, stable=True)))
+    assert torch.equal(ends.long(), torch.bincount(flat, minlength=num_experts).cumsum(0))
 
 
 @pytest.mark.gpu
