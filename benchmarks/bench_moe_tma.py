@@ -37,9 +37,8 @@ from cgtool.model.moe_grouped import (
     gather_rows,
     silu_mul_weight,
     sort_pairs,
-    sum_sorted_rows,
 )
-from cgtool.model.moe_tma_gemm import tma_grouped_mm
+from cgtool.model.moe_tma_gemm import GATED_TILES, tma_grouped_mm
 
 TOKENS = (2048, 4096, 8192, 16384)
 # (block_m, block_n, num_warps, num_stages, flatten). Call 1 (H200) swept 128-row blocks at
@@ -90,17 +89,21 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
         row["sort_us_by_chunk"][chunk] = graph_us(lambda: [sort_pairs(ids, E) for _, ids in routed]) / LAYERS
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
     moe_grouped._CHUNK = default
-    # the row copies (gather, top-k sum) by rows a program and columns a block
-    row["copies_us_by_tile"] = {}
-    default = moe_grouped.ROW_COPY_TILE
-    y = torch.randn(pairs, H, device=x.device).to(x.dtype)
-    for tile in ((1, 1024), (2, 1024), (4, 1024), (8, 1024), (2, 2048), (4, 2048), (8, 2048)):
-        moe_grouped.ROW_COPY_TILE = tile
-        gather = graph_us(lambda: [gather_rows(x, s[0], k) for s in sorts]) / LAYERS
-        total = graph_us(lambda: [sum_sorted_rows(y, s[1], k, x.dtype) for s in sorts]) / LAYERS
-        row["copies_us_by_tile"][str(tile)] = {"gather": gather, "sum": total}
-        assert torch.equal(gather_rows(x, sorts[0][0], k), rows[0])
-    moe_grouped.ROW_COPY_TILE = default
+    # the gate/up GEMM reading its rows from the tokens, against the gather then the GEMM
+    row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
+        gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
+        order=sorts[i][0], **GATED_TILES) for i in range(LAYERS)]) / LAYERS
+    row["gathering_gated"] = []
+    for stages in (3, 4):
+        opts = {**GATED_TILES, "num_stages": stages}
+        res = checked(lambda opts=opts: tma_grouped_mm(x, layers.gate_up[0], sorts[0][2], gated=True,
+                                                       pair_weights=flat_w[0], order=sorts[0][0], gather_top_k=k,
+                                                       **opts), up_ref)
+        if "error" not in res:
+            res["us"] = graph_us(lambda opts=opts: [tma_grouped_mm(
+                x, layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i], order=sorts[i][0],
+                gather_top_k=k, **opts) for i in range(LAYERS)]) / LAYERS
+        row["gathering_gated"].append({**opts, **res})
     row["gated"], row["down"] = [], []
     for config in SWEEP_GATED:
         opts = setting(*config)
@@ -157,7 +160,8 @@ def main() -> None:
                 f"({row['torch_down_tflops']:.0f}) tma {d.get('us', float('nan')):.1f} "
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
-            log(f"  gather and sum us by tile: {row['copies_us_by_tile']}")
+            log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated "
+                f"{[(r['num_stages'], round(r.get('us', -1), 1), r.get('equal')) for r in row['gathering_gated']]}")
             errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
             if errors:
                 log(f"  settings that failed: {sorted(errors)[:3]}")

@@ -63,9 +63,7 @@ def test_sort_pairs_orders_by_expert_stably_with_its_inverse_and_ends(
     assert torch.equal(ends.long(), torch.bincount(flat, minlength=num_experts).cumsum(0))
 
 
-@pytest.mark.parametrize("tile", [(4, 1024), (1, 16), (8, 16)])  # rows and columns past the last tile
-def test_gather_rows_takes_each_sorted_pairs_token_row(tile, monkeypatch):
-    monkeypatch.setattr(moe_grouped, "ROW_COPY_TILE", tile)
+def test_gather_rows_takes_each_sorted_pairs_token_row():
     x = torch.randn(11, 40)
     _, ids = _routing(11, 8, 3, device="cpu")
     order, _, _ = sort_pairs(ids, 8)
@@ -80,9 +78,7 @@ def test_silu_mul_weight_scales_each_sorted_pair_by_its_routing_weight():
     torch.testing.assert_close(silu_mul_weight(h, weights, order), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("tile", [(4, 1024), (1, 16), (8, 8)])
-def test_sum_sorted_rows_adds_each_tokens_rows_in_slot_order(tile, monkeypatch):
-    monkeypatch.setattr(moe_grouped, "ROW_COPY_TILE", tile)
+def test_sum_sorted_rows_adds_each_tokens_rows_in_slot_order():
     y = torch.randn(5 * 3, 32)
     inverse = torch.randperm(15)
     expected = torch.zeros(5, 32)

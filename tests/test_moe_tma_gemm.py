@@ -59,3 +59,20 @@ def test_tma_is_for_the_gpu_with_whole_weights():
     if torch.cuda.is_available():
         assert tma_usable(x.cuda(), w.cuda())
         assert not tma_usable(x.cuda(), w.cuda().transpose(1, 2))
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_gathering_reads_each_sorted_pairs_token_row(gated):
+    # 3 slots a token; pairs sorted by expert: the kernel reads token order[r] // 3 for row r
+    gen = torch.Generator().manual_seed(4)
+    tokens = torch.randn(60, 40, generator=gen)
+    order = torch.randperm(180, generator=gen).int()
+    counts = [0, 50, 0, 129, 1, 0]
+    weights = torch.randn(len(counts), 2 * 24 if gated else 24, 40, generator=gen) * 40**-0.5
+    ends = torch.tensor(counts).cumsum(0).int()
+    pair_weights = torch.rand(180, generator=gen)
+    opts = {"gated": gated, "pair_weights": pair_weights, "order": order, "block_n": 16, "block_k": 32,
+            "num_programs": 2}
+    out = tma_grouped_mm(tokens, weights, ends, gather_top_k=3, **opts)
+    expected = tma_grouped_mm(tokens[order.long() // 3], weights, ends, **opts)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)

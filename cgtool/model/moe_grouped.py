@@ -77,41 +77,26 @@ def _silu_mul_weight_kernel(GateUp, Weights, Order, Out, inter, stride_g, BLOCK:
 
 
 @triton.jit
-def _sum_sorted_rows_kernel(Y, Inverse, Out, num_tokens, hidden, TOP_K: tl.constexpr, ROWS: tl.constexpr,
-                            BLOCK: tl.constexpr):
-    # Out[t] = Σ_j Y[Inverse[t * TOP_K + j]] in fp32, slots in order, rounded once; ROWS tokens
-    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def _sum_sorted_rows_kernel(Y, Inverse, Out, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Out[t] = Σ_j Y[Inverse[t * TOP_K + j]] in fp32, slots in order, rounded once.
+    t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = (t < num_tokens)[:, None] & (offs < hidden)[None, :]
-    acc = tl.zeros((ROWS, BLOCK), dtype=tl.float32)
+    mask = offs < hidden
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        row = tl.load(Inverse + t * TOP_K + j, mask=t < num_tokens, other=0).to(tl.int64)
-        acc += tl.load(Y + row[:, None] * hidden + offs[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(Out + t[:, None].to(tl.int64) * hidden + offs[None, :], acc.to(Out.dtype.element_ty), mask=mask)
+        row = tl.load(Inverse + t * TOP_K + j)
+        acc += tl.load(Y + row * hidden + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + t * hidden + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _gather_rows_kernel(X, Order, Out, num_rows, hidden, stride_x, TOP_K: tl.constexpr, ROWS: tl.constexpr,
-                        BLOCK: tl.constexpr):
-    # Out[r] = X[Order[r] // TOP_K]: each sorted pair's token row; ROWS rows a program
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+def _gather_rows_kernel(X, Order, Out, hidden, stride_x, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    # Out[r] = X[Order[r] // TOP_K]: each sorted pair's token row.
+    r = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = (r < num_rows)[:, None] & (offs < hidden)[None, :]
-    token = (tl.load(Order + r, mask=r < num_rows, other=0) // TOP_K).to(tl.int64)
-    rows = tl.load(X + token[:, None] * stride_x + offs[None, :], mask=mask)
-    tl.store(Out + r[:, None].to(tl.int64) * hidden + offs[None, :], rows, mask=mask)
-
-
-# Rows a program and columns a block of the copies above (gather, top-k sum): one row of 1,024
-# columns a program until 2026-11-26 13:30 UTC
-ROW_COPY_TILE = (4, 1024)
-
-
-def _copy_launch(num_rows: int, hidden: int) -> tuple[tuple[int, int], dict[str, int]]:
-    rows, block = ROW_COPY_TILE
-    block = min(block, next_power_of_2(hidden))
-    warps = 4 if rows * block <= 4096 else 8
-    return (cdiv(num_rows, rows), cdiv(hidden, block)), {"ROWS": rows, "BLOCK": block, "num_warps": warps}
+    mask = offs < hidden
+    token = tl.load(Order + r) // TOP_K
+    tl.store(Out + r * hidden + offs, tl.load(X + token * stride_x + offs, mask=mask), mask=mask)
 
 
 _GATHER_ROWS = CachedKernel(_gather_rows_kernel)
@@ -211,8 +196,9 @@ def gather_rows(x: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tenso
     """[pairs, hidden]: row r is the token row of the pair `order[r]`."""
     hidden = x.shape[1]
     rows = torch.empty((order.numel(), hidden), dtype=x.dtype, device=x.device)
-    grid, meta = _copy_launch(order.numel(), hidden)
-    _GATHER_ROWS.launch(grid, x, order, rows, order.numel(), hidden, x.stride(0), TOP_K=top_k, **meta)
+    block = min(1024, next_power_of_2(hidden))
+    _GATHER_ROWS.launch((order.numel(), cdiv(hidden, block)), x, order, rows, hidden, x.stride(0),
+                        TOP_K=top_k, BLOCK=block, num_warps=4)
     return rows
 
 
@@ -231,8 +217,9 @@ def sum_sorted_rows(y: torch.Tensor, inverse: torch.Tensor, top_k: int, dtype: t
     """[tokens, hidden]: each token's top_k rows of the sorted `y`, summed in slot order."""
     pairs, hidden = y.shape
     out = torch.empty((pairs // top_k, hidden), dtype=dtype, device=y.device)
-    grid, meta = _copy_launch(out.shape[0], hidden)
-    _SUM_SORTED_ROWS.launch(grid, y, inverse, out, out.shape[0], hidden, TOP_K=top_k, **meta)
+    block = min(1024, next_power_of_2(hidden))
+    _SUM_SORTED_ROWS.launch((out.shape[0], cdiv(hidden, block)), y, inverse, out, hidden,
+                            TOP_K=top_k, BLOCK=block, num_warps=4)
     return out
 
 

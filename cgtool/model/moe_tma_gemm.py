@@ -42,11 +42,13 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr):
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    a_desc, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K, stride_out,
-    num_programs,
-    GATED: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-    FLATTEN: tl.constexpr,
+    a_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K, stride_x,
+    stride_out, num_programs,
+    GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
 ):
+    # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
+    # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's)
     e_ids, starts, ends, blocks, cum = _expert_blocks(Ends, num_experts, E_POW2, BM)
     n_tiles = tl.cdiv(n_out, BN)
     num_tiles = tl.sum(blocks, 0) * n_tiles
@@ -62,8 +64,15 @@ def _grouped_gemm_tma_kernel(
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         if GATED:
             acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+        if GATHER_TOP_K > 0:
+            a_rows = row0 + tl.arange(0, BM)
+            a_pairs = tl.load(Order + a_rows, mask=a_rows < row_end, other=0)
+            a_ptrs = X + (a_pairs // GATHER_TOP_K).to(tl.int64)[:, None] * stride_x + tl.arange(0, BK)[None, :]
         for k0 in range(0, K, BK):
-            a = a_desc.load([row0, k0])
+            if GATHER_TOP_K > 0:
+                a = tl.load(a_ptrs + k0, mask=(k0 + tl.arange(0, BK))[None, :] < K, other=0.0)
+            else:
+                a = a_desc.load([row0, k0])
             acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
             if GATED:
                 acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
@@ -112,7 +121,8 @@ def tma_grouped_mm(
     *,
     gated: bool = False,
     pair_weights: torch.Tensor | None = None,  # gated: fp32 [pairs] routing weights, flat
-    order: torch.Tensor | None = None,  # gated: the pair at each sorted row
+    order: torch.Tensor | None = None,  # gated or gathering: the pair at each sorted row
+    gather_top_k: int = 0,  # > 0: `rows` are the [tokens, K] tokens, pair p's row is token p // k
     block_m: int = 128,
     block_n: int = 128,
     block_k: int = 64,
@@ -123,11 +133,11 @@ def tma_grouped_mm(
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
-    pairs, k = rows.shape
+    pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
     out = torch.empty((pairs, n_out), dtype=rows.dtype, device=rows.device)
-    a_desc = TensorDescriptor.from_tensor(rows, [block_m, block_k])
+    a_desc = None if gather_top_k else TensorDescriptor.from_tensor(rows, [block_m, block_k])
     b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
     max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
     if num_programs is None:
@@ -135,9 +145,10 @@ def tma_grouped_mm(
     grid = (max(1, min(num_programs, max_tiles)),)
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
-        a_desc, b_desc, out, ends, pair_weights if gated else dummy, order if gated else dummy,
-        num_experts, n_out, b_rows, k, out.stride(0), grid[0],
-        GATED=gated, E_POW2=next_power_of_2(num_experts), BM=block_m, BN=block_n, BK=block_k,
+        a_desc, rows if gather_top_k else None, b_desc, out, ends, pair_weights if gated else dummy,
+        order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
+        grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
+        BN=block_n, BK=block_k,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out
