@@ -38,7 +38,7 @@ from cgtool.model.moe_grouped import (
     silu_mul_weight,
     sort_pairs,
 )
-from cgtool.model.moe_tma_gemm import GATED_TILES, tma_grouped_mm
+from cgtool.model.moe_tma_gemm import launch_tiles, tma_grouped_mm
 
 TOKENS = (2048, 4096, 8192, 16384)
 # (block_m, block_n, num_warps, num_stages, flatten). Call 1 (H200) swept 128-row blocks at
@@ -90,12 +90,13 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
     moe_grouped._CHUNK = default
     # the gate/up GEMM reading its rows from the tokens, against the gather then the GEMM
+    gated_tiles = launch_tiles(x.device.index)[0]
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
-        order=sorts[i][0], **GATED_TILES) for i in range(LAYERS)]) / LAYERS
+        order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
     row["gathering_gated"] = []
     for stages in (3, 4):
-        opts = {**GATED_TILES, "num_stages": stages}
+        opts = {**gated_tiles, "num_stages": stages}
         res = checked(lambda opts=opts: tma_grouped_mm(x, layers.gate_up[0], sorts[0][2], gated=True,
                                                        pair_weights=flat_w[0], order=sorts[0][0], gather_top_k=k,
                                                        **opts), up_ref)

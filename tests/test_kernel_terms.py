@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cgtool.planner.cost import roofline_cost
-from cgtool.planner.kernel_terms import MOE_GROUPED_MIN_ROWS_X_WIDTH, kernel_floor_ms, moe_layers_ms
+from cgtool.planner.kernel_terms import MOE_GROUPED_MIN_MEAN_ROWS, kernel_floor_ms, moe_layers_ms
 from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
 
@@ -34,7 +34,7 @@ MODELS = ["qwen3-30b-a3b", "deepseek-v2-lite"]
 
 def _grouped(cfg, tokens: int) -> bool:
     moe = cfg.moe
-    return tokens * moe.top_k * moe.expert_intermediate_size >= MOE_GROUPED_MIN_ROWS_X_WIDTH * moe.num_experts
+    return tokens * moe.top_k >= MOE_GROUPED_MIN_MEAN_ROWS * moe.num_experts
 
 
 def _load(run: Path, name: str) -> dict:

@@ -25,21 +25,22 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from cgtool.model.moe_tma_gemm import DOWN_TILES, GATED_TILES, tma_grouped_mm, tma_usable
+from cgtool.model.moe_tma_gemm import launch_tiles, tma_grouped_mm, tma_usable
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-# Where the grouped GEMM runs: an expert's mean rows times its width at least this. Below it the
-# Triton path was faster, above it the grouped GEMM (H200, 2026-11-26,
-# benchmarks/results/h200-2026-11-26-moe-grouped/call2): qwen3-30b-a3b (width 768) from 256 mean
-# rows (4k tokens: 987 against 1,007 us a layer; 2k: 708 against 629), deepseek-v2-lite (1,408)
-# from 96 (1k tokens: 467 against 507; 512: 439 against 365).
-GROUPED_MIN_ROWS_X_WIDTH = 1 << 17
+# Where the grouped path runs: an expert's mean rows at least this. Below it the Triton path was
+# faster or as fast, above it the grouped path, on both GPU classes (2026-11-26, us a layer,
+# grouped against Triton; H200 benchmarks/results/h200-2026-11-26-moe-tma/call2, H100 call5):
+# qwen3-30b-a3b at 1k tokens (64 mean rows) 428 / 456 and 543 / 585, at 512 (32) 400 / 398 and
+# 511 / 541; deepseek-v2-lite at 1k (96) 403 / 505 and 507 / 600, at 512 (48) 370 / 357 and
+# 479 / 494.
+GROUPED_MIN_MEAN_ROWS = 64
 
 
-def grouped_mm_chosen(num_pairs: int, num_experts: int, width: int) -> bool:
-    """Whether a layer of these shapes takes the grouped GEMM (where `grouped_mm_usable`)."""
-    return num_pairs * width >= GROUPED_MIN_ROWS_X_WIDTH * num_experts
+def grouped_mm_chosen(num_pairs: int, num_experts: int) -> bool:
+    """Whether a layer of these shapes takes the grouped path (where `grouped_mm_usable`)."""
+    return num_pairs >= GROUPED_MIN_MEAN_ROWS * num_experts
 
 
 def grouped_mm_usable(x: torch.Tensor, gate_up: torch.Tensor) -> bool:
@@ -234,20 +235,22 @@ def grouped_mm_experts(
     GEMMs are cgtool's TMA kernels (`moe_tma_gemm`), the gate/up one writing the activations;
     elsewhere torch's grouped GEMM and `silu_mul_weight`, which give the same bits."""
     x = x if x.stride(-1) == 1 else x.contiguous()
+    top_k = ids.shape[1]
     order, inverse, ends = sort_pairs(ids, gate_up.shape[0])
-    rows = gather_rows(x, order, ids.shape[1])  # [pairs, hidden], each expert's rows together
     flat_weights = weights.float().reshape(-1).contiguous()
     if tma_usable(x, gate_up, down):
-        act = tma_grouped_mm(rows, gate_up, ends, gated=True, pair_weights=flat_weights, order=order,
-                             **GATED_TILES)
-        del rows  # each buffer freed once read, so the next reuses it: a smaller graph pool
-        y = tma_grouped_mm(act, down, ends, **DOWN_TILES)
+        gated_tiles, down_tiles = launch_tiles(x.device.index)
+        # the gate/up GEMM reads each pair's token row itself: no [pairs, hidden] copy
+        act = tma_grouped_mm(x, gate_up, ends, gated=True, pair_weights=flat_weights, order=order,
+                             gather_top_k=top_k, **gated_tiles)
+        y = tma_grouped_mm(act, down, ends, **down_tiles)
     else:
+        rows = gather_rows(x, order, top_k)  # [pairs, hidden], each expert's rows together
         # Weights stored [E, out, in] are the column-major [E, in, out] operand torch wants.
         h = _GROUPED_MM(rows, gate_up.transpose(1, 2), offs=ends)  # [pairs, 2 * I]
         del rows
         act = silu_mul_weight(h, flat_weights, order)
         del h
         y = _GROUPED_MM(act, down.transpose(1, 2), offs=ends)  # [pairs, hidden]
-    del act
-    return sum_sorted_rows(y, inverse, ids.shape[1], x.dtype)
+    del act  # each buffer freed once read, so the next reuses it: a smaller graph pool
+    return sum_sorted_rows(y, inverse, top_k, x.dtype)

@@ -94,10 +94,21 @@ def _grouped_gemm_tma_kernel(
         tl.store(Out + rows[:, None].to(tl.int64) * stride_out + cols[None, :], out, mask=mask)
 
 
-# Launch settings: the fastest of bench_moe_tma's sweep at every size it ran (2k-16k tokens, both
-# presets' shapes; H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-tma/call1).
-GATED_TILES = {"block_n": 128, "num_warps": 8, "num_stages": 3, "flatten": False}
-DOWN_TILES = {"block_n": 256, "num_warps": 8, "num_stages": 3, "flatten": True}
+# Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
+# tokens, both presets' shapes; benchmarks/results/h200-2026-11-26-moe-tma/call1,
+# h100-2026-11-26-moe-tma/call3); the gate/up GEMM's column tile is 128 wide (two accumulators),
+# the down GEMM's 256, its tiles in one flattened loop. The pipeline depth is the GPU's: the
+# H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
+# 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
+_GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False}
+_DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True}
+
+
+@cache
+def launch_tiles(device_index: int) -> tuple[dict, dict]:
+    """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU."""
+    stages = 4 if "H100" in torch.cuda.get_device_name(device_index) else 3
+    return {**_GATED_TILES, "num_stages": stages}, {**_DOWN_TILES, "num_stages": stages}
 
 
 def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:

@@ -14,8 +14,8 @@ One token skips the alignment (DIRECT): each pair is a block of its own, and the
 last program over a token's columns adds its top-k rows (runtime.tickets), so the layer is
 three launches with the router's, where a replay pays a few microseconds for each.
 
-Past moe_grouped.GROUPED_MIN_ROWS_X_WIDTH (thousands of tokens) the layer runs on torch's grouped
-GEMM instead, faster there (moe_grouped).
+Past moe_grouped.GROUPED_MIN_MEAN_ROWS rows an expert (about a thousand tokens) the layer runs on
+the grouped path instead, faster there (moe_grouped).
 
 Tile shapes follow the mean rows an expert gets, as SGLang's per-shape configs do: at decode
 sizes an expert's block is mostly padding and the GEMM streams weights, so narrow column tiles
@@ -236,7 +236,7 @@ def _launch_fused_experts(
     x = x if x.stride(-1) == 1 else x.contiguous()
     num_tokens, top_k = ids.shape
     num_experts, num_pairs, hidden = gate_up.shape[0], ids.numel(), x.shape[1]
-    if config is None and grouped_mm_chosen(num_pairs, num_experts, down.shape[2]) and grouped_mm_usable(x, gate_up):
+    if config is None and grouped_mm_chosen(num_pairs, num_experts) and grouped_mm_usable(x, gate_up):
         return grouped_mm_experts(x, gate_up, down, weights, ids)
     config = config or experts_config(num_pairs, num_experts, num_tokens)
     direct = config.block_m == DIRECT

@@ -72,8 +72,8 @@ MOE_KERNELS_ONE_TOKEN, MOE_KERNELS_SMALL, MOE_KERNELS_LARGE = 3, 6, 9
 MOE_ONE_TOKEN_PATH = 1  # cgtool.model.moe_triton.DIRECT_TOKENS
 MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
-# The grouped-GEMM path (cgtool.model.moe_grouped.GROUPED_MIN_ROWS_X_WIDTH and its layer).
-MOE_GROUPED_MIN_ROWS_X_WIDTH = 1 << 17
+# The grouped-GEMM path (cgtool.model.moe_grouped.GROUPED_MIN_MEAN_ROWS and its layer).
+MOE_GROUPED_MIN_MEAN_ROWS = 64
 MOE_GROUPED_FLOPS_EFFICIENCY = 0.73
 MOE_GROUPED_PAIR_BYTES_PER_HIDDEN, MOE_GROUPED_PAIR_BYTES_PER_WIDTH = 8, 12
 
@@ -108,7 +108,7 @@ def moe_layers_ms(cfg: ModelConfig, gpu: GpuSpec, rows: np.ndarray) -> np.ndarra
     )
     pair_bytes = cfg.hidden_size * MOE_GROUPED_PAIR_BYTES_PER_HIDDEN + width * MOE_GROUPED_PAIR_BYTES_PER_WIDTH
     grouped_ms = (weights + pairs * pair_bytes) * ms_per_byte + flops_ms / MOE_GROUPED_FLOPS_EFFICIENCY
-    grouped = pairs * width >= MOE_GROUPED_MIN_ROWS_X_WIDTH * moe.num_experts
+    grouped = pairs >= MOE_GROUPED_MIN_MEAN_ROWS * moe.num_experts
     per_layer_ms = np.where(grouped, grouped_ms, triton_ms)
     return np.where(rows > 0, cfg.num_moe_layers * per_layer_ms, 0.0)
 
