@@ -18,16 +18,19 @@ peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in 
 three kernels since call8 (router and routing, gate/up, down with the top-k sum); call8's
 layers, all 14 sizes, are within 6.2% of these terms.
 
-Past moe_grouped's threshold (an expert's mean rows times its width at least 2^17: thousands of
-tokens) the experts run on torch's grouped GEMM (H200, 2026-11-26,
-benchmarks/results/h200-2026-11-26-moe-grouped/call2, benchmarks/bench_moe_grouped.py). Its
-layer is the same weights read, each pair moving 8 bytes a hidden unit and 12 a unit of expert
-width (its row gathered and read, its gate/up output and activation written and read, its
-output written and summed), and the pairs' FLOPs at 0.73 of the bf16 peak, with no kernel
-floor (a fitted floor came out below zero). One least-squares fit, relative error weighted, to
-the 16 sizes of both models that take the path on both GPUs (the H100's run:
-benchmarks/results/h100-2026-11-26-moe-grouped): H200 -5.2% to +11.2%, H100 -12.2% to -1.0%.
-Fitted to the H200 alone it was 0.67, within 9.1% there and up to 15% off on the H100.
+Past moe_grouped's threshold (an expert's mean rows at least 64: a thousand tokens or so) the
+experts run on the grouped path: a counting sort, cgtool's TMA grouped GEMMs (the gate/up one
+reading each pair's token row and writing the activations), the top-k sum (2026-11-26,
+benchmarks/bench_moe_grouped.py; H200 benchmarks/results/h200-2026-11-26-moe-tma/call10, H100
+h100-2026-11-26-moe-tma/call7). Its layer is the same weights read, each pair moving 6 bytes a
+hidden unit and 4 a unit of expert width (its token row read, its activation written and read,
+its output written and summed), and the pairs' FLOPs at 0.72 of the bf16 peak, with no kernel
+floor. 0.72 is the figure whose largest error over the 20 sizes of both models on both GPUs is
+the least (least squares put it at 0.67, 12.9% off at deepseek-v2-lite's 2k tokens on the H100):
+H200 -10.4% to +10.3%, H100 -10.3% to +3.7%; a second H100 run (call9), not fitted, -10.0% to +3.1%.
+Both GPUs run these GEMMs at about the same rate while the H200 reads weights 1.4x faster, so
+the sum of the weights' read and the FLOPs over-predicts the H100 and under-predicts the H200
+(a max of the two fitted far worse: 24-50% off at 1k-2k tokens).
 
 MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
 0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
@@ -74,8 +77,8 @@ MOE_ONE_PROGRAM_PAIRS = 4096  # cgtool.model.moe_routing.ONE_PROGRAM_PAIRS
 
 # The grouped-GEMM path (cgtool.model.moe_grouped.GROUPED_MIN_MEAN_ROWS and its layer).
 MOE_GROUPED_MIN_MEAN_ROWS = 64
-MOE_GROUPED_FLOPS_EFFICIENCY = 0.73
-MOE_GROUPED_PAIR_BYTES_PER_HIDDEN, MOE_GROUPED_PAIR_BYTES_PER_WIDTH = 8, 12
+MOE_GROUPED_FLOPS_EFFICIENCY = 0.72
+MOE_GROUPED_PAIR_BYTES_PER_HIDDEN, MOE_GROUPED_PAIR_BYTES_PER_WIDTH = 6, 4
 
 MLA_DECODE_READ_EFFICIENCY = 0.86
 MLA_DECODE_REQUEST_MS = 0.6e-3
