@@ -106,8 +106,8 @@ _SUM_SORTED_ROWS = CachedKernel(_sum_sorted_rows_kernel)
 
 
 # A counting sort's chunk of pairs: its histogram and its stable local sort run in one program.
-# 256 was the fastest of 256-2,048 at every size of both presets' shapes, 2k-16k tokens (H100,
-# 2026-11-26, benchmarks/results/h100-2026-11-26-moe-tma/call4: 7-12 us a layer).
+# 256 was the fastest of 256-2,048 at every size of both presets' shapes, 2k-16k tokens, but one
+# within 1% (H100, 2026-11-26, benchmarks/results/h100-2026-11-26-moe-tma/call4: 6.5-11.6 us).
 _CHUNK = 256
 _SCAN_BLOCK = 1024
 
