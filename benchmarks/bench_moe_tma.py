@@ -63,6 +63,20 @@ def checked(fn, reference: torch.Tensor) -> dict:
             "equal": bool(torch.equal(out, reference))}
 
 
+def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float) -> list[dict]:
+    """Each launch setting's result against `reference` (layer 0) and its time over the layers;
+    `run(layer_ids, opts)` returns the layers' outputs."""
+    out = []
+    for config in configs:
+        opts = setting(*config)
+        res = checked(lambda opts=opts: run([0], opts)[0], reference)
+        if "error" not in res:
+            res["us"] = graph_us(lambda opts=opts: run(range(LAYERS), opts)) / LAYERS
+            res["tflops"] = flops / res["us"] / 1e6
+        out.append({**opts, **res})
+    return out
+
+
 def case(layers: MoeLayers, n: int, peak: float) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
@@ -105,32 +119,11 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
                 x, layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i], order=sorts[i][0],
                 gather_top_k=k, **opts) for i in range(LAYERS)]) / LAYERS
         row["gathering_gated"].append({**opts, **res})
-    row["gated"], row["down"] = [], []
-    for config in SWEEP_GATED:
-        opts = setting(*config)
-
-        def gated(i=None, opts=opts):
-            layers_ = range(LAYERS) if i is None else [i]
-            outs = [tma_grouped_mm(rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j],
-                                   order=sorts[j][0], **opts) for j in layers_]
-            return outs[0]
-        res = checked(lambda: gated(0), up_ref)
-        if "error" not in res:
-            res["us"] = graph_us(gated) / LAYERS
-            res["tflops"] = up_flops / res["us"] / 1e6
-        row["gated"].append({**opts, **res})
-    for config in SWEEP_PLAIN:
-        opts = setting(*config)
-
-        def plain(i=None, opts=opts):
-            layers_ = range(LAYERS) if i is None else [i]
-            outs = [tma_grouped_mm(acts[j], layers.down[j], sorts[j][2], **opts) for j in layers_]
-            return outs[0]
-        res = checked(lambda: plain(0), down_ref)
-        if "error" not in res:
-            res["us"] = graph_us(plain) / LAYERS
-            res["tflops"] = down_flops / res["us"] / 1e6
-        row["down"].append({**opts, **res})
+    row["gated"] = swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
+        rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
+        for j in ids], up_ref, up_flops)
+    row["down"] = swept(SWEEP_PLAIN, lambda ids, opts: [tma_grouped_mm(
+        acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops)
     best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
     best_d = min((r for r in row["down"] if "us" in r), key=lambda r: r["us"], default=None)
     row["torch_up_tflops"] = up_flops / row["torch_up_silu_us"] / 1e6
