@@ -45,12 +45,15 @@ TOKENS = (2048, 4096, 8192, 16384)
 # 64-256 columns, 4-8 warps, 3-4 stages, flattened or not: 128 x 128 at 8 warps and 3 stages won
 # the gated GEMM at every size, 128 x 256 at 8 warps, 3 stages, flattened the down GEMM. Call 3
 # (H100) added 64-row blocks at 4 warps, 64-256 columns, 3-5 stages: none won anywhere.
-SWEEP_GATED = [(128, 128, 8, 3, False), (128, 128, 8, 4, False), (64, 128, 4, 3, False)]
-SWEEP_PLAIN = [(128, 256, 8, 3, True), (128, 256, 8, 4, True), (64, 256, 4, 3, True)]
+# The sixth field: an expert's last rows, if at most 64, in a 64-row tile of their own.
+SWEEP_GATED = [(128, 128, 8, 3, False, False), (128, 128, 8, 4, False, False)]
+SWEEP_GATHERING = [(128, 128, 8, stages, False, tail) for tail in (False, True) for stages in (3, 4)]
+SWEEP_PLAIN = [(128, 256, 8, stages, True, tail) for tail in (False, True) for stages in (3, 4)]
 
 
-def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool) -> dict:
-    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten}
+def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool) -> dict:
+    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
+            "tail": tail}
 
 
 def checked(fn, reference: torch.Tensor) -> dict:
@@ -108,17 +111,9 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
-    row["gathering_gated"] = []
-    for stages in (3, 4):
-        opts = {**gated_tiles, "num_stages": stages}
-        res = checked(lambda opts=opts: tma_grouped_mm(x, layers.gate_up[0], sorts[0][2], gated=True,
-                                                       pair_weights=flat_w[0], order=sorts[0][0], gather_top_k=k,
-                                                       **opts), up_ref)
-        if "error" not in res:
-            res["us"] = graph_us(lambda opts=opts: [tma_grouped_mm(
-                x, layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i], order=sorts[i][0],
-                gather_top_k=k, **opts) for i in range(LAYERS)]) / LAYERS
-        row["gathering_gated"].append({**opts, **res})
+    row["gathering_gated"] = swept(SWEEP_GATHERING, lambda ids, opts: [tma_grouped_mm(
+        x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
+        **opts) for j in ids], up_ref, up_flops)
     row["gated"] = swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
@@ -155,7 +150,8 @@ def main() -> None:
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
             log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated "
-                f"{[(r['num_stages'], round(r.get('us', -1), 1), r.get('equal')) for r in row['gathering_gated']]}")
+                f"{[(r['num_stages'], r['tail'], round(r.get('us', -1), 1), r.get('equal')) for r in row['gathering_gated']]}")
+            log(f"  down {[(r['num_stages'], r['tail'], round(r.get('us', -1), 1), r.get('equal')) for r in row['down']]}")
             errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
             if errors:
                 log(f"  settings that failed: {sorted(errors)[:3]}")

@@ -32,22 +32,24 @@ def _per_expert(rows, weights, ends):
 
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("num_programs,block_m", [(1, 128), (3, 128), (3, 64)])
-def test_each_row_times_its_experts_weights(flatten, num_programs, block_m):
-    # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor
+@pytest.mark.parametrize("tail", [False, True])
+def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail):
+    # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor;
+    # with tails, 130 rows are a 128-row block and a 64-row tail (and 5, 17, 1 tails alone)
     rows, weights, ends = _groups(COUNTS, 48, 40)
     out = tma_grouped_mm(rows, weights, ends, block_m=block_m, block_n=32, block_k=32, flatten=flatten,
-                         num_programs=num_programs)
+                         tail=tail, num_programs=num_programs)
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten", [False, True])
-def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten):
+@pytest.mark.parametrize("flatten,tail", [(False, False), (True, False), (False, True)])
+def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]
     order = torch.randperm(pairs, generator=torch.Generator().manual_seed(2)).int()
     pair_weights = torch.rand(pairs, generator=torch.Generator().manual_seed(3))
     out = tma_grouped_mm(rows, gate_up, ends, gated=True, pair_weights=pair_weights, order=order,
-                         block_n=16, block_k=32, flatten=flatten, num_programs=2)
+                         block_n=16, block_k=32, flatten=flatten, tail=tail, num_programs=2)
     expected = silu_mul_weight(_per_expert(rows, gate_up, ends), pair_weights, order)
     assert out.shape == (pairs, 24)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
@@ -62,7 +64,8 @@ def test_tma_is_for_the_gpu_with_whole_weights():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-def test_gathering_reads_each_sorted_pairs_token_row(gated):
+@pytest.mark.parametrize("tail", [False, True])
+def test_gathering_reads_each_sorted_pairs_token_row(gated, tail):
     # 3 slots a token; pairs sorted by expert: the kernel reads token order[r] // 3 for row r
     gen = torch.Generator().manual_seed(4)
     tokens = torch.randn(60, 40, generator=gen)
@@ -72,7 +75,7 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated):
     ends = torch.tensor(counts).cumsum(0).int()
     pair_weights = torch.rand(180, generator=gen)
     opts = {"gated": gated, "pair_weights": pair_weights, "order": order, "block_n": 16, "block_k": 32,
-            "num_programs": 2}
+            "tail": tail, "num_programs": 2}
     out = tma_grouped_mm(tokens, weights, ends, gather_top_k=3, **opts)
     expected = tma_grouped_mm(tokens[order.long() // 3], weights, ends, **opts)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -30,68 +30,96 @@ except ImportError:  # pragma: no cover - older Triton: the grouped path keeps t
 
 
 @triton.jit
-def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr):
-    # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert.
+def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr):
+    # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert;
+    # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart.
     e = tl.arange(0, E_POW2)
     valid = e < num_experts
     ends = tl.load(Ends + e, mask=valid, other=0)
     starts = tl.load(Ends + e - 1, mask=valid & (e > 0), other=0)
-    blocks = tl.where(valid, (ends - starts + BM - 1) // BM, 0)
-    return e, starts, ends, blocks, tl.cumsum(blocks, 0)
+    count = tl.where(valid, ends - starts, 0)
+    if TAIL:
+        rest = count % BM
+        blocks = count // BM + (rest > BM // 2).to(tl.int32)
+        tails = ((rest > 0) & (rest <= BM // 2)).to(tl.int32)
+    else:
+        blocks = (count + BM - 1) // BM
+        tails = tl.zeros_like(count)
+    return e, starts, ends, blocks, tl.cumsum(blocks, 0), tails, tl.cumsum(tails, 0)
+
+
+@triton.jit
+def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr):
+    # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
+    # computed, not stored), columns from col0 of the weights' rows from b_row.
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if GATED:
+        acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    if GATHER_TOP_K > 0:
+        a_rows = row0 + tl.arange(0, BM)
+        a_pairs = tl.load(Order + a_rows, mask=a_rows < row_end, other=0)
+        a_ptrs = X + (a_pairs // GATHER_TOP_K).to(tl.int64)[:, None] * stride_x + tl.arange(0, BK)[None, :]
+    for k0 in range(0, K, BK):
+        if GATHER_TOP_K > 0:
+            a = tl.load(a_ptrs + k0, mask=(k0 + tl.arange(0, BK))[None, :] < K, other=0.0)
+        else:
+            a = a_desc.load([row0, k0])
+        acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
+        if GATED:
+            acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
+    rows = row0 + tl.arange(0, BM)
+    cols = col0 + tl.arange(0, BN)
+    keep = rows < row_end
+    dtype = Out.dtype.element_ty
+    if GATED:
+        # as silu_mul_weight rounds the grouped GEMM's bf16 [gate | up] output
+        gate = acc.to(dtype).to(tl.float32)
+        up = acc_up.to(dtype).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        act = (act * up).to(dtype).to(tl.float32)
+        pair = tl.load(Order + rows, mask=keep, other=0)
+        w = tl.load(Weights + pair, mask=keep, other=0.0).to(dtype).to(tl.float32)
+        out = (act * w[:, None]).to(dtype)
+    else:
+        out = acc.to(dtype)
+    mask = keep[:, None] & (cols < n_out)[None, :]
+    tl.store(Out + rows[:, None].to(tl.int64) * stride_out + cols[None, :], out, mask=mask)
 
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    a_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K, stride_x,
-    stride_out, num_programs,
+    a_desc, a_tail_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
+    stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
-    # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's)
-    e_ids, starts, ends, blocks, cum = _expert_blocks(Ends, num_experts, E_POW2, BM)
+    # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
+    # TAIL: an expert's last rows, if at most BM / 2, take a tile of BM / 2 rows after the rest.
+    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
     num_tiles = tl.sum(blocks, 0) * n_tiles
-    dtype = Out.dtype.element_ty
     for t in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
         block = t // n_tiles
-        col0 = (t % n_tiles) * BN
         expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
         mine = e_ids == expert
         row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
         row_end = tl.sum(tl.where(mine, ends, 0), 0)
-        b_row = expert * b_rows_per_expert + col0
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        if GATED:
-            acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-        if GATHER_TOP_K > 0:
-            a_rows = row0 + tl.arange(0, BM)
-            a_pairs = tl.load(Order + a_rows, mask=a_rows < row_end, other=0)
-            a_ptrs = X + (a_pairs // GATHER_TOP_K).to(tl.int64)[:, None] * stride_x + tl.arange(0, BK)[None, :]
-        for k0 in range(0, K, BK):
-            if GATHER_TOP_K > 0:
-                a = tl.load(a_ptrs + k0, mask=(k0 + tl.arange(0, BK))[None, :] < K, other=0.0)
-            else:
-                a = a_desc.load([row0, k0])
-            acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
-            if GATED:
-                acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
-        rows = row0 + tl.arange(0, BM)
-        cols = col0 + tl.arange(0, BN)
-        keep = rows < row_end
-        if GATED:
-            # as silu_mul_weight rounds the grouped GEMM's bf16 [gate | up] output
-            gate = acc.to(dtype).to(tl.float32)
-            up = acc_up.to(dtype).to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-            act = (act * up).to(dtype).to(tl.float32)
-            pair = tl.load(Order + rows, mask=keep, other=0)
-            w = tl.load(Weights + pair, mask=keep, other=0.0).to(dtype).to(tl.float32)
-            out = (act * w[:, None]).to(dtype)
-        else:
-            out = acc.to(dtype)
-        mask = keep[:, None] & (cols < n_out)[None, :]
-        tl.store(Out + rows[:, None].to(tl.int64) * stride_out + cols[None, :], out, mask=mask)
+        col0 = (t % n_tiles) * BN
+        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK)
+    if TAIL:
+        for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
+            expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
+            mine = e_ids == expert
+            row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
+            row_end = tl.sum(tl.where(mine, ends, 0), 0)
+            col0 = (t % n_tiles) * BN
+            _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end,
+                       expert * b_rows_per_expert + col0, col0, n_out, K, stride_x, stride_out, GATED,
+                       GATHER_TOP_K, BM // 2, BN, BK)
 
 
 # Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
@@ -140,6 +168,7 @@ def tma_grouped_mm(
     num_warps: int = 8,
     num_stages: int = 4,
     flatten: bool = False,
+    tail: bool = False,
     num_programs: int | None = None,
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
@@ -149,6 +178,7 @@ def tma_grouped_mm(
     n_out = b_rows // 2 if gated else b_rows
     out = torch.empty((pairs, n_out), dtype=rows.dtype, device=rows.device)
     a_desc = None if gather_top_k else TensorDescriptor.from_tensor(rows, [block_m, block_k])
+    a_tail_desc = TensorDescriptor.from_tensor(rows, [block_m // 2, block_k]) if tail and not gather_top_k else None
     b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
     max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
     if num_programs is None:
@@ -156,10 +186,10 @@ def tma_grouped_mm(
     grid = (max(1, min(num_programs, max_tiles)),)
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
-        a_desc, rows if gather_top_k else None, b_desc, out, ends, pair_weights if gated else dummy,
+        a_desc, a_tail_desc, rows if gather_top_k else None, b_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
-        BN=block_n, BK=block_k,
+        BN=block_n, BK=block_k, TAIL=tail,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out
