@@ -30,12 +30,12 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 # Where the grouped path runs: an expert's mean rows at least this. Below it the Triton path was
-# faster or as fast, above it the grouped path, on both GPU classes (2026-11-26, us a layer,
-# grouped against Triton; H200 benchmarks/results/h200-2026-11-26-moe-tma/call2, H100 call5):
-# qwen3-30b-a3b at 1k tokens (64 mean rows) 428 / 456 and 543 / 585, at 512 (32) 400 / 398 and
-# 511 / 541; deepseek-v2-lite at 1k (96) 403 / 505 and 507 / 600, at 512 (48) 370 / 357 and
-# 479 / 494.
-GROUPED_MIN_MEAN_ROWS = 64
+# faster, above it the grouped path, on both GPU classes with each one's launch settings
+# (2026-11-26, us a layer, grouped against Triton; H200 benchmarks/results/h200-2026-11-26-moe-tma/
+# call13, H100 call7 and call5): qwen3-30b-a3b at 512 tokens (32 mean rows) 349 / 389, 524 / 540
+# and 511 / 541; at 256 (16) 358 / 342 and 535 / 483; deepseek-v2-lite at 512 (48) 327 / 350,
+# 481 / 493 and 479 / 494; at 256 (24) 329 / 316 and 488 / 447.
+GROUPED_MIN_MEAN_ROWS = 32
 
 
 def grouped_mm_chosen(num_pairs: int, num_experts: int) -> bool:

@@ -125,18 +125,23 @@ def _grouped_gemm_tma_kernel(
 # Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
 # tokens, both presets' shapes; benchmarks/results/h200-2026-11-26-moe-tma/call1,
 # h100-2026-11-26-moe-tma/call3); the gate/up GEMM's column tile is 128 wide (two accumulators),
-# the down GEMM's 256, its tiles in one flattened loop. The pipeline depth is the GPU's: the
-# H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
-# 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
-_GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False}
-_DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True}
+# the down GEMM's 256, its tiles in one flattened loop. The gate/up GEMM, reading the tokens'
+# rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 3-11% faster than 3 at
+# most sizes). An expert's short last rows in half-height tiles ("tail") pay on the H200 (call
+# 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547 us, deepseek-v2-lite's 679 -> 655) and not on
+# the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481, 4k-8k within 3%), and never for the
+# down GEMM. The down GEMM's depth is the GPU's: the H100's slower memory wants a fourth stage
+# (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM 419-421 against 438-456 us), the H200 three
+# (call 1: 417 against 428).
+_GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4}
+_DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
 
 @cache
 def launch_tiles(device_index: int) -> tuple[dict, dict]:
     """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU."""
-    stages = 4 if "H100" in torch.cuda.get_device_name(device_index) else 3
-    return {**_GATED_TILES, "num_stages": stages}, {**_DOWN_TILES, "num_stages": stages}
+    h100 = "H100" in torch.cuda.get_device_name(device_index)
+    return {**_GATED_TILES, "tail": not h100}, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
 
 
 def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
