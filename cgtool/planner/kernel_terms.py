@@ -18,19 +18,19 @@ peak, and 3.91 us for each kernel of the layer. The last is a kernel's floor in 
 three kernels since call8 (router and routing, gate/up, down with the top-k sum); call8's
 layers, all 14 sizes, are within 6.2% of these terms.
 
-Past moe_grouped's threshold (an expert's mean rows at least 64: a thousand tokens or so) the
-experts run on the grouped path: a counting sort, cgtool's TMA grouped GEMMs (the gate/up one
+Past moe_grouped's threshold (an expert's mean rows at least 32: 512 tokens for both presets)
+the experts run on the grouped path: a counting sort, cgtool's TMA grouped GEMMs (the gate/up one
 reading each pair's token row and writing the activations), the top-k sum (2026-11-26,
-benchmarks/bench_moe_grouped.py; H200 benchmarks/results/h200-2026-11-26-moe-tma/call10, H100
-h100-2026-11-26-moe-tma/call7). Its layer is the same weights read, each pair moving 6 bytes a
-hidden unit and 4 a unit of expert width (its token row read, its activation written and read,
-its output written and summed), and the pairs' FLOPs at 0.72 of the bf16 peak, with no kernel
-floor. 0.72 is the figure whose largest error over the 20 sizes of both models on both GPUs is
-the least (least squares put it at 0.67, 12.9% off at deepseek-v2-lite's 2k tokens on the H100):
-H200 -10.4% to +10.3%, H100 -10.3% to +3.7%; a second H100 run (call9), not fitted, -10.0% to +3.1%.
-Both GPUs run these GEMMs at about the same rate while the H200 reads weights 1.4x faster, so
-the sum of the weights' read and the FLOPs over-predicts the H100 and under-predicts the H200
-(a max of the two fitted far worse: 24-50% off at 1k-2k tokens).
+benchmarks/bench_moe_grouped.py; H200 benchmarks/results/h200-2026-11-26-moe-tma/call13, H100
+h100-2026-11-26-moe-tma/call7, each GPU with its own launch settings). Its layer is the same
+weights read, each pair moving 6 bytes a hidden unit and 4 a unit of expert width (its token row
+read, its activation written and read, its output written and summed), and the pairs' FLOPs at
+0.72 of the bf16 peak, with no kernel floor. 0.72 is the figure whose largest error over the
+24 grouped sizes (512-16k tokens, both models, both GPUs) is the least: H200 -13.4% to +9.2%,
+H100 -10.3% to +13.3% (512 tokens, where the layer reads every expert, is the worst on both);
+two more runs on other machines, not fitted (H200 call15, H100 call9), within 12.2%. Both GPUs
+run these GEMMs at about the same rate while the H200 reads 1.4x faster, so a sum of read and
+FLOPs leans one way on each GPU; the longer of the two instead was 24-50% off at 1k-2k tokens.
 
 MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
 0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
