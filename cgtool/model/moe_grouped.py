@@ -1,19 +1,19 @@
-"""Extend-sized MoE experts on torch's grouped GEMM (CUTLASS's on Hopper).
+"""Extend-sized MoE experts as grouped GEMMs over each expert's sorted rows.
 
-At a few thousand tokens an expert gets hundreds of rows and the layer is its GEMMs' FLOPs.
-cgtool's Triton grouped GEMM (moe_triton) peaked there at about half of `torch.mm`'s rate:
-Triton pipelines it, but its plain GEMM of the same tiles tops out near 63% of the datasheet on
-an H100 (issue 33, docs/moe-mla.md). `torch.nn.functional.grouped_mm` runs one GEMM per group
-of rows with a warp-specialised TMA kernel, so the layer here is:
+From a few hundred tokens an expert gets tens to hundreds of rows and the layer is its GEMMs.
+cgtool's Triton MoE GEMM (moe_triton), which gathers and aligns rows per block, ran there near
+half of `torch.mm`'s rate (issue 33, docs/moe-mla.md). The layer here is:
 
-  sort the (token, slot) pairs by expert (every expert's rows contiguous, no padding), gather
-  their tokens' rows, gate/up grouped GEMM, SiLU-and-multiply scaled by the routing weight (one
-  kernel, rounded as the reference rounds), down grouped GEMM, each token's top-k rows summed
-  through the inverse of the sort (one kernel).
+  sort the (token, slot) pairs by expert (a counting sort: every expert's rows contiguous, no
+  padding); on the GPU, cgtool's TMA grouped GEMMs (moe_tma_gemm): the gate/up one reading each
+  pair's token row and writing silu(gate) * up * the routing weight, then the down one; each
+  token's top-k rows summed through the inverse of the sort (one kernel). Where TMA does not
+  run (the CPU tests), torch's grouped GEMM on gathered rows and a SiLU kernel, which give the
+  same bits.
 
 Every shape is the token count's and every count stays on the device, so it captures. Each
-pair's down output is rounded to bf16 before the top-k sum (the grouped GEMM writes bf16), one
-rounding more than the Triton path; tests hold both to the fp32 reference's tolerance.
+pair's down output is rounded to bf16 before the top-k sum, one rounding more than the Triton
+path; tests hold both to the fp32 reference's tolerance.
 """
 
 from __future__ import annotations

@@ -126,8 +126,8 @@ def _grouped_gemm_tma_kernel(
 # tokens, both presets' shapes; benchmarks/results/h200-2026-11-26-moe-tma/call1,
 # h100-2026-11-26-moe-tma/call3); the gate/up GEMM's column tile is 128 wide (two accumulators),
 # the down GEMM's 256, its tiles in one flattened loop. The gate/up GEMM, reading the tokens'
-# rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 3-11% faster than 3 at
-# most sizes). An expert's short last rows in half-height tiles ("tail") pay on the H200 (call
+# rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 2-8% faster than 3 at
+# 2k-8k tokens, but for qwen3-30b-a3b's 4k on the H200). An expert's short last rows in half-height tiles ("tail") pay on the H200 (call
 # 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547 us, deepseek-v2-lite's 679 -> 655) and not on
 # the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481, 4k-8k within 3%), and never for the
 # down GEMM. The down GEMM's depth is the GPU's: the H100's slower memory wants a fourth stage

@@ -14,7 +14,7 @@ One token skips the alignment (DIRECT): each pair is a block of its own, and the
 last program over a token's columns adds its top-k rows (runtime.tickets), so the layer is
 three launches with the router's, where a replay pays a few microseconds for each.
 
-Past moe_grouped.GROUPED_MIN_MEAN_ROWS rows an expert (about a thousand tokens) the layer runs on
+From moe_grouped.GROUPED_MIN_MEAN_ROWS rows an expert (a few hundred tokens) the layer runs on
 the grouped path instead, faster there (moe_grouped).
 
 Tile shapes follow the mean rows an expert gets, as SGLang's per-shape configs do: at decode
