@@ -10,7 +10,10 @@ tensor, which TMA fills with zeros); they are computed and never stored.
 
 The gated form computes the gate and the up halves of one column tile and writes
 silu(gate) * up * the pair's routing weight, rounded as `moe_grouped.silu_mul_weight` rounds
-the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches memory.
+the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches memory. The
+gathering form reads A's rows from the tokens through the sort's order (no [pairs, K] copy).
+With tails, an expert's last rows, when at most half a tile, take a half-height tile of their
+own after the rest.
 """
 
 from __future__ import annotations
