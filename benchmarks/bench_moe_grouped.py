@@ -30,6 +30,7 @@ from bench_moe_mla import (  # benchmarks/ is the script's path
     mm_flops,
 )
 
+from cgtool.model import moe_grouped
 from cgtool.model.moe import experts_ref
 from cgtool.model.moe_grouped import (
     _GROUPED_MM,
@@ -111,12 +112,25 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
     y = _GROUPED_MM(act, layers.down[0].transpose(1, 2), offs=sorts[0][2])
     row["sum_us"] = per(lambda: [sum_sorted_rows(y, sorts[i][1], k, DTYPE) for i in range(LAYERS)])
     gated_tiles, down_tiles = launch_tiles(x.device.index)
+    eager_default = grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0])
     # the path's gate/up GEMM reads its rows from the tokens (no gather)
     row["tma_gated_us"] = per(lambda: [tma_grouped_mm(x, layers.gate_up[i], sorts[i][2], gated=True,
                                                       pair_weights=flat_weights[i], order=sorts[i][0],
                                                       gather_top_k=k, **gated_tiles) for i in range(LAYERS)])
     row["tma_down_us"] = per(lambda: [tma_grouped_mm(act, layers.down[i], sorts[i][2], **down_tiles)
                                       for i in range(LAYERS)])
+    # the whole grouped path again with narrow tails in the gate/up GEMM (tails of at most 32
+    # rows in transposed 32-wide tiles), whatever this GPU's settings
+    narrow = {**gated_tiles, "tail": True, "narrow_tail": True}
+    moe_grouped.launch_tiles = lambda index: (narrow, down_tiles)
+    try:
+        row["grouped_narrow_us"] = per(lambda: [grouped_mm_experts(x, layers.gate_up[i], layers.down[i],
+                                                                   *routed[i]) for i in range(LAYERS)])
+        row["grouped_narrow_layer_us"] = row["routing_us"] + row["grouped_narrow_us"]
+        row["grouped_narrow_equals_default"] = bool(torch.equal(
+            grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0]), eager_default))
+    finally:
+        moe_grouped.launch_tiles = launch_tiles
     row["tma_gated_tflops"] = pairs * 2 * H * I * 2 / row["tma_gated_us"] / 1e6
     row["tma_down_tflops"] = pairs * H * I * 2 / row["tma_down_us"] / 1e6
     row["up_mm_tflops"] = pairs * 2 * H * I * 2 / row["up_mm_us"] / 1e6
@@ -165,7 +179,9 @@ def main() -> None:
             result["moe"][name].append(row)
             log(f"{name} n={n}: triton {row['triton_layer_us']:.1f} us ({100 * row['triton_share_of_bound']:.0f}% "
                 f"of bound, {100 * row['triton_share_of_mm_peak']:.0f}% of mm), grouped {row['grouped_layer_us']:.1f} us "
-                f"({100 * row['grouped_share_of_bound']:.0f}%, {100 * row['grouped_share_of_mm_peak']:.0f}%); "
+                f"({100 * row['grouped_share_of_bound']:.0f}%, {100 * row['grouped_share_of_mm_peak']:.0f}%), "
+                f"narrow tails {row['grouped_narrow_layer_us']:.1f} us ({100 * row['bound_us'] / row['grouped_narrow_layer_us']:.0f}%"
+                f", same bits {row['grouped_narrow_equals_default']}); "
                 f"parts: sort {row['sort_us']:.1f} (torch.sort {row['torch_sort_us']:.1f}, argsort {row['argsort_us']:.1f}) gather {row['gather_us']:.1f} "
                 f"(index_select {row['index_select_us']:.1f}) up {row['up_mm_us']:.1f} "
                 f"({row['up_mm_tflops']:.0f} TF/s) down {row['down_mm_us']:.1f} ({row['down_mm_tflops']:.0f} TF/s) "

@@ -50,6 +50,7 @@ from cgtool.model.moe_triton import (
     fused_experts,
     grouped_gemm,
 )
+from cgtool.runtime import triton_launch
 from cgtool.runtime.triton_launch import cdiv
 
 DTYPE = torch.bfloat16
@@ -232,6 +233,7 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
     row["route_us"] = per(lambda: [route_topk(lg, k, layers.renorm, 1.0) for lg in logits])
     if n <= ROUTER_ROUTE_TOKENS:  # router and routing in one launch
         row["router_route_us"] = per(fused_router(None))
+        one_graph_layers(row, layers, x, per, experts, fused_router)
     row["align_us"] = 0.0 if direct else per(lambda: [align_block_size(ids, E, bm) for _, ids in routed])
     row["up_us"], row["down_us"] = per(up(config.up)), per(down(config.down))
     row["combine_us"] = 0.0 if direct else per(lambda: [combine_top_k(y, k, DTYPE) for _ in range(LAYERS)])
@@ -271,6 +273,24 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
         row["best_layer_us"] = per(fused_router(*best["router"])) + per(experts(cfg))
         row["default_layer_again_us"] = per(fused_router(None)) + per(experts())
     return row
+
+
+def one_graph_layers(row: dict, layers: MoeLayers, x: torch.Tensor, per, experts, fused_router) -> None:
+    """One token's layer with its router in one graph, as a model's replay runs it, with its
+    launches programmatic dependents (the default on Hopper) and ordinary; and the parts'
+    graphs summed ordinary (the figure `layer_us` gives with dependents)."""
+    def whole():
+        return [fused_experts(x, layers.gate_up[i], layers.down[i],
+                              *router_route(x, layers.router[i], layers.k, layers.renorm, 1.0))
+                for i in range(LAYERS)]
+
+    row["one_graph_layer_us"] = per(whole)
+    triton_launch.DEPENDENT_LAUNCH = False
+    try:
+        row["one_graph_layer_ordinary_us"] = per(whole)
+        row["layer_ordinary_us"] = per(fused_router(None)) + per(experts())
+    finally:
+        triton_launch.DEPENDENT_LAUNCH = True
 
 
 def direct_sweep(up, down, fused_router, per) -> list[dict]:
@@ -367,7 +387,11 @@ def main() -> None:
     parser.add_argument("--parts", default="moe,mla")
     parser.add_argument("--sweep-parts", default="moe,mla", help="where to sweep: moe, moe-direct (bs 1 only), mla")
     parser.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--moe-tokens", help="MoE token counts to run, comma-separated (default: all)")
     args = parser.parse_args()
+    if args.moe_tokens:
+        wanted = [int(n) for n in args.moe_tokens.split(",")]
+        DECODE_BS[:], EXTEND_TOKENS[:] = [n for n in wanted if n <= 256], [n for n in wanted if n > 256]
     sweep = not args.no_sweep
     if args.dry:
         global DEVICE, DTYPE, LAYERS, MLA_HEADS, RANK, ROPE
@@ -417,6 +441,10 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
+                if "one_graph_layer_us" in row:
+                    log(f"   one graph, router and experts: {row['one_graph_layer_us']:.1f} us with dependent "
+                        f"launches, {row['one_graph_layer_ordinary_us']:.1f} ordinary; parts summed ordinary "
+                        f"{row['layer_ordinary_us']:.1f}")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

@@ -13,8 +13,11 @@ import torch
 from cgtool.model.moe_grouped import silu_mul_weight
 from cgtool.model.moe_tma_gemm import tma_grouped_mm, tma_usable
 
-# rows per expert: empty experts first, between and last; a group longer than one 128-row block
-COUNTS = [0, 5, 130, 0, 17, 1, 0]
+# rows per expert: empty experts first, between and last; a group longer than one 128-row block;
+# last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block)
+COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 0]
+# tail settings: none, half-height tiles, and half-height or narrow transposed ones
+TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}}
 
 
 def _groups(counts, k, n, seed=0):
@@ -32,24 +35,24 @@ def _per_expert(rows, weights, ends):
 
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("num_programs,block_m", [(1, 128), (3, 128), (3, 64)])
-@pytest.mark.parametrize("tail", [False, True])
+@pytest.mark.parametrize("tail", TAILS)
 def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail):
     # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor;
-    # with tails, 130 rows are a 128-row block and a 64-row tail (and 5, 17, 1 tails alone)
+    # with tails, 130 rows are a 128-row block and a 2-row tail (and 5, 17, 1, 40 tails alone)
     rows, weights, ends = _groups(COUNTS, 48, 40)
     out = tma_grouped_mm(rows, weights, ends, block_m=block_m, block_n=32, block_k=32, flatten=flatten,
-                         tail=tail, num_programs=num_programs)
+                         num_programs=num_programs, **TAILS[tail])
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten,tail", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow")])
 def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]
     order = torch.randperm(pairs, generator=torch.Generator().manual_seed(2)).int()
     pair_weights = torch.rand(pairs, generator=torch.Generator().manual_seed(3))
     out = tma_grouped_mm(rows, gate_up, ends, gated=True, pair_weights=pair_weights, order=order,
-                         block_n=16, block_k=32, flatten=flatten, tail=tail, num_programs=2)
+                         block_n=16, block_k=32, flatten=flatten, num_programs=2, **TAILS[tail])
     expected = silu_mul_weight(_per_expert(rows, gate_up, ends), pair_weights, order)
     assert out.shape == (pairs, 24)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
@@ -64,7 +67,7 @@ def test_tma_is_for_the_gpu_with_whole_weights():
 
 
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("tail", [False, True])
+@pytest.mark.parametrize("tail", TAILS)
 def test_gathering_reads_each_sorted_pairs_token_row(gated, tail):
     # 3 slots a token; pairs sorted by expert: the kernel reads token order[r] // 3 for row r
     gen = torch.Generator().manual_seed(4)
@@ -75,7 +78,7 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated, tail):
     ends = torch.tensor(counts).cumsum(0).int()
     pair_weights = torch.rand(180, generator=gen)
     opts = {"gated": gated, "pair_weights": pair_weights, "order": order, "block_n": 16, "block_k": 32,
-            "tail": tail, "num_programs": 2}
+            "num_programs": 2, **TAILS[tail]}
     out = tma_grouped_mm(tokens, weights, ends, gather_top_k=3, **opts)
     expected = tma_grouped_mm(tokens[order.long() // 3], weights, ends, **opts)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)

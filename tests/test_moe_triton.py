@@ -337,3 +337,36 @@ def test_router_and_routing_in_one_launch_replay_the_two_kernels_choice_in_bf16(
         graph.replay()
         assert torch.equal(ids, ref_ids)
         torch.testing.assert_close(weights, ref_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_experts,top_k", [(64, 6), (128, 8)])
+def test_one_tokens_dependent_launches_replay_equal_to_ordinary_ones(monkeypatch, num_experts, top_k):
+    # Eight layers, each one's input the last one's output: a launch that ran ahead of the
+    # kernel before it (router, gate/up, down, the next layer's router) would read stale rows.
+    from cgtool.model.moe_routing import fused_route
+    from cgtool.runtime import triton_launch
+
+    hidden, inter, layers = 2048, 768, 8
+    routers = [(torch.randn(num_experts, hidden, device="cuda") * hidden**-0.5).to(torch.bfloat16)
+               for _ in range(layers)]
+    experts = [_experts(num_experts, hidden, inter, torch.bfloat16, seed=i, device="cuda") for i in range(layers)]
+    x0 = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+
+    def forward(x):
+        for router, (gate_up, down) in zip(routers, experts):
+            x = x + fused_experts(x, gate_up, down, *fused_route(x, router, top_k, True, 1.0))
+        return x
+
+    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", False)
+    ordinary = forward(x0)
+    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", True)
+    forward(x0)  # compile outside the capture
+    x_in = x0.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = forward(x_in)
+    for _ in range(20):
+        out.zero_()
+        graph.replay()
+        torch.testing.assert_close(out, ordinary, rtol=0, atol=0)

@@ -163,3 +163,20 @@ def test_integer_helpers_equal_tritons_own():
         assert next_power_of_2(n) == triton.next_power_of_2(n)
         for d in (1, 3, 16, 64):
             assert cdiv(n, d) == triton.cdiv(n, d)
+
+
+def test_dependent_launch_is_an_ordinary_launch_off_hopper_and_when_turned_off(monkeypatch):
+    from cgtool.runtime import triton_launch
+
+    assert triton_launch.dependent_launch(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", False)
+    assert triton_launch.dependent_launch(torch.device("cuda", 0)) == {"PDL": False}
+
+
+@pytest.mark.gpu
+def test_dependent_launch_on_hopper_waits_in_the_kernel():
+    from cgtool.runtime import triton_launch
+
+    options = triton_launch.dependent_launch(torch.device("cuda", 0))
+    hopper = torch.cuda.get_device_capability(0)[0] >= 9
+    assert options == ({"PDL": True, "launch_pdl": True} if hopper else {"PDL": False})

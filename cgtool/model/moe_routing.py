@@ -23,7 +23,13 @@ import triton
 import triton.language as tl
 
 from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import (
+    CachedKernel,
+    cdiv,
+    dependent_launch,
+    next_power_of_2,
+    wait_for_previous_kernel,
+)
 
 # One program aligns this many pairs (decode up to bs 512 at top 8) in one launch; past it the
 # work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.
@@ -149,8 +155,9 @@ def _route_one_by_rank(
 def _router_route_kernel(
     X, W, Logits, Weights, Ids, Tickets, hidden, stride_we, scale,
     NUM_EXPERTS: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr,
+    ALL_EXPERTS: tl.constexpr, TOP_K: tl.constexpr, RENORM: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     # One token: each program takes BLOCK_E experts, products on the CUDA cores (tl.dot would
     # pad the token to 16 rows and leave most SMs idle) over hidden slices of BLOCK_K (the
     # whole row at once where it fits: a loop of loads without a dot is not pipelined), then
@@ -372,7 +379,8 @@ def router_route(
         (cdiv(num_experts, block_e),), x, weight, logits, weights, ids, tickets(x.device, 1),
         hidden, weight.stride(0), float(scale),
         NUM_EXPERTS=num_experts, BLOCK_E=block_e, BLOCK_K=min(ROUTER_ROUTE_K, next_power_of_2(hidden)),
-        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise, num_warps=num_warps,
+        ALL_EXPERTS=next_power_of_2(num_experts), TOP_K=top_k, RENORM=renormalise,
+        **dependent_launch(x.device), num_warps=num_warps,
     )
     return weights, ids
 

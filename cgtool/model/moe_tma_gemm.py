@@ -52,26 +52,53 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TA
 
 
 @triton.jit
-def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
-               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr):
-    # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
-    # computed, not stored), columns from col0 of the weights' rows from b_row.
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    if GATED:
+def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED: tl.constexpr,
+                   GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK: tl.constexpr):
+    # The [BM, BN] products of a tile (gated: the gate's and the up's). SWAP computes them
+    # transposed, the weights' BN rows as the MMA's tall side, so a tile of a few rows (BM down
+    # to 16) is not padded to the 64 rows a Hopper MMA takes at the least; its A rows are then
+    # loaded by pointer, as the gathering form's always are.
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_up = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
         acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    offs_k = tl.arange(0, BK)
+    a_rows = row0 + tl.arange(0, BM)
+    in_group = a_rows < row_end
     if GATHER_TOP_K > 0:
-        a_rows = row0 + tl.arange(0, BM)
-        a_pairs = tl.load(Order + a_rows, mask=a_rows < row_end, other=0)
-        a_ptrs = X + (a_pairs // GATHER_TOP_K).to(tl.int64)[:, None] * stride_x + tl.arange(0, BK)[None, :]
+        a_src = tl.load(Order + a_rows, mask=in_group, other=0) // GATHER_TOP_K
+    else:
+        a_src = tl.where(in_group, a_rows, 0)
+    a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
     for k0 in range(0, K, BK):
-        if GATHER_TOP_K > 0:
-            a = tl.load(a_ptrs + k0, mask=(k0 + tl.arange(0, BK))[None, :] < K, other=0.0)
+        if GATHER_TOP_K > 0 or SWAP:
+            a = tl.load(a_ptrs + k0, mask=in_group[:, None] & ((k0 + offs_k)[None, :] < K), other=0.0)
         else:
             a = a_desc.load([row0, k0])
-        acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
-        if GATED:
-            acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
+        if SWAP:
+            acc = tl.dot(b_desc.load([b_row, k0]), a.T, acc)
+            if GATED:
+                acc_up = tl.dot(b_desc.load([b_row + n_out, k0]), a.T, acc_up)
+        else:
+            acc = tl.dot(a, b_desc.load([b_row, k0]).T, acc)
+            if GATED:
+                acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
+    if SWAP:
+        return tl.trans(acc), tl.trans(acc_up)
+    return acc, acc_up
+
+
+@triton.jit
+def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
+    # computed, not stored), columns from col0 of the weights' rows from b_row.
+    acc, acc_up = _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED,
+                                 GATHER_TOP_K, SWAP, BM, BN, BK)
     rows = row0 + tl.arange(0, BM)
     cols = col0 + tl.arange(0, BN)
     keep = rows < row_end
@@ -96,11 +123,12 @@ def _grouped_gemm_tma_kernel(
     a_desc, a_tail_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
-    # TAIL: an expert's last rows, if at most BM / 2, take a tile of BM / 2 rows after the rest.
+    # TAIL: an expert's last rows, if at most BM / 2, take a tile of BM / 2 rows after the rest;
+    # NARROW: a tail of at most BM / 4 rows a transposed tile BM / 4 wide (`_tile_products`).
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
     num_tiles = tl.sum(blocks, 0) * n_tiles
@@ -112,7 +140,7 @@ def _grouped_gemm_tma_kernel(
         row_end = tl.sum(tl.where(mine, ends, 0), 0)
         col0 = (t % n_tiles) * BN
         _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK)
+                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
     if TAIL:
         for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
             expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
@@ -120,9 +148,17 @@ def _grouped_gemm_tma_kernel(
             row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
             row_end = tl.sum(tl.where(mine, ends, 0), 0)
             col0 = (t % n_tiles) * BN
-            _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end,
-                       expert * b_rows_per_expert + col0, col0, n_out, K, stride_x, stride_out, GATED,
-                       GATHER_TOP_K, BM // 2, BN, BK)
+            b_row = expert * b_rows_per_expert + col0
+            if NARROW:
+                if row_end - row0 <= BM // 4:
+                    _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out,
+                               K, stride_x, stride_out, GATED, GATHER_TOP_K, True, BM // 4, BN, BK)
+                else:
+                    _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out,
+                               K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
+            else:
+                _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                           stride_x, stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
 
 
 # Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
@@ -177,10 +213,12 @@ def tma_grouped_mm(
     num_stages: int = 4,
     flatten: bool = False,
     tail: bool = False,
+    narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
     num_programs: int | None = None,
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
+    assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -194,10 +232,10 @@ def tma_grouped_mm(
     grid = (max(1, min(num_programs, max_tiles)),)
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
-        a_desc, a_tail_desc, rows if gather_top_k else None, b_desc, out, ends, pair_weights if gated else dummy,
+        a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
-        BN=block_n, BK=block_k, TAIL=tail,
+        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -34,7 +34,13 @@ import triton.language as tl
 from cgtool.model.moe_grouped import grouped_mm_chosen, grouped_mm_experts, grouped_mm_usable
 from cgtool.model.moe_routing import align_block_size, max_padded_pairs
 from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import (
+    CachedKernel,
+    cdiv,
+    dependent_launch,
+    next_power_of_2,
+    wait_for_previous_kernel,
+)
 
 __all__ = ["align_block_size", "direct_align", "experts_config", "fused_experts", "max_padded_pairs"]
 
@@ -97,8 +103,9 @@ def _grouped_gemm_kernel(
     num_pairs, N, K, stride_am, stride_be, stride_bn, stride_cm,
     PAIRS_PER_ROW: tl.constexpr, MUL_WEIGHT: tl.constexpr, GATED: tl.constexpr,
     PRECISION: tl.constexpr, EVEN_K: tl.constexpr, DIRECT: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     # C[pair, :] = A[pair // PAIRS_PER_ROW, :] @ B[expert].T for the pairs of one block; when
     # GATED, B holds N gate rows then N up rows and C gets silu(gate) * up. DIRECT: a block is
     # one pair and block_experts holds each pair's expert (the routing's ids, unaligned); the
@@ -205,6 +212,8 @@ def grouped_gemm(
         PAIRS_PER_ROW=pairs_per_row, MUL_WEIGHT=mul_weight, GATED=gated, PRECISION=precision,
         EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
+        # one token's three launches (router, gate/up, down) follow each other closely
+        **(dependent_launch(a.device) if direct else {"PDL": False}),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
