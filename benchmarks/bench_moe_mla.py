@@ -276,21 +276,23 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
 
 
 def one_graph_layers(row: dict, layers: MoeLayers, x: torch.Tensor, per, experts, fused_router) -> None:
-    """One token's layer with its router in one graph, as a model's replay runs it, with its
-    launches programmatic dependents (the default on Hopper) and ordinary; and the parts'
-    graphs summed ordinary (the figure `layer_us` gives with dependents)."""
+    """One token's layer with its router in one graph, as a model's replay runs it: with its
+    launches ordinary (0) and programmatic dependents releasing the next at their start (1) or
+    after their main loop (2); and the parts' graphs summed, ordinary."""
     def whole():
         return [fused_experts(x, layers.gate_up[i], layers.down[i],
                               *router_route(x, layers.router[i], layers.k, layers.renorm, 1.0))
                 for i in range(LAYERS)]
 
-    row["one_graph_layer_us"] = per(whole)
-    triton_launch.DEPENDENT_LAUNCH = False
+    default = triton_launch.DEPENDENT_LAUNCH
     try:
-        row["one_graph_layer_ordinary_us"] = per(whole)
+        for mode in (0, 1, 2):
+            triton_launch.DEPENDENT_LAUNCH = mode
+            row[f"one_graph_layer_pdl{mode}_us"] = per(whole)
+        triton_launch.DEPENDENT_LAUNCH = 0
         row["layer_ordinary_us"] = per(fused_router(None)) + per(experts())
     finally:
-        triton_launch.DEPENDENT_LAUNCH = True
+        triton_launch.DEPENDENT_LAUNCH = default
 
 
 def direct_sweep(up, down, fused_router, per) -> list[dict]:
@@ -441,10 +443,10 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "one_graph_layer_us" in row:
-                    log(f"   one graph, router and experts: {row['one_graph_layer_us']:.1f} us with dependent "
-                        f"launches, {row['one_graph_layer_ordinary_us']:.1f} ordinary; parts summed ordinary "
-                        f"{row['layer_ordinary_us']:.1f}")
+                if "one_graph_layer_pdl0_us" in row:
+                    log("   one graph, router and experts, by dependent launch mode: " + ", ".join(
+                        f"{m}: {row[f'one_graph_layer_pdl{m}_us']:.1f} us" for m in (0, 1, 2))
+                        + f"; parts summed ordinary {row['layer_ordinary_us']:.1f}")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

@@ -28,6 +28,7 @@ from cgtool.runtime.triton_launch import (
     cdiv,
     dependent_launch,
     next_power_of_2,
+    release_next_kernel,
     wait_for_previous_kernel,
 )
 
@@ -172,6 +173,7 @@ def _router_route_kernel(
         w = tl.load(W + experts[:, None] * stride_we + k0 + offs_k[None, :],
                     mask=mask_e[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         acc += tl.sum(x[None, :] * w, axis=1)
+    release_next_kernel(PDL)
     tl.store(Logits + experts, acc, mask=mask_e)
     tl.debug_barrier()  # every thread's logits stored before the ticket's release
     if tl.atomic_add(Tickets, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:

@@ -87,8 +87,10 @@ def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, str
             if GATED:
                 acc_up = tl.dot(a, b_desc.load([b_row + n_out, k0]).T, acc_up)
     if SWAP:
-        return tl.trans(acc), tl.trans(acc_up)
-    return acc, acc_up
+        acc_rows, acc_up_rows = tl.trans(acc), tl.trans(acc_up)
+    else:
+        acc_rows, acc_up_rows = acc, acc_up
+    return acc_rows, acc_up_rows
 
 
 @triton.jit

@@ -39,6 +39,7 @@ from cgtool.runtime.triton_launch import (
     cdiv,
     dependent_launch,
     next_power_of_2,
+    release_next_kernel,
     wait_for_previous_kernel,
 )
 
@@ -141,6 +142,7 @@ def _grouped_gemm_kernel(
             acc_up = tl.dot(a, u, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
+    release_next_kernel(PDL)
     if GATED:
         # Rounded as the unfused path rounds: gate and up stored in C's dtype, F.silu's result
         # rounded before the product.
@@ -213,7 +215,7 @@ def grouped_gemm(
         EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         # one token's three launches (router, gate/up, down) follow each other closely
-        **(dependent_launch(a.device) if direct else {"PDL": False}),
+        **(dependent_launch(a.device) if direct else {"PDL": 0}),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
