@@ -46,6 +46,10 @@ from cgtool.model.moe_triton import experts_config, fused_experts
 
 TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CHECK_TOKENS = 256
+TAIL_VARIANTS = {"half": {"narrow_tail": False, "inline_tail": False},
+                 "narrow": {"narrow_tail": True, "inline_tail": False},
+                 "inline": {"narrow_tail": False, "inline_tail": True},
+                 "inline_narrow": {"narrow_tail": True, "inline_tail": True}}
 
 
 def argsort_pairs(ids: torch.Tensor, num_experts: int):
@@ -119,18 +123,19 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
                                                       gather_top_k=k, **gated_tiles) for i in range(LAYERS)])
     row["tma_down_us"] = per(lambda: [tma_grouped_mm(act, layers.down[i], sorts[i][2], **down_tiles)
                                       for i in range(LAYERS)])
-    # the whole grouped path again with narrow tails in the gate/up GEMM (tails of at most 32
-    # rows in transposed 32-wide tiles), whatever this GPU's settings
-    narrow = {**gated_tiles, "tail": True, "narrow_tail": True}
-    moe_grouped.launch_tiles = lambda index: (narrow, down_tiles)
-    try:
-        row["grouped_narrow_us"] = per(lambda: [grouped_mm_experts(x, layers.gate_up[i], layers.down[i],
-                                                                   *routed[i]) for i in range(LAYERS)])
-        row["grouped_narrow_layer_us"] = row["routing_us"] + row["grouped_narrow_us"]
-        row["grouped_narrow_equals_default"] = bool(torch.equal(
-            grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0]), eager_default))
-    finally:
-        moe_grouped.launch_tiles = launch_tiles
+    # the whole grouped path again with other tails in the gate/up GEMM, whatever this GPU's
+    # settings: narrow (at most 32 rows in transposed 32-wide tiles), inline (each expert's tail
+    # right after its blocks), both
+    for name, extra in TAIL_VARIANTS.items():
+        tiles = {**gated_tiles, "tail": True, **extra}
+        moe_grouped.launch_tiles = lambda index, tiles=tiles: (tiles, down_tiles)
+        try:
+            row[f"grouped_{name}_layer_us"] = row["routing_us"] + per(lambda: [grouped_mm_experts(
+                x, layers.gate_up[i], layers.down[i], *routed[i]) for i in range(LAYERS)])
+            row[f"grouped_{name}_equals_default"] = bool(torch.equal(
+                grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0]), eager_default))
+        finally:
+            moe_grouped.launch_tiles = launch_tiles
     row["tma_gated_tflops"] = pairs * 2 * H * I * 2 / row["tma_gated_us"] / 1e6
     row["tma_down_tflops"] = pairs * H * I * 2 / row["tma_down_us"] / 1e6
     row["up_mm_tflops"] = pairs * 2 * H * I * 2 / row["up_mm_us"] / 1e6
@@ -180,8 +185,10 @@ def main() -> None:
             log(f"{name} n={n}: triton {row['triton_layer_us']:.1f} us ({100 * row['triton_share_of_bound']:.0f}% "
                 f"of bound, {100 * row['triton_share_of_mm_peak']:.0f}% of mm), grouped {row['grouped_layer_us']:.1f} us "
                 f"({100 * row['grouped_share_of_bound']:.0f}%, {100 * row['grouped_share_of_mm_peak']:.0f}%), "
-                f"narrow tails {row['grouped_narrow_layer_us']:.1f} us ({100 * row['bound_us'] / row['grouped_narrow_layer_us']:.0f}%"
-                f", same bits {row['grouped_narrow_equals_default']}); "
+                + "".join(f"{v} tails {row[f'grouped_{v}_layer_us']:.1f} us "
+                          f"({100 * row['bound_us'] / row[f'grouped_{v}_layer_us']:.0f}%, "
+                          f"same bits {row[f'grouped_{v}_equals_default']}), " for v in TAIL_VARIANTS)
+                + "; "
                 f"parts: sort {row['sort_us']:.1f} (torch.sort {row['torch_sort_us']:.1f}, argsort {row['argsort_us']:.1f}) gather {row['gather_us']:.1f} "
                 f"(index_select {row['index_select_us']:.1f}) up {row['up_mm_us']:.1f} "
                 f"({row['up_mm_tflops']:.0f} TF/s) down {row['down_mm_us']:.1f} ({row['down_mm_tflops']:.0f} TF/s) "

@@ -17,7 +17,9 @@ from cgtool.model.moe_tma_gemm import tma_grouped_mm, tma_usable
 # last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block)
 COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 0]
 # tail settings: none, half-height tiles, and half-height or narrow transposed ones
-TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}}
+TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True},
+         "inline": {"tail": True, "inline_tail": True},
+         "inline-narrow": {"tail": True, "inline_tail": True, "narrow_tail": True}}
 
 
 def _groups(counts, k, n, seed=0):
@@ -45,7 +47,8 @@ def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow")])
+@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow"),
+                                          (False, "inline-narrow")])
 def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]

@@ -121,46 +121,76 @@ def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
 
 
 @triton.jit
+def _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, NARROW: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr):
+    # An expert's last rows, at most BM / 2: a half-height tile, or with NARROW, if at most
+    # BM / 4, a transposed tile BM / 4 wide (`_tile_products`).
+    if NARROW:
+        if row_end - row0 <= BM // 4:
+            _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                       stride_x, stride_out, GATED, GATHER_TOP_K, True, BM // 4, BN, BK)
+        else:
+            _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                       stride_x, stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
+    else:
+        _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+                   stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
+
+
+@triton.jit
 def _grouped_gemm_tma_kernel(
     a_desc, a_tail_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
+    INLINE: tl.constexpr,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
-    # TAIL: an expert's last rows, if at most BM / 2, take a tile of BM / 2 rows after the rest;
-    # NARROW: a tail of at most BM / 4 rows a transposed tile BM / 4 wide (`_tile_products`).
+    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`): after
+    # every whole block, or with INLINE right after its expert's blocks, while that expert's
+    # weights are still in L2.
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
-    num_tiles = tl.sum(blocks, 0) * n_tiles
-    for t in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=FLATTEN):
-        block = t // n_tiles
-        expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
-        mine = e_ids == expert
-        row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
-        row_end = tl.sum(tl.where(mine, ends, 0), 0)
-        col0 = (t % n_tiles) * BN
-        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
-    if TAIL:
-        for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
-            expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
+    if INLINE:
+        units = blocks + tails
+        cum_units = tl.cumsum(units, 0)
+        for t in tl.range(tl.program_id(0), tl.sum(units, 0) * n_tiles, num_programs, flatten=FLATTEN):
+            unit = t // n_tiles
+            expert = tl.sum((cum_units <= unit).to(tl.int32), 0)
             mine = e_ids == expert
-            row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
+            local = unit - tl.sum(tl.where(mine, cum_units - units, 0), 0)
+            row0 = tl.sum(tl.where(mine, starts, 0), 0) + local * BM
             row_end = tl.sum(tl.where(mine, ends, 0), 0)
             col0 = (t % n_tiles) * BN
             b_row = expert * b_rows_per_expert + col0
-            if NARROW:
-                if row_end - row0 <= BM // 4:
-                    _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out,
-                               K, stride_x, stride_out, GATED, GATHER_TOP_K, True, BM // 4, BN, BK)
-                else:
-                    _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out,
-                               K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
+            if local < tl.sum(tl.where(mine, blocks, 0), 0):
+                _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+                           stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
             else:
-                _gemm_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
-                           stride_x, stride_out, GATED, GATHER_TOP_K, False, BM // 2, BN, BK)
+                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                           stride_x, stride_out, GATED, GATHER_TOP_K, NARROW, BM, BN, BK)
+    else:
+        for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
+            block = t // n_tiles
+            expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
+            mine = e_ids == expert
+            row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
+            row_end = tl.sum(tl.where(mine, ends, 0), 0)
+            col0 = (t % n_tiles) * BN
+            _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
+        if TAIL:
+            for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
+                expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
+                mine = e_ids == expert
+                row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
+                row_end = tl.sum(tl.where(mine, ends, 0), 0)
+                col0 = (t % n_tiles) * BN
+                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end,
+                           expert * b_rows_per_expert + col0, col0, n_out, K, stride_x, stride_out, GATED,
+                           GATHER_TOP_K, NARROW, BM, BN, BK)
 
 
 # Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
@@ -216,11 +246,13 @@ def tma_grouped_mm(
     flatten: bool = False,
     tail: bool = False,
     narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
+    inline_tail: bool = False,  # with tail: each expert's tail right after its blocks
     num_programs: int | None = None,
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
     assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
+    assert not inline_tail or tail, "inline tails are tails"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -237,7 +269,7 @@ def tma_grouped_mm(
         a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
-        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail,
+        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, INLINE=inline_tail,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out
