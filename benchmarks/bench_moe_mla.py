@@ -36,7 +36,13 @@ from cgtool.attention.triton_mla import (
 )
 from cgtool.model.fused import silu_and_mul
 from cgtool.model.moe import experts_ref
-from cgtool.model.moe_routing import ROUTER_ROUTE_TOKENS, align_block_size, route_topk, router_logits, router_route
+from cgtool.model.moe_routing import (
+    ROUTER_ROUTE_TOKENS,
+    align_block_size,
+    route_topk,
+    router_logits,
+    router_route,
+)
 from cgtool.model.moe_triton import (
     CONFIGS,
     DIRECT,
