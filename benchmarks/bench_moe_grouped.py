@@ -46,10 +46,8 @@ from cgtool.model.moe_triton import experts_config, fused_experts
 
 TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CHECK_TOKENS = 256
-TAIL_VARIANTS = {"half": {"narrow_tail": False, "inline_tail": False},
-                 "narrow": {"narrow_tail": True, "inline_tail": False},
-                 "inline": {"narrow_tail": False, "inline_tail": True},
-                 "inline_narrow": {"narrow_tail": True, "inline_tail": True}}
+TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False}, "half": {"tail": True, "narrow_tail": False},
+                 "narrow": {"tail": True, "narrow_tail": True}}
 
 
 def argsort_pairs(ids: torch.Tensor, num_experts: int):
@@ -123,11 +121,10 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
                                                       gather_top_k=k, **gated_tiles) for i in range(LAYERS)])
     row["tma_down_us"] = per(lambda: [tma_grouped_mm(act, layers.down[i], sorts[i][2], **down_tiles)
                                       for i in range(LAYERS)])
-    # the whole grouped path again with other tails in the gate/up GEMM, whatever this GPU's
-    # settings: narrow (at most 32 rows in transposed 32-wide tiles), inline (each expert's tail
-    # right after its blocks), both
+    # the whole grouped path again with each kind of tail in the gate/up GEMM, whatever this
+    # GPU's settings: none, half-height, narrow (at most 32 rows in transposed 32-wide tiles)
     for name, extra in TAIL_VARIANTS.items():
-        tiles = {**gated_tiles, "tail": True, **extra}
+        tiles = {**gated_tiles, **extra}
         moe_grouped.launch_tiles = lambda index, tiles=tiles: (tiles, down_tiles)
         try:
             row[f"grouped_{name}_layer_us"] = row["routing_us"] + per(lambda: [grouped_mm_experts(

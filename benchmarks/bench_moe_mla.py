@@ -282,28 +282,27 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
 
 
 def one_graph_layers(row: dict, layers: MoeLayers, x: torch.Tensor, per, experts, fused_router) -> None:
-    """One token's layer with its router in one graph, as a model's replay runs it: with its
-    launches ordinary (0) and programmatic dependents releasing the next at their start (1) or
-    after their main loop (2); and the parts' graphs summed, ordinary."""
+    """One token's layer with its router in one graph, as a model's replay runs it, its
+    launches programmatic dependents (the default on Hopper) and ordinary, in interleaved
+    rounds (the median of each); and the parts' graphs summed, ordinary."""
     def whole():
         return [fused_experts(x, layers.gate_up[i], layers.down[i],
                               *router_route(x, layers.router[i], layers.k, layers.renorm, 1.0))
                 for i in range(LAYERS)]
 
-    default = triton_launch.DEPENDENT_LAUNCH
     try:
-        times: dict[int, list[float]] = {0: [], 1: [], 2: []}
-        for _ in range(3):  # interleaved rounds: the median of each mode
+        times: dict[str, list[float]] = {"dependent": [], "ordinary": []}
+        for _ in range(3):
             for mode, got in times.items():
-                triton_launch.DEPENDENT_LAUNCH = mode
+                triton_launch.DEPENDENT_LAUNCH = mode == "dependent"
                 got.append(per(whole))
         for mode, got in times.items():
-            row[f"one_graph_layer_pdl{mode}_us"] = sorted(got)[1]
-            row[f"one_graph_layer_pdl{mode}_rounds_us"] = got
-        triton_launch.DEPENDENT_LAUNCH = 0
+            row[f"one_graph_layer_{mode}_us"] = sorted(got)[1]
+            row[f"one_graph_layer_{mode}_rounds_us"] = got
+        triton_launch.DEPENDENT_LAUNCH = False
         row["layer_ordinary_us"] = per(fused_router(None)) + per(experts())
     finally:
-        triton_launch.DEPENDENT_LAUNCH = default
+        triton_launch.DEPENDENT_LAUNCH = True
 
 
 def direct_sweep(up, down, fused_router, per) -> list[dict]:
@@ -454,10 +453,10 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "one_graph_layer_pdl0_us" in row:
-                    log("   one graph, router and experts, by dependent launch mode: " + ", ".join(
-                        f"{m}: {row[f'one_graph_layer_pdl{m}_us']:.1f} us" for m in (0, 1, 2))
-                        + f"; parts summed ordinary {row['layer_ordinary_us']:.1f}")
+                if "one_graph_layer_dependent_us" in row:
+                    log(f"   one graph, router and experts: {row['one_graph_layer_dependent_us']:.1f} us with "
+                        f"dependent launches, {row['one_graph_layer_ordinary_us']:.1f} ordinary; parts summed "
+                        f"ordinary {row['layer_ordinary_us']:.1f}")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")

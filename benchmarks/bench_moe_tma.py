@@ -45,20 +45,17 @@ TOKENS = (2048, 4096, 8192, 16384)
 # 64-256 columns, 4-8 warps, 3-4 stages, flattened or not: 128 x 128 at 8 warps and 3 stages won
 # the gated GEMM at every size, 128 x 256 at 8 warps, 3 stages, flattened the down GEMM. Call 3
 # (H100) added 64-row blocks at 4 warps, 64-256 columns, 3-5 stages: none won anywhere.
-# The last three fields, tails: an expert's last rows, if at most 64, in a 64-row tile of their
-# own; those of at most 32 rows in a transposed 32-wide tile instead (narrow); each expert's tail
-# right after its blocks rather than after every expert's (inline).
-TAIL_KINDS = [(False, False, False), (True, False, False), (True, True, False), (True, False, True),
-              (True, True, True)]
-SWEEP_GATED = [(128, 128, 8, 3, False, False, False, False), (128, 128, 8, 4, False, False, False, False)]
+# The last two fields, tails: an expert's last rows, if at most 64, in a 64-row tile of their
+# own; and those of at most 32 rows in a transposed 32-wide tile instead (narrow).
+TAIL_KINDS = [(False, False), (True, False), (True, True)]
+SWEEP_GATED = [(128, 128, 8, 3, False, False, False), (128, 128, 8, 4, False, False, False)]
 SWEEP_GATHERING = [(128, 128, 8, stages, False, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 SWEEP_PLAIN = [(128, 256, 8, stages, True, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 
 
-def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
-            inline: bool) -> dict:
+def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool) -> dict:
     return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow, "inline_tail": inline}
+            "tail": tail, "narrow_tail": narrow}
 
 
 def checked(fn, reference: torch.Tensor) -> dict:

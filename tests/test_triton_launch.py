@@ -168,9 +168,9 @@ def test_integer_helpers_equal_tritons_own():
 def test_dependent_launch_is_an_ordinary_launch_off_hopper_and_when_turned_off(monkeypatch):
     from cgtool.runtime import triton_launch
 
-    assert triton_launch.dependent_launch(torch.device("cpu")) == {"PDL": 0}
-    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", 0)
-    assert triton_launch.dependent_launch(torch.device("cuda", 0)) == {"PDL": 0}
+    assert triton_launch.dependent_launch(torch.device("cpu")) == {"PDL": False}
+    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", False)
+    assert triton_launch.dependent_launch(torch.device("cuda", 0)) == {"PDL": False}
 
 
 @pytest.mark.gpu
@@ -179,5 +179,4 @@ def test_dependent_launch_on_hopper_waits_in_the_kernel():
 
     options = triton_launch.dependent_launch(torch.device("cuda", 0))
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
-    expected = {"PDL": triton_launch.DEPENDENT_LAUNCH, "launch_pdl": True}
-    assert options == (expected if hopper else {"PDL": 0})
+    assert options == ({"PDL": True, "launch_pdl": True} if hopper else {"PDL": False})

@@ -144,53 +144,31 @@ def _grouped_gemm_tma_kernel(
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    INLINE: tl.constexpr,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
-    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`): after
-    # every whole block, or with INLINE right after its expert's blocks, while that expert's
-    # weights are still in L2.
+    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
+    # every whole block.
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
-    if INLINE:
-        units = blocks + tails
-        cum_units = tl.cumsum(units, 0)
-        for t in tl.range(tl.program_id(0), tl.sum(units, 0) * n_tiles, num_programs, flatten=FLATTEN):
-            unit = t // n_tiles
-            expert = tl.sum((cum_units <= unit).to(tl.int32), 0)
+    for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
+        block = t // n_tiles
+        expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
+        mine = e_ids == expert
+        row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
+        row_end = tl.sum(tl.where(mine, ends, 0), 0)
+        col0 = (t % n_tiles) * BN
+        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
+    if TAIL:
+        for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
+            expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
             mine = e_ids == expert
-            local = unit - tl.sum(tl.where(mine, cum_units - units, 0), 0)
-            row0 = tl.sum(tl.where(mine, starts, 0), 0) + local * BM
+            row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
             row_end = tl.sum(tl.where(mine, ends, 0), 0)
             col0 = (t % n_tiles) * BN
-            b_row = expert * b_rows_per_expert + col0
-            if local < tl.sum(tl.where(mine, blocks, 0), 0):
-                _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
-                           stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
-            else:
-                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
-                           stride_x, stride_out, GATED, GATHER_TOP_K, NARROW, BM, BN, BK)
-    else:
-        for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
-            block = t // n_tiles
-            expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
-            mine = e_ids == expert
-            row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
-            row_end = tl.sum(tl.where(mine, ends, 0), 0)
-            col0 = (t % n_tiles) * BN
-            _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
-        if TAIL:
-            for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
-                expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
-                mine = e_ids == expert
-                row0 = tl.sum(tl.where(mine, starts + blocks * BM, 0), 0)
-                row_end = tl.sum(tl.where(mine, ends, 0), 0)
-                col0 = (t % n_tiles) * BN
-                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end,
-                           expert * b_rows_per_expert + col0, col0, n_out, K, stride_x, stride_out, GATED,
-                           GATHER_TOP_K, NARROW, BM, BN, BK)
+            _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, NARROW, BM, BN, BK)
 
 
 # Launch settings. 128-row blocks at 8 warps won every size of bench_moe_tma's sweeps (2k-16k
@@ -198,12 +176,14 @@ def _grouped_gemm_tma_kernel(
 # h100-2026-11-26-moe-tma/call3); the gate/up GEMM's column tile is 128 wide (two accumulators),
 # the down GEMM's 256, its tiles in one flattened loop. The gate/up GEMM, reading the tokens'
 # rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 2-8% faster than 3 at
-# 2k-8k tokens, but for qwen3-30b-a3b's 4k on the H200). An expert's short last rows in half-height tiles ("tail") pay on the H200 (call
-# 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547 us, deepseek-v2-lite's 679 -> 655) and not on
-# the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481, 4k-8k within 3%), and never for the
-# down GEMM. The down GEMM's depth is the GPU's: the H100's slower memory wants a fourth stage
-# (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM 419-421 against 438-456 us), the H200 three
-# (call 1: 417 against 428).
+# 2k-8k tokens, but for qwen3-30b-a3b's 4k on the H200). An expert's short last rows in tiles
+# of their own ("tail") pay on the H200 (call 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547
+# us, deepseek-v2-lite's 679 -> 655), best as narrow tails (h200-2026-11-26-pdl-tails/call5,
+# the layer at 512-8k tokens: 6 of 8 sizes faster than half-height tails, by up to 10%), and
+# not on the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481; narrow tails no better,
+# h100-2026-11-26-pdl-tails/call3), and never for the down GEMM. The down GEMM's depth is the
+# GPU's: the H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token
+# down GEMM 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4}
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
@@ -212,7 +192,8 @@ _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 def launch_tiles(device_index: int) -> tuple[dict, dict]:
     """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU."""
     h100 = "H100" in torch.cuda.get_device_name(device_index)
-    return {**_GATED_TILES, "tail": not h100}, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
+    gated = {**_GATED_TILES, "tail": not h100, "narrow_tail": not h100}
+    return gated, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
 
 
 def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
@@ -246,13 +227,11 @@ def tma_grouped_mm(
     flatten: bool = False,
     tail: bool = False,
     narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
-    inline_tail: bool = False,  # with tail: each expert's tail right after its blocks
     num_programs: int | None = None,
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
     assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
-    assert not inline_tail or tail, "inline tails are tails"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -269,7 +248,7 @@ def tma_grouped_mm(
         a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
-        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, INLINE=inline_tail,
+        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out

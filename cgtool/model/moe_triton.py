@@ -215,7 +215,7 @@ def grouped_gemm(
         EVEN_K=k_in % block_k == 0, DIRECT=direct, TOP_K=top_k if summed is not None else 0,
         BLOCK_M=block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
         # one token's three launches (router, gate/up, down) follow each other closely
-        **(dependent_launch(a.device) if direct else {"PDL": 0}),
+        **(dependent_launch(a.device) if direct else {"PDL": False}),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 

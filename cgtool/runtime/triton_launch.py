@@ -112,9 +112,12 @@ def hook_is_set(hook: object) -> bool:
 # Programmatic dependent launch (Hopper on): a kernel launched with it is scheduled while the
 # kernel before it finishes and waits in `griddepcontrol.wait` (Triton's `gdc_wait`) for that
 # kernel's results, so a replay does not pay each launch's start after the last one's end.
-# Kernels that take it wait first of all; they release their successor (let it be scheduled)
-# at once (1) or after their main loop (2). Benchmarks set 0 to time ordinary launches.
-DEPENDENT_LAUNCH = 2
+# Kernels that take it wait first of all, and release their successor (let it be scheduled)
+# after their main loop: released at their start instead, one token's MoE layer ran 2-3 us
+# slower than with ordinary launches, released there 2.0 us faster for qwen3-30b-a3b and 0.1-0.3
+# slower for deepseek-v2-lite (H200 and H100, benchmarks/results/h200-2026-11-26-pdl-tails).
+# Benchmarks turn it off to time both ways.
+DEPENDENT_LAUNCH = True
 
 
 @cache
@@ -126,30 +129,28 @@ def _dependent_launch_usable(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
-def dependent_launch(device: torch.device) -> dict[str, object]:
+def dependent_launch(device: torch.device) -> dict[str, bool]:
     """Launch options of a kernel with a `PDL` constexpr: launched as a programmatic dependent
     on a GPU that has it (and this Triton), an ordinary launch elsewhere and in the interpreter."""
     if DEPENDENT_LAUNCH and device.type == "cuda" and _dependent_launch_usable(
         torch.cuda.current_device() if device.index is None else device.index
     ):
-        return {"PDL": DEPENDENT_LAUNCH, "launch_pdl": True}
-    return {"PDL": 0}
+        return {"PDL": True, "launch_pdl": True}
+    return {"PDL": False}
 
 
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
     """With PDL, waits until the kernel before has finished and its writes are visible: the
     first thing such a kernel does."""
-    if PDL > 0:
+    if PDL:
         tl.extra.cuda.gdc_wait()
-    if PDL == 1:
-        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
 def release_next_kernel(PDL: tl.constexpr):
-    """With PDL, lets the next kernel be scheduled (it still waits for this one to finish)."""
-    if PDL == 2:
+    """With PDL, lets the next kernel be scheduled; it still waits for this one to finish."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 
