@@ -35,6 +35,7 @@ from cgtool.attention.triton_mla import (
     mla_num_kv_splits,
 )
 from cgtool.model.fused import silu_and_mul
+from cgtool.model.fused_launch import launch_rms_norm
 from cgtool.model.moe import experts_ref
 from cgtool.model.moe_routing import (
     ROUTER_ROUTE_TOKENS,
@@ -282,24 +283,35 @@ def moe_case(layers: MoeLayers, n: int, copy_bs: float, peak: float, sweep: bool
 
 
 def one_graph_layers(row: dict, layers: MoeLayers, x: torch.Tensor, per, experts, fused_router) -> None:
-    """One token's layer with its router in one graph, as a model's replay runs it, its
-    launches programmatic dependents (the default on Hopper) and ordinary, in interleaved
-    rounds (the median of each); and the parts' graphs summed, ordinary."""
-    def whole():
-        return [fused_experts(x, layers.gate_up[i], layers.down[i],
-                              *router_route(x, layers.router[i], layers.k, layers.renorm, 1.0))
-                for i in range(LAYERS)]
+    """One token's layer with its router in one graph, its launches programmatic dependents
+    (the default on Hopper) and ordinary, in interleaved rounds (the median of each): back to
+    back ("one_graph"), and each layer after an RMSNorm of its input ("after_norm"), an ordinary
+    launch, as in a model, where the router follows the post-attention norm; the norms alone;
+    and the parts' graphs summed, ordinary."""
+    norm_weight = torch.ones(layers.H, dtype=DTYPE, device=DEVICE)
+
+    def whole(norm: bool):
+        def run():
+            outs = []
+            for i in range(LAYERS):
+                h = launch_rms_norm(x, None, norm_weight, 1e-6)[0] if norm else x
+                outs.append(fused_experts(h, layers.gate_up[i], layers.down[i],
+                                          *router_route(h, layers.router[i], layers.k, layers.renorm, 1.0)))
+            return outs
+        return run
 
     try:
-        times: dict[str, list[float]] = {"dependent": [], "ordinary": []}
+        times: dict[str, list[float]] = {f"{shape}_{mode}": [] for shape in ("one_graph", "after_norm")
+                                         for mode in ("dependent", "ordinary")}
         for _ in range(3):
-            for mode, got in times.items():
-                triton_launch.DEPENDENT_LAUNCH = mode == "dependent"
-                got.append(per(whole))
-        for mode, got in times.items():
-            row[f"one_graph_layer_{mode}_us"] = sorted(got)[1]
-            row[f"one_graph_layer_{mode}_rounds_us"] = got
+            for name, got in times.items():
+                triton_launch.DEPENDENT_LAUNCH = name.endswith("dependent")
+                got.append(per(whole(name.startswith("after_norm"))))
+        for name, got in times.items():
+            row[f"{name}_layer_us"] = sorted(got)[1]
+            row[f"{name}_layer_rounds_us"] = got
         triton_launch.DEPENDENT_LAUNCH = False
+        row["norms_alone_us"] = per(lambda: [launch_rms_norm(x, None, norm_weight, 1e-6) for _ in range(LAYERS)])
         row["layer_ordinary_us"] = per(fused_router(None)) + per(experts())
     finally:
         triton_launch.DEPENDENT_LAUNCH = True
@@ -453,10 +465,12 @@ def main() -> None:
                     if tried:
                         s = min(tried, key=lambda s: s["us"])
                         log(f"   best {gemm}: bm {s['block_m']} tiles {s['tiles']} {s['us']:.1f} us")
-                if "one_graph_layer_dependent_us" in row:
-                    log(f"   one graph, router and experts: {row['one_graph_layer_dependent_us']:.1f} us with "
-                        f"dependent launches, {row['one_graph_layer_ordinary_us']:.1f} ordinary; parts summed "
-                        f"ordinary {row['layer_ordinary_us']:.1f}")
+                if "one_graph_dependent_layer_us" in row:
+                    log("   one graph, router and experts, dependent / ordinary launches: back to back "
+                        f"{row['one_graph_dependent_layer_us']:.1f} / {row['one_graph_ordinary_layer_us']:.1f} us, "
+                        f"after a norm {row['after_norm_dependent_layer_us']:.1f} / "
+                        f"{row['after_norm_ordinary_layer_us']:.1f} us (the norm alone "
+                        f"{row['norms_alone_us']:.1f}); parts summed ordinary {row['layer_ordinary_us']:.1f}")
                 if "best_layer_us" in row:
                     log(f"   layer with the best of each: {row['best_layer_us']:.1f} us, "
                         f"default again {row['default_layer_again_us']:.1f} us")
