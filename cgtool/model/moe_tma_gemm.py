@@ -179,7 +179,8 @@ def _grouped_gemm_tma_kernel(
 # 2k-8k tokens, but for qwen3-30b-a3b's 4k on the H200). An expert's short last rows in tiles
 # of their own ("tail") pay on the H200 (call 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547
 # us, deepseek-v2-lite's 679 -> 655), best as narrow tails (h200-2026-11-26-pdl-tails/call5,
-# the layer at 512-8k tokens: 6 of 8 sizes faster than half-height tails, by up to 10%), and
+# the layer at 512-8k tokens: at 5 of 8 sizes as fast as half-height tails or faster, by up to
+# 10%; the rest within the 6% two timings of one setting differed by), and
 # not on the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481; narrow tails no better,
 # h100-2026-11-26-pdl-tails/call3), and never for the down GEMM. The down GEMM's depth is the
 # GPU's: the H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token
