@@ -12,6 +12,7 @@ The first call of each key goes through Triton as usual and compiles.
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from functools import cache
 from typing import Any
@@ -116,8 +117,10 @@ def hook_is_set(hook: object) -> bool:
 # after their main loop: released at their start instead, one token's MoE layer ran 2-3 us
 # slower than with ordinary launches, released there 2.0 us faster for qwen3-30b-a3b and 0.1-0.3
 # slower for deepseek-v2-lite (H200 and H100, benchmarks/results/h200-2026-11-26-pdl-tails).
-# Benchmarks turn it off to time both ways.
-DEPENDENT_LAUNCH = True
+# CGTOOL_DEPENDENT_LAUNCH=0 turns it off for a process (a driver that mishandles it, or timing
+# both ways); benchmarks flip the flag itself.
+DEPENDENT_LAUNCH_ENV = "CGTOOL_DEPENDENT_LAUNCH"
+DEPENDENT_LAUNCH = os.environ.get(DEPENDENT_LAUNCH_ENV, "1") != "0"
 
 
 @cache
