@@ -57,7 +57,7 @@ from cgtool.model.moe_triton import (
     fused_experts,
     grouped_gemm,
 )
-from cgtool.runtime import triton_launch
+from cgtool.runtime import dependent_launch
 from cgtool.runtime.triton_launch import cdiv
 
 DTYPE = torch.bfloat16
@@ -305,16 +305,16 @@ def one_graph_layers(row: dict, layers: MoeLayers, x: torch.Tensor, per, experts
                                          for mode in ("dependent", "ordinary")}
         for _ in range(3):
             for name, got in times.items():
-                triton_launch.DEPENDENT_LAUNCH = name.endswith("dependent")
+                dependent_launch.DEPENDENT_LAUNCH = name.endswith("dependent")
                 got.append(per(whole(name.startswith("after_norm"))))
         for name, got in times.items():
             row[f"{name}_layer_us"] = sorted(got)[1]
             row[f"{name}_layer_rounds_us"] = got
-        triton_launch.DEPENDENT_LAUNCH = False
+        dependent_launch.DEPENDENT_LAUNCH = False
         row["norms_alone_us"] = per(lambda: [launch_rms_norm(x, None, norm_weight, 1e-6) for _ in range(LAYERS)])
         row["layer_ordinary_us"] = per(fused_router(None)) + per(experts())
     finally:
-        triton_launch.DEPENDENT_LAUNCH = True
+        dependent_launch.DEPENDENT_LAUNCH = True
 
 
 def direct_sweep(up, down, fused_router, per) -> list[dict]:

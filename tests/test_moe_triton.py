@@ -345,7 +345,7 @@ def test_one_tokens_dependent_launches_replay_equal_to_ordinary_ones(monkeypatch
     # Eight layers, each one's input the last one's output: a launch that ran ahead of the
     # kernel before it (router, gate/up, down, the next layer's router) would read stale rows.
     from cgtool.model.moe_routing import fused_route
-    from cgtool.runtime import triton_launch
+    from cgtool.runtime import dependent_launch
 
     hidden, inter, layers = 2048, 768, 8
     routers = [(torch.randn(num_experts, hidden, device="cuda") * hidden**-0.5).to(torch.bfloat16)
@@ -358,9 +358,9 @@ def test_one_tokens_dependent_launches_replay_equal_to_ordinary_ones(monkeypatch
             x = x + fused_experts(x, gate_up, down, *fused_route(x, router, top_k, True, 1.0))
         return x
 
-    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", False)
+    monkeypatch.setattr(dependent_launch, "DEPENDENT_LAUNCH", False)
     ordinary = forward(x0)
-    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", True)
+    monkeypatch.setattr(dependent_launch, "DEPENDENT_LAUNCH", True)
     forward(x0)  # compile outside the capture
     x_in = x0.clone()
     graph = torch.cuda.CUDAGraph()

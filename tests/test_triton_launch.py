@@ -164,33 +164,3 @@ def test_integer_helpers_equal_tritons_own():
         for d in (1, 3, 16, 64):
             assert cdiv(n, d) == triton.cdiv(n, d)
 
-
-def test_dependent_launch_is_an_ordinary_launch_off_hopper_and_when_turned_off(monkeypatch):
-    from cgtool.runtime import triton_launch
-
-    assert triton_launch.dependent_launch(torch.device("cpu")) == {"PDL": False}
-    monkeypatch.setattr(triton_launch, "DEPENDENT_LAUNCH", False)
-    assert triton_launch.dependent_launch(torch.device("cuda", 0)) == {"PDL": False}
-
-
-@pytest.mark.gpu
-def test_dependent_launch_on_hopper_waits_in_the_kernel():
-    from cgtool.runtime import triton_launch
-
-    options = triton_launch.dependent_launch(torch.device("cuda", 0))
-    hopper = torch.cuda.get_device_capability(0)[0] >= 9
-    assert options == ({"PDL": True, "launch_pdl": True} if hopper else {"PDL": False})
-
-
-@pytest.mark.parametrize("value,expected", [("0", False), ("1", True), (None, True)])
-def test_dependent_launch_environment_variable_turns_it_off(value, expected):
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "CGTOOL_DEPENDENT_LAUNCH"}
-    if value is not None:
-        env["CGTOOL_DEPENDENT_LAUNCH"] = value
-    code = "from cgtool.runtime import triton_launch; print(triton_launch.DEPENDENT_LAUNCH)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(expected)

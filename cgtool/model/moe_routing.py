@@ -22,15 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import (
-    CachedKernel,
-    cdiv,
+from cgtool.runtime.dependent_launch import (
     dependent_launch,
-    next_power_of_2,
     release_next_kernel,
     wait_for_previous_kernel,
 )
+from cgtool.runtime.tickets import tickets
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # One program aligns this many pairs (decode up to bs 512 at top 8) in one launch; past it the
 # work is spread so an 8k-token extend's 64k pairs do not queue behind one SM.

@@ -33,15 +33,13 @@ import triton.language as tl
 
 from cgtool.model.moe_grouped import grouped_mm_chosen, grouped_mm_experts, grouped_mm_usable
 from cgtool.model.moe_routing import align_block_size, max_padded_pairs
-from cgtool.runtime.tickets import tickets
-from cgtool.runtime.triton_launch import (
-    CachedKernel,
-    cdiv,
+from cgtool.runtime.dependent_launch import (
     dependent_launch,
-    next_power_of_2,
     release_next_kernel,
     wait_for_previous_kernel,
 )
+from cgtool.runtime.tickets import tickets
+from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 __all__ = ["align_block_size", "direct_align", "experts_config", "fused_experts", "max_padded_pairs"]
 
