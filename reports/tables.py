@@ -241,6 +241,8 @@ def environment_rows(report: CaptureReport) -> TableData:
         ["mem-fraction-static", f"{s.mem_fraction_static:g}"],
         ["context length / TP", f"{s.context_len:,} / {s.tp_size}"],
         ["cudagraph GC", "enabled" if s.enable_cudagraph_gc else "frozen during capture"],
+        ["dependent launches (one-token MoE)",
+         "not recorded" if e.dependent_launch is None else "on" if e.dependent_launch else "off"],
         ["created / status", f"{report.created} / {report.status}"
                              + (f" ({report.incomplete_reason})" if report.incomplete_reason else "")],
     ]

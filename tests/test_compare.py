@@ -123,6 +123,15 @@ def test_changed_setting_is_a_warning_not_a_refusal():
     assert any("compiler" in w for w in compare_reports(BASELINE, current).warnings)
 
 
+def test_dependent_launches_on_one_side_only_are_a_warning():
+    baseline, current = _current(), _current()
+    assert not any("dependent" in w for w in compare_reports(baseline, current).warnings)  # not recorded
+    baseline.environment.dependent_launch, current.environment.dependent_launch = True, False
+    assert any("dependent launches differ" in w for w in compare_reports(baseline, current).warnings)
+    current.environment.dependent_launch = True
+    assert not any("dependent" in w for w in compare_reports(baseline, current).warnings)
+
+
 def test_unknown_metric_is_rejected():
     with pytest.raises(InputError, match="unknown metric bogus"):
         compare_reports(BASELINE, _current(), ["bogus"])

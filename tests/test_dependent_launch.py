@@ -14,8 +14,10 @@ from cgtool.runtime import dependent_launch
 
 def test_an_ordinary_launch_off_the_gpu_and_when_turned_off(monkeypatch):
     assert dependent_launch.dependent_launch(torch.device("cpu")) == {"PDL": False}
+    assert not dependent_launch.in_effect(torch.device("cpu"))
     monkeypatch.setattr(dependent_launch, "DEPENDENT_LAUNCH", False)
     assert dependent_launch.dependent_launch(torch.device("cuda", 0)) == {"PDL": False}
+    assert not dependent_launch.in_effect(torch.device("cuda", 0))
 
 
 @pytest.mark.gpu
@@ -23,6 +25,7 @@ def test_a_dependent_launch_on_hopper():
     options = dependent_launch.dependent_launch(torch.device("cuda", 0))
     hopper = torch.cuda.get_device_capability(0)[0] >= 9
     assert options == ({"PDL": True, "launch_pdl": True} if hopper else {"PDL": False})
+    assert dependent_launch.in_effect(torch.device("cuda", 0)) == hopper
 
 
 @pytest.mark.parametrize("value,expected", [("0", False), ("1", True), (None, True)])

@@ -243,3 +243,13 @@ def test_totals_show_plain_pytorchs_host_time_beside_the_eager_paths_when_record
     rows = dict(totals_rows(dataclasses.replace(report, totals=totals)).rows)
     assert rows["eager host time per kernel"] == "25.2 µs"
     assert rows["plain PyTorch host time per kernel"] == "9.4 µs"
+
+
+@pytest.mark.parametrize("recorded,shown", [(None, "not recorded"), (True, "on"), (False, "off")])
+def test_environment_table_says_whether_one_tokens_moe_launches_were_dependent(recorded, shown):
+    from cgtool.reports.tables import environment_rows
+
+    report = load_report(REPORT_DIR)
+    report.environment.dependent_launch = recorded
+    rows = {row[0]: row[1] for row in environment_rows(report).rows}
+    assert rows["dependent launches (one-token MoE)"] == shown

@@ -84,6 +84,21 @@ def test_compile_cache_status_round_trips_and_is_null_in_older_reports(tmp_path)
         load_report(_write(tmp_path, data))
 
 
+def test_dependent_launch_round_trips_and_is_null_in_older_reports(tmp_path):
+    data = _raw(REPORT)
+    assert "dependent_launch" not in data["environment"]
+    assert load_report(REPORT).environment.dependent_launch is None
+    data["environment"]["dependent_launch"] = False
+    report = load_report(_write(tmp_path, data))
+    assert report.environment.dependent_launch is False
+    (tmp_path / "again").mkdir()
+    write_report(report, tmp_path / "again" / "report.json")
+    assert load_report(tmp_path / "again").environment.dependent_launch is False
+    data["environment"]["dependent_launch"] = "yes"
+    with pytest.raises(InputError, match=r"environment\.dependent_launch"):
+        load_report(_write(tmp_path, data))
+
+
 def test_unknown_fields_of_a_newer_minor_version_are_ignored(tmp_path):
     data = _raw(REPORT) | {"version": "1.7", "new_section": {"x": 1}}
     data["sizes"][0]["new_metric"] = 3.5

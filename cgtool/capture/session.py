@@ -27,6 +27,7 @@ from cgtool.specs.config import ModelConfig, load_model_config
 from cgtool.runtime.distributed import TensorParallel, connect_collectives, current_tp
 from cgtool.errors import ConfigError, EnvironmentProblem
 from cgtool.documents.provenance import collect_provenance
+from cgtool.runtime.dependent_launch import in_effect
 from cgtool.documents.results import (
     Artifacts,
     CaptureReport,
@@ -67,6 +68,7 @@ def environment() -> Environment:
         torch=torch.__version__,
         cgtool=__version__,
         hostname=socket.gethostname(),
+        dependent_launch=in_effect(torch.device("cuda", torch.cuda.current_device())),
     )
 
 

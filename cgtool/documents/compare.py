@@ -221,6 +221,9 @@ def _report_mismatches(baseline: CaptureReport, current: CaptureReport, force: b
             for name in ("compiler", "mem_fraction_static", "attention_backend", "context_len",
                          "enable_cudagraph_gc", "tp_size")
             if getattr(baseline.settings, name) != getattr(current.settings, name)]
+    launches = (baseline.environment.dependent_launch, current.environment.dependent_launch)
+    if None not in launches and launches[0] != launches[1]:  # replay times move with it
+        soft.append(f"dependent launches differ: baseline {launches[0]}, current {launches[1]}")
     return _refuse_unless_forced(hard, force) + soft
 
 

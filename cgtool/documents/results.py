@@ -30,7 +30,8 @@ from cgtool.specs.kinds import GRAPH_KINDS, GraphKind
 
 REPORT_SCHEMA = "cgtool.report"
 REPORT_FILENAME = "report.json"
-REPORT_VERSION = "1.1"  # 1.1 adds ViT graphs: the kind "vit" and settings.image_sizes
+# 1.1 adds ViT graphs: the kind "vit" and settings.image_sizes; 1.2 environment.dependent_launch
+REPORT_VERSION = "1.2"
 
 Kind = GraphKind
 KINDS = GRAPH_KINDS
@@ -51,6 +52,9 @@ class Environment:
     torch: str
     cgtool: str
     hostname: str
+    # Whether one token's MoE kernels were launched as programmatic dependents (runtime.
+    # dependent_launch): replay times differ with it. None: not a capture, or before 1.2.
+    dependent_launch: bool | None = None
 
 
 @dataclass(slots=True)

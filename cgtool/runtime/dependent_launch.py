@@ -45,6 +45,11 @@ def dependent_launch(device: torch.device) -> dict[str, bool]:
     return {"PDL": False}
 
 
+def in_effect(device: torch.device) -> bool:
+    """Whether kernels that take it are launched as dependents on `device` (a report records it)."""
+    return bool(dependent_launch(device)["PDL"])
+
+
 @triton.jit
 def wait_for_previous_kernel(PDL: tl.constexpr):
     """With PDL, waits until the kernel before has finished and its writes are visible: the
