@@ -15,7 +15,6 @@ at the copy bandwidth or the pairs' FLOPs at one 8192^3 torch.mm, whichever is l
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -28,6 +27,7 @@ from bench_moe_mla import (  # benchmarks/ is the script's path
     graph_us,
     log,
     mm_flops,
+    save_results,
 )
 
 from cgtool.model import moe_grouped
@@ -195,8 +195,7 @@ def main() -> None:
                 f"err triton {row['triton_max_abs_err']:.3g} grouped {row['grouped_max_abs_err']:.3g}; "
                 f"replay==eager {row['grouped_replay_equals_eager']}; peak MB triton "
                 f"{row['triton_peak_bytes'] / 2**20:.0f} grouped {row['grouped_peak_bytes'] / 2**20:.0f}")
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+            save_results(result, args.out)
         del layers
         torch.cuda.empty_cache()
     log("done")

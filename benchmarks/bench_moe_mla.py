@@ -93,6 +93,12 @@ ROUTER_BLOCKS_E = [1, 2, 4, 8]
 ROUTER_WARPS = [2, 4, 8]
 
 
+def save_results(result: dict, out: str) -> None:
+    """Writes what is measured so far, so a later size's failure loses nothing."""
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 

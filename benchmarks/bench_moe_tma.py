@@ -15,7 +15,6 @@ equal).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
@@ -29,6 +28,7 @@ from bench_moe_mla import (  # benchmarks/ is the script's path
     graph_us,
     log,
     mm_flops,
+    save_results,
 )
 
 from cgtool.model import moe_grouped
@@ -129,6 +129,10 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
     return row
 
 
+def brief(settings: list[dict]) -> list[tuple]:
+    return [(r["num_stages"], r["tail"], r["narrow_tail"], round(r.get("us", -1), 1), r.get("equal")) for r in settings]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -151,14 +155,13 @@ def main() -> None:
                 f"({row['torch_down_tflops']:.0f}) tma {d.get('us', float('nan')):.1f} "
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
-            log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated "
-                f"{[(r['num_stages'], r['tail'], round(r.get('us', -1), 1), r.get('equal')) for r in row['gathering_gated']]}")
-            log(f"  down {[(r['num_stages'], r['tail'], round(r.get('us', -1), 1), r.get('equal')) for r in row['down']]}")
+            log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated (stages, tail, "
+                f"narrow, us, equal) {brief(row['gathering_gated'])}")
+            log(f"  down {brief(row['down'])}")
             errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
             if errors:
                 log(f"  settings that failed: {sorted(errors)[:3]}")
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+            save_results(result, args.out)
         del layers
         torch.cuda.empty_cache()
     log("done")
