@@ -11,6 +11,8 @@
 # over one fresh cache folder (cold, then warm), the compile phases compared, then bench_compile_cache.py.
 # `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
 # `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
+# `mla-timeline` (by name only): benchmarks/probe_mla_timeline.py, MLA decode's programs stamped
+# (MLA_CASES picks BSxCONTEXT cases), in $OUT/mla-timeline.json.
 # `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
@@ -153,6 +155,12 @@ if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA k
   timeout -k 10 "${MOE_MLA_TIMEOUT:-360}" python3 benchmarks/bench_moe_mla.py --out "$OUT/moe-mla.json" ${MOE_MLA_ARGS:-} \
     2>&1 | tee "$OUT/moe-mla.log"
   echo "[$(date +%H:%M:%S)] bench_moe_mla exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" mla-timeline "* ]]; then  # issue 33, by name only: MLA decode program by program
+  echo "[$(date +%H:%M:%S)] probe_mla_timeline ${MLA_CASES:-}"
+  timeout -k 10 240 python3 benchmarks/probe_mla_timeline.py --out "$OUT/mla-timeline.json" \
+    ${MLA_CASES:+--cases "$MLA_CASES"} 2>&1 | tee "$OUT/mla-timeline.log"
+  echo "[$(date +%H:%M:%S)] probe_mla_timeline exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the MoE GEMMs by pipeline stages
   echo "[$(date +%H:%M:%S)] bench_gemm_stages"

@@ -98,3 +98,33 @@ def test_mla_decode_merged_by_the_last_program_matches_reference_and_replays_sta
         graph.replay()
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
     assert_attention_close(fused.view(64, -1), ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("num_kv_splits", [4, 16])
+def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits):
+    # The stamps (benchmarks/probe_mla_timeline.py) must not change what the kernel computes,
+    # and each program's stamps must follow its steps: start, row known, loop end, ticket.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention.triton_mla import mla_decode_attention
+    from cgtool.runtime.kernel_trace import TRACE_SLOTS
+
+    seq_lens = [(i * 389) % 2000 + 1 for i in range(32)]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(32, 16, 576, torch.bfloat16, CUDA).view(32, 16, 576)
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, num_kv_splits)
+    plain = torch.empty(32, 16, 512, dtype=torch.bfloat16, device=CUDA)
+    mla_decode_attention(q, pool.k_buffers[0], plain, *args)
+    trace = torch.zeros(32 * num_kv_splits, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
+    traced = torch.empty_like(plain)
+    mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace)
+    torch.testing.assert_close(traced, plain, rtol=0, atol=0)
+    stamps = trace.cpu()
+    assert (stamps[:, 1] > 0).all()  # every program started and stamped
+    looped = stamps[stamps[:, 3] > 0]
+    assert len(looped) >= 32  # each request has a nonempty first chunk
+    assert (looped[:, 2] >= looped[:, 1]).all() and (looped[:, 3] >= looped[:, 2]).all()
+    if num_kv_splits <= 8:  # the merge in the last program: one a request, after its ticket
+        merged = stamps[stamps[:, 5] > 0]
+        assert len(merged) == 32 and (merged[:, 5] >= merged[:, 4]).all()

@@ -35,6 +35,7 @@ from cgtool.attention.triton_decode import (
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
+from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
@@ -132,17 +133,23 @@ def _merge_head_block(
 
 @triton.jit
 def _mla_decode_stage1(
-    Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
+    Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2, Trace,
     stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms,
     stride_lb, stride_lh, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr,
+    MERGE_D: tl.constexpr, TRACE: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
     split = tl.program_id(2)
+    # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
+    # request's row is known, after the loop, after the ticket, after the merge.
+    program = (b * tl.num_programs(1) + head_block) * tl.num_programs(2) + split
+    if TRACE:
+        trace_store(Trace, program, 0, sm_id())
+        trace_store(Trace, program, 1, stamp_after(b))
     split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
@@ -154,7 +161,10 @@ def _mla_decode_stage1(
         q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
         q_r = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
         q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
-        token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
+        pool_row = tl.load(req_pool_indices + b)
+        token_row = req_to_token + pool_row.to(tl.int64) * stride_req
+        if TRACE:
+            trace_store(Trace, program, 2, stamp_after(pool_row))
 
         acc, l_i, m_i = online_softmax_init(BLOCK_H, BLOCK_R)
         for start_n in range(split_start, split_end, BLOCK_N):
@@ -162,6 +172,8 @@ def _mla_decode_stage1(
                 acc, l_i, m_i, q_r, q_p, 0, Kv, token_row, start_n, split_end, scale_log2,
                 offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, BEFORE_END,
             )
+        if TRACE:
+            trace_store(Trace, program, 3, stamp_after(tl.sum(l_i)))
         # One chunk a request still goes through the partials and the merge: storing the bf16
         # output from here ran 1.3x slower (bs 256, H200, call5).
         store_split(
@@ -173,13 +185,18 @@ def _mla_decode_stage1(
         # barrier puts all of this program's stores before its release.
         tl.debug_barrier()
         ticket = Tickets + b * tl.num_programs(1) + head_block
-        if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
+        drawn = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+        if TRACE:
+            trace_store(Trace, program, 4, stamp_after(drawn))
+        if drawn == NUM_SPLITS - 1:
             tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
             _merge_head_block(
                 MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
                 RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS,
             )
+            if TRACE:
+                trace_store(Trace, program, 5, stamp_after(drawn))
 
 
 @triton.jit
@@ -269,9 +286,11 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
+    trace: torch.Tensor | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
-    `fused_merge` override DECODE_TILES and the merge's placement (benchmarks)."""
+    `fused_merge` override DECODE_TILES and the merge's placement, `trace` (int64, TRACE_SLOTS
+    a stage-1 program) takes its programs' timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -283,13 +302,14 @@ def mla_decode_attention(
     slice_d = min(MERGE_SLICE, block_r)
     _MLA_STAGE1.launch(
         (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
-        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E,
+        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, mid_lse if trace is None else trace,
         q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=slice_d, num_warps=num_warps, num_stages=num_stages,
+        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
         return

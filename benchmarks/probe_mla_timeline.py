@@ -1,0 +1,138 @@
+"""Issue 33: where MLA decode's time goes at short contexts, program by program.
+
+MLA decode reaches 77-92% of its latent-read roofline at 8k-token contexts and at bs 256, but
+23-48% at 1k contexts below bs 256 (docs/moe-mla.md). This replays the bench's graph of LAYERS
+decode launches with stage 1's timestamps on (`cgtool.runtime.kernel_trace`) and reports, per
+case, how the launch's time divides:
+
+- ramp: how late the last program started after the first;
+- before the loop: from a program's start until its request's row is known;
+- loop: the online softmax over its chunk's keys;
+- ticket: writing the partial output and taking the ticket;
+- merge: the last program's merge of the request's chunks;
+- the gap from one launch's last program to the next launch's first, and programs per SM.
+
+The same graph without stamps is timed beside it, so the stamps' own cost shows.
+
+    python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from itertools import pairwise
+
+import torch
+from bench_moe_mla import (
+    DTYPE,
+    LAYERS,
+    MLA_HEADS,
+    RANK,
+    ROPE,
+    copy_bandwidth,
+    graph_us,
+    latent_setup,
+    log,
+    save_results,
+)
+
+from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.runtime.kernel_trace import TRACE_SLOTS
+from cgtool.runtime.triton_launch import cdiv
+
+CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
+PHASES = ("before_loop", "loop", "ticket", "merge")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """min / median / max of one phase over a launch's programs, in microseconds."""
+    if not values:
+        return {}
+    return {"min": min(values) / 1e3, "median": statistics.median(values) / 1e3, "max": max(values) / 1e3}
+
+
+def launch_summary(rows: list[list[int]]) -> dict:
+    """One launch's programs (sm, start, row known, loop end, ticket, merge end) summarised."""
+    ran = [r for r in rows if r[1] > 0]
+    start = min(r[1] for r in ran)
+    ends = [max(r[1:6]) for r in ran]
+    looped = [r for r in ran if r[3] > 0]
+    per_sm: dict[int, int] = {}
+    for r in ran:
+        per_sm[r[0]] = per_sm.get(r[0], 0) + 1
+    return {
+        "programs": len(ran), "sms": len(per_sm), "max_programs_on_one_sm": max(per_sm.values()),
+        "span_us": (max(ends) - start) / 1e3,
+        "ramp_us": (max(r[1] for r in ran) - start) / 1e3,
+        "before_loop": spread([r[2] - r[1] for r in looped]),
+        "loop": spread([r[3] - r[2] for r in looped]),
+        "ticket": spread([r[4] - r[3] for r in looped if r[4] > 0]),
+        "merge": spread([r[5] - r[4] for r in ran if r[5] > 0]),
+        "first_start_ns": start, "last_end_ns": max(ends),
+    }
+
+
+def clock_step_ns(rows: list[list[int]]) -> int:
+    """The smallest nonzero difference between stamps: how fine the global clock ticks here."""
+    stamps = sorted({v for r in rows for v in r[1:6] if v > 0})
+    steps = [b - a for a, b in pairwise(stamps) if b > a]
+    return min(steps) if steps else 0
+
+
+def timeline_case(bs: int, ctx: int, copy_bs: float) -> dict:
+    layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
+    caches, r2t, rows = latent_setup([ctx] * bs, layers)
+    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
+    q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
+    out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
+    splits = mla_num_kv_splits(bs, MLA_HEADS)
+    programs = bs * cdiv(MLA_HEADS, 16) * splits
+    traces = torch.zeros(layers, programs, TRACE_SLOTS, dtype=torch.int64, device="cuda")
+
+    def run(traced: bool):
+        for i, c in enumerate(caches):
+            mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
+                                 trace=traces[i] if traced else None)
+
+    plain_us = graph_us(lambda: run(False)) / layers
+    traced_us = graph_us(lambda: run(True)) / layers  # the last replay's stamps stay in `traces`
+    launches = [launch_summary(traces[i].tolist()) for i in range(layers)]
+    gaps = [(launches[i + 1]["first_start_ns"] - launches[i]["last_end_ns"]) / 1e3 for i in range(layers - 1)]
+    return {
+        "bs": bs, "context": ctx, "splits": splits, "programs": programs, "layers": layers,
+        "bound_us": bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6,
+        "us": plain_us, "traced_us": traced_us, "gaps_between_launches_us": gaps,
+        "clock_step_ns": clock_step_ns(traces[-1].tolist()),
+        "launches": launches, "last_launch_raw": traces[-1].tolist(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", help="BSxCONTEXT,... (default: all of CASES)")
+    args = parser.parse_args()
+    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else CASES
+    copy_bs = copy_bandwidth()
+    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "cases": []}
+    log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
+    for bs, ctx in cases:
+        row = timeline_case(bs, ctx, copy_bs)
+        result["cases"].append(row)
+        save_results(result, args.out)
+        mid = row["launches"][len(row["launches"]) // 2]
+        log(f"bs={bs} ctx={ctx} splits={row['splits']}: {row['us']:.1f} us a layer ({row['traced_us']:.1f} traced), "
+            f"bound {row['bound_us']:.1f}; launch span {mid['span_us']:.1f}, ramp {mid['ramp_us']:.1f}, "
+            + ", ".join(f"{p} {mid[p].get('median', 0):.1f} (max {mid[p].get('max', 0):.1f})" for p in PHASES)
+            + f"; gaps {[round(g, 1) for g in row['gaps_between_launches_us']]}; "
+            f"{mid['programs']} programs on {mid['sms']} SMs, at most {mid['max_programs_on_one_sm']} on one; "
+            f"clock step {row['clock_step_ns']} ns")
+        del row
+        torch.cuda.empty_cache()
+    log("done")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
