@@ -12,7 +12,10 @@ case, how the launch's time divides:
 - merge: the last program's merge of the request's chunks;
 - the gap from one launch's last program to the next launch's first, and programs per SM.
 
-The same graph without stamps is timed beside it, so the stamps' own cost shows.
+The same graph without stamps is timed beside it, so the stamps' own cost shows. Each case
+runs in VARIANTS: the kernel as shipped, the fused merge's slice widths, dependent launches off,
+and each launch after a torch kernel writing q (as the model's `torch.cat(...) * scale` does),
+with dependent launches on and off.
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
 """
@@ -39,11 +42,17 @@ from bench_moe_mla import (
 )
 
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.runtime import dependent_launch
 from cgtool.runtime.kernel_trace import TRACE_SLOTS
 from cgtool.runtime.triton_launch import cdiv
 
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
+# name: (fused merge's slice or None for MERGE_SLICE, dependent launches, a torch kernel before each launch)
+VARIANTS = {
+    "shipped": (None, True, False), "slice256": (256, True, False), "slice512": (512, True, False),
+    "ordinary": (None, False, False), "after_op": (None, True, True), "after_op_ordinary": (None, False, True),
+}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -69,7 +78,9 @@ def launch_summary(rows: list[list[int]]) -> dict:
         "before_loop": spread([r[2] - r[1] for r in looped]),
         "loop": spread([r[3] - r[2] for r in looped]),
         "ticket": spread([r[4] - r[3] for r in looped if r[4] > 0]),
-        "merge": spread([r[5] - r[4] for r in ran if r[5] > 0]),
+        # A merge's stamp left by an earlier replay (another program merged then) is older
+        # than this replay's ticket.
+        "merge": spread([r[5] - r[4] for r in ran if r[5] > r[4] > 0]),
         "first_start_ns": start, "last_end_ns": max(ends),
     }
 
@@ -81,11 +92,13 @@ def clock_step_ns(rows: list[list[int]]) -> int:
     return min(steps) if steps else 0
 
 
-def timeline_case(bs: int, ctx: int, copy_bs: float) -> dict:
+def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
+    merge_slice, dependent_launch.DEPENDENT_LAUNCH, after_op = VARIANTS[variant]
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
     q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
+    q_source = q.clone()
     out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
     splits = mla_num_kv_splits(bs, MLA_HEADS)
     programs = bs * cdiv(MLA_HEADS, 16) * splits
@@ -93,15 +106,17 @@ def timeline_case(bs: int, ctx: int, copy_bs: float) -> dict:
 
     def run(traced: bool):
         for i, c in enumerate(caches):
+            if after_op:
+                torch.mul(q_source, 1.0, out=q)
             mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                 trace=traces[i] if traced else None)
+                                 trace=traces[i] if traced else None, merge_slice=merge_slice)
 
     plain_us = graph_us(lambda: run(False)) / layers
     traced_us = graph_us(lambda: run(True)) / layers  # the last replay's stamps stay in `traces`
     launches = [launch_summary(traces[i].tolist()) for i in range(layers)]
     gaps = [(launches[i + 1]["first_start_ns"] - launches[i]["last_end_ns"]) / 1e3 for i in range(layers - 1)]
     return {
-        "bs": bs, "context": ctx, "splits": splits, "programs": programs, "layers": layers,
+        "bs": bs, "context": ctx, "variant": variant, "splits": splits, "programs": programs, "layers": layers,
         "bound_us": bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6,
         "us": plain_us, "traced_us": traced_us, "gaps_between_launches_us": gaps,
         "clock_step_ns": clock_step_ns(traces[-1].tolist()),
@@ -113,17 +128,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", help="BSxCONTEXT,... (default: all of CASES)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="of " + ", ".join(VARIANTS))
     args = parser.parse_args()
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else CASES
     copy_bs = copy_bandwidth()
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
-    for bs, ctx in cases:
-        row = timeline_case(bs, ctx, copy_bs)
+    for (bs, ctx), variant in ((c, v) for c in cases for v in args.variants.split(",")):
+        if variant.startswith("slice") and mla_num_kv_splits(bs, MLA_HEADS) > 8:
+            continue  # the slice is the fused merge's, and this case merges in a kernel of its own
+        row = timeline_case(bs, ctx, copy_bs, variant)
         result["cases"].append(row)
         save_results(result, args.out)
         mid = row["launches"][len(row["launches"]) // 2]
-        log(f"bs={bs} ctx={ctx} splits={row['splits']}: {row['us']:.1f} us a layer ({row['traced_us']:.1f} traced), "
+        log(f"bs={bs} ctx={ctx} {variant} splits={row['splits']}: {row['us']:.1f} us a layer ({row['traced_us']:.1f} traced), "
             f"bound {row['bound_us']:.1f}; launch span {mid['span_us']:.1f}, ramp {mid['ramp_us']:.1f}, "
             + ", ".join(f"{p} {mid[p].get('median', 0):.1f} (max {mid[p].get('max', 0):.1f})" for p in PHASES)
             + f"; gaps {[round(g, 1) for g in row['gaps_between_launches_us']]}; "
@@ -131,6 +149,7 @@ def main() -> None:
             f"clock step {row['clock_step_ns']} ns")
         del row
         torch.cuda.empty_cache()
+    dependent_launch.DEPENDENT_LAUNCH = True
     log("done")
 
 

@@ -128,3 +128,49 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits)
     if num_kv_splits <= 8:  # the merge in the last program: one a request, after its ticket
         merged = stamps[stamps[:, 5] > 0]
         assert len(merged) == 32 and (merged[:, 5] >= merged[:, 4]).all()
+
+
+@pytest.mark.parametrize("between", ["torch_kernel", "nothing"])
+def test_mla_decode_dependent_launches_replay_the_ordinary_bits(between, monkeypatch):
+    # With dependent launches a decode launch starts while the kernel before still runs, and
+    # must wait for it before reading q and before taking tickets (shared by every launch).
+    # Four layers in one graph, each q written by a torch kernel from the layer before
+    # ("torch_kernel"), or launched back to back ("nothing"), replayed 20 times: every replay
+    # must give the bits of ordinary launches.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention.triton_mla import mla_decode_attention
+    from cgtool.runtime import dependent_launch
+
+    bs, layers = 16, 4
+    seq_lens = [(i * 613) % 3000 + 1 for i in range(bs)]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    q0 = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5)
+    qs = [q0.clone() for _ in range(layers)]
+    outs = [torch.empty(bs, 16, 512, dtype=torch.bfloat16, device=CUDA) for _ in range(layers)]
+
+    def forward():
+        for i in range(layers):
+            if between == "torch_kernel" and i > 0:
+                qs[i][:, :, :512].copy_(outs[i - 1])
+            mla_decode_attention(qs[i], pool.k_buffers[0], outs[i], *args, 4 if i % 2 else 8)
+
+    def replays(dependent: bool) -> list[torch.Tensor]:
+        monkeypatch.setattr(dependent_launch, "DEPENDENT_LAUNCH", dependent)
+        forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            forward()
+        results = []
+        for _ in range(20):
+            for out in outs:
+                out.zero_()
+            graph.replay()
+            results.append(torch.stack(outs).clone())
+        return results
+
+    ordinary = replays(False)[0]
+    for result in replays(True):
+        torch.testing.assert_close(result, ordinary, rtol=0, atol=0)

@@ -35,6 +35,11 @@ from cgtool.attention.triton_decode import (
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
+from cgtool.runtime.dependent_launch import (
+    dependent_launch,
+    release_next_kernel,
+    wait_for_previous_kernel,
+)
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
@@ -97,36 +102,29 @@ def _merge_head_block(
     MidOut, MidLse, O, b, heads, mask_h, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
-    """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), the
-    chunks added in split order, so chunks a request leaves empty add exact zeros. Loads go
-    to L2 (.cg): other programs wrote the partials, and L1 is not coherent with them."""
-    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
-    lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
-    lse_max = tl.full((BLOCK_H,), float("-inf"), tl.float32)
-    for s in tl.static_range(NUM_SPLITS):
-        # A [BLOCK_H] mask, not a scalar one: Triton's interpreter refuses those.
-        used = tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len
-        lse = tl.load(lse_ptrs + s, mask=mask_h & used, other=float("-inf"), cache_modifier=".cg")
-        lse_max = tl.maximum(lse_max, lse)
-    lse_max = tl.where(mask_h, lse_max, 0.0)
+    """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), chunks a
+    request leaves empty weighted zero. Every chunk's slice is read in one [chunks, heads,
+    slice] load: a loop over chunks waited on L2 once a chunk and slice (5.5-8 us at 4-8 chunks,
+    H100, benchmarks/results/h100-2026-11-26-mla-timeline). Loads go to L2 (.cg): other
+    programs wrote the partials, and L1 is not coherent with them."""
+    offs_s = tl.arange(0, SPLITS_P2)
+    used = (offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len) & (offs_s < NUM_SPLITS)
+    used = used[:, None] & mask_h[None, :]  # [chunks, heads]
+    lse = tl.load(MidLse + b * stride_lb + heads[None, :] * stride_lh + offs_s[:, None],
+                  mask=used, other=float("-inf"), cache_modifier=".cg")
+    lse_max = tl.where(mask_h, tl.max(lse, 0), 0.0)
+    weight = tl.where(used, tl.exp2(lse - lse_max[None, :]), 0.0)
+    total = tl.sum(weight, 0)
+    total = tl.where(total > 0, total, 1.0)
+    parts = MidOut + b * stride_mb + heads[None, :, None] * stride_mh + offs_s[:, None, None] * stride_ms
     for d0 in tl.static_range(0, RANK, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         mask_d = offs_d < RANK
-        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
-        total = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for s in tl.static_range(NUM_SPLITS):
-            used = mask_h & (tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len)
-            lse = tl.load(lse_ptrs + s, mask=used, other=float("-inf"), cache_modifier=".cg")
-            weight = tl.where(used, tl.exp2(lse - lse_max), 0.0)
-            part = tl.load(
-                MidOut + b * stride_mb + heads[:, None] * stride_mh + s * stride_ms + offs_d[None, :],
-                mask=used[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg",
-            )
-            acc += part * weight[:, None]
-            total += weight
-        merged = acc / tl.where(total > 0, total, 1.0)[:, None]
+        part = tl.load(parts + offs_d[None, None, :], mask=used[:, :, None] & mask_d[None, None, :],
+                       other=0.0, cache_modifier=".cg")
+        merged = tl.sum(part * weight[:, :, None], 0) / total[:, None]
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  merged.to(O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
 
@@ -139,7 +137,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, TRACE: tl.constexpr,
+    MERGE_D: tl.constexpr, SPLITS_P2: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -150,7 +148,11 @@ def _mla_decode_stage1(
     if TRACE:
         trace_store(Trace, program, 0, sm_id())
         trace_store(Trace, program, 1, stamp_after(b))
+    # The step's lengths and rows are written before the step; q, the latent rows, the partials
+    # and the tickets only once the kernel before (with PDL, still running) has finished.
     split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
+    pool_row = tl.load(req_pool_indices + b)
+    wait_for_previous_kernel(PDL)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
     if split_end > split_start:  # the merge skips empty chunks
@@ -161,7 +163,6 @@ def _mla_decode_stage1(
         q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
         q_r = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
         q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
-        pool_row = tl.load(req_pool_indices + b)
         token_row = req_to_token + pool_row.to(tl.int64) * stride_req
         if TRACE:
             trace_store(Trace, program, 2, stamp_after(pool_row))
@@ -180,6 +181,7 @@ def _mla_decode_stage1(
             MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         )
+    release_next_kernel(PDL)
     if FUSED_MERGE:
         # Every program of the request's head block takes a ticket, empty chunks too; the
         # barrier puts all of this program's stores before its release.
@@ -193,7 +195,7 @@ def _mla_decode_stage1(
             _merge_head_block(
                 MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS,
+                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS, SPLITS_P2,
             )
             if TRACE:
                 trace_store(Trace, program, 5, stamp_after(drawn))
@@ -286,11 +288,12 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    trace: torch.Tensor | None = None,
+    trace: torch.Tensor | None = None, merge_slice: int | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
-    `fused_merge` override DECODE_TILES and the merge's placement, `trace` (int64, TRACE_SLOTS
-    a stage-1 program) takes its programs' timestamps (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
+    `fused_merge` and `merge_slice` override DECODE_TILES, the merge's placement and
+    MERGE_SLICE; `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
+    timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -308,8 +311,8 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None,
-        num_warps=num_warps, num_stages=num_stages,
+        FUSED_MERGE=fused, MERGE_D=min(merge_slice or slice_d, block_r), SPLITS_P2=next_power_of_2(num_kv_splits),
+        TRACE=trace is not None, num_warps=num_warps, num_stages=num_stages, **dependent_launch(q.device),
     )
     if fused:
         return
