@@ -102,29 +102,36 @@ def _merge_head_block(
     MidOut, MidLse, O, b, heads, mask_h, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
 ):
-    """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), chunks a
-    request leaves empty weighted zero. Every chunk's slice is read in one [chunks, heads,
-    slice] load: a loop over chunks waited on L2 once a chunk and slice (5.5-8 us at 4-8 chunks,
-    H100, benchmarks/results/h100-2026-11-26-mla-timeline). Loads go to L2 (.cg): other
-    programs wrote the partials, and L1 is not coherent with them."""
-    offs_s = tl.arange(0, SPLITS_P2)
-    used = (offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len) & (offs_s < NUM_SPLITS)
-    used = used[:, None] & mask_h[None, :]  # [chunks, heads]
-    lse = tl.load(MidLse + b * stride_lb + heads[None, :] * stride_lh + offs_s[:, None],
-                  mask=used, other=float("-inf"), cache_modifier=".cg")
-    lse_max = tl.where(mask_h, tl.max(lse, 0), 0.0)
-    weight = tl.where(used, tl.exp2(lse - lse_max[None, :]), 0.0)
-    total = tl.sum(weight, 0)
-    total = tl.where(total > 0, total, 1.0)
-    parts = MidOut + b * stride_mb + heads[None, :, None] * stride_mh + offs_s[:, None, None] * stride_ms
+    """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), the
+    chunks added in split order, so chunks a request leaves empty add exact zeros. Loads go
+    to L2 (.cg): other programs wrote the partials, and L1 is not coherent with them."""
+    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
+    lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
+    lse_max = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        # A [BLOCK_H] mask, not a scalar one: Triton's interpreter refuses those.
+        used = tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len
+        lse = tl.load(lse_ptrs + s, mask=mask_h & used, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, lse)
+    lse_max = tl.where(mask_h, lse_max, 0.0)
     for d0 in tl.static_range(0, RANK, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
         mask_d = offs_d < RANK
-        part = tl.load(parts + offs_d[None, None, :], mask=used[:, :, None] & mask_d[None, None, :],
-                       other=0.0, cache_modifier=".cg")
-        merged = tl.sum(part * weight[:, :, None], 0) / total[:, None]
+        acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+        total = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for s in tl.static_range(NUM_SPLITS):
+            used = mask_h & (tl.full((BLOCK_H,), s, tl.int32) * keys < seq_len)
+            lse = tl.load(lse_ptrs + s, mask=used, other=float("-inf"), cache_modifier=".cg")
+            weight = tl.where(used, tl.exp2(lse - lse_max), 0.0)
+            part = tl.load(
+                MidOut + b * stride_mb + heads[:, None] * stride_mh + s * stride_ms + offs_d[None, :],
+                mask=used[:, None] & mask_d[None, :], other=0.0, cache_modifier=".cg",
+            )
+            acc += part * weight[:, None]
+            total += weight
+        merged = acc / tl.where(total > 0, total, 1.0)[:, None]
         tl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  merged.to(O.dtype.element_ty), mask=mask_h[:, None] & mask_d[None, :])
 
@@ -137,7 +144,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, SPLITS_P2: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr,
+    MERGE_D: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -195,7 +202,7 @@ def _mla_decode_stage1(
             _merge_head_block(
                 MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS, SPLITS_P2,
+                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS,
             )
             if TRACE:
                 trace_store(Trace, program, 5, stamp_after(drawn))
@@ -311,7 +318,7 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=min(merge_slice or slice_d, block_r), SPLITS_P2=next_power_of_2(num_kv_splits),
+        FUSED_MERGE=fused, MERGE_D=min(merge_slice or slice_d, block_r),
         TRACE=trace is not None, num_warps=num_warps, num_stages=num_stages, **dependent_launch(q.device),
     )
     if fused:
