@@ -13,9 +13,8 @@ case, how the launch's time divides:
 - the gap from one launch's last program to the next launch's first, and programs per SM.
 
 The same graph without stamps is timed beside it, so the stamps' own cost shows. Each case
-runs in VARIANTS: the kernel as shipped, the fused merge's slice widths, dependent launches off,
-and each launch after a torch kernel writing q (as the model's `torch.cat(...) * scale` does),
-with dependent launches on and off.
+runs in VARIANTS: launches back to back, and each after a torch kernel writing q (as the
+model's `torch.cat(...) * scale` does).
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
 """
@@ -42,17 +41,13 @@ from bench_moe_mla import (
 )
 
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
-from cgtool.runtime import dependent_launch
 from cgtool.runtime.kernel_trace import TRACE_SLOTS
 from cgtool.runtime.triton_launch import cdiv
 
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
-# name: (fused merge's slice or None for MERGE_SLICE, dependent launches, a torch kernel before each launch)
-VARIANTS = {
-    "shipped": (None, True, False), "slice256": (256, True, False), "slice512": (512, True, False),
-    "ordinary": (None, False, False), "after_op": (None, True, True), "after_op_ordinary": (None, False, True),
-}
+# name: whether a torch kernel runs before each launch
+VARIANTS = {"shipped": False, "after_op": True}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -93,7 +88,7 @@ def clock_step_ns(rows: list[list[int]]) -> int:
 
 
 def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
-    merge_slice, dependent_launch.DEPENDENT_LAUNCH, after_op = VARIANTS[variant]
+    after_op = VARIANTS[variant]
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -109,7 +104,7 @@ def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
             if after_op:
                 torch.mul(q_source, 1.0, out=q)
             mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                 trace=traces[i] if traced else None, merge_slice=merge_slice)
+                                 trace=traces[i] if traced else None)
 
     plain_us = graph_us(lambda: run(False)) / layers
     traced_us = graph_us(lambda: run(True)) / layers  # the last replay's stamps stay in `traces`
@@ -137,8 +132,6 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for (bs, ctx), variant in ((c, v) for c in cases for v in args.variants.split(",")):
-        if variant.startswith("slice") and mla_num_kv_splits(bs, MLA_HEADS) > 8:
-            continue  # the slice is the fused merge's, and this case merges in a kernel of its own
         row = timeline_case(bs, ctx, copy_bs, variant)
         result["cases"].append(row)
         save_results(result, args.out)
@@ -151,7 +144,6 @@ def main() -> None:
             f"clock step {row['clock_step_ns']} ns")
         del row
         torch.cuda.empty_cache()
-    dependent_launch.DEPENDENT_LAUNCH = True
     log("done")
 
 

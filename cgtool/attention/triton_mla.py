@@ -35,11 +35,6 @@ from cgtool.attention.triton_decode import (
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
-from cgtool.runtime.dependent_launch import (
-    dependent_launch,
-    release_next_kernel,
-    wait_for_previous_kernel,
-)
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
@@ -144,7 +139,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr,
+    MERGE_D: tl.constexpr, TRACE: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -155,11 +150,7 @@ def _mla_decode_stage1(
     if TRACE:
         trace_store(Trace, program, 0, sm_id())
         trace_store(Trace, program, 1, stamp_after(b))
-    # The step's lengths and rows are written before the step; q, the latent rows, the partials
-    # and the tickets only once the kernel before (with PDL, still running) has finished.
     split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
-    pool_row = tl.load(req_pool_indices + b)
-    wait_for_previous_kernel(PDL)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
     if split_end > split_start:  # the merge skips empty chunks
@@ -170,6 +161,7 @@ def _mla_decode_stage1(
         q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
         q_r = tl.load(q_rows + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0)
         q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_h[:, None] & mask_p[None, :], other=0.0)
+        pool_row = tl.load(req_pool_indices + b)
         token_row = req_to_token + pool_row.to(tl.int64) * stride_req
         if TRACE:
             trace_store(Trace, program, 2, stamp_after(pool_row))
@@ -188,7 +180,6 @@ def _mla_decode_stage1(
             MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         )
-    release_next_kernel(PDL)
     if FUSED_MERGE:
         # Every program of the request's head block takes a ticket, empty chunks too; the
         # barrier puts all of this program's stores before its release.
@@ -295,12 +286,11 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    trace: torch.Tensor | None = None, merge_slice: int | None = None,
+    trace: torch.Tensor | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge` and `merge_slice` override DECODE_TILES, the merge's placement and
-    MERGE_SLICE; `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
-    timestamps (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
+    `fused_merge` override DECODE_TILES and the merge's placement, `trace` (int64, TRACE_SLOTS
+    a stage-1 program) takes its programs' timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -318,8 +308,8 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        FUSED_MERGE=fused, MERGE_D=min(merge_slice or slice_d, block_r),
-        TRACE=trace is not None, num_warps=num_warps, num_stages=num_stages, **dependent_launch(q.device),
+        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
         return
