@@ -14,7 +14,7 @@ case, how the launch's time divides:
 
 The same graph without stamps is timed beside it, so the stamps' own cost shows. Each case
 runs in VARIANTS: launches back to back, and each after a torch kernel writing q (as the
-model's `torch.cat(...) * scale` does).
+model's `torch.cat(...) * scale` does), with the partials in the shipped dtype and in bf16.
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
 """
@@ -46,8 +46,11 @@ from cgtool.runtime.triton_launch import cdiv
 
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
-# name: whether a torch kernel runs before each launch
-VARIANTS = {"shipped": False, "after_op": True}
+# name: (a torch kernel before each launch, the partials' dtype or None for the shipped one)
+VARIANTS = {
+    "shipped": (False, None), "after_op": (True, None),
+    "bf16_partials": (False, torch.bfloat16), "after_op_bf16_partials": (True, torch.bfloat16),
+}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -88,7 +91,7 @@ def clock_step_ns(rows: list[list[int]]) -> int:
 
 
 def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
-    after_op = VARIANTS[variant]
+    after_op, partial_dtype = VARIANTS[variant]
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -104,8 +107,12 @@ def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
             if after_op:
                 torch.mul(q_source, 1.0, out=q)
             mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                 trace=traces[i] if traced else None)
+                                 trace=traces[i] if traced else None, partial_dtype=partial_dtype)
 
+    reference = torch.empty_like(out)
+    mla_decode_attention(q, caches[0], reference, r2t, rows, seq_lens, 0.07, splits, None)
+    mla_decode_attention(q, caches[0], out, r2t, rows, seq_lens, 0.07, splits, None, partial_dtype=partial_dtype)
+    diff = (out.float() - reference.float()).abs().max().item()
     plain_us = graph_us(lambda: run(False)) / layers
     traced_us = graph_us(lambda: run(True)) / layers  # the last replay's stamps stay in `traces`
     launches = [launch_summary(traces[i].tolist()) for i in range(layers)]
@@ -113,7 +120,7 @@ def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
     return {
         "bs": bs, "context": ctx, "variant": variant, "splits": splits, "programs": programs, "layers": layers,
         "bound_us": bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6,
-        "us": plain_us, "traced_us": traced_us, "gaps_between_launches_us": gaps,
+        "us": plain_us, "traced_us": traced_us, "max_abs_diff_vs_shipped_partials": diff, "gaps_between_launches_us": gaps,
         "clock_step_ns": clock_step_ns(traces[-1].tolist()),
         "launches": launches,
         # One launch's stamps, raw, for the kernel as shipped (the other variants' summaries suffice).
@@ -141,7 +148,8 @@ def main() -> None:
             + ", ".join(f"{p} {mid[p].get('median', 0):.1f} (max {mid[p].get('max', 0):.1f})" for p in PHASES)
             + f"; gaps {[round(g, 1) for g in row['gaps_between_launches_us']]}; "
             f"{mid['programs']} programs on {mid['sms']} SMs, at most {mid['max_programs_on_one_sm']} on one; "
-            f"clock step {row['clock_step_ns']} ns")
+            f"clock step {row['clock_step_ns']} ns; max |diff| against the shipped partials "
+            f"{row['max_abs_diff_vs_shipped_partials']:.3g}")
         del row
         torch.cuda.empty_cache()
     log("done")

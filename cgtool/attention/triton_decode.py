@@ -260,9 +260,9 @@ _STAGE2 = CachedKernel(_decode_stage2)
 
 def decode_scratch(
     batch_size: int, num_heads: int, width: int, num_kv_splits: int, device: torch.device,
-    shared: dict[object, Any] | None = None,
+    shared: dict[object, Any] | None = None, partial_dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 partial outputs and log-sum-exps of every chunk.
+    """Partial outputs (fp32 unless `partial_dtype`) and fp32 log-sum-exps of every chunk.
 
     From `shared` (a forward's workspace, `batch.forward_scratch()`) where it already holds
     a block of this shape: the layers run one after the other, so one block serves them
@@ -271,12 +271,12 @@ def decode_scratch(
     # Stage 2 spans a request's chunks with one tl.arange, whose length is a power of two.
     assert num_kv_splits & (num_kv_splits - 1) == 0, "num_kv_splits must be a power of two"
     assert num_kv_splits <= MAX_KV_SPLITS, "the merge spans at most MAX_KV_SPLITS chunks"
-    key = ("decode_scratch", batch_size, num_heads, width, num_kv_splits, device)
+    key = ("decode_scratch", batch_size, num_heads, width, num_kv_splits, device, partial_dtype)
     found = shared.get(key) if shared is not None else None
     if found is not None:
         return found
     mid_out = torch.empty(
-        (batch_size, num_heads, num_kv_splits, width), dtype=torch.float32, device=device
+        (batch_size, num_heads, num_kv_splits, width), dtype=partial_dtype, device=device
     )  # [bs, heads, num_kv_splits, width]
     mid_lse = torch.empty(
         (batch_size, num_heads, num_kv_splits), dtype=torch.float32, device=device

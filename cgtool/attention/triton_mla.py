@@ -65,6 +65,8 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
+# The chunks' partial outputs, [16 heads, 512] a chunk.
+PARTIAL_DTYPE = torch.float32
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -286,17 +288,20 @@ def mla_decode_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
-    trace: torch.Tensor | None = None,
+    trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
 ) -> None:
-    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles` and
-    `fused_merge` override DECODE_TILES and the merge's placement, `trace` (int64, TRACE_SLOTS
-    a stage-1 program) takes its programs' timestamps (benchmarks)."""
+    """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
+    `fused_merge` and `partial_dtype` override DECODE_TILES, the merge's placement and
+    PARTIAL_DTYPE; `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
+    timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
-    mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch)
+    mid_out, mid_lse = decode_scratch(
+        bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype or PARTIAL_DTYPE
+    )
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     slice_d = min(MERGE_SLICE, block_r)
