@@ -1,9 +1,12 @@
 """Predictions of recorded `verify` runs made again with the cost model of this checkout.
 
     .venv/bin/python benchmarks/repredict_verify.py FOLDER [--efficiency-then 0.5]
+        [--profile-from self|other-trace]
 
 FOLDER holds one sub-folder per run with `plan.json` and `verify.json` (as gpu-check.sh's
-`memory` stage leaves them). Per run, set and kind: the measured step mean, the prediction
+`memory` stage leaves them). With --profile-from the "now" column is predicted as `cgtool plan
+--profile verify.json` would, from the run's own verify.json (`self`) or from the other trace's
+run of the same model (`other-trace`). Per run, set and kind: the measured step mean, the prediction
 recorded then, and the roofline's prediction now, each weighted as verify weights its sampled
 steps (by size: the recorded rows carry each size's mean context, and a step's predicted time
 is linear in it). With --efficiency-then the dense extend attention efficiency the runs were
@@ -25,13 +28,33 @@ from cgtool.verify.population import plan_cost, predicted_ms
 from cgtool.verify.steps import Step
 
 
-def rows(folder: Path) -> list[tuple[str, str, str, float, float, float]]:
+def _verify_json(run: Path) -> Path:
+    return run / "verify.json" if (run / "verify.json").exists() else run / "verify" / "verify.json"
+
+
+def _profile_for(run: Path, runs: list[Path], profile_from: str | None) -> str | None:
+    """The verify.json `plan --profile` is given: none (the roofline), the run's own, or that
+    of the other run of the same model (another trace on the same GPU)."""
+    if profile_from is None:
+        return None
+    if profile_from == "self":
+        return str(_verify_json(run))
+    model = json.loads(_verify_json(run).read_text())["model"]["name"]
+    others = [r for r in runs if r != run and json.loads(_verify_json(r).read_text())["model"]["name"] == model]
+    return str(_verify_json(others[0])) if others else None
+
+
+def rows(folder: Path, profile_from: str | None = None) -> list[tuple[str, str, str, float, float, float]]:
     out = []
-    for run in sorted(p for p in folder.iterdir() if (p / "verify.json").exists() or (p / "verify" / "verify.json").exists()):
-        verify_json = run / "verify.json" if (run / "verify.json").exists() else run / "verify" / "verify.json"
+    runs = sorted(p for p in folder.iterdir() if (p / "verify.json").exists() or (p / "verify" / "verify.json").exists())
+    for run in runs:
+        verify_json = _verify_json(run)
         plan_json = run / "plan.json" if (run / "plan.json").exists() else run / "plan" / "plan.json"
         verify, plan = json.loads(verify_json.read_text()), load_plan(plan_json)
-        plan.inputs.profile = None  # the roofline: the profile path was the GPU machine's
+        # The roofline, or a verify.json here: the recorded profile path was the GPU machine's.
+        plan.inputs.profile = _profile_for(run, runs, profile_from)
+        if profile_from and plan.inputs.profile is None:
+            continue  # no other run of this model to learn from
         inputs, decode, piecewise = plan.inputs, plan.decode, plan.piecewise
         for graph_set in verify["sets"]:
             sizes = [r["size"] for r in graph_set["sizes"]]
@@ -59,6 +82,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path)
     parser.add_argument("--efficiency-then", type=float, default=None)
+    parser.add_argument("--profile-from", choices=("self", "other-trace"), default=None,
+                        help="predict as `plan --profile verify.json` would: with the run's own verify.json, "
+                             "or with the other trace's run of the same model")
     args = parser.parse_args()
     if args.efficiency_then is not None:
         cost_module.GQA_EXTEND_FLOPS_EFFICIENCY = args.efficiency_then
@@ -66,7 +92,9 @@ def main() -> None:
           "error = measured / predicted - 1")
     print("| run | set | kind | measured ms | predicted then | error then | predicted now | error now |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, graph_set, kind, measured, then, now in rows(args.folder):
+    if args.profile_from:
+        print(f"# now: with --profile from {args.profile_from}")
+    for name, graph_set, kind, measured, then, now in rows(args.folder, args.profile_from):
         print(f"| {name} | {graph_set} | {kind} | {measured:.2f} | {then:.2f} | {measured / then - 1:+.1%} "
               f"| {now:.2f} | {measured / now - 1:+.1%} |")
 

@@ -65,13 +65,18 @@ def test_families():
         "dense", "MoE", "MLA"]
 
 
-def test_a_verify_too_short_to_time_a_kind_still_feeds_its_proof_to_the_plan():
-    # qwen3-30b-a3b's 100-step verify timed no kind on both eager and graph steps: on the GPU,
-    # `plan --profile` exited 2 on it; its step times now stay the roofline's.
+def test_a_verify_whose_steps_all_replayed_teaches_their_times_and_feeds_its_proof():
+    # qwen3-30b-a3b's 100-step verify ran every step on a graph, none eagerly. Once `plan
+    # --profile` exited 2 on it, then its step times stayed the roofline's: a kind needed both
+    # sides. Its replayed steps now teach the graphs' times, the eager side following the
+    # roofline's gap, and its proven fraction still reaches the plan.
     from cgtool.planner.profile_fit import profile_cost
 
-    _, profile = _memory_and_profile()
-    assert profile["sizes"] == []
+    memory, profile = _memory_and_profile()
+    decode = [r for r in profile["sizes"] if r["kind"] == "decode"]
+    assert decode and all(r["replay_ms"] < r["eager_ms"] for r in decode)
     cost = profile_cost(profile, load_model_config("qwen3-30b-a3b"), H100, max_bs=256, max_tokens=8192,
                         source="verify.json")
-    assert cost.source == "roofline"
+    assert cost.source == "verify.json"
+    proven, _ = apply_proof(memory, profile, load_model_config("qwen3-30b-a3b"), H100)
+    assert proven.fraction_source == "proven"

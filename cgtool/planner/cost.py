@@ -83,6 +83,9 @@ class CostModel:
     # the pool at the largest decode size: bytes per request of that size, plus a constant.
     decode_static_row_bytes: float = 0.0
     decode_static_bytes: float = 0.0
+    # False where the eager tables are the roofline's and not measured (a verify.json whose
+    # steps all replayed): the planner then keeps its low and high eager assumptions.
+    eager_measured: bool = True
 
     @property
     def max_bs(self) -> int:

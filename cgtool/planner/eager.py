@@ -32,12 +32,13 @@ class EagerAssumption:
 
 
 def eager_range(cost: CostModel, cfg: ModelConfig, tp_size: int = 1) -> list[EagerAssumption]:
-    """The assumptions a plan must hold up under: measured when `cost` is a capture report's,
-    else the low (roofline) and high (host-bound) ends."""
-    if cost.source != "roofline":
+    """The assumptions a plan must hold up under: measured when `cost`'s eager times are (a
+    capture report's), else the low (roofline) and high (host-bound) ends around its tables."""
+    if cost.source != "roofline" and cost.eager_measured:
         return [
             EagerAssumption("measured", f"eager and replay times measured in {cost.source}", cost)
         ]
+    low_basis = "roofline" if cost.source == "roofline" else f"replay times from {cost.source}, eager steps by the roofline"
     host_ms = kernels_per_forward(cfg, tp_size) * HOST_BOUND_MS_PER_KERNEL
     high = _with_eager(
         cost,
@@ -48,7 +49,7 @@ def eager_range(cost: CostModel, cfg: ModelConfig, tp_size: int = 1) -> list[Eag
     ratio_high = float(high.decode_eager_ms[1] / high.decode_graph_ms[1])
     return [
         EagerAssumption(
-            "low", f"roofline: eager decode {ratio_low:.2f}x a replay at bs 1 (fast host)", cost
+            "low", f"{low_basis}: eager decode {ratio_low:.2f}x a replay at bs 1 (fast host)", cost
         ),
         EagerAssumption(
             "high",

@@ -120,7 +120,9 @@ def profile_cost(
     # A replay (cgtool.replay.profile) fits attention's price to its own steps: it replaces the roofline's.
     fitted = {k: float(v) for k, v in report.get("attention", {}).items()
               if k in ("kv_read_ms_per_token", "attention_ms_per_pair") and isinstance(v, (int, float)) and v > 0}
-    return _with(base, source=source, warnings=notes, **(tables | fitted))
+    # A verify.json that timed no eager step says so: its eager side is the roofline's.
+    eager_measured = bool(report.get("eager_measured", True))
+    return _with(base, source=source, warnings=notes, eager_measured=eager_measured, **(tables | fitted))
 
 
 def _report_context(report: dict[str, Any]) -> float:

@@ -4,7 +4,12 @@ reads, so predictions learn from what verify measured.
 Each measured step is turned into its dense part (the planner's attention estimate for its
 own context taken out), then eager points (steps that ran eagerly, at their size) and
 replay points (steps on a graph, at the graph's size) become per-size rows at context 0.
-Capture time and graph memory are the plan set's, spread evenly over its graphs.
+A kind whose steps all replayed (the graphs covered the trace, as they usually do) takes its
+eager side from the roofline's gap between an eager and a replayed step of each size, and one
+whose steps all ran eagerly its replay side the same way: without it that kind learned
+nothing, and the plan kept the roofline. Eager times not measured are marked
+(`eager_measured`), so the plan keeps its low and high eager assumptions around them. Capture time and graph memory are the plan set's,
+spread evenly over its graphs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ from cgtool.verify.result import (
 
 
 
+# An extend step teaches its size's dense part only when its cached prefix is at most
+# MAX_PREFIX_PER_NEW_TOKEN times its new tokens and the attention taken out of it at most
+# MAX_ATTENTION_SHARE of its time: otherwise what is left is mostly the attention estimate's
+# error. The estimate prices query-key pairs, and a few new tokens over a long prefix take the
+# time of reading the prefix instead. A Mooncake verify on the H100 measured 14 new tokens over a
+# 24,576-token prefix at 73.7 ms, where the estimate put 26.0. Learning from every step, its
+# profile put the Azure example's extend steps at twice their measured time
+# (benchmarks/results/h100-2026-11-26-pdl-tails/call4, `benchmarks/repredict_verify.py
+# --profile-from other-trace`).
+MAX_PREFIX_PER_NEW_TOKEN = 4
+MAX_ATTENTION_SHARE = 0.5
+
+
 def load_profile(path: Path) -> dict[str, Any]:
     """A capture report's dict, or a verify.json made into one."""
     if is_verify_document(path):
@@ -41,10 +59,18 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
 
     cfg = load_model_config(result.model.name)
     gpu: GpuSpec | None = match_nvml_name(result.environment.gpu_name)
-    unit = roofline_cost(cfg, gpu, max_bs=1, max_tokens=1) if gpu is not None else None
+    unit = None
+    if gpu is not None:
+        # Replayed steps count at their graph's size, which padding makes larger than theirs.
+        largest = {kind: max((max(r.size, r.graph_size) for s in result.sets for r in s.sizes if r.kind == kind),
+                             default=1) for kind in ("decode", "extend")}
+        unit = roofline_cost(cfg, gpu, max_bs=largest["decode"], max_tokens=largest["extend"])
     rows: list[dict[str, Any]] = []
+    eager_measured = True
     for kind in ("decode", "extend"):
-        rows += _rows(result.sets, kind, unit)
+        kind_rows, measured = _rows(result.sets, kind, unit)
+        rows += kind_rows
+        eager_measured = eager_measured and (measured or not kind_rows)
     if unit is not None:
         # profile_fit takes a one-request causal prefill's attention out of each piecewise
         # row; these rows are dense already, so it is added back first (as replay's are).
@@ -65,6 +91,7 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
         "model": {"name": result.model.name, "config_hash": result.model.config_hash},
         "settings": {"context_len": 0, "tp_size": 1},
         "sizes": rows,
+        "eager_measured": eager_measured,
         "totals": {"graph_pool_bytes": plan_set.graph_bytes if plan_set else 0, "non_torch_bytes": 0},
         "memory_proof": memory_proof(result),
     }
@@ -86,26 +113,72 @@ def memory_proof(result: VerifyResult) -> dict[str, Any]:
     }
 
 
-def _rows(sets: list[SetResult], kind: str, unit: Any) -> list[dict[str, Any]]:
+def _rows(sets: list[SetResult], kind: str, unit: Any) -> tuple[list[dict[str, Any]], bool]:
+    """A kind's rows, and whether their eager times were measured."""
+    eager, replay = _dense_points(sets, kind, unit)
+    measured = bool(eager)
+    if not eager and not replay:
+        return [], True  # the roofline fills the kind
+    if not eager or not replay:
+        if unit is None:
+            return [], True
+        # One side measured: the other is it moved by the roofline's eager-over-replay gap.
+        gap = _eager_gap(unit, kind)
+        if not eager:
+            eager = {s: [v + gap[s] for v in values] for s, values in replay.items()}
+        else:
+            replay = {s: [max(v - gap[s], 0.0) for v in values] for s, values in eager.items()}
+    sizes = sorted(set(eager) | set(replay))
+    e_sizes, r_sizes = sorted(eager), sorted(replay)
+    e_ms = np.interp(sizes, e_sizes, [float(np.mean(eager[s])) for s in e_sizes])
+    r_ms = np.interp(sizes, r_sizes, [float(np.mean(replay[s])) for s in r_sizes])
+    points = list(zip(sizes, e_ms, r_ms))
+    if unit is not None:
+        points = _below_first(unit, kind, points) + points
+    return [
+        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
+         "replay_ms": float(min(r, e)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
+        for s, e, r in points
+    ], measured
+
+
+def _dense_points(sets: list[SetResult], kind: str, unit: Any) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """(eager, replay): each size's dense times, eager steps at their size, replayed ones at
+    their graph's, less the planner's attention estimate. Extend steps whose estimate cannot be
+    trusted to leave the dense part teach nothing (MAX_PREFIX_PER_NEW_TOKEN, MAX_ATTENTION_SHARE)."""
     eager: dict[int, list[float]] = defaultdict(list)
     replay: dict[int, list[float]] = defaultdict(list)
     for graph_set in sets:
         for row in graph_set.sizes:
             if row.kind != kind:
                 continue
-            dense = row.measured_ms - _attention_ms(unit, row.kind, row.size, row)
-            (replay[row.graph_size] if row.graph_size else eager[row.size]).append(max(dense, 0.0))
-    if not eager or not replay:
-        return []  # both are needed per size; the roofline fills the kind instead
-    sizes = sorted(set(eager) | set(replay))
-    e_sizes, r_sizes = sorted(eager), sorted(replay)
-    e_ms = np.interp(sizes, e_sizes, [float(np.mean(eager[s])) for s in e_sizes])
-    r_ms = np.interp(sizes, r_sizes, [float(np.mean(replay[s])) for s in r_sizes])
-    return [
-        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
-         "replay_ms": float(min(r, e)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
-        for s, e, r in zip(sizes, e_ms, r_ms)
-    ]
+            attention = _attention_ms(unit, row.kind, row.size, row)
+            if kind == "extend" and (row.context > MAX_PREFIX_PER_NEW_TOKEN * row.size
+                                     or attention > MAX_ATTENTION_SHARE * row.measured_ms):
+                continue
+            dense = max(row.measured_ms - attention, 0.0)
+            (replay[row.graph_size] if row.graph_size else eager[row.size]).append(dense)
+    return eager, replay
+
+
+def _below_first(unit: Any, kind: str, points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+    """Points at 1, 2, 4, ... below the smallest size measured: the roofline's, scaled by how
+    the measured size compared with it. The fit would otherwise hold the smallest size's time
+    flat down to size 1, and a verify whose short steps all taught nothing (long prefixes) put
+    a few new tokens at the cost of thousands."""
+    first, e0, r0 = points[0]
+    graph, eager = (unit.decode_graph_ms, unit.decode_eager_ms) if kind == "decode" else (
+        unit.extend_graph_ms, unit.extend_eager_ms)
+    e_scale, r_scale = e0 / max(eager[first], 1e-9), r0 / max(graph[first], 1e-9)
+    below = [1 << i for i in range(int(first).bit_length()) if (1 << i) < first]
+    return [(s, float(eager[s] * e_scale), float(graph[s] * r_scale)) for s in below]
+
+
+def _eager_gap(unit: Any, kind: str) -> np.ndarray:
+    """Per size, how much longer the roofline prices an eager step than a replayed one."""
+    if kind == "decode":
+        return unit.decode_eager_ms - unit.decode_graph_ms
+    return unit.extend_eager_ms - unit.extend_graph_ms
 
 
 def _attention_ms(unit: Any, kind: str, size: int, row: SizeTiming) -> float:
