@@ -13,6 +13,8 @@
 # `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `mla-timeline` (by name only): benchmarks/probe_mla_timeline.py, MLA decode's programs stamped
 # (MLA_CASES picks BSxCONTEXT cases), in $OUT/mla-timeline.json.
+# `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
+# cached prefixes with keys whole and split, in $OUT/extend-split.json.
 # `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
@@ -161,6 +163,11 @@ if [[ " $stages " == *" mla-timeline "* ]]; then  # issue 33, by name only: MLA 
   timeout -k 10 240 python3 benchmarks/probe_mla_timeline.py --out "$OUT/mla-timeline.json" \
     ${MLA_CASES:+--cases "$MLA_CASES"} 2>&1 | tee "$OUT/mla-timeline.log"
   echo "[$(date +%H:%M:%S)] probe_mla_timeline exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
+  echo "[$(date +%H:%M:%S)] bench_extend_split"
+  timeout -k 10 240 python3 benchmarks/bench_extend_split.py --out "$OUT/extend-split.json" 2>&1 | tee "$OUT/extend-split.log"
+  echo "[$(date +%H:%M:%S)] bench_extend_split exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the MoE GEMMs by pipeline stages
   echo "[$(date +%H:%M:%S)] bench_gemm_stages"

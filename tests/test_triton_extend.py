@@ -57,6 +57,46 @@ def test_extend_matches_reference_in_fp16():
     assert_attention_close(out, ref, atol=5e-3)
 
 
+def run_extend_split(pool, rows, prefix_lens, new_lens, num_heads, head_dim, kv_splits, num_padding=0):
+    """(triton output with each program's keys split `kv_splits` ways, reference output)."""
+    from cgtool.attention.triton_extend import extend_attention
+
+    device = str(pool.req_to_token.device)
+    batch = extend_batch(pool, rows, prefix_lens, [[0] * n for n in new_lens])
+    q = random_q(sum(new_lens) + num_padding, num_heads, head_dim, pool.k_buffers[0].dtype, device)
+    out, ref = torch.zeros_like(q), torch.full_like(q, float("nan"))
+    shape = (q.shape[0], num_heads, head_dim)
+    extend_attention(
+        q.view(shape), pool.k_buffers[0], pool.v_buffers[0], out.view(shape), pool.req_to_token, batch.req_pool_indices,
+        batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc, head_dim**-0.5,
+        max(new_lens), new_tokens=sum(new_lens), kv_splits=kv_splits,
+    )
+    TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
+    return out, ref
+
+
+@pytest.mark.parametrize("kv_splits", [2, 3, 7])
+def test_extend_with_split_keys_matches_reference(kv_splits):
+    # Prefixes from none to 900 keys: some chunks are empty (prefix 0 and 3), one query block
+    # of 130 new tokens spans two blocks whose causal tails fall in the last chunk alone.
+    prefix_lens, new_lens = [0, 900, 3, 200, 517], [130, 1, 20, 64, 7]
+    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
+    pool, rows = random_pool(capacities, 8, 2, 64, torch.float32, "cpu")
+    out, ref = run_extend_split(pool, rows, prefix_lens, new_lens, 8, 64, kv_splits, num_padding=4)
+    assert not out.isnan().any()
+    assert out[sum(new_lens):].eq(0).all()  # the merge leaves the padding rows alone
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_a_step_splits_its_keys_only_when_its_programs_leave_sms_idle():
+    from cgtool.attention.triton_extend import MIN_SPLIT_KEYS, extend_kv_splits
+
+    assert extend_kv_splits(programs=32, longest_keys=24_590, sms=132) == 9  # 2 x 132 / 32, rounded up
+    assert extend_kv_splits(programs=32, longest_keys=3 * MIN_SPLIT_KEYS, sms=132) == 3  # keys to share
+    assert extend_kv_splits(programs=32, longest_keys=500, sms=132) == 1
+    assert extend_kv_splits(programs=132, longest_keys=100_000, sms=132) == 1  # a full wave already
+
+
 # ---------------------------------------------------------------------------------------- GPU
 
 
@@ -69,4 +109,15 @@ def test_extend_bf16_matches_reference_for_long_prefixes(num_heads, kv_heads, he
     pool, rows = random_pool(capacities, num_heads, kv_heads, head_dim, torch.bfloat16, "cuda")
     out, ref = run_extend(pool, rows, prefix_lens, new_lens, num_heads, head_dim, num_padding=61)
     assert out[sum(new_lens):].eq(0).all()
+    assert_attention_close(out, ref, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("prefix", "new"), [(24_576, 14), (12_546, 1), (8192, 300)])
+def test_extend_bf16_over_a_long_prefix_splits_its_keys_and_matches_reference(prefix, new):
+    # qwen3-30b-a3b's attention shape: a few new tokens over a long prefix, as the backend runs
+    # them (its split chosen from the SM count), against the torch reference.
+    pool, rows = random_pool([prefix + new, 40], 32, 4, 128, torch.bfloat16, "cuda")
+    out, ref = run_extend(pool, rows, [prefix, 0], [new, 40], 32, 128, num_padding=9)
+    assert out[new + 40:].eq(0).all()
     assert_attention_close(out, ref, atol=2e-2)

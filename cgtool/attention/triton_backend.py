@@ -69,7 +69,9 @@ class TritonAttentionBackend(HeadsBackend):
                 self.scale, max_extend_len,
             )
             return
+        prefixes = batch.extend_prefix_lens_cpu or [0] * len(new_lens)
         extend_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
             batch.req_pool_indices, *lens, self.scale, max_extend_len,
+            longest_keys=max((p + n for p, n in zip(prefixes, new_lens)), default=0), new_tokens=sum(new_lens),
         )

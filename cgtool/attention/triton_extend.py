@@ -4,6 +4,13 @@ The attention op stores the new tokens' K/V in the pool before the backend runs,
 every key, cached prefix and new token alike, is read through req_to_token: query j of
 request b sits at position prefix_lens[b] + j and sees the keys at positions up to its
 own. One program handles BLOCK_M queries of one request and one q head.
+
+A step of a few new tokens over a long cached prefix gives only heads x requests x query
+blocks programs, each reading the whole prefix alone: 14 new tokens over a 24,576-token prefix
+took 1 ms a layer where its KV reads in 17 us (qwen3-30b-a3b, H100, the Mooncake verify). Such
+a step splits the keys each program sees into `kv_splits` chunks, all visible to every query
+except the last one's causal tail; each chunk's program writes its partial output and
+log-sum-exp, and a second kernel merges them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,12 @@ import triton.language as tl
 from cgtool.attention.triton_keys import ALL_VISIBLE, CAUSAL, attend_key_block
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
+
+# Splits are asked for when a step's programs fill fewer than this many waves of the SMs, and
+# given at least MIN_SPLIT_KEYS keys each (a chunk's partial costs a write and a merge).
+SPLIT_BELOW_WAVES = 1
+MIN_SPLIT_KEYS = 1024
+MAX_KV_SPLITS = 32
 
 
 def launch_config(head_dim: int) -> tuple[int, int, int, int]:
@@ -30,17 +43,19 @@ def launch_config(head_dim: int) -> tuple[int, int, int, int]:
 
 @triton.jit
 def _extend_kernel(
-    Q, K, V, O, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc, scale_log2,
+    Q, K, V, O, MidO, MidLse, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc,
+    scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_req,
+    stride_req, stride_mt, stride_mh, stride_lt, stride_lh,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
     # Causal blocks further down a request see more keys: launch those first, so the
     # light ones fill the tail of the wave.
-    block_m = tl.num_programs(2) - 1 - tl.program_id(2)
+    block_m = tl.num_programs(2) // SPLITS - 1 - tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
     extend_len = tl.load(extend_lens + b)
     if block_m * BLOCK_M >= extend_len:
         return  # the grid is sized for the longest request of the batch
@@ -65,24 +80,65 @@ def _extend_kernel(
     # rest, up to the last query's own position, need the causal mask.
     unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    for start_n in range(0, unmasked_end, BLOCK_N):
+    # A split's keys: a chunk of the visible ones, the last split also the causal tail, so
+    # every chunk but the last is visible to all its queries and none sees no key at all.
+    chunk = tl.cdiv(tl.cdiv(unmasked_end, SPLITS), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * chunk, unmasked_end)
+    visible_end = tl.minimum(lo + chunk, unmasked_end) if SPLITS > 1 else unmasked_end
+    for start_n in range(lo, visible_end, BLOCK_N):
         acc, l_i, m_i = attend_key_block(
             acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, ALL_VISIBLE,
         )
-    for start_n in range(unmasked_end, kv_end, BLOCK_N):
-        acc, l_i, m_i = attend_key_block(
-            acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
-        )
+    if split == SPLITS - 1:
+        for start_n in range(unmasked_end, kv_end, BLOCK_N):
+            acc, l_i, m_i = attend_key_block(
+                acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
+                stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
+            )
 
-    tl.store(
-        O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-        (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :],
-    )
+    mask = mask_m[:, None] & mask_d[None, :]
+    if SPLITS == 1:
+        tl.store(O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask)
+    else:  # an empty chunk (a short prefix) leaves zeros and a log-sum-exp of -inf
+        seen = l_i > 0
+        tl.store(MidO + rows[:, None] * stride_mt + head * stride_mh + split * BLOCK_D + offs_d[None, :],
+                 tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0), mask=mask)
+        tl.store(MidLse + rows * stride_lt + head * stride_lh + split,
+                 tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=mask_m)
+
+
+@triton.jit
+def _extend_merge_kernel(
+    MidO, MidLse, O, stride_mt, stride_mh, stride_lt, stride_lh, stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+):
+    """One token's head from its key chunks, weighted by their log-sum-exps."""
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, BLOCK_D)
+    used = offs_s < SPLITS
+    lse = tl.load(MidLse + row * stride_lt + head * stride_lh + offs_s, mask=used, other=float("-inf"))
+    parts = tl.load(MidO + row * stride_mt + head * stride_mh + offs_s[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=used[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    weights = tl.exp2(lse - tl.max(lse, 0))  # the last chunk always holds keys: the max is finite
+    merged = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+    tl.store(O + row * stride_ot + head * stride_oh + offs_d, merged.to(O.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
 
 
 _EXTEND = CachedKernel(_extend_kernel)
+_MERGE = CachedKernel(_extend_merge_kernel)
+
+
+def extend_kv_splits(programs: int, longest_keys: int, sms: int) -> int:
+    """Chunks to split each program's keys into: 1 unless the step's programs fill less than
+    SPLIT_BELOW_WAVES waves of the SMs and its longest request has keys to share out."""
+    if programs >= SPLIT_BELOW_WAVES * sms:
+        return 1
+    return max(1, min(MAX_KV_SPLITS, cdiv(2 * sms, programs), longest_keys // MIN_SPLIT_KEYS))
 
 
 def extend_attention(
@@ -91,23 +147,46 @@ def extend_attention(
     out: torch.Tensor,  # [num_tokens, heads, head_dim], written in place
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
-    sm_scale: float, max_extend_len: int,
+    sm_scale: float, max_extend_len: int, longest_keys: int = 0, new_tokens: int | None = None,
+    kv_splits: int | None = None,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
-    `max_extend_len` (at least 1) bounds the grid; rows past the real tokens are left alone."""
-    _, num_heads, head_dim = q.shape
+    `max_extend_len` (at least 1) bounds the grid; rows past the real tokens are left alone.
+    `longest_keys`, the most keys a request of the step sees (prefix plus new tokens), lets a
+    step with few programs split its keys (`extend_kv_splits`); `kv_splits` overrides that
+    (tests, benchmarks). `new_tokens`, the real rows (all of them by default), bounds the
+    merge of split keys, which would otherwise write the padding rows."""
+    num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[1]
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
     block_m, block_n, num_warps, num_stages = launch_config(head_dim)
+    blocks = cdiv(max_extend_len, block_m)
+    if kv_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        kv_splits = extend_kv_splits(num_heads * req_pool_indices.shape[0] * blocks, longest_keys, sms)
+    block_d = next_power_of_2(head_dim)
+    mid_o = mid_lse = out  # unread with one split
+    if kv_splits > 1:
+        mid_o = torch.empty((num_tokens, num_heads, kv_splits * block_d), dtype=torch.float32, device=q.device)
+        mid_lse = torch.empty((num_tokens, num_heads, kv_splits), dtype=torch.float32, device=q.device)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
     _EXTEND.launch(
-        (num_heads, req_pool_indices.shape[0], cdiv(max_extend_len, block_m)), q, k_cache,
-        v_cache, out, req_to_token, req_pool_indices,
+        (num_heads, req_pool_indices.shape[0], blocks * kv_splits), q, k_cache,
+        v_cache, out, mid_o, mid_lse, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=next_power_of_2(head_dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=kv_splits, num_warps=num_warps, num_stages=num_stages,
+    )
+    if kv_splits == 1:
+        return
+    _MERGE.launch(
+        (num_tokens if new_tokens is None else new_tokens, num_heads), mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=kv_splits, SPLITS_P2=next_power_of_2(kv_splits),
+        num_warps=4, num_stages=1,
     )

@@ -1,0 +1,84 @@
+"""Issue 33: extend attention of a few new tokens over a long cached prefix, keys split or not.
+
+A Mooncake verify measured such steps at 2-3x the planner's estimate (qwen3-30b-a3b, H100: 14
+new tokens over a 24,576-token prefix, 73.7 ms a step against 26.0): the extend kernel ran one
+program per head and query block through the whole prefix. This times one layer's extend
+attention per shape with every program's keys whole (`kv_splits=1`, the kernel before) and
+split as the backend now chooses, against two limits: the keys' K/V read at the copy bandwidth
+and the query-key FLOPs at the measured `torch.mm` rate. Equality: each split result's max
+|diff| against the unsplit one.
+
+    python3 benchmarks/bench_extend_split.py --out extend-split.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from bench_moe_mla import copy_bandwidth, graph_us, log, mm_flops, save_results
+
+from cgtool.attention.triton_extend import extend_attention, extend_kv_splits, launch_config
+from cgtool.runtime.triton_launch import cdiv
+
+# name: (q heads, kv heads, head dim)
+SHAPES = {"qwen3-30b-a3b": (32, 4, 128), "llama-3.1-8b": (32, 8, 128)}
+# (new tokens, cached prefix): the Mooncake verify's short steps, then longer ones for contrast
+CASES = [(1, 12_546), (14, 24_576), (128, 8192), (300, 8192), (1024, 16_384), (2048, 65_536), (4096, 0)]
+
+
+def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: float, peak: float) -> dict:
+    keys = prefix + new
+    k = torch.randn(keys + 1, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(new, heads, dim, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    req_to_token = torch.arange(1, keys + 1, dtype=torch.int32, device="cuda").view(1, keys)
+    rows = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
+
+    def run(splits: int | None) -> torch.Tensor:
+        extend_attention(q, k, v, out, req_to_token, rows, *lens, dim**-0.5, new, longest_keys=keys,
+                         new_tokens=new, kv_splits=splits)
+        return out
+
+    whole = run(1).clone()
+    split = run(None).clone()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chosen = extend_kv_splits(heads * cdiv(new, launch_config(dim)[0]), keys, sms)
+    pairs = new * prefix + new * (new + 1) / 2
+    return {
+        "new_tokens": new, "prefix": prefix, "splits": chosen,
+        "read_us": keys * kv_heads * dim * 2 * 2 / copy_bs * 1e6,
+        "flop_us": 4 * pairs * heads * dim / peak * 1e6,
+        "whole_us": graph_us(lambda: run(1)), "split_us": graph_us(lambda: run(None)),
+        "max_abs_diff": (split.float() - whole.float()).abs().max().item(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    copy_bs, peak = copy_bandwidth(), mm_flops()
+    result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                    "copy_bytes_s": copy_bs, "mm_flops": peak, "cases": {}}
+    log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s, bf16 mm {peak / 1e12:.0f} TFLOP/s")
+    for name, (heads, kv_heads, dim) in SHAPES.items():
+        rows = result["cases"][name] = []
+        for new, prefix in CASES:
+            row = case(heads, kv_heads, dim, new, prefix, copy_bs, peak)
+            rows.append(row)
+            save_results(result, args.out)
+            bound = max(row["read_us"], row["flop_us"])
+            log(f"{name} new={new} prefix={prefix}: whole {row['whole_us']:.1f} us, split x{row['splits']} "
+                f"{row['split_us']:.1f} us, bound {bound:.1f} us ({100 * bound / row['split_us']:.0f}% split, "
+                f"{100 * bound / row['whole_us']:.0f}% whole); max |diff| {row['max_abs_diff']:.3g}")
+            torch.cuda.empty_cache()
+    log("done")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
