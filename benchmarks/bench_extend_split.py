@@ -3,8 +3,9 @@
 A Mooncake verify measured such steps at 2-3x the planner's estimate (qwen3-30b-a3b, H100: 14
 new tokens over a 24,576-token prefix, 73.7 ms a step against 26.0): the extend kernel ran one
 program per head and query block through the whole prefix. This times one layer's extend
-attention per shape with every program's keys whole (`kv_splits=1`, the kernel before) and
-split as the backend now chooses, against two limits: the keys' K/V read at the copy bandwidth
+attention per shape as the kernel ran before (128-row query blocks, keys whole), with the
+query blocks sized to the step (up to 64 new tokens) and keys whole, and as the backend now
+runs it (blocks sized, keys split as it chooses), against two limits: the keys' K/V read at the copy bandwidth
 and the query-key FLOPs at the measured `torch.mm` rate. Equality: each split result's max
 |diff| against the unsplit one.
 
@@ -39,21 +40,24 @@ def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: fl
     rows = torch.zeros(1, dtype=torch.int32, device="cuda")
     lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
 
-    def run(splits: int | None) -> torch.Tensor:
-        extend_attention(q, k, v, out, req_to_token, rows, *lens, dim**-0.5, new, longest_keys=keys,
+    def run(splits: int | None, max_extend_len: int = new) -> torch.Tensor:
+        extend_attention(q, k, v, out, req_to_token, rows, *lens, dim**-0.5, max_extend_len, longest_keys=keys,
                          new_tokens=new, kv_splits=splits)
         return out
 
-    whole = run(1).clone()
+    # The kernel before: 128-row query blocks (a grid sized past 64 new tokens), keys whole.
+    before = max(new, 65)
+    whole = run(1, before).clone()
     split = run(None).clone()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    chosen = extend_kv_splits(heads * cdiv(new, launch_config(dim)[0]), keys, sms)
+    chosen = extend_kv_splits(heads * cdiv(new, launch_config(dim, new)[0]), keys, sms)
     pairs = new * prefix + new * (new + 1) / 2
     return {
         "new_tokens": new, "prefix": prefix, "splits": chosen,
         "read_us": keys * kv_heads * dim * 2 * 2 / copy_bs * 1e6,
         "flop_us": 4 * pairs * heads * dim / peak * 1e6,
-        "whole_us": graph_us(lambda: run(1)), "split_us": graph_us(lambda: run(None)),
+        "whole_us": graph_us(lambda: run(1, before)), "split_us": graph_us(lambda: run(None)),
+        "small_blocks_whole_us": graph_us(lambda: run(1)),
         "max_abs_diff": (split.float() - whole.float()).abs().max().item(),
     }
 

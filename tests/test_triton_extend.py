@@ -76,10 +76,11 @@ def run_extend_split(pool, rows, prefix_lens, new_lens, num_heads, head_dim, kv_
 
 
 @pytest.mark.parametrize("kv_splits", [2, 3, 7])
-def test_extend_with_split_keys_matches_reference(kv_splits):
-    # Prefixes from none to 900 keys: some chunks are empty (prefix 0 and 3), one query block
-    # of 130 new tokens spans two blocks whose causal tails fall in the last chunk alone.
-    prefix_lens, new_lens = [0, 900, 3, 200, 517], [130, 1, 20, 64, 7]
+@pytest.mark.parametrize("largest_new", [130, 40])  # 128-row query blocks; blocks of 64 (SMALL_EXTEND)
+def test_extend_with_split_keys_matches_reference(kv_splits, largest_new):
+    # Prefixes from none to 900 keys: some chunks are empty (prefix 0 and 3); a request of 130
+    # new tokens spans two query blocks whose causal tails fall in the last chunk alone.
+    prefix_lens, new_lens = [0, 900, 3, 200, 517], [largest_new, 1, 20, 33, 7]
     capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
     pool, rows = random_pool(capacities, 8, 2, 64, torch.float32, "cpu")
     out, ref = run_extend_split(pool, rows, prefix_lens, new_lens, 8, 64, kv_splits, num_padding=4)

@@ -28,16 +28,22 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 SPLIT_BELOW_WAVES = 1
 MIN_SPLIT_KEYS = 1024
 MAX_KV_SPLITS = 32
+# Steps whose requests add at most this many tokens get query blocks of their size.
+SMALL_EXTEND = 64
 
 
-def launch_config(head_dim: int) -> tuple[int, int, int, int]:
+def launch_config(head_dim: int, max_extend_len: int | None = None) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages).
 
     SGLang's 128 x 64 tile; 4 warps and 2 stages rather than its 8 and 1 ran 1.3x faster
     on the H100 sweep (benchmarks/bench_attention.py --sweep: 2048 causal tokens, 32/8 heads,
-    head_dim 128, 128 us against 168 us).
+    head_dim 128, 128 us against 168 us). A step of at most SMALL_EXTEND new tokens a request
+    takes query blocks of its own size (16 rows at the least, tl.dot's): a 128-row block did
+    128 rows' work for one new token.
     """
     del head_dim  # one tile serves head_dim 64 and 128
+    if max_extend_len is not None and max_extend_len <= SMALL_EXTEND:
+        return max(16, next_power_of_2(max_extend_len)), 64, 4, 2
     return 128, 64, 4, 2
 
 
@@ -161,7 +167,7 @@ def extend_attention(
     group = num_heads // k_cache.shape[1]
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    block_m, block_n, num_warps, num_stages = launch_config(head_dim)
+    block_m, block_n, num_warps, num_stages = launch_config(head_dim, max_extend_len)
     blocks = cdiv(max_extend_len, block_m)
     if kv_splits is None:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
