@@ -21,41 +21,58 @@ import time
 import torch
 from bench_moe_mla import copy_bandwidth, graph_us, log, mm_flops, save_results
 
-from cgtool.attention.triton_extend import extend_attention, extend_kv_splits, launch_config
+from cgtool.attention.triton_extend import (
+    SMALL_EXTEND,
+    extend_attention,
+    extend_kv_splits,
+    launch_config,
+)
+from cgtool.attention.triton_mla import EXTEND_TILES, mla_extend_attention
 from cgtool.runtime.triton_launch import cdiv
 
-# name: (q heads, kv heads, head dim)
-SHAPES = {"qwen3-30b-a3b": (32, 4, 128), "llama-3.1-8b": (32, 8, 128)}
+# name: (q heads, kv heads, head dim); deepseek-v2-lite's MLA: 16 heads over one latent of 512 + 64
+SHAPES = {"qwen3-30b-a3b": (32, 4, 128), "llama-3.1-8b": (32, 8, 128), "deepseek-v2-lite": (16, 1, 576)}
+MLA_RANK = 512
 # (new tokens, cached prefix): the Mooncake verify's short steps, then longer ones for contrast
 CASES = [(1, 12_546), (14, 24_576), (128, 8192), (300, 8192), (1024, 16_384), (2048, 65_536), (4096, 0)]
 
 
 def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: float, peak: float) -> dict:
     keys = prefix + new
+    mla = kv_heads == 1 and dim > MLA_RANK
     k = torch.randn(keys + 1, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    v = k if mla else torch.randn_like(k)
     q = torch.randn(new, heads, dim, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(q)
+    out = torch.empty(new, heads, MLA_RANK if mla else dim, device="cuda", dtype=torch.bfloat16)
     req_to_token = torch.arange(1, keys + 1, dtype=torch.int32, device="cuda").view(1, keys)
     rows = torch.zeros(1, dtype=torch.int32, device="cuda")
     lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
 
     def run(splits: int | None, max_extend_len: int = new) -> torch.Tensor:
-        extend_attention(q, k, v, out, req_to_token, rows, *lens, dim**-0.5, max_extend_len, longest_keys=keys,
-                         new_tokens=new, kv_splits=splits)
+        split = {"longest_keys": keys, "new_tokens": new, "kv_splits": splits}
+        if mla:
+            mla_extend_attention(q, k, out, req_to_token, rows, *lens, dim**-0.5, max_extend_len, **split)
+        else:
+            extend_attention(q, k, v, out, req_to_token, rows, *lens, dim**-0.5, max_extend_len, **split)
         return out
 
-    # The kernel before: 128-row query blocks (a grid sized past 64 new tokens), keys whole.
-    before = max(new, 65)
+    # The kernel before: query blocks of its full height (a grid sized past SMALL_EXTEND new
+    # tokens), keys whole.
+    before = max(new, SMALL_EXTEND + 1)
     whole = run(1, before).clone()
     split = run(None).clone()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    chosen = extend_kv_splits(heads * cdiv(new, launch_config(dim, new)[0]), keys, sms)
+    block_m = (max(16, 1 << (new - 1).bit_length()) if new <= SMALL_EXTEND else EXTEND_TILES[0]) if mla \
+        else launch_config(dim, new)[0]
+    chosen = extend_kv_splits(heads * cdiv(new, block_m), keys, sms)
     pairs = new * prefix + new * (new + 1) / 2
+    # MLA: one latent row is every head's key and value; its products run over rank + rope and rank.
+    read = keys * dim * 2 if mla else keys * kv_heads * dim * 2 * 2
+    flops = 2 * pairs * heads * (dim + MLA_RANK) if mla else 4 * pairs * heads * dim
     return {
         "new_tokens": new, "prefix": prefix, "splits": chosen,
-        "read_us": keys * kv_heads * dim * 2 * 2 / copy_bs * 1e6,
-        "flop_us": 4 * pairs * heads * dim / peak * 1e6,
+        "read_us": read / copy_bs * 1e6,
+        "flop_us": flops / peak * 1e6,
         "whole_us": graph_us(lambda: run(1, before)), "split_us": graph_us(lambda: run(None)),
         "small_blocks_whole_us": graph_us(lambda: run(1)),
         "max_abs_diff": (split.float() - whole.float()).abs().max().item(),

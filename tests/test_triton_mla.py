@@ -212,3 +212,19 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
     from cgtool.attention.triton_mla import mla_num_kv_splits
 
     assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]
+
+
+@pytest.mark.parametrize("kv_splits", [2, 5])
+@pytest.mark.parametrize("new_lens", [[70, 1, 9], [20, 1, 9]])  # 64-row query blocks; 32-row ones
+def test_extend_with_split_keys_matches_reference(kv_splits, new_lens, monkeypatch):
+    # Through the backend, as a step of few programs over long prefixes runs on the GPU: the
+    # keys split (forced here: the CPU has no SMs to fill), some chunks empty (prefix 0).
+    from cgtool.attention import triton_mla
+
+    monkeypatch.setattr(triton_mla, "extend_kv_splits", lambda *args: kv_splits)
+    prefix_lens = [0, 700, 130]
+    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
+    pool, rows = latent_pool(capacities, 16, 40, 24, torch.float32, "cpu")
+    out, ref = run_extend(pool, rows, prefix_lens, new_lens, 16, num_padding=3)
+    assert out[sum(new_lens):].eq(0).all() and not out.isnan().any()
+    assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)

@@ -63,15 +63,18 @@ class TritonAttentionBackend(HeadsBackend):
             return
         lens = (batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc)
         k_cache = kv_pool.k_buffers[layer_id]
+        # A step of few programs over long prefixes splits its keys (triton_extend): its
+        # longest request's keys, and the real rows for the merge to stop at.
+        prefixes = batch.extend_prefix_lens_cpu or [0] * len(new_lens)
+        split = {"longest_keys": max((p + n for p, n in zip(prefixes, new_lens)), default=0),
+                 "new_tokens": sum(new_lens)}
         if kv_pool.is_latent:
             mla_extend_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, *lens,
-                self.scale, max_extend_len,
+                self.scale, max_extend_len, **split,
             )
             return
-        prefixes = batch.extend_prefix_lens_cpu or [0] * len(new_lens)
         extend_attention(
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
-            batch.req_pool_indices, *lens, self.scale, max_extend_len,
-            longest_keys=max((p + n for p, n in zip(prefixes, new_lens)), default=0), new_tokens=sum(new_lens),
+            batch.req_pool_indices, *lens, self.scale, max_extend_len, **split,
         )

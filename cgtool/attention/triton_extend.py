@@ -48,6 +48,31 @@ def launch_config(head_dim: int, max_extend_len: int | None = None) -> tuple[int
 
 
 @triton.jit
+def split_keys(unmasked_end, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(start, end) of split `split`'s share of the keys every query of a block sees, in whole
+    BLOCK_N blocks. The last split also takes the causal tail after them, so every split but
+    the last is visible to all its queries and no query of a split sees no key at all."""
+    if SPLITS == 1:
+        return 0, unmasked_end
+    chunk = tl.cdiv(tl.cdiv(unmasked_end, SPLITS), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * chunk, unmasked_end)
+    return lo, tl.minimum(lo + chunk, unmasked_end)
+
+
+@triton.jit
+def store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
+                        stride_mt, stride_mh, stride_lt, stride_lh, WIDTH: tl.constexpr):
+    """A split's normalised output and base-2 log-sum-exp per query; a split without keys (a
+    short prefix) leaves zeros and -inf."""
+    seen = l_i > 0
+    tl.store(MidO + rows[:, None] * stride_mt + head * stride_mh + split * WIDTH + offs_d[None, :],
+             tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0),
+             mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(MidLse + rows * stride_lt + head * stride_lh + split,
+             tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=mask_m)
+
+
+@triton.jit
 def _extend_kernel(
     Q, K, V, O, MidO, MidLse, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc,
     scale_log2,
@@ -86,11 +111,7 @@ def _extend_kernel(
     # rest, up to the last query's own position, need the causal mask.
     unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    # A split's keys: a chunk of the visible ones, the last split also the causal tail, so
-    # every chunk but the last is visible to all its queries and none sees no key at all.
-    chunk = tl.cdiv(tl.cdiv(unmasked_end, SPLITS), BLOCK_N) * BLOCK_N
-    lo = tl.minimum(split * chunk, unmasked_end)
-    visible_end = tl.minimum(lo + chunk, unmasked_end) if SPLITS > 1 else unmasked_end
+    lo, visible_end = split_keys(unmasked_end, split, SPLITS, BLOCK_N)
     for start_n in range(lo, visible_end, BLOCK_N):
         acc, l_i, m_i = attend_key_block(
             acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
@@ -103,40 +124,58 @@ def _extend_kernel(
                 stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
             )
 
-    mask = mask_m[:, None] & mask_d[None, :]
     if SPLITS == 1:
         tl.store(O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask)
-    else:  # an empty chunk (a short prefix) leaves zeros and a log-sum-exp of -inf
-        seen = l_i > 0
-        tl.store(MidO + rows[:, None] * stride_mt + head * stride_mh + split * BLOCK_D + offs_d[None, :],
-                 tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0), mask=mask)
-        tl.store(MidLse + rows * stride_lt + head * stride_lh + split,
-                 tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf")), mask=mask_m)
+                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    else:
+        store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
+                            stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_D)
 
 
 @triton.jit
 def _extend_merge_kernel(
     MidO, MidLse, O, stride_mt, stride_mh, stride_lt, stride_lh, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLIT_STRIDE: tl.constexpr, SLICE_D: tl.constexpr, SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
 ):
-    """One token's head from its key chunks, weighted by their log-sum-exps."""
+    """A slice of one token's head from its key chunks, weighted by their log-sum-exps."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * SLICE_D + tl.arange(0, SLICE_D)
     used = offs_s < SPLITS
+    mask_d = offs_d < HEAD_DIM
     lse = tl.load(MidLse + row * stride_lt + head * stride_lh + offs_s, mask=used, other=float("-inf"))
-    parts = tl.load(MidO + row * stride_mt + head * stride_mh + offs_s[:, None] * BLOCK_D + offs_d[None, :],
-                    mask=used[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)
+    parts = tl.load(MidO + row * stride_mt + head * stride_mh + offs_s[:, None] * SPLIT_STRIDE + offs_d[None, :],
+                    mask=used[:, None] & mask_d[None, :], other=0.0)
     weights = tl.exp2(lse - tl.max(lse, 0))  # the last chunk always holds keys: the max is finite
     merged = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
-    tl.store(O + row * stride_ot + head * stride_oh + offs_d, merged.to(O.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    tl.store(O + row * stride_ot + head * stride_oh + offs_d, merged.to(O.dtype.element_ty), mask=mask_d)
 
 
 _EXTEND = CachedKernel(_extend_kernel)
 _MERGE = CachedKernel(_extend_merge_kernel)
+
+
+def split_scratch(num_tokens: int, num_heads: int, width: int, kv_splits: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 partial outputs [tokens, heads, splits x width] and log-sum-exps [tokens, heads, splits]."""
+    return (torch.empty((num_tokens, num_heads, kv_splits * width), dtype=torch.float32, device=device),
+            torch.empty((num_tokens, num_heads, kv_splits), dtype=torch.float32, device=device))
+
+
+def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, new_tokens: int,
+                 head_dim: int, width: int, kv_splits: int) -> None:
+    """`out`'s first `new_tokens` rows from their key chunks (128-column slices a program)."""
+    slice_d = min(128, width)
+    _MERGE.launch(
+        (new_tokens, out.shape[1], cdiv(head_dim, slice_d)), mid_o, mid_lse, out,
+        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
+        HEAD_DIM=head_dim, SPLIT_STRIDE=width, SLICE_D=slice_d, SPLITS=kv_splits,
+        SPLITS_P2=next_power_of_2(kv_splits), num_warps=4, num_stages=1,
+    )
+
+
 
 
 def extend_kv_splits(programs: int, longest_keys: int, sms: int) -> int:
@@ -175,8 +214,7 @@ def extend_attention(
     block_d = next_power_of_2(head_dim)
     mid_o = mid_lse = out  # unread with one split
     if kv_splits > 1:
-        mid_o = torch.empty((num_tokens, num_heads, kv_splits * block_d), dtype=torch.float32, device=q.device)
-        mid_lse = torch.empty((num_tokens, num_heads, kv_splits), dtype=torch.float32, device=q.device)
+        mid_o, mid_lse = split_scratch(num_tokens, num_heads, block_d, kv_splits, q.device)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
     _EXTEND.launch(
         (num_heads, req_pool_indices.shape[0], blocks * kv_splits), q, k_cache,
@@ -188,11 +226,6 @@ def extend_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
-    if kv_splits == 1:
-        return
-    _MERGE.launch(
-        (num_tokens if new_tokens is None else new_tokens, num_heads), mid_o, mid_lse, out,
-        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, SPLITS=kv_splits, SPLITS_P2=next_power_of_2(kv_splits),
-        num_warps=4, num_stages=1,
-    )
+    if kv_splits > 1:
+        merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, head_dim, block_d,
+                     kv_splits)

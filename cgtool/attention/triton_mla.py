@@ -33,6 +33,14 @@ from cgtool.attention.triton_decode import (
     split_len,
     store_split,
 )
+from cgtool.attention.triton_extend import (
+    SMALL_EXTEND,
+    extend_kv_splits,
+    merge_splits,
+    split_keys,
+    split_scratch,
+    store_split_partial,
+)
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
@@ -203,14 +211,16 @@ def _mla_decode_stage1(
 
 @triton.jit
 def _mla_extend_kernel(
-    Q, Kv, O, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc, scale_log2,
-    stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_req,
+    Q, Kv, O, MidO, MidLse, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc, scale_log2,
+    stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_req, stride_mt, stride_mh, stride_lt, stride_lh,
     RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
-    block_m = tl.num_programs(2) - 1 - tl.program_id(2)  # heaviest causal blocks first
+    # heaviest causal blocks first; SPLITS as triton_extend's kernel splits its keys
+    block_m = tl.num_programs(2) // SPLITS - 1 - tl.program_id(2) // SPLITS
+    split = tl.program_id(2) % SPLITS
     extend_len = tl.load(extend_lens + b)
     if block_m * BLOCK_M >= extend_len:
         return  # the grid is sized for the longest request of the batch
@@ -231,16 +241,25 @@ def _mla_extend_kernel(
 
     acc, l_i, m_i = online_softmax_init(BLOCK_M, BLOCK_R)
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    for start_n in range(0, kv_end, BLOCK_N):
+    unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
+    lo, visible_end = split_keys(unmasked_end, split, SPLITS, BLOCK_N)
+    # The causal mask is applied to every block: it keeps what the keys before the block's
+    # first query would show anyway.
+    end = kv_end if split == SPLITS - 1 else visible_end
+    for start_n in range(lo, end, BLOCK_N):
         acc, l_i, m_i = _attend_latent_block(
             acc, l_i, m_i, q_r, q_p, q_pos, Kv, token_row, start_n, kv_end, scale_log2,
             offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, CAUSAL,
         )
 
-    tl.store(
-        O + rows[:, None] * stride_ot + head * stride_oh + offs_r[None, :],
-        (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :],
-    )
+    if SPLITS == 1:
+        tl.store(
+            O + rows[:, None] * stride_ot + head * stride_oh + offs_r[None, :],
+            (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :],
+        )
+    else:
+        store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_r, mask_m, mask_r,
+                            stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_R)
 
 
 @triton.jit
@@ -333,18 +352,32 @@ def mla_extend_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     sm_scale: float, max_extend_len: int, tiles: tuple[int, int, int, int] | None = None,
+    longest_keys: int = 0, new_tokens: int | None = None, kv_splits: int | None = None,
 ) -> None:
-    """`triton_extend.extend_attention` over the latent pool; `tiles` overrides
-    EXTEND_TILES (benchmarks)."""
+    """`triton_extend.extend_attention` over the latent pool, its keys split the same way
+    (`longest_keys`, `new_tokens`, `kv_splits`); `tiles` overrides EXTEND_TILES (benchmarks)."""
     block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
+    if tiles is None and max_extend_len <= SMALL_EXTEND:
+        block_m = max(16, next_power_of_2(max_extend_len))  # query blocks the step's size
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    blocks = cdiv(max_extend_len, block_m)
+    if kv_splits is None:
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
+        kv_splits = extend_kv_splits(num_heads * req_pool_indices.shape[0] * blocks, longest_keys, sms)
+    mid_o = mid_lse = out  # unread with one split
+    if kv_splits > 1:
+        mid_o, mid_lse = split_scratch(num_tokens, num_heads, block_r, kv_splits, q.device)
     # Heads vary fastest: the programs of one query block read the same latent rows from L2.
     _MLA_EXTEND.launch(
-        (q.shape[1], req_pool_indices.shape[0], cdiv(max_extend_len, block_m)), q,
-        latent_cache, out, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
+        (num_heads, req_pool_indices.shape[0], blocks * kv_splits), q,
+        latent_cache, out, mid_o, mid_lse, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
         extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),
-        req_to_token.stride(0),
+        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1),
         RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=block_m,
-        BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, SPLITS=kv_splits, num_warps=num_warps, num_stages=num_stages,
     )
+    if kv_splits > 1:
+        merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, rank, block_r,
+                     kv_splits)
