@@ -122,3 +122,17 @@ def test_the_defaults_graphs_are_captured_after_the_rehearsals_cached_blocks_are
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
     run_session(_options(0.9), lambda _: None)
     assert events == ["capture plan", "rehearse", "empty_cache", "capture default", "replay"]
+
+
+def test_warmup_runs_each_shape_once_beyond_the_first_steps():
+    # A kernel compiles on its first launch of a shape; a shape first met after the first
+    # steps would otherwise compile inside a timed repeat.
+    from cgtool.verify.session import warmup_indices
+    from cgtool.verify.steps import Step
+
+    steps = [Step("decode", 4, 100, 1.0), Step("extend", 14, 0, 1.0), Step("decode", 4, 300, 1.0),
+             Step("extend", 14, 24_576, 1.0), Step("decode", 8, 50, 1.0), Step("extend", 14, 9000, 1.0),
+             Step("decode", 4, 10, 1.0)]
+    assert warmup_indices(steps, 2) == [0, 1, 3, 4]  # the prefixed extend of 14 is a shape of its own
+    assert warmup_indices(steps, 0) == [0, 1, 3, 4]
+    assert warmup_indices(steps, 32) == list(range(7))

@@ -48,13 +48,23 @@ def launch_config(head_dim: int, max_extend_len: int | None = None) -> tuple[int
 
 
 @triton.jit
-def split_keys(unmasked_end, split, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+def block_and_split(num_splits, SPLIT: tl.constexpr):
+    """(query block, key split) of this program. Causal blocks further down a request see more
+    keys: those launch first, so the light ones fill the tail of the wave. The split count is
+    a runtime value, so each step's count does not compile a kernel of its own."""
+    if SPLIT:
+        return tl.num_programs(2) // num_splits - 1 - tl.program_id(2) // num_splits, tl.program_id(2) % num_splits
+    return tl.num_programs(2) - 1 - tl.program_id(2), 0
+
+
+@triton.jit
+def split_keys(unmasked_end, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr):
     """(start, end) of split `split`'s share of the keys every query of a block sees, in whole
     BLOCK_N blocks. The last split also takes the causal tail after them, so every split but
     the last is visible to all its queries and no query of a split sees no key at all."""
-    if SPLITS == 1:
+    if not SPLIT:
         return 0, unmasked_end
-    chunk = tl.cdiv(tl.cdiv(unmasked_end, SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(unmasked_end, num_splits), BLOCK_N) * BLOCK_N
     lo = tl.minimum(split * chunk, unmasked_end)
     return lo, tl.minimum(lo + chunk, unmasked_end)
 
@@ -77,16 +87,13 @@ def _extend_kernel(
     Q, K, V, O, MidO, MidLse, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc,
     scale_log2,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
-    stride_req, stride_mt, stride_mh, stride_lt, stride_lh,
+    stride_req, stride_mt, stride_mh, stride_lt, stride_lh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
-    # Causal blocks further down a request see more keys: launch those first, so the
-    # light ones fill the tail of the wave.
-    block_m = tl.num_programs(2) // SPLITS - 1 - tl.program_id(2) // SPLITS
-    split = tl.program_id(2) % SPLITS
+    block_m, split = block_and_split(num_splits, SPLIT)
     extend_len = tl.load(extend_lens + b)
     if block_m * BLOCK_M >= extend_len:
         return  # the grid is sized for the longest request of the batch
@@ -111,39 +118,40 @@ def _extend_kernel(
     # rest, up to the last query's own position, need the causal mask.
     unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    lo, visible_end = split_keys(unmasked_end, split, SPLITS, BLOCK_N)
+    lo, visible_end = split_keys(unmasked_end, split, num_splits, SPLIT, BLOCK_N)
     for start_n in range(lo, visible_end, BLOCK_N):
         acc, l_i, m_i = attend_key_block(
             acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, ALL_VISIBLE,
         )
-    if split == SPLITS - 1:
-        for start_n in range(unmasked_end, kv_end, BLOCK_N):
-            acc, l_i, m_i = attend_key_block(
-                acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
-                stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
-            )
+    causal_end = kv_end
+    if SPLIT:
+        causal_end = tl.where(split == num_splits - 1, kv_end, unmasked_end)  # the tail: the last split's
+    for start_n in range(unmasked_end, causal_end, BLOCK_N):
+        acc, l_i, m_i = attend_key_block(
+            acc, l_i, m_i, q, q_pos, K, V, token_row, start_n, kv_end, kv_head, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, mask_d, BLOCK_N, CAUSAL,
+        )
 
-    if SPLITS == 1:
-        tl.store(O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
-    else:
+    if SPLIT:
         store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
                             stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_D)
+    else:
+        tl.store(O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
 @triton.jit
 def _extend_merge_kernel(
-    MidO, MidLse, O, stride_mt, stride_mh, stride_lt, stride_lh, stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, SPLIT_STRIDE: tl.constexpr, SLICE_D: tl.constexpr, SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
+    MidO, MidLse, O, stride_mt, stride_mh, stride_lt, stride_lh, stride_ot, stride_oh, num_splits,
+    HEAD_DIM: tl.constexpr, SPLIT_STRIDE: tl.constexpr, SLICE_D: tl.constexpr, SPLITS_P2: tl.constexpr,
 ):
     """A slice of one token's head from its key chunks, weighted by their log-sum-exps."""
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     offs_s = tl.arange(0, SPLITS_P2)
     offs_d = tl.program_id(2) * SLICE_D + tl.arange(0, SLICE_D)
-    used = offs_s < SPLITS
+    used = offs_s < num_splits
     mask_d = offs_d < HEAD_DIM
     lse = tl.load(MidLse + row * stride_lt + head * stride_lh + offs_s, mask=used, other=float("-inf"))
     parts = tl.load(MidO + row * stride_mt + head * stride_mh + offs_s[:, None] * SPLIT_STRIDE + offs_d[None, :],
@@ -171,7 +179,7 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, 
     _MERGE.launch(
         (new_tokens, out.shape[1], cdiv(head_dim, slice_d)), mid_o, mid_lse, out,
         mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), out.stride(0), out.stride(1),
-        HEAD_DIM=head_dim, SPLIT_STRIDE=width, SLICE_D=slice_d, SPLITS=kv_splits,
+        kv_splits, HEAD_DIM=head_dim, SPLIT_STRIDE=width, SLICE_D=slice_d,
         SPLITS_P2=next_power_of_2(kv_splits), num_warps=4, num_stages=1,
     )
 
@@ -222,9 +230,9 @@ def extend_attention(
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1),
+        mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), kv_splits,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=kv_splits, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=kv_splits > 1, num_warps=num_warps, num_stages=num_stages,
     )
     if kv_splits > 1:
         merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, head_dim, block_d,

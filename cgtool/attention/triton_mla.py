@@ -35,6 +35,7 @@ from cgtool.attention.triton_decode import (
 )
 from cgtool.attention.triton_extend import (
     SMALL_EXTEND,
+    block_and_split,
     extend_kv_splits,
     merge_splits,
     split_keys,
@@ -213,14 +214,13 @@ def _mla_decode_stage1(
 def _mla_extend_kernel(
     Q, Kv, O, MidO, MidLse, req_to_token, req_pool_indices, prefix_lens, extend_lens, start_loc, scale_log2,
     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_req, stride_mt, stride_mh, stride_lt, stride_lh,
+    num_splits,
     RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
 ):
     head = tl.program_id(0)
     b = tl.program_id(1)
-    # heaviest causal blocks first; SPLITS as triton_extend's kernel splits its keys
-    block_m = tl.num_programs(2) // SPLITS - 1 - tl.program_id(2) // SPLITS
-    split = tl.program_id(2) % SPLITS
+    block_m, split = block_and_split(num_splits, SPLIT)  # keys split as triton_extend's kernel does
     extend_len = tl.load(extend_lens + b)
     if block_m * BLOCK_M >= extend_len:
         return  # the grid is sized for the longest request of the batch
@@ -242,24 +242,26 @@ def _mla_extend_kernel(
     acc, l_i, m_i = online_softmax_init(BLOCK_M, BLOCK_R)
     kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
     unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
-    lo, visible_end = split_keys(unmasked_end, split, SPLITS, BLOCK_N)
+    lo, visible_end = split_keys(unmasked_end, split, num_splits, SPLIT, BLOCK_N)
     # The causal mask is applied to every block: it keeps what the keys before the block's
     # first query would show anyway.
-    end = kv_end if split == SPLITS - 1 else visible_end
+    end = kv_end
+    if SPLIT:
+        end = tl.where(split == num_splits - 1, kv_end, visible_end)
     for start_n in range(lo, end, BLOCK_N):
         acc, l_i, m_i = _attend_latent_block(
             acc, l_i, m_i, q_r, q_p, q_pos, Kv, token_row, start_n, kv_end, scale_log2,
             offs_r, mask_r, offs_p, mask_p, stride_kt, RANK, BLOCK_N, CAUSAL,
         )
 
-    if SPLITS == 1:
+    if SPLIT:
+        store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_r, mask_m, mask_r,
+                            stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_R)
+    else:
         tl.store(
             O + rows[:, None] * stride_ot + head * stride_oh + offs_r[None, :],
             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :],
         )
-    else:
-        store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_r, mask_m, mask_r,
-                            stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_R)
 
 
 @triton.jit
@@ -374,9 +376,9 @@ def mla_extend_attention(
         latent_cache, out, mid_o, mid_lse, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
         extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),
-        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1),
+        req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), kv_splits,
         RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=block_m,
-        BLOCK_N=block_n, SPLITS=kv_splits, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, SPLIT=kv_splits > 1, num_warps=num_warps, num_stages=num_stages,
     )
     if kv_splits > 1:
         merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, rank, block_r,

@@ -305,8 +305,8 @@ def _replay(runner: ModelRunner, opts: SessionOptions, live: list[Any],
     batches = [_batch(runner, step, opts.seed) for step in opts.steps]
     fns = [[_as_engine_runs(runner, b, d, p) for b in batches] for d, p in live]
     for set_fns in fns:
-        for fn in set_fns[: opts.warmup_steps]:
-            fn()
+        for i in warmup_indices(opts.steps, opts.warmup_steps):
+            set_fns[i]()
     for repeat in range(opts.repeats):
         # Alternate which set goes first, so a drift in clocks does not favour one of them.
         order = range(len(fns)) if repeat % 2 == 0 else reversed(range(len(fns)))
@@ -314,6 +314,25 @@ def _replay(runner: ModelRunner, opts: SessionOptions, live: list[Any],
             sets[i].step_ms.append(_timed_steps(fns[i]))
         phase(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(
             f"{m.name} {sum(m.step_ms[-1]) / len(m.step_ms[-1]):.3f} ms/step" for m in sets))
+
+
+def warmup_indices(steps: list[Step], first: int) -> list[int]:
+    """The steps run untimed before the repeats: the first `first`, then the first step of each
+    kind and size not yet among them, and for extend whether it has a cached prefix. Kernels
+    compile on their first launch of a shape (an extend split over a long prefix, a small
+    step's query blocks), and a compile inside a timed repeat counted as step time: 0.3-0.7 s
+    in a Mooncake verify's few steps of a size (H100, benchmarks/results/h100-2026-11-26-extend-split)."""
+    chosen = list(range(min(first, len(steps))))
+    seen = {_shape(steps[i]) for i in chosen}
+    for i, step in enumerate(steps[first:], start=first):
+        if _shape(step) not in seen:
+            seen.add(_shape(step))
+            chosen.append(i)
+    return chosen
+
+
+def _shape(step: Step) -> tuple[str, int, bool]:
+    return step.kind, step.size, step.kind == "extend" and step.context > 0
 
 
 def _timed_steps(fns: list[Callable[[], object]]) -> list[float]:
