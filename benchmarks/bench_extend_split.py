@@ -9,12 +9,16 @@ runs it (blocks sized, keys split as it chooses), against two limits: the keys' 
 and the query-key FLOPs at the measured `torch.mm` rate. Equality: each split result's max
 |diff| against the unsplit one.
 
-    python3 benchmarks/bench_extend_split.py --out extend-split.json
+    python3 benchmarks/bench_extend_split.py --out extend-split.json [--against OLD_triton_extend.py]
+
+--against times the dense shapes' extend with an older copy of cgtool/attention/triton_extend.py
+beside this one, in alternating rounds, at every case (llama-3.1-8b must not be slower).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 
@@ -79,9 +83,31 @@ def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: fl
     }
 
 
+def against(path: str, heads: int, kv_heads: int, dim: int, new: int, prefix: int) -> dict:
+    """This checkout's extend against an older module's, same inputs, three alternating rounds."""
+    spec = importlib.util.spec_from_file_location("old_triton_extend", path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    keys = prefix + new
+    k = torch.randn(keys + 1, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(new, heads, dim, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    req_to_token = torch.arange(1, keys + 1, dtype=torch.int32, device="cuda").view(1, keys)
+    rows = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
+    args = (q, k, v, out, req_to_token, rows, *lens, dim**-0.5, new)
+    now, before = [], []
+    for _ in range(3):
+        now.append(graph_us(lambda: extend_attention(*args, longest_keys=keys, new_tokens=new)))
+        before.append(graph_us(lambda: old.extend_attention(*args)))
+    return {"new_tokens": new, "prefix": prefix, "now_us": now, "before_us": before}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--against", help="an older triton_extend.py to time beside this one")
     args = parser.parse_args()
     copy_bs, peak = copy_bandwidth(), mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
@@ -97,6 +123,15 @@ def main() -> None:
             log(f"{name} new={new} prefix={prefix}: whole {row['whole_us']:.1f} us, split x{row['splits']} "
                 f"{row['split_us']:.1f} us, bound {bound:.1f} us ({100 * bound / row['split_us']:.0f}% split, "
                 f"{100 * bound / row['whole_us']:.0f}% whole); max |diff| {row['max_abs_diff']:.3g}")
+            torch.cuda.empty_cache()
+    if args.against:
+        result["against"] = {"module": args.against, "cases": []}
+        for new, prefix in CASES:
+            row = against(args.against, *SHAPES["llama-3.1-8b"], new, prefix)
+            result["against"]["cases"].append(row)
+            save_results(result, args.out)
+            log(f"llama-3.1-8b against {args.against}: new={new} prefix={prefix}: now "
+                f"{sorted(row['now_us'])[1]:.1f} us, before {sorted(row['before_us'])[1]:.1f} us (medians of 3 rounds)")
             torch.cuda.empty_cache()
     log("done")
 

@@ -14,7 +14,8 @@
 # `mla-timeline` (by name only): benchmarks/probe_mla_timeline.py, MLA decode's programs stamped
 # (MLA_CASES picks BSxCONTEXT cases), in $OUT/mla-timeline.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
-# cached prefixes with keys whole and split, in $OUT/extend-split.json.
+# cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
+# triton_extend.py, timed beside this one for llama-3.1-8b).
 # `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
@@ -166,7 +167,8 @@ if [[ " $stages " == *" mla-timeline "* ]]; then  # issue 33, by name only: MLA 
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"
-  timeout -k 10 240 python3 benchmarks/bench_extend_split.py --out "$OUT/extend-split.json" 2>&1 | tee "$OUT/extend-split.log"
+  timeout -k 10 300 python3 benchmarks/bench_extend_split.py --out "$OUT/extend-split.json" \
+    ${EXTEND_OLD:+--against "$EXTEND_OLD"} 2>&1 | tee "$OUT/extend-split.log"
   echo "[$(date +%H:%M:%S)] bench_extend_split exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" gemm-stages "* ]]; then  # issue 33, by name only: the MoE GEMMs by pipeline stages
