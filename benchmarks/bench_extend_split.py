@@ -25,19 +25,13 @@ import time
 import torch
 from bench_moe_mla import copy_bandwidth, graph_us, log, mm_flops, save_results
 
-from cgtool.attention.triton_backend import MLA_EXTEND_AS_DECODE_TOKENS
 from cgtool.attention.triton_extend import (
     SMALL_EXTEND,
     extend_attention,
     extend_kv_splits,
     launch_config,
 )
-from cgtool.attention.triton_mla import (
-    EXTEND_TILES,
-    mla_decode_attention,
-    mla_extend_attention,
-    mla_num_kv_splits,
-)
+from cgtool.attention.triton_mla import EXTEND_TILES, mla_extend_attention
 from cgtool.runtime.triton_launch import cdiv
 
 # name: (q heads, kv heads, head dim); deepseek-v2-lite's MLA: 16 heads over one latent of 512 + 64
@@ -79,21 +73,7 @@ def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: fl
     # MLA: one latent row is every head's key and value; its products run over rank + rope and rank.
     read = keys * dim * 2 if mla else keys * kv_heads * dim * 2 * 2
     flops = 2 * pairs * heads * (dim + MLA_RANK) if mla else 4 * pairs * heads * dim
-    extra = {}
-    if mla and new <= MLA_EXTEND_AS_DECODE_TOKENS:
-        # As the backend runs such a step: each new token a decode row over the keys up to itself.
-        token_rows = torch.zeros(new, dtype=torch.int32, device="cuda")
-        seen = torch.arange(prefix + 1, keys + 1, dtype=torch.int32, device="cuda")
-
-        def as_decode() -> torch.Tensor:
-            mla_decode_attention(q, k, out, req_to_token, token_rows, seen, dim**-0.5,
-                                 mla_num_kv_splits(new, heads))
-            return out
-
-        rows_result = as_decode().clone()
-        extra = {"as_decode_us": graph_us(as_decode),
-                 "as_decode_max_abs_diff": (rows_result.float() - whole.float()).abs().max().item()}
-    return extra | {
+    return {
         "new_tokens": new, "prefix": prefix, "splits": chosen,
         "read_us": read / copy_bs * 1e6,
         "flop_us": flops / peak * 1e6,
@@ -142,9 +122,7 @@ def main() -> None:
             bound = max(row["read_us"], row["flop_us"])
             log(f"{name} new={new} prefix={prefix}: whole {row['whole_us']:.1f} us, split x{row['splits']} "
                 f"{row['split_us']:.1f} us, bound {bound:.1f} us ({100 * bound / row['split_us']:.0f}% split, "
-                f"{100 * bound / row['whole_us']:.0f}% whole); max |diff| {row['max_abs_diff']:.3g}"
-                + (f"; as decode rows {row['as_decode_us']:.1f} us ({100 * bound / row['as_decode_us']:.0f}%), "
-                   f"max |diff| {row['as_decode_max_abs_diff']:.3g}" if "as_decode_us" in row else ""))
+                f"{100 * bound / row['whole_us']:.0f}% whole); max |diff| {row['max_abs_diff']:.3g}")
             torch.cuda.empty_cache()
     if args.against:
         result["against"] = {"module": args.against, "cases": []}

@@ -132,10 +132,9 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits)
 
 
 @pytest.mark.parametrize(("prefix", "new"), [(8140, 1), (14_226, 105), (2048, 40)])
-def test_mla_extend_bf16_over_a_long_prefix_matches_reference(prefix, new):
-    # deepseek-v2-lite's Mooncake steps: a few new tokens over a long prefix, as the backend
-    # runs them (31 tokens as decode rows; 135 and 70 with keys split from the SM count),
-    # against the torch reference.
+def test_mla_extend_bf16_over_a_long_prefix_splits_its_keys_and_matches_reference(prefix, new):
+    # deepseek-v2-lite's Mooncake steps: a few new tokens over a long prefix, their keys split
+    # as the backend chooses from the SM count, against the torch reference.
     pool, rows = latent_pool([prefix + new, 30], 16, 512, 64, torch.bfloat16, CUDA)
     out, ref = run_extend(pool, rows, [prefix, 0], [new, 30], 16, num_padding=5)
     assert out[new + 30:].eq(0).all()

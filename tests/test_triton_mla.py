@@ -215,7 +215,7 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
 
 
 @pytest.mark.parametrize("kv_splits", [2, 5])
-@pytest.mark.parametrize("new_lens", [[70, 1, 9], [30, 25, 9]])  # 64-row query blocks; 32-row ones
+@pytest.mark.parametrize("new_lens", [[70, 1, 9], [20, 1, 9]])  # 64-row query blocks; 32-row ones
 def test_extend_with_split_keys_matches_reference(kv_splits, new_lens, monkeypatch):
     # Through the backend, as a step of few programs over long prefixes runs on the GPU: the
     # keys split (forced here: the CPU has no SMs to fill), some chunks empty (prefix 0).
@@ -227,22 +227,4 @@ def test_extend_with_split_keys_matches_reference(kv_splits, new_lens, monkeypat
     pool, rows = latent_pool(capacities, 16, 40, 24, torch.float32, "cpu")
     out, ref = run_extend(pool, rows, prefix_lens, new_lens, 16, num_padding=3)
     assert out[sum(new_lens):].eq(0).all() and not out.isnan().any()
-    assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)
-
-
-@pytest.mark.parametrize("new_lens", [[1], [5, 1, 0, 9], [32]])
-def test_a_small_extend_runs_as_decode_rows_and_matches_reference(new_lens, monkeypatch):
-    # Up to MLA_EXTEND_AS_DECODE_TOKENS new tokens, each token is a decode row over its
-    # request's keys up to itself; the extend kernel must not run.
-    from cgtool.attention import triton_backend
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the extend kernel ran")
-
-    monkeypatch.setattr(triton_backend, "mla_extend_attention", refuse)
-    prefix_lens = [300, 0, 57, 1000][: len(new_lens)]
-    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
-    pool, rows = latent_pool(capacities, 16, 40, 24, torch.float32, "cpu")
-    out, ref = run_extend(pool, rows, prefix_lens, new_lens, 16, num_padding=2)
-    assert out[sum(new_lens):].eq(0).all()
     assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)

@@ -10,33 +10,9 @@ import torch
 from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention
 from cgtool.attention.triton_extend import extend_attention
-from cgtool.attention.triton_mla import (
-    mla_decode_attention,
-    mla_extend_attention,
-    mla_num_kv_splits,
-)
+from cgtool.attention.triton_mla import mla_decode_attention, mla_extend_attention, mla_num_kv_splits
 from cgtool.runtime.batch import ForwardBatch, forward_memo, forward_scratch
 from cgtool.runtime.kv import KVPool
-
-# An MLA extend of at most this many new tokens runs as that many decode rows: each new token
-# attends its request's keys up to itself, as a decode request would, through MLA decode's
-# 16-head blocks and split keys, where the extend kernel gives every head its own program
-# over the keys (benchmarks/bench_extend_split.py, docs/moe-mla.md).
-MLA_EXTEND_AS_DECODE_TOKENS = 32
-
-
-def _decode_rows(batch: ForwardBatch, new_lens: list[int], prefixes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(pool row, keys seen) of each new token of an extend step, worked out once a forward."""
-    memo = forward_memo()
-    found = memo.get("extend_decode_rows")
-    if found is not None:
-        return found
-    device = batch.req_pool_indices.device
-    repeats = torch.tensor(new_lens, device=device)
-    rows = batch.req_pool_indices.repeat_interleave(repeats, output_size=sum(new_lens))
-    seen = [p + j + 1 for p, n in zip(prefixes, new_lens) for j in range(n)]
-    found = memo["extend_decode_rows"] = (rows, torch.tensor(seen, dtype=torch.int32, device=device))
-    return found
 
 
 class TritonAttentionBackend(HeadsBackend):
@@ -93,14 +69,6 @@ class TritonAttentionBackend(HeadsBackend):
         split = {"longest_keys": max((p + n for p, n in zip(prefixes, new_lens)), default=0),
                  "new_tokens": sum(new_lens)}
         if kv_pool.is_latent:
-            new_tokens = split["new_tokens"]
-            if new_tokens <= MLA_EXTEND_AS_DECODE_TOKENS and batch.extend_prefix_lens_cpu is not None:
-                rows, seq_lens = _decode_rows(batch, new_lens, prefixes)
-                mla_decode_attention(
-                    q[:new_tokens], k_cache, out[:new_tokens], kv_pool.req_to_token, rows, seq_lens,
-                    self.scale, mla_num_kv_splits(new_tokens, self.num_heads), forward_scratch(),
-                )
-                return
             mla_extend_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, *lens,
                 self.scale, max_extend_len, **split,
