@@ -7,7 +7,8 @@ own. One program handles BLOCK_M queries of one request and one q head.
 
 A step of a few new tokens over a long cached prefix gives only heads x requests x query
 blocks programs, each reading the whole prefix alone: 14 new tokens over a 24,576-token prefix
-took 1 ms a layer where its KV reads in 17 us (qwen3-30b-a3b, H100, the Mooncake verify). Such
+took 1 ms a layer where its KV reads in 17 us (qwen3-30b-a3b's shape, H100,
+benchmarks/bench_extend_split.py; a Mooncake verify step of that shape, 73.7 ms). Such
 a step splits the keys each program sees into `kv_splits` chunks, all visible to every query
 except the last one's causal tail; each chunk's program writes its partial output and
 log-sum-exp, and a second kernel merges them.
