@@ -70,7 +70,7 @@ def rows(folder: Path, profile_from: str | None = None) -> list[tuple[str, str, 
                 captured = graph_set["capture_bs"] if kind == "decode" else graph_set["capture_num_tokens"]
                 now = [predicted_ms(cost, Step(kind, r["size"], r["context"], r["weight"]), captured)[0] for r in kept]
 
-                def mean(values: list[float]) -> float:
+                def mean(values: list[float], weights: np.ndarray = weights) -> float:
                     return float((np.array(values) * weights).sum() / weights.sum())
 
                 out.append((run.name, graph_set["name"], kind, mean([r["measured_ms"] for r in kept]),
