@@ -31,7 +31,7 @@ from cgtool.attention.triton_extend import (
     extend_kv_splits,
     launch_config,
 )
-from cgtool.attention.triton_mla import EXTEND_TILES, mla_extend_attention
+from cgtool.attention.triton_mla import extend_block_m, mla_extend_attention
 from cgtool.runtime.triton_launch import cdiv
 
 # name: (q heads, kv heads, head dim); deepseek-v2-lite's MLA: 16 heads over one latent of 512 + 64
@@ -41,9 +41,10 @@ MLA_RANK = 512
 CASES = [(1, 12_546), (14, 24_576), (128, 8192), (300, 8192), (1024, 16_384), (2048, 65_536), (4096, 0)]
 
 
-def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: float, peak: float) -> dict:
+def inputs(heads: int, kv_heads: int, dim: int, new: int, prefix: int, mla: bool) -> tuple:
+    """(q, k, v, out, req_to_token, request rows, [prefix, new, start] tensors) of one request of
+    `new` tokens over `prefix` cached ones; for MLA, k is the latent pool and v is k."""
     keys = prefix + new
-    mla = kv_heads == 1 and dim > MLA_RANK
     k = torch.randn(keys + 1, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
     v = k if mla else torch.randn_like(k)
     q = torch.randn(new, heads, dim, device="cuda", dtype=torch.bfloat16)
@@ -51,6 +52,13 @@ def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: fl
     req_to_token = torch.arange(1, keys + 1, dtype=torch.int32, device="cuda").view(1, keys)
     rows = torch.zeros(1, dtype=torch.int32, device="cuda")
     lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
+    return q, k, v, out, req_to_token, rows, lens
+
+
+def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: float, peak: float) -> dict:
+    keys = prefix + new
+    mla = kv_heads == 1 and dim > MLA_RANK
+    q, k, v, out, req_to_token, rows, lens = inputs(heads, kv_heads, dim, new, prefix, mla)
 
     def run(splits: int | None, max_extend_len: int = new) -> torch.Tensor:
         split = {"longest_keys": keys, "new_tokens": new, "kv_splits": splits}
@@ -66,8 +74,7 @@ def case(heads: int, kv_heads: int, dim: int, new: int, prefix: int, copy_bs: fl
     whole = run(1, before).clone()
     split = run(None).clone()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    block_m = (max(16, 1 << (new - 1).bit_length()) if new <= SMALL_EXTEND else EXTEND_TILES[0]) if mla \
-        else launch_config(dim, new)[0]
+    block_m = extend_block_m(new) if mla else launch_config(dim, new)[0]
     chosen = extend_kv_splits(heads * cdiv(new, block_m), keys, sms)
     pairs = new * prefix + new * (new + 1) / 2
     # MLA: one latent row is every head's key and value; its products run over rank + rope and rank.
@@ -89,13 +96,7 @@ def against(path: str, heads: int, kv_heads: int, dim: int, new: int, prefix: in
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)
     keys = prefix + new
-    k = torch.randn(keys + 1, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    q = torch.randn(new, heads, dim, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty_like(q)
-    req_to_token = torch.arange(1, keys + 1, dtype=torch.int32, device="cuda").view(1, keys)
-    rows = torch.zeros(1, dtype=torch.int32, device="cuda")
-    lens = [torch.tensor([x], dtype=torch.int32, device="cuda") for x in (prefix, new, 0)]
+    q, k, v, out, req_to_token, rows, lens = inputs(heads, kv_heads, dim, new, prefix, mla=False)
     args = (q, k, v, out, req_to_token, rows, *lens, dim**-0.5, new)
     now, before = [], []
     for _ in range(3):

@@ -347,6 +347,14 @@ def mla_decode_attention(
     )
 
 
+def extend_block_m(max_extend_len: int) -> int:
+    """Query rows a program of extend: EXTEND_TILES', or for a step of at most SMALL_EXTEND new
+    tokens a request, the step's own (16 at the least, tl.dot's), as triton_extend sizes them."""
+    if max_extend_len <= SMALL_EXTEND:
+        return max(16, next_power_of_2(max_extend_len))
+    return EXTEND_TILES[0]
+
+
 def mla_extend_attention(
     q: torch.Tensor,  # [num_tokens, heads, rank + rope]
     latent_cache: torch.Tensor,  # [num_slots, 1, rank + rope], new tokens already stored
@@ -359,8 +367,8 @@ def mla_extend_attention(
     """`triton_extend.extend_attention` over the latent pool, its keys split the same way
     (`longest_keys`, `new_tokens`, `kv_splits`); `tiles` overrides EXTEND_TILES (benchmarks)."""
     block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
-    if tiles is None and max_extend_len <= SMALL_EXTEND:
-        block_m = max(16, next_power_of_2(max_extend_len))  # query blocks the step's size
+    if tiles is None:
+        block_m = extend_block_m(max_extend_len)
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     num_tokens, num_heads = q.shape[0], q.shape[1]
     blocks = cdiv(max_extend_len, block_m)
