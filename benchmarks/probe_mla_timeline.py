@@ -14,16 +14,21 @@ case, how the launch's time divides:
 
 The same graph without stamps is timed beside it, so the stamps' own cost shows. Each case
 runs in VARIANTS: launches back to back, and each after a torch kernel writing q (as the
-model's `torch.cat(...) * scale` does), with the partials in the shipped dtype and in bf16.
+model's `torch.cat(...) * scale` does), with the partials in the shipped dtype and in bf16,
+with wider merge slices, and (--against) as an older copy of cgtool/attention/triton_mla.py
+computes it. A variant named twice in --variants runs twice, so rounds can alternate.
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
+        [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
+from contextlib import contextmanager
 from itertools import pairwise
 
 import torch
@@ -40,16 +45,20 @@ from bench_moe_mla import (
     save_results,
 )
 
+from cgtool.attention import triton_mla
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.runtime.kernel_trace import TRACE_SLOTS
 from cgtool.runtime.triton_launch import cdiv
 
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
-# name: (a torch kernel before each launch, the partials' dtype or None for the shipped one)
+# name: (a torch kernel before each launch, the partials' dtype or None for the shipped one,
+# the merge's slice width or None for the shipped one)
 VARIANTS = {
-    "shipped": (False, None), "after_op": (True, None),
-    "bf16_partials": (False, torch.bfloat16), "after_op_bf16_partials": (True, torch.bfloat16),
+    "shipped": (False, None, None), "after_op": (True, None, None),
+    "bf16_partials": (False, torch.bfloat16, None), "after_op_bf16_partials": (True, torch.bfloat16, None),
+    "merge_slice_256": (False, None, 256), "merge_slice_512": (False, None, 512),
+    "against": (False, None, None),  # the --against module's kernel
 }
 
 
@@ -90,8 +99,33 @@ def clock_step_ns(rows: list[list[int]]) -> int:
     return min(steps) if steps else 0
 
 
-def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
-    after_op, partial_dtype = VARIANTS[variant]
+def load_module(path: str):
+    """An older copy of triton_mla.py, imported under its own name."""
+    spec = importlib.util.spec_from_file_location("against_triton_mla", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextmanager
+def merge_slice(width: int | None):
+    """triton_mla.MERGE_SLICE set to `width` for the calls inside (read at each call)."""
+    shipped = triton_mla.MERGE_SLICE
+    triton_mla.MERGE_SLICE = width or shipped
+    try:
+        yield
+    finally:
+        triton_mla.MERGE_SLICE = shipped
+
+
+def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against=None) -> dict:
+    with merge_slice(VARIANTS[variant][2]):
+        return _timeline_case(bs, ctx, copy_bs, variant, against)
+
+
+def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> dict:
+    after_op, partial_dtype, _ = VARIANTS[variant]
+    decode = against.mla_decode_attention if variant == "against" else mla_decode_attention
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -106,12 +140,12 @@ def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str) -> dict:
         for i, c in enumerate(caches):
             if after_op:
                 torch.mul(q_source, 1.0, out=q)
-            mla_decode_attention(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
-                                 trace=traces[i] if traced else None, partial_dtype=partial_dtype)
+            decode(q, c, out, r2t, rows, seq_lens, 0.07, splits, None,
+                   trace=traces[i] if traced else None, partial_dtype=partial_dtype)
 
     reference = torch.empty_like(out)
     mla_decode_attention(q, caches[0], reference, r2t, rows, seq_lens, 0.07, splits, None)
-    mla_decode_attention(q, caches[0], out, r2t, rows, seq_lens, 0.07, splits, None, partial_dtype=partial_dtype)
+    decode(q, caches[0], out, r2t, rows, seq_lens, 0.07, splits, None, partial_dtype=partial_dtype)
     diff = (out.float() - reference.float()).abs().max().item()
     plain_us = graph_us(lambda: run(False)) / layers
     traced_us = graph_us(lambda: run(True)) / layers  # the last replay's stamps stay in `traces`
@@ -132,14 +166,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", help="BSxCONTEXT,... (default: all of CASES)")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="of " + ", ".join(VARIANTS))
+    parser.add_argument("--variants", default="shipped,after_op,bf16_partials,after_op_bf16_partials",
+                        help="of " + ", ".join(VARIANTS))
+    parser.add_argument("--against", help="an older triton_mla.py, for the 'against' variant")
     args = parser.parse_args()
+    against = load_module(args.against) if args.against else None
     cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else CASES
     copy_bs = copy_bandwidth()
-    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "cases": []}
+    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "against": args.against,
+                    "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for (bs, ctx), variant in ((c, v) for c in cases for v in args.variants.split(",")):
-        row = timeline_case(bs, ctx, copy_bs, variant)
+        row = timeline_case(bs, ctx, copy_bs, variant, against)
         result["cases"].append(row)
         save_results(result, args.out)
         mid = row["launches"][len(row["launches"]) // 2]

@@ -12,7 +12,8 @@
 # `prefill-backends` (by name only): issue 38, breakable prefill graphs' GPU tests, then benchmarks/bench_prefill_backends.py in $OUT/engines.
 # `moe-mla` (by name only): benchmarks/bench_moe_mla.py, issue 33's MoE/MLA kernel breakdown and sweep.
 # `mla-timeline` (by name only): benchmarks/probe_mla_timeline.py, MLA decode's programs stamped
-# (MLA_CASES picks BSxCONTEXT cases), in $OUT/mla-timeline.json.
+# (MLA_CASES picks BSxCONTEXT cases, MLA_VARIANTS the variants, MLA_AGAINST an older triton_mla.py
+# timed as the "against" variant), in $OUT/mla-timeline.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -161,8 +162,9 @@ if [[ " $stages " == *" moe-mla "* ]]; then  # issue 33, by name only: MoE/MLA k
 fi
 if [[ " $stages " == *" mla-timeline "* ]]; then  # issue 33, by name only: MLA decode program by program
   echo "[$(date +%H:%M:%S)] probe_mla_timeline ${MLA_CASES:-}"
-  timeout -k 10 240 python3 benchmarks/probe_mla_timeline.py --out "$OUT/mla-timeline.json" \
-    ${MLA_CASES:+--cases "$MLA_CASES"} 2>&1 | tee "$OUT/mla-timeline.log"
+  timeout -k 10 "${MLA_TIMEOUT:-240}" python3 benchmarks/probe_mla_timeline.py --out "$OUT/mla-timeline.json" \
+    ${MLA_CASES:+--cases "$MLA_CASES"} ${MLA_VARIANTS:+--variants "$MLA_VARIANTS"} \
+    ${MLA_AGAINST:+--against "$MLA_AGAINST"} 2>&1 | tee "$OUT/mla-timeline.log"
   echo "[$(date +%H:%M:%S)] probe_mla_timeline exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
