@@ -57,8 +57,9 @@ def test_extend_matches_reference_in_fp16():
     assert_attention_close(out, ref, atol=5e-3)
 
 
-def run_extend_split(pool, rows, prefix_lens, new_lens, num_heads, head_dim, kv_splits, num_padding=0):
-    """(triton output with each program's keys split `kv_splits` ways, reference output)."""
+def run_extend_split(pool, rows, prefix_lens, new_lens, num_heads, head_dim, kv_splits, num_padding=0, heads=None):
+    """(triton output with each program's keys split `kv_splits` ways and `heads` q heads a
+    program, reference output)."""
     from cgtool.attention.triton_extend import extend_attention
 
     device = str(pool.req_to_token.device)
@@ -69,7 +70,7 @@ def run_extend_split(pool, rows, prefix_lens, new_lens, num_heads, head_dim, kv_
     extend_attention(
         q.view(shape), pool.k_buffers[0], pool.v_buffers[0], out.view(shape), pool.req_to_token, batch.req_pool_indices,
         batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc, head_dim**-0.5,
-        max(new_lens), new_tokens=sum(new_lens), kv_splits=kv_splits,
+        max(new_lens), new_tokens=sum(new_lens), kv_splits=kv_splits, heads=heads,
     )
     TorchAttentionBackend(num_heads, head_dim).forward(q, ref, 0, batch, pool)
     return out, ref
@@ -122,3 +123,39 @@ def test_extend_bf16_over_a_long_prefix_splits_its_keys_and_matches_reference(pr
     out, ref = run_extend(pool, rows, [prefix, 0], [new, 40], 32, 128, num_padding=9)
     assert out[new + 40:].eq(0).all()
     assert_attention_close(out, ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("kv_splits", [1, 3])
+@pytest.mark.parametrize(("heads", "new_lens"), [(2, [1, 20, 33, 7]), (4, [1, 3, 1, 2]), (4, [17, 1, 5, 9])])
+def test_extend_with_heads_as_rows_matches_reference(heads, new_lens, kv_splits):
+    # 8 q heads over 2 KV heads: a program takes `heads` heads of one group for each of its
+    # tokens. 33 new tokens at 4 heads fill two 64-row blocks and a part; 3 at 4 heads fill a
+    # 16-row block and leave rows of no token; the causal tail crosses tokens of one block.
+    prefix_lens = [0, 900, 3, 200]
+    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
+    pool, rows = random_pool(capacities, 8, 2, 64, torch.float32, "cpu")
+    out, ref = run_extend_split(pool, rows, prefix_lens, new_lens, 8, 64, kv_splits, num_padding=4, heads=heads)
+    assert not out.isnan().any()
+    assert out[sum(new_lens):].eq(0).all()
+    assert_attention_close(out, ref, atol=1e-4)
+
+
+def test_a_small_step_takes_a_gqa_groups_heads_as_rows_and_splits_its_keys_finer():
+    from cgtool.attention.triton_extend import HEADS_MIN_SPLIT_KEYS, MAX_KV_SPLITS, extend_launch
+
+    # (q heads a program, block rows, query blocks a request, key splits) on a 132-SM GPU
+    # qwen3-30b-a3b: 32 q heads over 4 KV heads, groups of 8
+    assert extend_launch(32, 8, 1, 1, 12_547, 132, 128) == (8, 16, 1, 49)  # 4 programs, chunks of 256 keys
+    assert extend_launch(32, 8, 1, 14, 24_590, 132, 128) == (8, 64, 2, 33)  # 8 tokens a block; 2 x 132 / 8
+    assert extend_launch(32, 8, 1, 300, 8_492, 132, 128) == (1, 128, 3, 3)  # past SMALL_EXTEND: as before
+    # llama-3.1-8b: groups of 4; a group of 6 takes 2 heads (the largest power of two in it)
+    assert extend_launch(32, 4, 2, 40, 900, 132, 128)[:3] == (4, 64, 3)
+    assert extend_launch(12, 6, 1, 1, 100, 132, 128)[0] == 2
+    # MLA: all 16 heads share the latent head
+    assert extend_launch(16, 16, 1, 1, 12_547, 132, 64) == (16, 16, 1, 12_547 // HEADS_MIN_SPLIT_KEYS)
+    # 4 tokens a block; a kernel of one program an SM splits for one wave, not two
+    assert extend_launch(16, 16, 1, 14, 24_590, 132, 64, programs_per_sm=1) == (16, 64, 4, 33)
+    # a full wave needs no split; overrides are kept
+    assert extend_launch(32, 8, 64, 64, 70_000, 132, 128)[3] == 1
+    assert extend_launch(32, 8, 1, 1, 12_547, 132, 128, heads=1, kv_splits=5) == (1, 16, 1, 5)
+    assert extend_launch(16, 16, 1, 1, 100_000, 132, 64)[3] == MAX_KV_SPLITS

@@ -219,12 +219,36 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
 def test_extend_with_split_keys_matches_reference(kv_splits, new_lens, monkeypatch):
     # Through the backend, as a step of few programs over long prefixes runs on the GPU: the
     # keys split (forced here: the CPU has no SMs to fill), some chunks empty (prefix 0).
-    from cgtool.attention import triton_mla
+    from cgtool.attention import triton_extend
 
-    monkeypatch.setattr(triton_mla, "extend_kv_splits", lambda *args: kv_splits)
+    monkeypatch.setattr(triton_extend, "extend_kv_splits", lambda *args: kv_splits)
     prefix_lens = [0, 700, 130]
     capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
     pool, rows = latent_pool(capacities, 16, 40, 24, torch.float32, "cpu")
     out, ref = run_extend(pool, rows, prefix_lens, new_lens, 16, num_padding=3)
+    assert out[sum(new_lens):].eq(0).all() and not out.isnan().any()
+    assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)
+
+
+@pytest.mark.parametrize("kv_splits", [1, 4])
+@pytest.mark.parametrize(("heads", "new_lens"), [(16, [1, 3, 2]), (8, [5, 1, 9]), (1, [5, 1, 9])])
+def test_extend_with_heads_as_rows_matches_reference(heads, new_lens, kv_splits):
+    # Every head shares the latent row, so a program may take all 16 heads of a token (1 token
+    # a 16-row block, 4 of 64), 8 of them, or one head's tokens as before.
+    from cgtool.attention.triton_mla import mla_extend_attention
+
+    prefix_lens = [0, 700, 130]
+    capacities = [p + n for p, n in zip(prefix_lens, new_lens)]
+    pool, rows = latent_pool(capacities, 16, 40, 24, torch.float32, "cpu")
+    batch = extend_batch(pool, rows, prefix_lens, [[0] * n for n in new_lens])
+    q = latent_q(sum(new_lens) + 2, 16, 64, torch.float32, "cpu")
+    out = torch.zeros(q.shape[0], 16 * 40)
+    ref = torch.full_like(out, float("nan"))
+    mla_extend_attention(
+        q.view(-1, 16, 64), pool.k_buffers[0], out.view(-1, 16, 40), pool.req_to_token, batch.req_pool_indices,
+        batch.extend_prefix_lens, batch.extend_seq_lens, batch.extend_start_loc, 64**-0.5, max(new_lens),
+        new_tokens=sum(new_lens), kv_splits=kv_splits, heads=heads,
+    )
+    TorchAttentionBackend(16, 64).forward(q, ref, 0, batch, pool)
     assert out[sum(new_lens):].eq(0).all() and not out.isnan().any()
     assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)

@@ -3,7 +3,9 @@
 The attention op stores the new tokens' K/V in the pool before the backend runs, so
 every key, cached prefix and new token alike, is read through req_to_token: query j of
 request b sits at position prefix_lens[b] + j and sees the keys at positions up to its
-own. One program handles BLOCK_M queries of one request and one q head.
+own. One program handles BLOCK_M query rows of one request: one q head's BLOCK_M queries, or
+for a step of few new tokens (`extend_heads`) HEADS q heads of one GQA group for each of
+BLOCK_M / HEADS queries, so the group's heads read their keys once, not once each.
 
 A step of a few new tokens over a long cached prefix gives only heads x requests x query
 blocks programs, each reading the whole prefix alone: 14 new tokens over a 24,576-token prefix
@@ -25,27 +27,52 @@ from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
 
 # Splits are asked for when a step's programs fill fewer than this many waves of the SMs, and
-# given at least MIN_SPLIT_KEYS keys each (a chunk's partial costs a write and a merge).
+# given at least MIN_SPLIT_KEYS keys each (a chunk's partial costs a write and a merge), or
+# HEADS_MIN_SPLIT_KEYS where a program's rows are heads of few tokens: its partial is a few
+# rows, where a 128-row block's is 128.
 SPLIT_BELOW_WAVES = 1
 MIN_SPLIT_KEYS = 1024
-MAX_KV_SPLITS = 32
+HEADS_MIN_SPLIT_KEYS = 256
+MAX_KV_SPLITS = 64
 # Steps whose requests add at most this many tokens get query blocks of their size.
 SMALL_EXTEND = 64
 
 
-def launch_config(head_dim: int, max_extend_len: int | None = None) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages).
+def launch_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages); a step of at most SMALL_EXTEND new tokens a
+    request takes smaller query blocks (`extend_launch`).
 
     SGLang's 128 x 64 tile; 4 warps and 2 stages rather than its 8 and 1 ran 1.3x faster
     on the H100 sweep (benchmarks/bench_attention.py --sweep: 2048 causal tokens, 32/8 heads,
-    head_dim 128, 128 us against 168 us). A step of at most SMALL_EXTEND new tokens a request
-    takes query blocks of its own size (16 rows at the least, tl.dot's): a 128-row block did
-    128 rows' work for one new token.
+    head_dim 128, 128 us against 168 us). A 128-row block did 128 rows' work for one new token.
     """
     del head_dim  # one tile serves head_dim 64 and 128
-    if max_extend_len is not None and max_extend_len <= SMALL_EXTEND:
-        return max(16, next_power_of_2(max_extend_len)), 64, 4, 2
     return 128, 64, 4, 2
+
+
+def small_block_m(rows: int) -> int:
+    """A small step's query block: its rows rounded up to a power of two, 16 (tl.dot's least)
+    to SMALL_EXTEND."""
+    return min(SMALL_EXTEND, max(16, next_power_of_2(rows)))
+
+
+def extend_heads(num_heads: int, group: int, max_extend_len: int) -> int:
+    """q heads a program takes as rows: 1 past SMALL_EXTEND new tokens a request, where a
+    block of one head's queries is full; below, the most heads of one GQA group (a power of
+    two dividing `group`) whose rows fit a SMALL_EXTEND block, so the keys every head of
+    the group sees are read once a block."""
+    if max_extend_len > SMALL_EXTEND or num_heads % group:
+        return 1
+    heads = group & -group  # the largest power of two dividing the group
+    return min(heads, SMALL_EXTEND)
+
+
+@triton.jit
+def query_rows(block_m, head_block, BLOCK_M: tl.constexpr, HEADS: tl.constexpr):
+    """(token within the request, q head) of each of a program's BLOCK_M rows: HEADS heads of
+    each of BLOCK_M // HEADS tokens, heads fastest."""
+    offs = tl.arange(0, BLOCK_M)
+    return block_m * (BLOCK_M // HEADS) + offs // HEADS, head_block * HEADS + offs % HEADS
 
 
 @triton.jit
@@ -73,10 +100,11 @@ def split_keys(unmasked_end, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl
 @triton.jit
 def store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
                         stride_mt, stride_mh, stride_lt, stride_lh, WIDTH: tl.constexpr):
-    """A split's normalised output and base-2 log-sum-exp per query; a split without keys (a
-    short prefix) leaves zeros and -inf."""
+    """A split's normalised output and base-2 log-sum-exp per query row (token `rows`, q head
+    `head`, a scalar or one per row); a split without keys (a short prefix) leaves zeros and
+    -inf."""
     seen = l_i > 0
-    tl.store(MidO + rows[:, None] * stride_mt + head * stride_mh + split * WIDTH + offs_d[None, :],
+    tl.store(MidO + (rows * stride_mt + head * stride_mh)[:, None] + split * WIDTH + offs_d[None, :],
              tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0),
              mask=mask_m[:, None] & mask_d[None, :])
     tl.store(MidLse + rows * stride_lt + head * stride_lh + split,
@@ -90,35 +118,36 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_req, stride_mt, stride_mh, stride_lt, stride_lh, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, HEADS: tl.constexpr,
 ):
-    head = tl.program_id(0)
+    head_block = tl.program_id(0)
     b = tl.program_id(1)
     block_m, split = block_and_split(num_splits, SPLIT)
     extend_len = tl.load(extend_lens + b)
-    if block_m * BLOCK_M >= extend_len:
+    tokens = BLOCK_M // HEADS  # a block's queries
+    if block_m * tokens >= extend_len:
         return  # the grid is sized for the longest request of the batch
 
-    kv_head = head // GROUP
+    kv_head = head_block * HEADS // GROUP  # HEADS divides GROUP: one KV head a program
     prefix = tl.load(prefix_lens + b)
     first_token = tl.load(start_loc + b)
     token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
-    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m, head = query_rows(block_m, head_block, BLOCK_M, HEADS)
     mask_m = offs_m < extend_len
     q_pos = prefix + offs_m
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     rows = (first_token + offs_m).to(tl.int64)
     q = tl.load(
-        Q + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        Q + (rows * stride_qt + head * stride_qh)[:, None] + offs_d[None, :],
         mask=mask_m[:, None] & mask_d[None, :], other=0.0,
     )  # [BLOCK_M, BLOCK_D]
 
     acc, l_i, m_i = online_softmax_init(BLOCK_M, BLOCK_D)
     # Whole key blocks before the block's first query are visible to all its queries; the
     # rest, up to the last query's own position, need the causal mask.
-    unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
-    kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
+    unmasked_end = (prefix + block_m * tokens) // BLOCK_N * BLOCK_N
+    kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * tokens)
     lo, visible_end = split_keys(unmasked_end, split, num_splits, SPLIT, BLOCK_N)
     for start_n in range(lo, visible_end, BLOCK_N):
         acc, l_i, m_i = attend_key_block(
@@ -138,7 +167,7 @@ def _extend_kernel(
         store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
                             stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_D)
     else:
-        tl.store(O + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        tl.store(O + (rows * stride_ot + head * stride_oh)[:, None] + offs_d[None, :],
                  (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
@@ -187,12 +216,40 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, 
 
 
 
-def extend_kv_splits(programs: int, longest_keys: int, sms: int) -> int:
+def extend_launch(
+    num_heads: int, group: int, requests: int, max_extend_len: int, longest_keys: int, sms: int,
+    large_block_m: int, heads: int | None = None, kv_splits: int | None = None, programs_per_sm: int = 2,
+) -> tuple[int, int, int, int]:
+    """(q heads a program, query block rows, query blocks a request, key splits) of an extend
+    step whose kernel fits `programs_per_sm` programs on an SM at once; `heads` and `kv_splits`
+    override the choice (tests, benchmarks)."""
+    heads = heads or extend_heads(num_heads, group, max_extend_len)
+    block_m = small_block_m(max_extend_len * heads) if max_extend_len <= SMALL_EXTEND else large_block_m
+    blocks = cdiv(max_extend_len, block_m // heads)
+    if kv_splits is None:
+        programs = num_heads // heads * requests * blocks
+        min_keys = HEADS_MIN_SPLIT_KEYS if heads > 1 else MIN_SPLIT_KEYS
+        kv_splits = extend_kv_splits(programs, longest_keys, sms, min_keys, programs_per_sm)
+    return heads, block_m, blocks, kv_splits
+
+
+def sm_count(device: torch.device) -> int:
+    """The SMs a step's programs can fill (1 on the CPU, where the interpreter runs them)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def extend_kv_splits(
+    programs: int, longest_keys: int, sms: int, min_split_keys: int = MIN_SPLIT_KEYS, programs_per_sm: int = 2,
+) -> int:
     """Chunks to split each program's keys into: 1 unless the step's programs fill less than
-    SPLIT_BELOW_WAVES waves of the SMs and its longest request has keys to share out."""
+    SPLIT_BELOW_WAVES waves of the SMs and its longest request has keys to share out; then
+    enough for one wave of `programs_per_sm` programs an SM. A second wave of MLA's programs,
+    which fit one an SM, ran slower: 14 new tokens over 24,576 took 110.8 us in 64 chunks
+    against 98.6 in 32 (H100, benchmarks/results/h100-2026-11-26-extend-split/call8)."""
     if programs >= SPLIT_BELOW_WAVES * sms:
         return 1
-    return max(1, min(MAX_KV_SPLITS, cdiv(2 * sms, programs), longest_keys // MIN_SPLIT_KEYS))
+    wave = cdiv(programs_per_sm * sms, programs)
+    return max(1, min(MAX_KV_SPLITS, wave, longest_keys // min_split_keys))
 
 
 def extend_attention(
@@ -202,38 +259,39 @@ def extend_attention(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     sm_scale: float, max_extend_len: int, longest_keys: int = 0, new_tokens: int | None = None,
-    kv_splits: int | None = None,
+    kv_splits: int | None = None, heads: int | None = None,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
     `max_extend_len` (at least 1) bounds the grid; rows past the real tokens are left alone.
     `longest_keys`, the most keys a request of the step sees (prefix plus new tokens), lets a
-    step with few programs split its keys (`extend_kv_splits`); `kv_splits` overrides that
-    (tests, benchmarks). `new_tokens`, the real rows (all of them by default), bounds the
+    step with few programs split its keys (`extend_kv_splits`); `kv_splits` and `heads` (q
+    heads a program takes as rows, `extend_heads`) override the choice (tests, benchmarks). `new_tokens`, the real rows (all of them by default), bounds the
     merge of split keys, which would otherwise write the padding rows."""
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k_cache.shape[1]
     assert q.stride(2) == k_cache.stride(2) == v_cache.stride(2) == out.stride(2) == 1
     assert req_to_token.stride(1) == 1
-    block_m, block_n, num_warps, num_stages = launch_config(head_dim, max_extend_len)
-    blocks = cdiv(max_extend_len, block_m)
-    if kv_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        kv_splits = extend_kv_splits(num_heads * req_pool_indices.shape[0] * blocks, longest_keys, sms)
+    large_block_m, block_n, num_warps, num_stages = launch_config(head_dim)
+    heads, block_m, blocks, kv_splits = extend_launch(
+        num_heads, group, req_pool_indices.shape[0], max_extend_len, longest_keys, sm_count(q.device),
+        large_block_m, heads, kv_splits,
+    )
     block_d = next_power_of_2(head_dim)
     mid_o = mid_lse = out  # unread with one split
     if kv_splits > 1:
         mid_o, mid_lse = split_scratch(num_tokens, num_heads, block_d, kv_splits, q.device)
     # Heads vary fastest so the q heads of one GQA group read the same K/V from L2.
     _EXTEND.launch(
-        (num_heads, req_pool_indices.shape[0], blocks * kv_splits), q, k_cache,
+        (num_heads // heads, req_pool_indices.shape[0], blocks * kv_splits), q, k_cache,
         v_cache, out, mid_o, mid_lse, req_to_token, req_pool_indices,
         extend_prefix_lens, extend_seq_lens, extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), req_to_token.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), kv_splits,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=kv_splits > 1, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, SPLIT=kv_splits > 1, HEADS=heads,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if kv_splits > 1:
         merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, head_dim, block_d,

@@ -13,8 +13,11 @@ Decode splits each request's context into `num_kv_splits` chunks (fixed by the b
 and merges them by log-sum-exp: up to FUSED_MERGE_SPLITS chunks in the program that finishes
 a request's chunks last (runtime.tickets), beyond that in a second kernel built on the dense
 decode kernel's `merge_head`. Grids depend only on the batch size and chunk bounds come from
-`seq_lens` in the kernel, so a decode graph captured at one batch size replays for any lengths. Extend (eager, between piecewise graph
-pieces) is causal over prefix plus new tokens, one program per (head, request, query block).
+`seq_lens` in the kernel, so a decode graph captured at one batch size replays for any
+lengths. Extend (eager, between piecewise graph pieces) is causal over prefix plus new tokens,
+one program per (head, request, query block), or for a step of few new tokens per (request,
+query block) with every head of a token as a row: the heads share the latent rows, so they
+are read once a block, not once a head.
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from cgtool.attention.triton_decode import (
     store_split,
 )
 from cgtool.attention.triton_extend import (
-    SMALL_EXTEND,
     block_and_split,
-    extend_kv_splits,
+    extend_launch,
     merge_splits,
+    query_rows,
+    sm_count,
     split_keys,
     split_scratch,
     store_split_partial,
@@ -79,6 +83,9 @@ PARTIAL_DTYPE = torch.float32
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
+# Extend programs an SM holds at once: two stages of 64 latent rows 576 wide take 114 KiB of
+# shared memory with 16-row query blocks, 144 with 64 (Triton 3.6, sm_90); an SM has 227.
+EXTEND_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -216,18 +223,19 @@ def _mla_extend_kernel(
     stride_qt, stride_qh, stride_kt, stride_ot, stride_oh, stride_req, stride_mt, stride_mh, stride_lt, stride_lh,
     num_splits,
     RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, HEADS: tl.constexpr,
 ):
-    head = tl.program_id(0)
+    head_block = tl.program_id(0)
     b = tl.program_id(1)
     block_m, split = block_and_split(num_splits, SPLIT)  # keys split as triton_extend's kernel does
     extend_len = tl.load(extend_lens + b)
-    if block_m * BLOCK_M >= extend_len:
+    tokens = BLOCK_M // HEADS  # a block's queries, HEADS heads each (triton_extend.query_rows)
+    if block_m * tokens >= extend_len:
         return  # the grid is sized for the longest request of the batch
 
     prefix = tl.load(prefix_lens + b)
     token_row = req_to_token + tl.load(req_pool_indices + b).to(tl.int64) * stride_req
-    offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m, head = query_rows(block_m, head_block, BLOCK_M, HEADS)
     mask_m = offs_m < extend_len
     q_pos = prefix + offs_m
     rows = (tl.load(start_loc + b) + offs_m).to(tl.int64)
@@ -235,13 +243,13 @@ def _mla_extend_kernel(
     mask_r = offs_r < RANK
     offs_p = tl.arange(0, BLOCK_P)
     mask_p = offs_p < ROPE
-    q_rows = Q + rows[:, None] * stride_qt + head * stride_qh
+    q_rows = Q + (rows * stride_qt + head * stride_qh)[:, None]
     q_r = tl.load(q_rows + offs_r[None, :], mask=mask_m[:, None] & mask_r[None, :], other=0.0)
     q_p = tl.load(q_rows + RANK + offs_p[None, :], mask=mask_m[:, None] & mask_p[None, :], other=0.0)
 
     acc, l_i, m_i = online_softmax_init(BLOCK_M, BLOCK_R)
-    kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * BLOCK_M)
-    unmasked_end = (prefix + block_m * BLOCK_M) // BLOCK_N * BLOCK_N
+    kv_end = prefix + tl.minimum(extend_len, (block_m + 1) * tokens)
+    unmasked_end = (prefix + block_m * tokens) // BLOCK_N * BLOCK_N
     lo, visible_end = split_keys(unmasked_end, split, num_splits, SPLIT, BLOCK_N)
     # The causal mask is applied to every block: it keeps what the keys before the block's
     # first query would show anyway.
@@ -259,7 +267,7 @@ def _mla_extend_kernel(
                             stride_mt, stride_mh, stride_lt, stride_lh, BLOCK_R)
     else:
         tl.store(
-            O + rows[:, None] * stride_ot + head * stride_oh + offs_r[None, :],
+            O + (rows * stride_ot + head * stride_oh)[:, None] + offs_r[None, :],
             (acc / l_i[:, None]).to(O.dtype.element_ty), mask=mask_m[:, None] & mask_r[None, :],
         )
 
@@ -347,14 +355,6 @@ def mla_decode_attention(
     )
 
 
-def extend_block_m(max_extend_len: int) -> int:
-    """Query rows a program of extend: EXTEND_TILES', or for a step of at most SMALL_EXTEND new
-    tokens a request, the step's own (16 at the least, tl.dot's), as triton_extend sizes them."""
-    if max_extend_len <= SMALL_EXTEND:
-        return max(16, next_power_of_2(max_extend_len))
-    return EXTEND_TILES[0]
-
-
 def mla_extend_attention(
     q: torch.Tensor,  # [num_tokens, heads, rank + rope]
     latent_cache: torch.Tensor,  # [num_slots, 1, rank + rope], new tokens already stored
@@ -363,30 +363,35 @@ def mla_extend_attention(
     extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor,
     sm_scale: float, max_extend_len: int, tiles: tuple[int, int, int, int] | None = None,
     longest_keys: int = 0, new_tokens: int | None = None, kv_splits: int | None = None,
+    heads: int | None = None,
 ) -> None:
-    """`triton_extend.extend_attention` over the latent pool, its keys split the same way
-    (`longest_keys`, `new_tokens`, `kv_splits`); `tiles` overrides EXTEND_TILES (benchmarks)."""
-    block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
-    if tiles is None:
-        block_m = extend_block_m(max_extend_len)
+    """`triton_extend.extend_attention` over the latent pool, its rows and keys laid out the
+    same way (`longest_keys`, `new_tokens`, `kv_splits`, `heads`: every head shares the one
+    latent head, so a small step's program takes up to SMALL_EXTEND of them); `tiles`
+    overrides EXTEND_TILES, the query block included (benchmarks)."""
+    large_block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     num_tokens, num_heads = q.shape[0], q.shape[1]
-    blocks = cdiv(max_extend_len, block_m)
-    if kv_splits is None:
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        kv_splits = extend_kv_splits(num_heads * req_pool_indices.shape[0] * blocks, longest_keys, sms)
+    if tiles is not None:
+        heads = heads or 1
+    heads, block_m, blocks, kv_splits = extend_launch(
+        num_heads, num_heads, req_pool_indices.shape[0], max_extend_len, longest_keys, sm_count(q.device),
+        large_block_m, heads, kv_splits, EXTEND_PROGRAMS_PER_SM,
+    )
+    if tiles is not None:
+        block_m, blocks = tiles[0], cdiv(max_extend_len, tiles[0] // heads)
     mid_o = mid_lse = out  # unread with one split
     if kv_splits > 1:
         mid_o, mid_lse = split_scratch(num_tokens, num_heads, block_r, kv_splits, q.device)
     # Heads vary fastest: the programs of one query block read the same latent rows from L2.
     _MLA_EXTEND.launch(
-        (num_heads, req_pool_indices.shape[0], blocks * kv_splits), q,
+        (num_heads // heads, req_pool_indices.shape[0], blocks * kv_splits), q,
         latent_cache, out, mid_o, mid_lse, req_to_token, req_pool_indices, extend_prefix_lens, extend_seq_lens,
         extend_start_loc, sm_scale * LOG2_E,
         q.stride(0), q.stride(1), latent_cache.stride(0), out.stride(0), out.stride(1),
         req_to_token.stride(0), mid_o.stride(0), mid_o.stride(1), mid_lse.stride(0), mid_lse.stride(1), kv_splits,
         RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p, BLOCK_M=block_m,
-        BLOCK_N=block_n, SPLIT=kv_splits > 1, num_warps=num_warps, num_stages=num_stages,
+        BLOCK_N=block_n, SPLIT=kv_splits > 1, HEADS=heads, num_warps=num_warps, num_stages=num_stages,
     )
     if kv_splits > 1:
         merge_splits(mid_o, mid_lse, out, num_tokens if new_tokens is None else new_tokens, rank, block_r,
