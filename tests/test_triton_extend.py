@@ -153,8 +153,7 @@ def test_a_small_step_takes_a_gqa_groups_heads_as_rows_and_splits_its_keys_finer
     assert extend_launch(12, 6, 1, 1, 100, 132, 128)[0] == 2
     # MLA: all 16 heads share the latent head
     assert extend_launch(16, 16, 1, 1, 12_547, 132, 64) == (16, 16, 1, 12_547 // HEADS_MIN_SPLIT_KEYS)
-    # 4 tokens a block; a kernel of one program an SM splits for one wave, not two
-    assert extend_launch(16, 16, 1, 14, 24_590, 132, 64, programs_per_sm=1) == (16, 64, 4, 33)
+    assert extend_launch(16, 16, 1, 14, 24_590, 132, 64) == (16, 64, 4, 64)  # 4 tokens a block
     # a full wave needs no split; overrides are kept
     assert extend_launch(32, 8, 64, 64, 70_000, 132, 128)[3] == 1
     assert extend_launch(32, 8, 1, 1, 12_547, 132, 128, heads=1, kv_splits=5) == (1, 16, 1, 5)

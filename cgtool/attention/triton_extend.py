@@ -218,18 +218,17 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, 
 
 def extend_launch(
     num_heads: int, group: int, requests: int, max_extend_len: int, longest_keys: int, sms: int,
-    large_block_m: int, heads: int | None = None, kv_splits: int | None = None, programs_per_sm: int = 2,
+    large_block_m: int, heads: int | None = None, kv_splits: int | None = None,
 ) -> tuple[int, int, int, int]:
     """(q heads a program, query block rows, query blocks a request, key splits) of an extend
-    step whose kernel fits `programs_per_sm` programs on an SM at once; `heads` and `kv_splits`
-    override the choice (tests, benchmarks)."""
+    step; `heads` and `kv_splits` override the choice (tests, benchmarks)."""
     heads = heads or extend_heads(num_heads, group, max_extend_len)
     block_m = small_block_m(max_extend_len * heads) if max_extend_len <= SMALL_EXTEND else large_block_m
     blocks = cdiv(max_extend_len, block_m // heads)
     if kv_splits is None:
         programs = num_heads // heads * requests * blocks
         min_keys = HEADS_MIN_SPLIT_KEYS if heads > 1 else MIN_SPLIT_KEYS
-        kv_splits = extend_kv_splits(programs, longest_keys, sms, min_keys, programs_per_sm)
+        kv_splits = extend_kv_splits(programs, longest_keys, sms, min_keys)
     return heads, block_m, blocks, kv_splits
 
 
@@ -238,18 +237,13 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def extend_kv_splits(
-    programs: int, longest_keys: int, sms: int, min_split_keys: int = MIN_SPLIT_KEYS, programs_per_sm: int = 2,
-) -> int:
+def extend_kv_splits(programs: int, longest_keys: int, sms: int, min_split_keys: int = MIN_SPLIT_KEYS) -> int:
     """Chunks to split each program's keys into: 1 unless the step's programs fill less than
     SPLIT_BELOW_WAVES waves of the SMs and its longest request has keys to share out; then
-    enough for one wave of `programs_per_sm` programs an SM. A second wave of MLA's programs,
-    which fit one an SM, ran slower: 14 new tokens over 24,576 took 110.8 us in 64 chunks
-    against 98.6 in 32 (H100, benchmarks/results/h100-2026-11-26-extend-split/call8)."""
+    about two programs an SM."""
     if programs >= SPLIT_BELOW_WAVES * sms:
         return 1
-    wave = cdiv(programs_per_sm * sms, programs)
-    return max(1, min(MAX_KV_SPLITS, wave, longest_keys // min_split_keys))
+    return max(1, min(MAX_KV_SPLITS, cdiv(2 * sms, programs), longest_keys // min_split_keys))
 
 
 def extend_attention(

@@ -83,9 +83,6 @@ PARTIAL_DTYPE = torch.float32
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
-# Extend programs an SM holds at once: two stages of 64 latent rows 576 wide take 114 KiB of
-# shared memory with 16-row query blocks, 144 with 64 (Triton 3.6, sm_90); an SM has 227.
-EXTEND_PROGRAMS_PER_SM = 1
 
 
 @triton.jit
@@ -376,7 +373,7 @@ def mla_extend_attention(
         heads = heads or 1
     heads, block_m, blocks, kv_splits = extend_launch(
         num_heads, num_heads, req_pool_indices.shape[0], max_extend_len, longest_keys, sm_count(q.device),
-        large_block_m, heads, kv_splits, EXTEND_PROGRAMS_PER_SM,
+        large_block_m, heads, kv_splits,
     )
     if tiles is not None:
         block_m, blocks = tiles[0], cdiv(max_extend_len, tiles[0] // heads)
