@@ -48,14 +48,18 @@ TOKENS = (2048, 4096, 8192, 16384)
 # The last two fields, tails: an expert's last rows, if at most 64, in a 64-row tile of their
 # own; and those of at most 32 rows in a transposed 32-wide tile instead (narrow).
 TAIL_KINDS = [(False, False), (True, False), (True, True)]
+# The last field: whole blocks' K loops warp-specialized by Triton (`tl.range(warp_specialize=)`).
 SWEEP_GATED = [(128, 128, 8, 3, False, False, False), (128, 128, 8, 4, False, False, False)]
 SWEEP_GATHERING = [(128, 128, 8, stages, False, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 SWEEP_PLAIN = [(128, 256, 8, stages, True, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
+SWEEP_WS_GATHERING = [(128, 128, 8, stages, False, False, False, True) for stages in (3, 4)]
+SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
-def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool) -> dict:
+def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
+            ws: bool = False) -> dict:
     return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow}
+            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws}
 
 
 def checked(fn, reference: torch.Tensor) -> dict:
@@ -113,13 +117,13 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
-    row["gathering_gated"] = swept(SWEEP_GATHERING, lambda ids, opts: [tma_grouped_mm(
+    row["gathering_gated"] = swept(SWEEP_GATHERING + SWEEP_WS_GATHERING, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
         **opts) for j in ids], up_ref, up_flops)
     row["gated"] = swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
-    row["down"] = swept(SWEEP_PLAIN, lambda ids, opts: [tma_grouped_mm(
+    row["down"] = swept(SWEEP_PLAIN + SWEEP_WS_PLAIN, lambda ids, opts: [tma_grouped_mm(
         acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops)
     best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
     best_d = min((r for r in row["down"] if "us" in r), key=lambda r: r["us"], default=None)
@@ -130,7 +134,8 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
 
 
 def brief(settings: list[dict]) -> list[tuple]:
-    return [(r["num_stages"], r["tail"], r["narrow_tail"], round(r.get("us", -1), 1), r.get("equal")) for r in settings]
+    return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], round(r.get("us", -1), 1),
+             r.get("equal")) for r in settings]
 
 
 def main() -> None:
@@ -155,10 +160,10 @@ def main() -> None:
                 f"({row['torch_down_tflops']:.0f}) tma {d.get('us', float('nan')):.1f} "
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
-            log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated (stages, tail, "
-                f"narrow, us, equal) {brief(row['gathering_gated'])}")
+            log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated (stages, flatten, tail, "
+                f"narrow, warp-specialized, us, equal) {brief(row['gathering_gated'])}")
             log(f"  down {brief(row['down'])}")
-            errors = {r.get("error") for r in row["gated"] + row["down"] if "error" in r}
+            errors = {r.get("error") for r in row["gated"] + row["gathering_gated"] + row["down"] if "error" in r}
             if errors:
                 log(f"  settings that failed: {sorted(errors)[:3]}")
             save_results(result, args.out)

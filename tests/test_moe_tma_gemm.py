@@ -36,12 +36,13 @@ def _per_expert(rows, weights, ends):
 @pytest.mark.parametrize("flatten", [False, True])
 @pytest.mark.parametrize("num_programs,block_m", [(1, 128), (3, 128), (3, 64)])
 @pytest.mark.parametrize("tail", TAILS)
-def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail):
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail, warp_specialize):
     # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor;
     # with tails, 130 rows are a 128-row block and a 2-row tail (and 5, 17, 1, 40 tails alone)
     rows, weights, ends = _groups(COUNTS, 48, 40)
     out = tma_grouped_mm(rows, weights, ends, block_m=block_m, block_n=32, block_k=32, flatten=flatten,
-                         num_programs=num_programs, **TAILS[tail])
+                         num_programs=num_programs, warp_specialize=warp_specialize, **TAILS[tail])
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
@@ -99,3 +100,19 @@ def test_launch_settings_follow_the_gpu_class_measured(monkeypatch, name, tails,
     assert (gated["tail"], gated["narrow_tail"]) == (tails, tails)
     assert not down["tail"] and down["num_stages"] == down_stages
     assert (gated["block_n"], down["block_n"]) == (128, 256)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("flatten", [False, True])
+def test_warp_specialized_k_loop_gives_the_ordinary_loops_bits(flatten):
+    # bf16 at an extend shape (2,048 rows over 128 experts, K = 768): Triton's warp-specialized
+    # K loop (benchmarks/results/h100-2026-11-26-moe-ws) must not change a bit.
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    counts = torch.randint(0, 33, (128,), generator=gen, device="cuda")
+    ends = counts.cumsum(0).int()
+    rows = torch.randn(int(ends[-1]), 768, generator=gen, device="cuda").bfloat16()
+    weights = (torch.randn(128, 2048, 768, generator=gen, device="cuda") * 768**-0.5).bfloat16()
+    options = {"block_n": 256, "flatten": flatten, "num_stages": 3}
+    ordinary = tma_grouped_mm(rows, weights, ends, **options)
+    assert torch.equal(tma_grouped_mm(rows, weights, ends, warp_specialize=True, **options), ordinary)

@@ -54,7 +54,7 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TA
 @triton.jit
 def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED: tl.constexpr,
                    GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK: tl.constexpr):
+                   BK: tl.constexpr, WS: tl.constexpr = False):
     # The [BM, BN] products of a tile (gated: the gate's and the up's). SWAP computes them
     # transposed, the weights' BN rows as the MMA's tall side, so a tile of a few rows (BM down
     # to 16) is not padded to the 64 rows a Hopper MMA takes at the least; its A rows are then
@@ -73,7 +73,7 @@ def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, str
     else:
         a_src = tl.where(in_group, a_rows, 0)
     a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-    for k0 in range(0, K, BK):
+    for k0 in tl.range(0, K, BK, warp_specialize=WS):  # WS: Triton's loads-MMA warp groups
         if GATHER_TOP_K > 0 or SWAP:
             a = tl.load(a_ptrs + k0, mask=in_group[:, None] & ((k0 + offs_k)[None, :] < K), other=0.0)
         else:
@@ -96,11 +96,11 @@ def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, str
 @triton.jit
 def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
                stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr = False):
     # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
     # computed, not stored), columns from col0 of the weights' rows from b_row.
     acc, acc_up = _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED,
-                                 GATHER_TOP_K, SWAP, BM, BN, BK)
+                                 GATHER_TOP_K, SWAP, BM, BN, BK, WS)
     rows = row0 + tl.arange(0, BM)
     cols = col0 + tl.arange(0, BN)
     keep = rows < row_end
@@ -144,6 +144,7 @@ def _grouped_gemm_tma_kernel(
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
+    WS: tl.constexpr,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
@@ -159,7 +160,7 @@ def _grouped_gemm_tma_kernel(
         row_end = tl.sum(tl.where(mine, ends, 0), 0)
         col0 = (t % n_tiles) * BN
         _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK)
+                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
     if TAIL:
         for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
             expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
@@ -229,6 +230,7 @@ def tma_grouped_mm(
     tail: bool = False,
     narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
     num_programs: int | None = None,
+    warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
@@ -249,7 +251,7 @@ def tma_grouped_mm(
         a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
-        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail,
+        BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
         FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
     )
     return out
