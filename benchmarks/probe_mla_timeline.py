@@ -53,12 +53,12 @@ from cgtool.runtime.triton_launch import cdiv
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
 # name: (a torch kernel before each launch, the partials' dtype or None for the shipped one,
-# the merge's slice width or None for the shipped one)
+# triton_mla's constants set otherwise for the variant)
 VARIANTS = {
-    "shipped": (False, None, None), "after_op": (True, None, None),
-    "bf16_partials": (False, torch.bfloat16, None), "after_op_bf16_partials": (True, torch.bfloat16, None),
-    "merge_slice_256": (False, None, 256), "merge_slice_512": (False, None, 512),
-    "against": (False, None, None),  # the --against module's kernel
+    "shipped": (False, None, {}), "after_op": (True, None, {}),
+    "bf16_partials": (False, torch.bfloat16, {}), "after_op_bf16_partials": (True, torch.bfloat16, {}),
+    "merge_slice_256": (False, None, {"MERGE_SLICE": 256}), "merge_slice_512": (False, None, {"MERGE_SLICE": 512}),
+    "against": (False, None, {}),  # the --against module's kernel
 }
 
 
@@ -108,18 +108,20 @@ def load_module(path: str):
 
 
 @contextmanager
-def merge_slice(width: int | None):
-    """triton_mla.MERGE_SLICE set to `width` for the calls inside (read at each call)."""
-    shipped = triton_mla.MERGE_SLICE
-    triton_mla.MERGE_SLICE = width or shipped
+def overridden(values: dict):
+    """triton_mla's module constants set to `values` for the calls inside (read at each call)."""
+    shipped = {name: getattr(triton_mla, name) for name in values}
+    for name, value in values.items():
+        setattr(triton_mla, name, value)
     try:
         yield
     finally:
-        triton_mla.MERGE_SLICE = shipped
+        for name, value in shipped.items():
+            setattr(triton_mla, name, value)
 
 
 def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against=None) -> dict:
-    with merge_slice(VARIANTS[variant][2]):
+    with overridden(VARIANTS[variant][2]):
         return _timeline_case(bs, ctx, copy_bs, variant, against)
 
 

@@ -189,8 +189,10 @@ def test_the_planners_copy_of_the_mla_merge_rule_matches_the_kernels():
 
 
 @pytest.mark.parametrize("folder", ["h200-2026-11-26-moe-tma/call15/verify", "h200-2026-11-26-moe-tma/call11/verify",
-                                    "h100-2026-11-26-moe-tma/call8/verify", "h100-2026-11-26-pdl-tails/call4/verify"],
-                         ids=["H200", "H200-before-tails", "H100-before-32-rows", "H100"])
+                                    "h100-2026-11-26-moe-tma/call8/verify", "h100-2026-11-26-pdl-tails/call4/verify",
+                                    "h100-2026-11-26-extend-split/call10/verify", "h200-2026-11-26-night/verify"],
+                         ids=["H200", "H200-before-tails", "H100-before-32-rows", "H100", "H100-heads-as-rows",
+                              "H200-heads-as-rows"])
 def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(folder):
     # issue 33's target: `cgtool verify` of both models on the Azure example and the Mooncake
     # conversation trace (plan's and default's sets), predicted again by this checkout's roofline
