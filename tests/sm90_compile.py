@@ -1,0 +1,93 @@
+"""Compiles attention kernels for sm_90 (Hopper) with Triton's NVIDIA backend, which needs no GPU.
+
+Triton's interpreter, which runs the CPU tests, accepts code that the compiler refuses: a helper
+returning a scalar on one constexpr branch and a vector on the other ran in the interpreter and
+failed to compile on the H100 (2026-11-26). `test_kernels_compile_for_sm90.py` runs this file
+in a process without TRITON_INTERPRET, so the `@triton.jit` functions are the compiler's. Each
+case prints "compiled NAME"; a failure exits non-zero with the compiler's message.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.errors import CompilationError
+
+from cgtool.attention import triton_extend, triton_mla
+
+HOPPER = GPUTarget("cuda", 90, 32)
+# Pointer arguments by name; other integers are i32, those named stride_* multiples of 16, as a
+# launch specializes them.
+POINTERS = {
+    "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "Kv": "*bf16", "MidO": "*fp32", "MidOut": "*fp32",
+    "MidLse": "*fp32", "Tickets": "*i32", "Trace": "*fp32", "req_to_token": "*i32", "req_pool_indices": "*i32",
+    "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32",
+}
+MLA = {"RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64}
+
+
+def compile_for_hopper(kernel, constants: dict, num_warps: int, num_stages: int) -> None:
+    params = list(inspect.signature(kernel.fn).parameters)
+    signature, attrs = {}, {}
+    for i, name in enumerate(params):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in POINTERS:
+            signature[name], attrs[(i,)] = POINTERS[name], [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    constexprs = {(params.index(k),): v for k, v in constants.items()}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def cases() -> dict[str, tuple]:
+    """name: (kernel, constexprs, num_warps, num_stages), as the backends launch them."""
+    _, block_n, warps, stages = triton_extend.launch_config(128)
+    dense = {"GROUP": 8, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": block_n}
+    _, mla_block_n, mla_warps, mla_stages = triton_mla.EXTEND_TILES
+    found = {}
+    for heads, block_m in ((1, 128), (1, 16), (8, 16), (8, 64)):
+        for split in (False, True):
+            found[f"extend heads={heads} rows={block_m} split={split}"] = (
+                triton_extend._extend_kernel, {**dense, "BLOCK_M": block_m, "SPLIT": split, "HEADS": heads},
+                warps, stages)
+    for heads, block_m in ((1, 64), (16, 16), (16, 64)):
+        for split in (False, True):
+            found[f"mla extend heads={heads} rows={block_m} split={split}"] = (
+                triton_mla._mla_extend_kernel,
+                {**MLA, "BLOCK_M": block_m, "BLOCK_N": mla_block_n, "SPLIT": split, "HEADS": heads},
+                mla_warps, mla_stages)
+    found["extend merge"] = (triton_extend._extend_merge_kernel,
+                             {"HEAD_DIM": 512, "SPLIT_STRIDE": 512, "SLICE_D": 128, "SPLITS_P2": 64}, 4, 1)
+    for splits, (dec_block_n, dec_warps, dec_stages) in ((4, triton_mla.DECODE_TILES_FEW_CHUNKS),
+                                                         (8, triton_mla.DECODE_TILES)):
+        found[f"mla decode chunks={splits}"] = (
+            triton_mla._mla_decode_stage1,
+            {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
+             "NUM_SPLITS": splits, "FUSED_MERGE": True, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
+            dec_warps, dec_stages)
+    return found
+
+
+def main() -> int:
+    for name, (kernel, constants, num_warps, num_stages) in cases().items():
+        try:
+            compile_for_hopper(kernel, constants, num_warps, num_stages)
+        except (CompilationError, RuntimeError) as err:  # the front end's, and ptxas's
+            print(f"failed {name}: {type(err).__name__}: {err}")
+            return 1
+        print(f"compiled {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
