@@ -1,4 +1,4 @@
-"""Compiles attention kernels for sm_90 (Hopper) with Triton's NVIDIA backend, which needs no GPU.
+"""Compiles the attention kernels for sm_90 (Hopper) with Triton's NVIDIA backend, which needs no GPU.
 
 Triton's interpreter, which runs the CPU tests, accepts code that the compiler refuses: a helper
 returning a scalar on one constexpr branch and a vector on the other ran in the interpreter and
@@ -17,7 +17,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.errors import CompilationError
 
-from cgtool.attention import triton_extend, triton_mla
+from cgtool.attention import triton_decode, triton_extend, triton_mla
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # Pointer arguments by name; other integers are i32, those named stride_* multiples of 16, as a
@@ -25,7 +25,7 @@ HOPPER = GPUTarget("cuda", 90, 32)
 POINTERS = {
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "Kv": "*bf16", "MidO": "*fp32", "MidOut": "*fp32",
     "MidLse": "*fp32", "Tickets": "*i32", "Trace": "*fp32", "req_to_token": "*i32", "req_pool_indices": "*i32",
-    "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32",
+    "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32", "Plan": "*i32",
 }
 MLA = {"RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64}
 
@@ -75,6 +75,18 @@ def cases() -> dict[str, tuple]:
             {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
              "NUM_SPLITS": splits, "FUSED_MERGE": True, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
             dec_warps, dec_stages)
+    block_n, warps, stages = triton_decode.launch_config()
+    for group in (4, 8):
+        found[f"decode group={group}"] = (
+            triton_decode._decode_stage1,
+            {"GROUP": group, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_H": max(triton_decode.MIN_BLOCK_H, group),
+             "BLOCK_N": block_n}, warps, stages)
+    found["decode chunk plan"] = (triton_decode._chunk_plan_kernel,
+                                  {"BLOCK_BS": 64, "CHUNKS": 256, "PER_ROW": 4, "BLOCK_N": block_n}, 4, 1)
+    found["decode merge"] = (triton_decode._decode_stage2, {"HEAD_DIM": 128, "BLOCK_D": 128}, 4, 1)
+    found["mla decode merge kernel"] = (triton_mla._mla_merge_kernel,
+                                        {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64,
+                                         "NUM_SPLITS": 16}, 4, 1)
     return found
 
 
