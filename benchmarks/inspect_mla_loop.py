@@ -6,8 +6,8 @@ h100-2026-11-26-mla-timeline, calls 7-8). This compiles the kernel as the 4-warp
 (4 chunks, fused merge) with Triton's NVIDIA backend, which needs no GPU, then reads the cubin
 with the backend's cuobjdump. For this checkout's triton_mla.py and, with --against, an older
 copy, it prints the registers a thread, the loop's length in instructions, and where in the
-loop its tensor-core MMAs (HMMA) and asynchronous copies (LDGSTS) fall. Integer arguments named
-stride_* are compiled as multiples of 16, as Triton specializes them at a launch.
+loop its tensor-core MMAs (HMMA) and asynchronous copies (LDGSTS) fall
+(`cgtool.runtime.offline_compile` builds the launch's signature).
 
     python3 benchmarks/inspect_mla_loop.py [--against OLD_triton_mla.py] [--partials bf16] [--sass-dir DIR]
 """
@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import re
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+
+from cgtool.runtime.offline_compile import compile_for
 
 POINTERS = {"Q": "*bf16", "Kv": "*bf16", "MidOut": "*fp32", "MidLse": "*fp32", "O": "*bf16", "Tickets": "*i32",
             "req_to_token": "*i32", "req_pool_indices": "*i32", "seq_lens": "*i32", "Trace": "*fp32"}
@@ -44,24 +42,7 @@ def load_module(path: str, name: str):
 
 
 def compile_stage1(module, num_warps: int = 4, num_stages: int = 2):
-    fn = module._mla_decode_stage1
-    params = list(inspect.signature(fn.fn).parameters)
-    signature, attrs = {}, {}
-    for i, name in enumerate(params):
-        if name in POINTERS:
-            signature[name], attrs[(i,)] = POINTERS[name], [["tt.divisibility", 16]]
-        elif name in CONSTANTS:
-            signature[name] = "constexpr"
-        elif name == "scale_log2":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    constexprs = {(params.index(k),): v for k, v in CONSTANTS.items() if k in params}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages})
+    return compile_for(module._mla_decode_stage1, CONSTANTS, POINTERS, num_warps, num_stages)
 
 
 def tool(name: str) -> str:
@@ -109,7 +90,6 @@ def main() -> None:
     parser.add_argument("--sass-dir", help="write each kernel's SASS here")
     args = parser.parse_args()
     POINTERS["MidOut"] = f"*{args.partials}"
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from cgtool.attention import triton_mla
 
     print(f"Triton {triton.__version__}, sm_90, 4 warps, 2 stages, {CONSTANTS['NUM_SPLITS']} chunks, fused merge, "

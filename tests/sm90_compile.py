@@ -9,44 +9,20 @@ case prints "compiled NAME"; a failure exits non-zero with the compiler's messag
 
 from __future__ import annotations
 
-import inspect
 import sys
 
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import triton_decode, triton_extend, triton_mla
+from cgtool.runtime.offline_compile import compile_for
 
-HOPPER = GPUTarget("cuda", 90, 32)
-# Pointer arguments by name; other integers are i32, those named stride_* multiples of 16, as a
-# launch specializes them.
+# Pointer arguments by name; compile_for takes other integers as i32.
 POINTERS = {
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "Kv": "*bf16", "MidO": "*fp32", "MidOut": "*fp32",
     "MidLse": "*fp32", "Tickets": "*i32", "Trace": "*fp32", "req_to_token": "*i32", "req_pool_indices": "*i32",
     "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32", "Plan": "*i32",
 }
 MLA = {"RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64}
-
-
-def compile_for_hopper(kernel, constants: dict, num_warps: int, num_stages: int) -> None:
-    params = list(inspect.signature(kernel.fn).parameters)
-    signature, attrs = {}, {}
-    for i, name in enumerate(params):
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name in POINTERS:
-            signature[name], attrs[(i,)] = POINTERS[name], [["tt.divisibility", 16]]
-        elif name == "scale_log2":
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    constexprs = {(params.index(k),): v for k, v in constants.items()}
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def cases() -> dict[str, tuple]:
@@ -93,7 +69,7 @@ def cases() -> dict[str, tuple]:
 def main() -> int:
     for name, (kernel, constants, num_warps, num_stages) in cases().items():
         try:
-            compile_for_hopper(kernel, constants, num_warps, num_stages)
+            compile_for(kernel, constants, POINTERS, num_warps, num_stages)
         except (CompilationError, RuntimeError) as err:  # the front end's, and ptxas's
             print(f"failed {name}: {type(err).__name__}: {err}")
             return 1

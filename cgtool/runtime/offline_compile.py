@@ -1,0 +1,49 @@
+"""Triton kernels compiled for a GPU that is not here: Triton's NVIDIA backend needs none.
+
+The CPU tests run the kernels in Triton's interpreter, which accepts code the compiler refuses,
+so tests/sm90_compile.py also compiles them for Hopper; benchmarks/inspect_mla_loop.py reads
+the SASS of one. Both need `@triton.jit` functions the compiler sees, not the interpreter's
+(no TRITON_INTERPRET in the process).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+def launch_signature(kernel: Any, constants: dict[str, object], pointers: dict[str, str]) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) of `kernel` as a launch would give them: `pointers` maps
+    pointer arguments to their types (16-byte aligned), `constants` the constexprs; other
+    arguments are i32, those named stride_* multiples of 16 (as Triton specializes them), and
+    scale_log2 fp32."""
+    params = list(inspect.signature(kernel.fn).parameters)
+    signature, attrs = {}, {}
+    for i, name in enumerate(params):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
+        elif name == "scale_log2":
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+            if name.startswith("stride"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    constexprs = {(params.index(k),): v for k, v in constants.items() if k in params}
+    return signature, constexprs, attrs
+
+
+def compile_for(
+    kernel: Any, constants: dict[str, object], pointers: dict[str, str], num_warps: int, num_stages: int,
+    capability: int = 90,
+) -> Any:
+    """`kernel` compiled for an NVIDIA GPU of `capability` (90: Hopper); raises the compiler's error."""
+    signature, constexprs, attrs = launch_signature(kernel, constants, pointers)
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
