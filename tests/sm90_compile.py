@@ -1,4 +1,5 @@
-"""Compiles the attention kernels for sm_90 (Hopper) with Triton's NVIDIA backend, which needs no GPU.
+"""Compiles cgtool's attention, norm, rope, activation and KV-store kernels for sm_90 (Hopper)
+with Triton's NVIDIA backend, which needs no GPU.
 
 Triton's interpreter, which runs the CPU tests, accepts code that the compiler refuses: a helper
 returning a scalar on one constexpr branch and a vector on the other ran in the interpreter and
@@ -14,6 +15,8 @@ import sys
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import triton_decode, triton_extend, triton_mla
+from cgtool.model import fused_kernels, fused_launch
+from cgtool.runtime import kv_store
 from cgtool.runtime.offline_compile import compile_for
 
 # Pointer arguments by name; compile_for takes other integers as i32.
@@ -21,8 +24,11 @@ POINTERS = {
     "Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "Kv": "*bf16", "MidO": "*fp32", "MidOut": "*fp32",
     "MidLse": "*fp32", "Tickets": "*i32", "Trace": "*fp32", "req_to_token": "*i32", "req_pool_indices": "*i32",
     "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32", "Plan": "*i32",
+    "X": "*bf16", "R": "*bf16", "W": "*bf16", "Out": "*bf16", "ResOut": "*bf16", "QOut": "*bf16", "KOut": "*bf16",
+    "KCache": "*bf16", "VCache": "*bf16", "Loc": "*i64", "positions": "*i64", "cos_sin": "*fp32",
 }
 MLA = {"RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64}
+DEFAULT_STAGES = 3  # Triton's, for launches that name none
 
 
 def cases() -> dict[str, tuple]:
@@ -63,6 +69,29 @@ def cases() -> dict[str, tuple]:
     found["mla decode merge kernel"] = (triton_mla._mla_merge_kernel,
                                         {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64,
                                          "NUM_SPLITS": 16}, 4, 1)
+    found.update(layer_cases())
+    return found
+
+
+def layer_cases() -> dict[str, tuple]:
+    """The kernels around attention, with the launch helpers' own constexprs (llama-3.1-8b's
+    shapes: hidden 4,096, 32 q heads and 8 KV heads of 128, a fused qkv's offsets)."""
+    found = {}
+    for dim, residual in ((4096, True), (4096, False), (128, False)):
+        meta = dict(fused_launch._norm_meta(dim, residual))
+        warps = meta.pop("num_warps")
+        found[f"rms norm dim={dim} residual={residual}"] = (fused_kernels._rms_norm_kernel, meta, warps, DEFAULT_STAGES)
+    found["rope"] = (fused_kernels._rope_kernel,
+                     {"NUM_Q_HEADS": 32, "NUM_K_HEADS": 8, "HALF": 64, "BLOCK_D": 64, "BLOCK_HQ": 32, "BLOCK_HK": 8},
+                     4, DEFAULT_STAGES)
+    for k_offset in (0, 32 * 128):
+        meta = dict(fused_launch._rope_store_meta(32, 8, 128, k_offset))
+        warps = meta.pop("num_warps")
+        found[f"rope and store k_offset={k_offset}"] = (fused_kernels._rope_store_kernel, meta, warps, DEFAULT_STAGES)
+    found["silu and mul"] = (fused_kernels._silu_and_mul_kernel, {"BLOCK": fused_launch.SILU_BLOCK}, 4, DEFAULT_STAGES)
+    for has_v in (True, False):
+        found[f"store kv v={has_v}"] = (kv_store._store_kv_kernel, {"HAS_V": has_v, "BLOCK": kv_store.STORE_BLOCK},
+                                        4, DEFAULT_STAGES)
     return found
 
 

@@ -15,12 +15,15 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+# Scalar arguments of the kernels that are floats, by name; every other scalar is an integer.
+FLOAT_ARGUMENTS = frozenset({"scale_log2", "scale", "eps"})
+
 
 def launch_signature(kernel: Any, constants: dict[str, object], pointers: dict[str, str]) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) of `kernel` as a launch would give them: `pointers` maps
     pointer arguments to their types (16-byte aligned), `constants` the constexprs; other
-    arguments are i32, those named stride_* multiples of 16 (as Triton specializes them), and
-    scale_log2 fp32."""
+    arguments are fp32 if named in FLOAT_ARGUMENTS, else i32, those named stride_* multiples of
+    16 (as Triton specializes them)."""
     params = list(inspect.signature(kernel.fn).parameters)
     signature, attrs = {}, {}
     for i, name in enumerate(params):
@@ -28,7 +31,7 @@ def launch_signature(kernel: Any, constants: dict[str, object], pointers: dict[s
             signature[name] = "constexpr"
         elif name in pointers:
             signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
-        elif name == "scale_log2":
+        elif name in FLOAT_ARGUMENTS:
             signature[name] = "fp32"
         else:
             signature[name] = "i32"
