@@ -1,5 +1,5 @@
-"""Compiles cgtool's attention, norm, rope, activation and KV-store kernels for sm_90 (Hopper)
-with Triton's NVIDIA backend, which needs no GPU.
+"""Compiles cgtool's attention, layer and MoE Triton kernels for sm_90 (Hopper) with Triton's
+NVIDIA backend, which needs no GPU.
 
 Triton's interpreter, which runs the CPU tests, accepts code that the compiler refuses: a helper
 returning a scalar on one constexpr branch and a vector on the other ran in the interpreter and
@@ -15,7 +15,7 @@ import sys
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import triton_decode, triton_extend, triton_mla
-from cgtool.model import fused_kernels, fused_launch
+from cgtool.model import fused_kernels, fused_launch, moe_routing, moe_triton
 from cgtool.runtime import kv_store
 from cgtool.runtime.offline_compile import compile_for
 
@@ -26,13 +26,20 @@ POINTERS = {
     "prefix_lens": "*i32", "extend_lens": "*i32", "start_loc": "*i32", "seq_lens": "*i32", "Plan": "*i32",
     "X": "*bf16", "R": "*bf16", "W": "*bf16", "Out": "*bf16", "ResOut": "*bf16", "QOut": "*bf16", "KOut": "*bf16",
     "KCache": "*bf16", "VCache": "*bf16", "Loc": "*i64", "positions": "*i64", "cos_sin": "*fp32",
+    "Logits": "*fp32", "Weights": "*fp32", "Ids": "*i32", "Counts": "*i32", "Cursor": "*i32",
+    "SortedPairIds": "*i32", "BlockExperts": "*i32", "NumPadded": "*i32", "Y": "*fp32",
+    "A": "*bf16", "B": "*bf16", "C": "*bf16", "sorted_pair_ids": "*i32", "block_experts": "*i32",
+    "num_padded": "*i32", "pair_weights": "*fp32",
 }
+# qwen3-30b-a3b's experts: 128 of width 768 over a hidden size of 2,048, 8 a token
+EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
 MLA = {"RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64}
 DEFAULT_STAGES = 3  # Triton's, for launches that name none
 
 
 def cases() -> dict[str, tuple]:
-    """name: (kernel, constexprs, num_warps, num_stages), as the backends launch them."""
+    """name: (kernel, constexprs, num_warps, num_stages[, argument types other than
+    POINTERS']), as the backends launch them."""
     _, block_n, warps, stages = triton_extend.launch_config(128)
     dense = {"GROUP": 8, "HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_N": block_n}
     _, mla_block_n, mla_warps, mla_stages = triton_mla.EXTEND_TILES
@@ -70,6 +77,8 @@ def cases() -> dict[str, tuple]:
                                         {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64,
                                          "NUM_SPLITS": 16}, 4, 1)
     found.update(layer_cases())
+    found.update(routing_cases())
+    found.update(expert_gemm_cases())
     return found
 
 
@@ -95,10 +104,59 @@ def layer_cases() -> dict[str, tuple]:
     return found
 
 
+def routing_cases() -> dict[str, tuple]:
+    """The router's logits, the top-k and the alignment, as moe_routing sizes them."""
+    found = {}
+    for block_t, block_e in ((16, 16), (64, 64)):
+        found[f"router rows={block_t}"] = (moe_routing._router_kernel, {
+            "NUM_EXPERTS": EXPERTS, "PRECISION": "tf32", "BLOCK_T": block_t, "BLOCK_E": block_e, "BLOCK_K": 128},
+            4, DEFAULT_STAGES)
+    for block_t in (1, 16):
+        found[f"route top-k rows={block_t}"] = (moe_routing._route_kernel, {
+            "NUM_EXPERTS": EXPERTS, "BLOCK_E": EXPERTS, "TOP_K": TOP_K, "BLOCK_K": TOP_K, "RENORM": True,
+            "BLOCK_T": block_t}, 4, DEFAULT_STAGES)
+    for pdl in (False, True):
+        found[f"router and route, one token, dependent={pdl}"] = (moe_routing._router_route_kernel, {
+            "NUM_EXPERTS": EXPERTS, "BLOCK_E": EXPERTS // moe_routing.ROUTER_ROUTE_PROGRAMS,
+            "BLOCK_K": moe_routing.ROUTER_ROUTE_K, "ALL_EXPERTS": EXPERTS, "TOP_K": TOP_K, "RENORM": True, "PDL": pdl},
+            moe_routing.ROUTER_ROUTE_WARPS, DEFAULT_STAGES)
+    align = {"NUM_EXPERTS": EXPERTS, "BLOCK_E": EXPERTS, "BLOCK_M": 16, "BLOCKS_BLOCK": moe_routing.BLOCKS_BLOCK}
+    found["align in one program"] = (moe_routing._align_one_program, {**align, "BLOCK": moe_routing.PAIRS_BLOCK},
+                                     4, DEFAULT_STAGES)
+    found["align: count"] = (moe_routing._count_kernel, {"BLOCK": moe_routing.PAIRS_BLOCK}, 4, DEFAULT_STAGES)
+    found["align: scan"] = (moe_routing._scan_kernel, align, 4, DEFAULT_STAGES)
+    found["align: place"] = (moe_routing._place_kernel, {"BLOCK": moe_routing.PAIRS_BLOCK}, 4, DEFAULT_STAGES)
+    return found
+
+
+def expert_gemm_cases() -> dict[str, tuple]:
+    """The Triton path's gate/up and down GEMMs at each of its configs, and the top-k sum."""
+    found = {}
+    for config in [config for _, config in moe_triton.CONFIGS] + [moe_triton.DIRECT_CONFIG]:
+        direct = config.block_m == moe_triton.DIRECT
+        block_m = moe_triton.MIN_BLOCK_M if direct else config.block_m
+        for gated, tiles, k_in in ((True, config.up, HIDDEN), (False, config.down, WIDTH)):
+            block_k = min(tiles.block_k, k_in)
+            summed = direct and not gated
+            constants = {
+                "PAIRS_PER_ROW": TOP_K if gated else 1, "MUL_WEIGHT": not gated, "GATED": gated, "PRECISION": "tf32",
+                "EVEN_K": k_in % block_k == 0, "DIRECT": direct, "TOP_K": TOP_K if summed else 0,
+                "BLOCK_M": block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": block_k, "PDL": direct,
+            }
+            # gate/up writes bf16 activations; down writes fp32 rows, one token's summed into bf16
+            pointers = {"C": "*bf16", "Out": "*bf16", "Tickets": "*bf16"} if gated else {
+                "C": "*fp32", "Out": "*bf16" if summed else "*fp32", "Tickets": "*i32" if summed else "*fp32"}
+            pointers["K"] = "i32"  # the GEMMs' depth, where attention's K is the key cache
+            name = f"experts {'gate/up' if gated else 'down'}, {'one token' if direct else f'{block_m}-row blocks'}"
+            found[name] = (moe_triton._grouped_gemm_kernel, constants, tiles.num_warps, tiles.num_stages, pointers)
+    found["top-k sum"] = (moe_triton._combine_kernel, {"TOP_K": TOP_K, "BLOCK": 1024}, 4, DEFAULT_STAGES)
+    return found
+
+
 def main() -> int:
-    for name, (kernel, constants, num_warps, num_stages) in cases().items():
+    for name, (kernel, constants, num_warps, num_stages, *pointers) in cases().items():
         try:
-            compile_for(kernel, constants, POINTERS, num_warps, num_stages)
+            compile_for(kernel, constants, {**POINTERS, **(pointers[0] if pointers else {})}, num_warps, num_stages)
         except (CompilationError, RuntimeError) as err:  # the front end's, and ptxas's
             print(f"failed {name}: {type(err).__name__}: {err}")
             return 1

@@ -19,18 +19,20 @@ from triton.compiler import ASTSource
 FLOAT_ARGUMENTS = frozenset({"scale_log2", "scale", "eps"})
 
 
-def launch_signature(kernel: Any, constants: dict[str, object], pointers: dict[str, str]) -> tuple[dict, dict, dict]:
-    """(signature, constexprs, attrs) of `kernel` as a launch would give them: `pointers` maps
-    pointer arguments to their types (16-byte aligned), `constants` the constexprs; other
-    arguments are fp32 if named in FLOAT_ARGUMENTS, else i32, those named stride_* multiples of
-    16 (as Triton specializes them)."""
+def launch_signature(kernel: Any, constants: dict[str, object], types: dict[str, str]) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attrs) of `kernel` as a launch would give them: `constants` the
+    constexprs, `types` the Triton types of arguments by name (pointers, "*...", 16-byte
+    aligned); arguments named in neither are fp32 if in FLOAT_ARGUMENTS, else i32, those named
+    stride_* multiples of 16 (as Triton specializes them)."""
     params = list(inspect.signature(kernel.fn).parameters)
     signature, attrs = {}, {}
     for i, name in enumerate(params):
         if name in constants:
             signature[name] = "constexpr"
-        elif name in pointers:
-            signature[name], attrs[(i,)] = pointers[name], [["tt.divisibility", 16]]
+        elif name in types:
+            signature[name] = types[name]
+            if types[name].startswith("*"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOAT_ARGUMENTS:
             signature[name] = "fp32"
         else:
@@ -42,11 +44,11 @@ def launch_signature(kernel: Any, constants: dict[str, object], pointers: dict[s
 
 
 def compile_for(
-    kernel: Any, constants: dict[str, object], pointers: dict[str, str], num_warps: int, num_stages: int,
+    kernel: Any, constants: dict[str, object], types: dict[str, str], num_warps: int, num_stages: int,
     capability: int = 90,
 ) -> Any:
     """`kernel` compiled for an NVIDIA GPU of `capability` (90: Hopper); raises the compiler's error."""
-    signature, constexprs, attrs = launch_signature(kernel, constants, pointers)
+    signature, constexprs, attrs = launch_signature(kernel, constants, types)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
