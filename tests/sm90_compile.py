@@ -15,7 +15,14 @@ import sys
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import triton_decode, triton_extend, triton_mla
-from cgtool.model import fused_kernels, fused_launch, moe_routing, moe_triton
+from cgtool.model import (
+    fused_kernels,
+    fused_launch,
+    moe_grouped,
+    moe_routing,
+    moe_tma_gemm,
+    moe_triton,
+)
 from cgtool.runtime import kv_store
 from cgtool.runtime.offline_compile import compile_for
 
@@ -79,6 +86,7 @@ def cases() -> dict[str, tuple]:
     found.update(layer_cases())
     found.update(routing_cases())
     found.update(expert_gemm_cases())
+    found.update(grouped_path_cases())
     return found
 
 
@@ -150,6 +158,49 @@ def expert_gemm_cases() -> dict[str, tuple]:
             name = f"experts {'gate/up' if gated else 'down'}, {'one token' if direct else f'{block_m}-row blocks'}"
             found[name] = (moe_triton._grouped_gemm_kernel, constants, tiles.num_warps, tiles.num_stages, pointers)
     found["top-k sum"] = (moe_triton._combine_kernel, {"TOP_K": TOP_K, "BLOCK": 1024}, 4, DEFAULT_STAGES)
+    return found
+
+
+def grouped_path_cases() -> dict[str, tuple]:
+    """The grouped path from 512 tokens: the counting sort, the row gather, the gated
+    activation, the sum, and the TMA grouped GEMM in its gathering, tail and down forms."""
+    sort = {"CHUNK": 256, "E_POW2": EXPERTS}
+    bf16_rows = {"Y": "*bf16", "GateUp": "*bf16", "Inverse": "*i32", "Order": "*i32", "Before": "*i32",
+                 "Totals": "*i32", "Ends": "*i32"}
+    found = {
+        "sort: chunk counts": (moe_grouped._chunk_counts_kernel, sort, 4, DEFAULT_STAGES, bf16_rows),
+        "sort: scan": (moe_grouped._chunk_scan_kernel, {"E_POW2": EXPERTS, "BLOCK": 1024}, 4, DEFAULT_STAGES,
+                       bf16_rows),
+        "sort: place": (moe_grouped._place_pairs_kernel, sort, 4, DEFAULT_STAGES, bf16_rows),
+        "gather rows": (moe_grouped._gather_rows_kernel, {"TOP_K": TOP_K, "BLOCK": 1024}, 4, DEFAULT_STAGES,
+                        bf16_rows),
+        "silu, mul, weight": (moe_grouped._silu_mul_weight_kernel, {"BLOCK": 1024}, 4, DEFAULT_STAGES, bf16_rows),
+        "sum sorted rows": (moe_grouped._sum_sorted_rows_kernel, {"TOP_K": TOP_K, "BLOCK": 1024}, 4, DEFAULT_STAGES,
+                            bf16_rows),
+    }
+    gated, down = moe_tma_gemm._GATED_TILES, moe_tma_gemm._DOWN_TILES
+    bm, bk = 128, 64
+    for name, tiles, gather, tail, stages in (
+        ("gate/up gathering, narrow tails", gated, TOP_K, True, gated["num_stages"]),
+        ("gate/up gathering, whole tiles", gated, TOP_K, False, gated["num_stages"]),
+        ("gate/up over sorted rows, tails", gated, 0, True, gated["num_stages"]),
+        ("down", down, 0, False, 3),
+    ):
+        bn = tiles["block_n"]
+        constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
+                     "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False}
+        types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
+                 "Weights": "*fp32", "Order": "*i32", "K": "i32"}
+        if gather:
+            constants["a_desc"] = constants["a_tail_desc"] = None
+        else:
+            types["a_desc"] = f"tensordesc<bf16[{bm},{bk}]>"
+            if tail:
+                types["a_tail_desc"] = f"tensordesc<bf16[{bm // 2},{bk}]>"
+            else:
+                constants["a_tail_desc"] = None
+        found[f"tma grouped gemm, {name}"] = (moe_tma_gemm._grouped_gemm_tma_kernel, constants, tiles["num_warps"],
+                                              stages, types)
     return found
 
 
