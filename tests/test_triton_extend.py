@@ -157,4 +157,7 @@ def test_a_small_step_takes_a_gqa_groups_heads_as_rows_and_splits_its_keys_finer
     # a full wave needs no split; overrides are kept
     assert extend_launch(32, 8, 64, 64, 70_000, 132, 128)[3] == 1
     assert extend_launch(32, 8, 1, 1, 12_547, 132, 128, heads=1, kv_splits=5) == (1, 16, 1, 5)
+    # a block given (a benchmark's tiles): blocks and splits follow it, not the block it replaced
+    assert extend_launch(16, 16, 1, 2048, 6_144, 132, 64, heads=1, block_m=32) == (1, 32, 64, 1)
+    assert extend_launch(16, 16, 1, 100, 8_192, 132, 64, heads=1, block_m=32)[2:] == (4, 5)  # 264 / 64 programs
     assert extend_launch(16, 16, 1, 1, 100_000, 132, 64)[3] == MAX_KV_SPLITS

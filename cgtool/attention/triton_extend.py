@@ -101,8 +101,7 @@ def split_keys(unmasked_end, split, num_splits, SPLIT: tl.constexpr, BLOCK_N: tl
 def store_split_partial(MidO, MidLse, acc, l_i, m_i, rows, head, split, offs_d, mask_m, mask_d,
                         stride_mt, stride_mh, stride_lt, stride_lh, WIDTH: tl.constexpr):
     """A split's normalised output and base-2 log-sum-exp per query row (token `rows`, q head
-    `head`, a scalar or one per row); a split without keys (a short prefix) leaves zeros and
-    -inf."""
+    `head`, one per row); a split without keys (a short prefix) leaves zeros and -inf."""
     seen = l_i > 0
     tl.store(MidO + (rows * stride_mt + head * stride_mh)[:, None] + split * WIDTH + offs_d[None, :],
              tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0),
@@ -218,12 +217,13 @@ def merge_splits(mid_o: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor, 
 
 def extend_launch(
     num_heads: int, group: int, requests: int, max_extend_len: int, longest_keys: int, sms: int,
-    large_block_m: int, heads: int | None = None, kv_splits: int | None = None,
+    large_block_m: int, heads: int | None = None, kv_splits: int | None = None, block_m: int | None = None,
 ) -> tuple[int, int, int, int]:
     """(q heads a program, query block rows, query blocks a request, key splits) of an extend
-    step; `heads` and `kv_splits` override the choice (tests, benchmarks)."""
+    step; `heads`, `kv_splits` and `block_m` override the choice (tests, benchmarks)."""
     heads = heads or extend_heads(num_heads, group, max_extend_len)
-    block_m = small_block_m(max_extend_len * heads) if max_extend_len <= SMALL_EXTEND else large_block_m
+    if block_m is None:
+        block_m = small_block_m(max_extend_len * heads) if max_extend_len <= SMALL_EXTEND else large_block_m
     blocks = cdiv(max_extend_len, block_m // heads)
     if kv_splits is None:
         programs = num_heads // heads * requests * blocks

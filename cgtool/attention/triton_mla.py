@@ -369,14 +369,10 @@ def mla_extend_attention(
     large_block_m, block_n, num_warps, num_stages = tiles or EXTEND_TILES
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     num_tokens, num_heads = q.shape[0], q.shape[1]
-    if tiles is not None:
-        heads = heads or 1
     heads, block_m, blocks, kv_splits = extend_launch(
         num_heads, num_heads, req_pool_indices.shape[0], max_extend_len, longest_keys, sm_count(q.device),
-        large_block_m, heads, kv_splits,
+        large_block_m, heads or (1 if tiles else None), kv_splits, tiles[0] if tiles else None,
     )
-    if tiles is not None:
-        block_m, blocks = tiles[0], cdiv(max_extend_len, tiles[0] // heads)
     mid_o = mid_lse = out  # unread with one split
     if kv_splits > 1:
         mid_o, mid_lse = split_scratch(num_tokens, num_heads, block_r, kv_splits, q.device)
