@@ -14,7 +14,7 @@ device-to-device copy bandwidth and the throughput of one large bf16 torch.mm.
   with and without a cached prefix, against the torch.mm rate.
 
     python3 benchmarks/bench_moe_mla.py --out results.json [--no-sweep] [--parts mla,moe]
-        [--sweep-parts moe,moe-direct,mla] [--dry]
+        [--sweep-parts moe,moe-direct,mla] [--mla-cases 32x1024,48x2048] [--dry]
 """
 
 from __future__ import annotations
@@ -383,7 +383,7 @@ def mla_decode_case(bs: int, ctx: int, copy_bs: float, sweep: bool) -> dict:
     if sweep:
         tried = []
         for tiles in [(64, 8, 2), (64, 4, 2), (32, 4, 3), (32, 4, 4)]:
-            for splits in sorted({default_splits, 1, 2, 4, 8} if bs > 16 else {8, 16, 32, 64}):
+            for splits in sorted({default_splits, 1, 2, 4, 8, 16} if bs >= 16 else {8, 16, 32, 64}):
                 for fused in ((False, True) if splits <= 8 else (False,)):
                     tried.append({"tiles": list(tiles), "splits": splits, "fused": fused,
                                   "us": run(tiles, splits, fused)})
@@ -418,7 +418,11 @@ def main() -> None:
     parser.add_argument("--sweep-parts", default="moe,mla", help="where to sweep: moe, moe-direct (bs 1 only), mla")
     parser.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (TRITON_INTERPRET=1)")
     parser.add_argument("--moe-tokens", help="MoE token counts to run, comma-separated (default: all)")
+    parser.add_argument("--mla-cases", help="MLA decode BSxCONTEXT cases, comma-separated; MLA extend is then skipped")
     args = parser.parse_args()
+    if args.mla_cases:
+        MLA_DECODE[:] = [tuple(int(v) for v in case.split("x")) for case in args.mla_cases.split(",")]
+        MLA_EXTEND[:] = []
     if args.moe_tokens:
         wanted = [int(n) for n in args.moe_tokens.split(",")]
         DECODE_BS[:], EXTEND_TOKENS[:] = [n for n in wanted if n <= 256], [n for n in wanted if n > 256]

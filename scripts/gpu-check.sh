@@ -14,6 +14,9 @@
 # `mla-timeline` (by name only): benchmarks/probe_mla_timeline.py, MLA decode's programs stamped
 # (MLA_CASES picks BSxCONTEXT cases, MLA_VARIANTS the variants, MLA_AGAINST an older triton_mla.py
 # timed as the "against" variant), in $OUT/mla-timeline.json.
+# `peer-mla` (by name only): benchmarks/bench_peer_mla_decode.py, MLA decode beside SGLang's own Triton
+# kernel on the same shapes (PEER_SGLANG: a folder holding an unpacked SGLang wheel, default
+# gpu-carry-mem/sglang; PEER_CASES picks BSxCONTEXT cases), in $OUT/peer-mla.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -166,6 +169,12 @@ if [[ " $stages " == *" mla-timeline "* ]]; then  # issue 33, by name only: MLA 
     ${MLA_CASES:+--cases "$MLA_CASES"} ${MLA_VARIANTS:+--variants "$MLA_VARIANTS"} \
     ${MLA_AGAINST:+--against "$MLA_AGAINST"} 2>&1 | tee "$OUT/mla-timeline.log"
   echo "[$(date +%H:%M:%S)] probe_mla_timeline exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" peer-mla "* ]]; then  # issue 33, by name only: MLA decode beside SGLang's kernel
+  echo "[$(date +%H:%M:%S)] bench_peer_mla_decode ${PEER_CASES:-}"
+  timeout -k 10 "${PEER_TIMEOUT:-300}" python3 benchmarks/bench_peer_mla_decode.py --out "$OUT/peer-mla.json" \
+    --sglang "${PEER_SGLANG:-gpu-carry-mem/sglang}" ${PEER_CASES:+--cases "$PEER_CASES"} 2>&1 | tee "$OUT/peer-mla.log"
+  echo "[$(date +%H:%M:%S)] bench_peer_mla_decode exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

@@ -179,8 +179,10 @@ def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_re
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16):
-    """mla_decode_attention called directly on one latent pool, with the chunking given."""
+def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16, min_chunk=16,
+                   scratch=None):
+    """mla_decode_attention called directly on one latent pool, with the chunking given (16-key
+    blocks; by default no minimum chunk beyond one block)."""
     from cgtool.attention.triton_mla import mla_decode_attention
 
     pool, rows = latent_pool(seq_lens, num_heads, rank, rope, torch.float32, "cpu")
@@ -188,10 +190,51 @@ def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, 
     out = torch.full((len(seq_lens), num_heads, rank), float("nan"))
     mla_decode_attention(
         q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, tiles=(16, 4, 2),
-        fused_merge=fused_merge,
+        torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, scratch=scratch, tiles=(16, 4, 2),
+        fused_merge=fused_merge, min_chunk=min_chunk,
     )
     return out
+
+
+def _chunks_written(seq_lens, num_kv_splits, min_chunk) -> list[int]:
+    """How many of each request's chunks stage 1 wrote a partial for (the rest returned at
+    once), read from the partials' log-sum-exps, NaN before the call."""
+    from cgtool.attention.triton_decode import decode_scratch
+
+    scratch: dict = {}
+    _, mid_lse = decode_scratch(len(seq_lens), 20, 48, num_kv_splits, torch.device("cpu"), scratch)
+    mid_lse.fill_(float("nan"))
+    _decode_direct(seq_lens, num_kv_splits, True, min_chunk=min_chunk, scratch=scratch)
+    return (~mid_lse[:, 0].isnan()).sum(1).tolist()
+
+
+def test_fused_merge_fills_fewer_chunks_of_at_least_the_minimum():
+    # 8 chunks of at least 64 keys: 600 keys take 8 of 80, 300 take 5 of 64, 64 one, 65 two.
+    seq_lens = [600, 300, 64, 65, 1]
+    assert _chunks_written(seq_lens, 8, 64) == [8, 5, 1, 2, 1]
+    assert _chunks_written(seq_lens, 8, 16) == [8, 7, 4, 5, 1]  # 300 keys: 7 chunks of 48
+    reference = _decode_direct(seq_lens, 8, fused_merge=False)
+    torch.testing.assert_close(_decode_direct(seq_lens, 8, True, min_chunk=64), reference, rtol=1e-6, atol=1e-6)
+
+
+def test_fused_merge_gives_a_request_of_no_keys_zeros_and_puts_its_tickets_back():
+    # Only chunks holding keys take a ticket, and chunk 0 always does: a row of no keys (as a
+    # padded graph row may be) is merged from nothing, to zeros, by chunk 0 alone.
+    from cgtool.runtime.tickets import tickets
+
+    out = _decode_direct([0, 70, 0], 4, True)
+    assert out[0].eq(0).all() and out[2].eq(0).all()
+    torch.testing.assert_close(out[1:2], _decode_direct([0, 70, 0], 4, False)[1:2], rtol=1e-6, atol=1e-6)
+    assert tickets("cpu", 8).eq(0).all()
+
+
+def test_the_default_minimum_chunk_applies_to_the_fused_merge_only(monkeypatch):
+    from cgtool.attention import triton_mla
+
+    monkeypatch.setattr(triton_mla, "FUSED_MIN_CHUNK", 256)
+    assert _chunks_written([1024, 700, 200], 8, None) == [4, 3, 1]
+    with pytest.raises(AssertionError, match="whole key blocks"):
+        _decode_direct([100], 4, True, min_chunk=40)
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 2, 4, 8])

@@ -32,7 +32,6 @@ from cgtool.attention.triton_decode import (
     MAX_KV_SPLITS,
     decode_scratch,
     merge_head,
-    split_bounds,
     split_len,
     store_split,
 )
@@ -78,6 +77,12 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
+# With the merge in the last program, a request's chunk holds at least this many keys, so a
+# short context fills fewer of the batch's chunks and the rest return at once. bs 32 and 48
+# over 1k-token contexts ran 1.2-1.3x faster in 4 chunks of 256 than in the 8 of 128 their
+# batch size gives, while 8k contexts kept wanting all 8 (H100, 2026-11-26,
+# benchmarks/results/h100-2026-11-26-mla-chunks).
+FUSED_MIN_CHUNK = 256
 # The chunks' partial outputs, [16 heads, 512] a chunk.
 PARTIAL_DTYPE = torch.float32
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
@@ -108,16 +113,22 @@ def _attend_latent_block(
 
 
 @triton.jit
+def _chunk_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
+    """Keys per chunk: `split_len`, but at least MIN_CHUNK (a multiple of BLOCK_N)."""
+    return tl.maximum(split_len(seq_len, NUM_SPLITS, BLOCK_N), MIN_CHUNK)
+
+
+@triton.jit
 def _merge_head_block(
     MidOut, MidLse, O, b, heads, mask_h, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr,
 ):
     """The heads' outputs from their chunks, as `merge_head`: weights 2^(lse - max), the
     chunks added in split order, so chunks a request leaves empty add exact zeros. Loads go
     to L2 (.cg): other programs wrote the partials, and L1 is not coherent with them."""
-    keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
+    keys = _chunk_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
     lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
     lse_max = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     for s in tl.static_range(NUM_SPLITS):
@@ -153,7 +164,7 @@ def _mla_decode_stage1(
     stride_lb, stride_lh, stride_ob, stride_oh,
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, FUSED_MERGE: tl.constexpr,
     MERGE_D: tl.constexpr, TRACE: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -165,7 +176,10 @@ def _mla_decode_stage1(
     if TRACE:
         trace_store(Trace, program, 0, sm_id())
         trace_store(Trace, program, 1, stamp_after(b))
-    split_start, split_end = split_bounds(seq_lens, b, split, NUM_SPLITS, BLOCK_N)
+    seq_len = tl.load(seq_lens + b)
+    keys = _chunk_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+    split_start = split * keys
+    split_end = tl.minimum(split_start + keys, seq_len)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     mask_h = heads < NUM_HEADS
     if split_end > split_start:  # the merge skips empty chunks
@@ -195,20 +209,23 @@ def _mla_decode_stage1(
             MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         )
-    if FUSED_MERGE:
-        # Every program of the request's head block takes a ticket, empty chunks too; the
-        # barrier puts all of this program's stores before its release.
+    # The chunks that hold keys take a ticket (chunk 0 always, so a request of no keys still
+    # gets its zeros); the rest return at once: a ticket each cost a short context ~2 us a
+    # layer once FUSED_MIN_CHUNK left half of bs 32's chunks empty (H100, mla-chunks call 3).
+    chunks = tl.maximum(tl.cdiv(seq_len, keys), 1)
+    if FUSED_MERGE and split < chunks:
+        # The barrier puts all of this program's stores before its release.
         tl.debug_barrier()
         ticket = Tickets + b * tl.num_programs(1) + head_block
         drawn = tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
         if TRACE:
             trace_store(Trace, program, 4, stamp_after(drawn))
-        if drawn == NUM_SPLITS - 1:
+        if drawn == chunks - 1:
             tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
             _merge_head_block(
-                MidOut, MidLse, O, b, heads, mask_h, tl.load(seq_lens + b),
+                MidOut, MidLse, O, b, heads, mask_h, seq_len,
                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS,
+                RANK, BLOCK_H, MERGE_D, BLOCK_N, NUM_SPLITS, MIN_CHUNK,
             )
             if TRACE:
                 trace_store(Trace, program, 5, stamp_after(drawn))
@@ -315,14 +332,18 @@ def mla_decode_attention(
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
+    min_chunk: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge` and `partial_dtype` override DECODE_TILES, the merge's placement and
-    PARTIAL_DTYPE; `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
-    timestamps (benchmarks)."""
+    `fused_merge`, `partial_dtype` and `min_chunk` override DECODE_TILES, the merge's
+    placement, PARTIAL_DTYPE and FUSED_MIN_CHUNK; `trace` (int64, TRACE_SLOTS a stage-1
+    program) takes its programs' timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
+    # The merge kernel (dense decode's) splits keys as split_len does: no minimum without fusion.
+    min_keys = (FUSED_MIN_CHUNK if min_chunk is None else min_chunk) if fused else block_n
+    assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     mid_out, mid_lse = decode_scratch(
@@ -338,7 +359,7 @@ def mla_decode_attention(
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
-        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
+        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
         FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
