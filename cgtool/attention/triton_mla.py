@@ -77,11 +77,11 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel.
 FUSED_MERGE_SPLITS = 8
-# With the merge in the last program, a request's chunk holds at least this many keys, so a
-# short context fills fewer of the batch's chunks and the rest return at once. bs 32 and 48
-# over 1k-token contexts ran 1.2-1.3x faster in 4 chunks of 256 than in the 8 of 128 their
-# batch size gives, while 8k contexts kept wanting all 8 (H100, 2026-11-26,
-# benchmarks/results/h100-2026-11-26-mla-chunks).
+# With the merge in the last program, a request's chunk holds at least this many keys, or as
+# many as fill half the batch's chunks, so a short context fills fewer chunks and the rest
+# return at once. bs 32-48 over 512-1k-token contexts ran 1.1-1.2x faster on both GPU classes,
+# while 2k-8k contexts keep all 8 chunks of bs 32 (2026-11-26,
+# benchmarks/results/h100-h200-2026-11-26-mla-chunks).
 FUSED_MIN_CHUNK = 256
 # The chunks' partial outputs, [16 heads, 512] a chunk.
 PARTIAL_DTYPE = torch.float32
@@ -114,8 +114,12 @@ def _attend_latent_block(
 
 @triton.jit
 def _chunk_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr):
-    """Keys per chunk: `split_len`, but at least MIN_CHUNK (a multiple of BLOCK_N)."""
-    return tl.maximum(split_len(seq_len, NUM_SPLITS, BLOCK_N), MIN_CHUNK)
+    """Keys per chunk: `split_len`, but at least MIN_CHUNK (a multiple of BLOCK_N) as long as
+    the request still fills half its chunks: bs 32 over 512 keys in 2 chunks of 256 ran 1.1x
+    slower than in 8 of 64 on the H200 (mla-chunks call5-h200)."""
+    half: tl.constexpr = max(NUM_SPLITS // 2, 1)
+    floor = tl.minimum(MIN_CHUNK, split_len(seq_len, half, BLOCK_N))
+    return tl.maximum(split_len(seq_len, NUM_SPLITS, BLOCK_N), floor)
 
 
 @triton.jit
