@@ -209,9 +209,10 @@ def _chunks_written(seq_lens, num_kv_splits, min_chunk) -> list[int]:
 
 
 def test_fused_merge_fills_fewer_chunks_of_at_least_the_minimum():
-    # 8 chunks of at least 64 keys: 600 keys take 8 of 80, 300 take 5 of 64, 64 one, 65 two.
+    # 8 chunks of at least 64 keys, or of the length that fills 4: 600 keys take 8 of 80, 300
+    # take 5 of 64, 64 take 4 of 16, 65 take 3 of 32.
     seq_lens = [600, 300, 64, 65, 1]
-    assert _chunks_written(seq_lens, 8, 64) == [8, 5, 1, 2, 1]
+    assert _chunks_written(seq_lens, 8, 64) == [8, 5, 4, 3, 1]
     assert _chunks_written(seq_lens, 8, 16) == [8, 7, 4, 5, 1]  # 300 keys: 7 chunks of 48
     reference = _decode_direct(seq_lens, 8, fused_merge=False)
     torch.testing.assert_close(_decode_direct(seq_lens, 8, True, min_chunk=64), reference, rtol=1e-6, atol=1e-6)
@@ -232,7 +233,7 @@ def test_the_default_minimum_chunk_applies_to_the_fused_merge_only(monkeypatch):
     from cgtool.attention import triton_mla
 
     monkeypatch.setattr(triton_mla, "FUSED_MIN_CHUNK", 256)
-    assert _chunks_written([1024, 700, 200], 8, None) == [4, 3, 1]
+    assert _chunks_written([1024, 700, 200, 2048], 8, None) == [4, 4, 4, 8]  # 256, 176, 64, 256 keys
     with pytest.raises(AssertionError, match="whole key blocks"):
         _decode_direct([100], 4, True, min_chunk=40)
 
