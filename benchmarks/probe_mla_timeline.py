@@ -134,7 +134,7 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
     q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
     q_source = q.clone()
     out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
-    splits = mla_num_kv_splits(bs, MLA_HEADS)
+    splits = (against.mla_num_kv_splits if variant == "against" else mla_num_kv_splits)(bs, MLA_HEADS)
     programs = bs * cdiv(MLA_HEADS, 16) * splits
     traces = torch.zeros(layers, programs, TRACE_SLOTS, dtype=torch.int64, device="cuda")
 

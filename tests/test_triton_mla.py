@@ -256,6 +256,9 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
     from cgtool.attention.triton_mla import mla_num_kv_splits
 
     assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]
+    # Rounded down to stay within 256 programs: one wave, not two.
+    assert [mla_num_kv_splits(bs, 16) for bs in (5, 9, 17, 33, 65, 129)] == [32, 16, 8, 4, 2, 1]
+    assert [mla_num_kv_splits(bs, 128) for bs in (1, 3, 17)] == [32, 8, 1]
 
 
 @pytest.mark.parametrize("kv_splits", [2, 5])

@@ -63,10 +63,14 @@ MIN_DOT = 16
 DECODE_TILES = (64, 8, 2)
 DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
 FOUR_WARPS_SPLITS = 4
-# Programs stage 1 aims for. A chunk's partial output is a whole 512-wide latent per head (32
-# KiB fp32 for 16 heads), so each chunk adds writes that the dense kernel's 128-wide heads do
-# not. In call4's sweep bs 256 ran fastest in one chunk a request (92 us at a 1k context
-# against 102 in two), bs 64 in four, bs 1 in 32-64.
+# The most programs stage 1 takes: the chunks a request are the largest power of two that keeps
+# the batch within it, about one wave of two programs an SM. A chunk's partial output is a whole
+# 512-wide latent per head (32 KiB fp32 for 16 heads), so each chunk adds writes that the dense
+# kernel's 128-wide heads do not. In call4's sweep bs 256 ran fastest in one chunk a request
+# (92 us at a 1k context against 102 in two), bs 64 in four, bs 1 in 32-64. Rounding the chunks
+# up instead, as before, gave bs 17-31 and 33-63 twice the programs: at 4k-8k contexts bs 40-56
+# ran 14-17% faster in 4 chunks than in 8, bs 24 5-10% faster in 8 than in 16 (H100,
+# h100-h200-2026-11-26-mla-chunks/call10).
 MLA_TARGET_PROGRAMS = 256
 # The merge reads a head's 64 chunk lanes in slices this wide: a whole [64, 512] fp32 tile
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
@@ -305,9 +309,10 @@ def _mla_merge_kernel(
 
 
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
-    """A power of two fixed by the batch size, so a captured graph's grid stays valid."""
-    wanted = next_power_of_2(cdiv(MLA_TARGET_PROGRAMS, batch_size * cdiv(num_heads, BLOCK_H)))
-    return max(1, min(MAX_KV_SPLITS, wanted))
+    """A power of two fixed by the batch size, so a captured graph's grid stays valid: the
+    most chunks a request that keep the batch within MLA_TARGET_PROGRAMS programs."""
+    fits = MLA_TARGET_PROGRAMS // (batch_size * cdiv(num_heads, BLOCK_H))
+    return max(1, min(MAX_KV_SPLITS, next_power_of_2(fits + 1) // 2))
 
 
 _MLA_STAGE1 = CachedKernel(_mla_decode_stage1)

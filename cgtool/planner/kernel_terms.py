@@ -35,8 +35,9 @@ FLOPs leans one way on each GPU; the longer of the two instead was 24-50% off at
 MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
 0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
 (the programs' start and the merge of chunks, each of some 256 programs in two waves carrying
-it once), plus a second kernel's floor below 32 requests, where the merge is a kernel of its
-own. bs 32 to 256 within 11%, bs 1 and 16 within 20%. MLA extend (2,048-8,192 new tokens,
+it once), plus a second kernel's floor below 32 requests, where the merge was a kernel of its
+own (since the night's rounding down of the chunks, below 17). bs 32 to 256 within 11%, bs
+1 and 16 within 20%. MLA extend (2,048-8,192 new tokens,
 with a 6k prefix too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head
 and (query, key) pair as the cost model does (512 tokens: 0.10).
 
@@ -84,8 +85,9 @@ MLA_DECODE_READ_EFFICIENCY = 0.86
 MLA_DECODE_REQUEST_MS = 0.6e-3
 MLA_DECODE_FIXED_MS = 16e-3
 # Below this many (request, 16-head block) programs' rows the chunks are merged by a kernel of
-# their own (cgtool.attention.triton_mla: more than FUSED_MERGE_SPLITS chunks a request).
-MLA_FUSED_MERGE_ROWS = 32
+# their own (cgtool.attention.triton_mla: more than FUSED_MERGE_SPLITS chunks a request, which
+# up to 16 rows get since the chunks are rounded down to fit 256 programs).
+MLA_FUSED_MERGE_ROWS = 17
 MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
