@@ -30,7 +30,8 @@ POINTERS = {"Q": "*bf16", "Kv": "*bf16", "MidOut": "*fp32", "MidLse": "*fp32", "
             "req_to_token": "*i32", "req_pool_indices": "*i32", "seq_lens": "*i32", "Trace": "*fp32"}
 # deepseek-v2-lite's heads and latent; 64 keys a step, 4 chunks merged in the last program
 CONSTANTS = {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_R": 512, "BLOCK_P": 64, "BLOCK_H": 16,
-             "BLOCK_N": 64, "NUM_SPLITS": 4, "MIN_CHUNK": 256, "FUSED_MERGE": True, "MERGE_D": 128, "TRACE": False}
+             "BLOCK_N": 64, "NUM_SPLITS": 4, "MIN_CHUNK": 256, "FUSED_MERGE": True, "MERGE_D": 128, "TRACE": False,
+             "RELEASE": False}
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 

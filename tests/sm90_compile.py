@@ -69,7 +69,7 @@ def cases() -> dict[str, tuple]:
         found[f"mla decode chunks={splits}"] = (
             triton_mla._mla_decode_stage1,
             {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
-             "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
+             "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True, "RELEASE": False, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
             dec_warps, dec_stages)
     block_n, warps, stages = triton_decode.launch_config()
     for group in (4, 8):
@@ -80,9 +80,16 @@ def cases() -> dict[str, tuple]:
     found["decode chunk plan"] = (triton_decode._chunk_plan_kernel,
                                   {"BLOCK_BS": 64, "CHUNKS": 256, "PER_ROW": 4, "BLOCK_N": block_n}, 4, 1)
     found["decode merge"] = (triton_decode._decode_stage2, {"HEAD_DIM": 128, "BLOCK_D": 128}, 4, 1)
-    found["mla decode merge kernel"] = (triton_mla._mla_merge_kernel,
-                                        {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64,
-                                         "NUM_SPLITS": 16}, 4, 1)
+    found["mla decode chunks=16, merge kernel a dependent"] = (
+        triton_mla._mla_decode_stage1,
+        {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": triton_mla.DECODE_TILES[0],
+         "NUM_SPLITS": 16, "MIN_CHUNK": triton_mla.DECODE_TILES[0], "FUSED_MERGE": False,
+         "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False, "RELEASE": True},
+        triton_mla.DECODE_TILES[1], triton_mla.DECODE_TILES[2])
+    for pdl in (False, True):
+        found[f"mla decode merge kernel pdl={pdl}"] = (
+            triton_mla._mla_merge_kernel,
+            {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 16, "PDL": pdl}, 4, 1)
     found.update(layer_cases())
     found.update(routing_cases())
     found.update(expert_gemm_cases())

@@ -47,6 +47,7 @@ from cgtool.attention.triton_extend import (
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
+from cgtool.runtime.dependent_launch import dependent_launch, release_next_kernel, wait_for_previous_kernel
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
@@ -173,7 +174,7 @@ def _mla_decode_stage1(
     NUM_HEADS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, MIN_CHUNK: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    MERGE_D: tl.constexpr, TRACE: tl.constexpr,
+    MERGE_D: tl.constexpr, TRACE: tl.constexpr, RELEASE: tl.constexpr,
 ):
     b = tl.program_id(0)
     head_block = tl.program_id(1)
@@ -217,6 +218,9 @@ def _mla_decode_stage1(
             MidOut, MidLse, acc, l_i, m_i, b, heads, split, offs_r, mask_h, mask_r,
             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         )
+    # With the merge a kernel apart, launched as a programmatic dependent: let it be scheduled
+    # now, its programs waiting for this launch's partials.
+    release_next_kernel(RELEASE)
     # The chunks that hold keys take a ticket (chunk 0 always, so a request of no keys still
     # gets its zeros); the rest return at once: a ticket each cost a short context ~2 us a
     # layer once FUSED_MIN_CHUNK left half of bs 32's chunks empty (H100, mla-chunks call 3).
@@ -299,7 +303,9 @@ def _mla_merge_kernel(
     MidOut, MidLse, O, seq_lens,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)  # stage 1's partials
     b = tl.program_id(0)
     merge_head(
         MidOut, MidLse, O, b, tl.program_id(1), tl.load(seq_lens + b),
@@ -361,6 +367,7 @@ def mla_decode_attention(
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     slice_d = min(MERGE_SLICE, block_r)
+    merge_launch = {"PDL": False} if fused else dependent_launch(q.device)
     _MLA_STAGE1.launch(
         (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
         req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, mid_lse if trace is None else trace,
@@ -369,7 +376,7 @@ def mla_decode_attention(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
         BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
-        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None,
+        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None, RELEASE=merge_launch["PDL"],
         num_warps=num_warps, num_stages=num_stages,
     )
     if fused:
@@ -378,7 +385,8 @@ def mla_decode_attention(
         (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, num_warps=4, num_stages=1,
+        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, **merge_launch,
+        num_warps=4, num_stages=1,
     )
 
 
