@@ -36,7 +36,16 @@ from pathlib import Path
 
 import bench_moe_mla as bench
 import torch
-from bench_moe_mla import MLA_HEADS, RANK, ROPE, copy_bandwidth, graph_us, latent_setup, log, save_results
+from bench_moe_mla import (
+    MLA_HEADS,
+    RANK,
+    ROPE,
+    copy_bandwidth,
+    graph_us,
+    latent_setup,
+    log,
+    save_results,
+)
 
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 

@@ -47,7 +47,11 @@ from cgtool.attention.triton_extend import (
 )
 from cgtool.attention.triton_keys import BEFORE_END, CAUSAL, block_slots
 from cgtool.attention.triton_softmax import LOG2_E, online_softmax_init, online_softmax_step
-from cgtool.runtime.dependent_launch import dependent_launch, release_next_kernel, wait_for_previous_kernel
+from cgtool.runtime.dependent_launch import (
+    dependent_launch,
+    release_next_kernel,
+    wait_for_previous_kernel,
+)
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.tickets import tickets
 from cgtool.runtime.triton_launch import CachedKernel, cdiv, next_power_of_2
