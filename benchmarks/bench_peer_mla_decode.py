@@ -36,16 +36,6 @@ from pathlib import Path
 
 import bench_moe_mla as bench
 import torch
-from bench_moe_mla import (
-    MLA_HEADS,
-    RANK,
-    ROPE,
-    copy_bandwidth,
-    graph_us,
-    latent_setup,
-    log,
-    save_results,
-)
 
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 
@@ -113,7 +103,7 @@ def engine_splits(metadata, seq_lens: torch.Tensor, max_splits: int, sm_count: i
     num_seq = seq_lens.shape[0]
     schedule = 256 if num_seq < 256 else 1 << (num_seq - 1).bit_length()
     metadata.get_num_kv_splits_triton[(1,)](
-        splits, seq_lens, num_seq, 1, MLA_HEADS, 1, max_splits, sm_count, MAX_NUM_SEQ=schedule)
+        splits, seq_lens, num_seq, 1, bench.MLA_HEADS, 1, max_splits, sm_count, MAX_NUM_SEQ=schedule)
     return splits
 
 
@@ -121,10 +111,10 @@ def peer_case(decode_attention, metadata, bs: int, ctx: int, copy_bs: float, sm_
               splits_tried: tuple[int, ...] = SPLITS) -> dict:
     layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
     device, dtype = bench.DEVICE, bench.DTYPE
-    caches, r2t, rows = latent_setup([ctx] * bs, layers)
+    caches, r2t, rows = bench.latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=device)
-    q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device=device).to(dtype)
-    ours, theirs = (torch.empty(bs, MLA_HEADS, RANK, device=device, dtype=dtype) for _ in range(2))
+    q = torch.randn(bs, bench.MLA_HEADS, bench.RANK + bench.ROPE, device=device).to(dtype)
+    ours, theirs = (torch.empty(bs, bench.MLA_HEADS, bench.RANK, device=device, dtype=dtype) for _ in range(2))
     kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=device)
     kv_indptr[1:] = torch.cumsum(seq_lens, 0)
     kv_indices = r2t[1:, :ctx].reshape(-1).to(torch.int64)
@@ -133,36 +123,36 @@ def peer_case(decode_attention, metadata, bs: int, ctx: int, copy_bs: float, sm_
     def engine(splits: torch.Tensor, grid_splits: int):
         # Contiguous, as the backend allocates them: stage 2 finds a chunk's log-sum-exp at its
         # partial's offset divided by the value width.
-        logits = torch.empty(bs, MLA_HEADS, grid_splits, RANK, dtype=torch.float32, device=device)
-        lse = torch.empty(bs, MLA_HEADS, grid_splits, dtype=torch.float32, device=device)
+        logits = torch.empty(bs, bench.MLA_HEADS, grid_splits, bench.RANK, dtype=torch.float32, device=device)
+        lse = torch.empty(bs, bench.MLA_HEADS, grid_splits, dtype=torch.float32, device=device)
 
         def run():
             for cache in caches:
                 decode_attention.decode_attention_fwd(
-                    q, cache, cache[..., :RANK], theirs, kv_indptr, kv_indices, logits, lse, splits,
+                    q, cache, cache[..., :bench.RANK], theirs, kv_indptr, kv_indices, logits, lse, splits,
                     grid_splits, SCALE, 1.0, 1.0, has_mla=True, use_pdl=USE_PDL)
         return run
 
     def cgtool():
         for cache in caches:
-            mla_decode_attention(q, cache, ours, r2t, rows, seq_lens, SCALE, mla_num_kv_splits(bs, MLA_HEADS))
+            mla_decode_attention(q, cache, ours, r2t, rows, seq_lens, SCALE, mla_num_kv_splits(bs, bench.MLA_HEADS))
 
     chosen = engine_splits(metadata, seq_lens, max_splits, sm_count)
-    row = {"bs": bs, "context": ctx, "bound_us": bs * ctx * (RANK + ROPE) * dtype.itemsize / copy_bs * 1e6,
-           "cgtool_splits": mla_num_kv_splits(bs, MLA_HEADS), "engine_max_kv_splits": max_splits,
+    row = {"bs": bs, "context": ctx, "bound_us": bs * ctx * (bench.RANK + bench.ROPE) * dtype.itemsize / copy_bs * 1e6,
+           "cgtool_splits": mla_num_kv_splits(bs, bench.MLA_HEADS), "engine_max_kv_splits": max_splits,
            "engine_splits": int(chosen[0])}
-    row["cgtool_us"] = graph_us(cgtool) / layers
-    row["engine_us"] = graph_us(engine(chosen, max_splits)) / layers
+    row["cgtool_us"] = bench.graph_us(cgtool) / layers
+    row["engine_us"] = bench.graph_us(engine(chosen, max_splits)) / layers
     row["engine_max_diff"] = (ours.float() - theirs.float()).abs().max().item()
     uniform = []
     for n in splits_tried:
         fixed = torch.full_like(seq_lens, n)
         # Grid sized to the count, so no program returns at once: the kernel at its leanest.
-        uniform.append({"splits": n, "us": graph_us(engine(fixed, n)) / layers,
+        uniform.append({"splits": n, "us": bench.graph_us(engine(fixed, n)) / layers,
                         "max_diff": (ours.float() - theirs.float()).abs().max().item()})
     row["engine_uniform"] = uniform
     row["engine_best_us"] = min(u["us"] for u in uniform)
-    row["cgtool_us_again"] = graph_us(cgtool) / layers  # a second timing, for the spread
+    row["cgtool_us_again"] = bench.graph_us(cgtool) / layers  # a second timing, for the spread
     return row
 
 
@@ -185,14 +175,14 @@ def main() -> None:
     else:
         sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     decode_attention, metadata = load_sglang(args.sglang, sm_count)
-    copy_bs = copy_bandwidth()
+    copy_bs = bench.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name() if bench.DEVICE == "cuda" else "cpu", "torch": torch.__version__, "sm_count": sm_count,
               "copy_bytes_s": copy_bs, "layers": bench.LAYERS, "cases": []}
     for bs, ctx in cases:
         row = peer_case(decode_attention, metadata, bs, ctx, copy_bs, sm_count, splits_tried)
         result["cases"].append(row)
-        save_results(result, args.out)
-        log(f"bs {bs} x {ctx}: cgtool {row['cgtool_us']:.1f} / {row['cgtool_us_again']:.1f} us, "
+        bench.save_results(result, args.out)
+        bench.log(f"bs {bs} x {ctx}: cgtool {row['cgtool_us']:.1f} / {row['cgtool_us_again']:.1f} us, "
             f"SGLang {row['engine_us']:.1f} us ({row['engine_splits']} splits), best uniform "
             f"{row['engine_best_us']:.1f}; roofline {row['bound_us']:.1f}; max |diff| {row['engine_max_diff']:.2e}")
 
