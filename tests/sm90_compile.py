@@ -65,6 +65,7 @@ def cases() -> dict[str, tuple]:
     found["extend merge"] = (triton_extend._extend_merge_kernel,
                              {"HEAD_DIM": 512, "SPLIT_STRIDE": 512, "SLICE_D": 128, "SPLITS_P2": 64}, 4, 1)
     for splits, (dec_block_n, dec_warps, dec_stages) in ((4, triton_mla.DECODE_TILES_FEW_CHUNKS),
+                                                         (5, triton_mla.DECODE_TILES_FEW_CHUNKS),
                                                          (8, triton_mla.DECODE_TILES)):
         found[f"mla decode chunks={splits}"] = (
             triton_mla._mla_decode_stage1,

@@ -238,7 +238,7 @@ def test_the_default_minimum_chunk_applies_to_the_fused_merge_only(monkeypatch):
         _decode_direct([100], 4, True, min_chunk=40)
 
 
-@pytest.mark.parametrize("num_kv_splits", [1, 2, 4, 8])
+@pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 4, 5, 8])
 def test_merge_in_the_last_program_matches_the_merge_kernel(num_kv_splits):
     # 20 heads: a full block and a partial one, each with its own ticket; lengths 1 and 3 leave
     # most chunks empty, 150 fills them all. One chunk is written as the output directly.
@@ -256,8 +256,9 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
     from cgtool.attention.triton_mla import mla_num_kv_splits
 
     assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]
-    # Rounded down to stay within 256 programs: one wave, not two.
-    assert [mla_num_kv_splits(bs, 16) for bs in (5, 9, 17, 33, 65, 129)] == [32, 16, 8, 4, 2, 1]
+    # Rounded down to stay within 256 programs: one wave, not two; up to 8 chunks (merged in
+    # the last program) any count, past that a power of two.
+    assert [mla_num_kv_splits(bs, 16) for bs in (5, 9, 17, 33, 48, 65, 129)] == [32, 16, 8, 7, 5, 3, 1]
     assert [mla_num_kv_splits(bs, 128) for bs in (1, 3, 17)] == [32, 8, 1]
 
 

@@ -64,12 +64,14 @@ MIN_DOT = 16
 # Decode's (keys per step, warps, pipeline stages): 64 keys a step, 1.1-1.3x the 32 before
 # (H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json). At 8 warps,
 # but at 4 for up to FOUR_WARPS_SPLITS chunks a request merged in the last program (call6: bs
-# 64 and 256 at 1k-8k contexts 3-9% faster; bs 32's eight chunks 1.3x faster at 8 warps).
+# 64 and 256 at 1k-8k contexts 3-9% faster; bs 32's eight chunks 1.3x faster at 8 warps; bs
+# 40-48's five or six 2-7% faster at 4 warps, bs 33's seven 8% slower at a 1k context: H100,
+# h100-h200-2026-11-26-mla-chunks/call18).
 DECODE_TILES = (64, 8, 2)
 DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
-FOUR_WARPS_SPLITS = 4
-# The most programs stage 1 takes: the chunks a request are the largest power of two that keeps
-# the batch within it, about one wave of two programs an SM. A chunk's partial output is a whole
+FOUR_WARPS_SPLITS = 6
+# The most programs stage 1 takes: the chunks a request are the most that keep the batch within
+# it (past FUSED_MERGE_SPLITS, a power of two), about one wave of two programs an SM. A chunk's partial output is a whole
 # 512-wide latent per head (32 KiB fp32 for 16 heads), so each chunk adds writes that the dense
 # kernel's 128-wide heads do not. In call4's sweep bs 256 ran fastest in one chunk a request
 # (92 us at a 1k context against 102 in two), bs 64 in four, bs 1 in 32-64. Rounding the chunks
@@ -319,10 +321,13 @@ def _mla_merge_kernel(
 
 
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
-    """A power of two fixed by the batch size, so a captured graph's grid stays valid: the
-    most chunks a request that keep the batch within MLA_TARGET_PROGRAMS programs."""
+    """Fixed by the batch size, so a captured graph's grid stays valid: the most chunks a
+    request that keep the batch within MLA_TARGET_PROGRAMS programs. Up to FUSED_MERGE_SPLITS
+    (merged in the last program) any count; past it a power of two, for fewer compiled kernels."""
     fits = MLA_TARGET_PROGRAMS // (batch_size * cdiv(num_heads, BLOCK_H))
-    return max(1, min(MAX_KV_SPLITS, next_power_of_2(fits + 1) // 2))
+    if fits <= FUSED_MERGE_SPLITS:
+        return max(1, fits)
+    return min(MAX_KV_SPLITS, next_power_of_2(fits + 1) // 2)
 
 
 _MLA_STAGE1 = CachedKernel(_mla_decode_stage1)
