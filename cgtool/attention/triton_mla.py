@@ -71,9 +71,9 @@ DECODE_TILES = (64, 8, 2)
 DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
 FOUR_WARPS_SPLITS = 6
 # The most programs stage 1 takes: the chunks a request are the most that keep the batch within
-# it (past FUSED_MERGE_SPLITS, a power of two), about one wave of two programs an SM. A chunk's partial output is a whole
-# 512-wide latent per head (32 KiB fp32 for 16 heads), so each chunk adds writes that the dense
-# kernel's 128-wide heads do not. In call4's sweep bs 256 ran fastest in one chunk a request
+# it (past FUSED_MERGE_SPLITS, a power of two), about one wave of two programs an SM. A chunk's
+# partial output is a whole 512-wide latent per head (32 KiB fp32 for 16 heads), so each chunk
+# adds writes that the dense kernel's 128-wide heads do not. In call4's sweep bs 256 ran fastest in one chunk a request
 # (92 us at a 1k context against 102 in two), bs 64 in four, bs 1 in 32-64. Rounding the chunks
 # up instead, as before, gave bs 17-31 and 33-63 twice the programs: at 4k-8k contexts bs 40-56
 # ran 14-17% faster in 4 chunks than in 8, bs 24 5-10% faster in 8 than in 16 (H100,
@@ -228,8 +228,8 @@ def _mla_decode_stage1(
     # now, its programs waiting for this launch's partials.
     release_next_kernel(RELEASE)
     # The chunks that hold keys take a ticket (chunk 0 always, so a request of no keys still
-    # gets its zeros); the rest return at once: a ticket each cost a short context ~2 us a
-    # layer once FUSED_MIN_CHUNK left half of bs 32's chunks empty (H100, mla-chunks call 3).
+    # gets its zeros); the rest return at once. With every chunk taking one, bs 32 x 1k ran
+    # 0.5 us slower and bs 256 x 1k 4% slower (H100, mla-chunks calls 3, 4 and 8).
     chunks = tl.maximum(tl.cdiv(seq_len, keys), 1)
     if FUSED_MERGE and split < chunks:
         # The barrier puts all of this program's stores before its release.
