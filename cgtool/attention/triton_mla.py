@@ -230,7 +230,7 @@ def _mla_decode_stage1(
     # The chunks that hold keys take a ticket (chunk 0 always, so a request of no keys still
     # gets its zeros); the rest return at once. With every chunk taking one, bs 32 x 1k ran
     # 0.5 us slower and bs 256 x 1k 4% slower (H100, mla-chunks calls 3, 4 and 8).
-    chunks = tl.maximum(tl.cdiv(seq_len, keys), 1)
+    chunks = tl.maximum(tl.cdiv(seq_len, tl.maximum(keys, 1)), 1)  # no keys: 0 keys a chunk
     if FUSED_MERGE and split < chunks:
         # The barrier puts all of this program's stores before its release.
         tl.debug_barrier()
