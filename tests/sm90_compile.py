@@ -70,7 +70,8 @@ def cases() -> dict[str, tuple]:
         found[f"mla decode chunks={splits}"] = (
             triton_mla._mla_decode_stage1,
             {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
-             "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True, "RELEASE": False, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
+             "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True,
+             "RELEASE": False, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
             dec_warps, dec_stages)
     block_n, warps, stages = triton_decode.launch_config()
     for group in (4, 8):
