@@ -91,7 +91,8 @@ def cases() -> dict[str, tuple]:
     for pdl in (False, True):
         found[f"mla decode merge kernel pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,
-            {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 16, "PDL": pdl}, 4, 1)
+            {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 16, "MIN_CHUNK": 64,
+             "LANES": 64, "PDL": pdl}, 4, 1)
     found.update(layer_cases())
     found.update(routing_cases())
     found.update(expert_gemm_cases())

@@ -256,10 +256,12 @@ def test_mla_splits_follow_the_batch_size_down_to_one_chunk():
     from cgtool.attention.triton_mla import mla_num_kv_splits
 
     assert [mla_num_kv_splits(bs, 16) for bs in (1, 8, 64, 128, 256, 512)] == [64, 32, 4, 2, 1, 1]
-    # Rounded down to stay within 256 programs: one wave, not two; up to 8 chunks (merged in
-    # the last program) any count, past that a power of two.
-    assert [mla_num_kv_splits(bs, 16) for bs in (5, 9, 17, 33, 48, 65, 129)] == [32, 16, 8, 7, 5, 3, 1]
-    assert [mla_num_kv_splits(bs, 128) for bs in (1, 3, 17)] == [32, 8, 1]
+    # Rounded down to stay within 264 programs (two an SM on 132 SMs): one wave, not two; below
+    # 16 chunks any count, from there a power of two.
+    assert [mla_num_kv_splits(bs, 16) for bs in (5, 9, 17, 20, 24, 29, 30, 33, 48, 65, 88, 129)] == [
+        32, 16, 15, 13, 11, 9, 8, 8, 5, 4, 3, 2]
+    assert [mla_num_kv_splits(bs, 128) for bs in (1, 3, 17)] == [32, 11, 1]
+    assert all(mla_num_kv_splits(bs, 16) * bs <= 264 for bs in range(1, 265))
 
 
 @pytest.mark.parametrize("kv_splits", [2, 5])

@@ -201,15 +201,18 @@ def merge_head(
     MidOut, MidLse, O, b, head, seq_len,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    d_start=0,
+    LANES: tl.constexpr, d_start=0, chunk_keys=None,
 ):
-    """One head's output from its chunks, weighted by their log-sum-exps.
+    """One head's output from its chunks, weighted by their log-sum-exps; `chunk_keys`, where
+    given, is the keys a chunk held (else `split_len`'s).
 
-    The sums run over MERGE_LANES lanes whatever the split count, so the same chunks add up
-    in the same order: a batch padded to a captured size (and a split count of its own)
-    reads the same bits as at its own size, where a split-count-wide sum differed by an ulp."""
-    offs_s = tl.arange(0, MERGE_LANES)
-    used = offs_s * split_len(seq_len, NUM_SPLITS, BLOCK_N) < seq_len  # stage 1 skipped the rest
+    The sums run over LANES lanes (a power of two, at least NUM_SPLITS). MERGE_LANES whatever
+    the split count adds the same chunks up in the same order at any count; fewer lanes take
+    fewer registers, so more programs fit an SM."""
+    offs_s = tl.arange(0, LANES)
+    if chunk_keys is None:
+        chunk_keys = split_len(seq_len, NUM_SPLITS, BLOCK_N)
+    used = offs_s * chunk_keys < seq_len  # stage 1 skipped the rest
     offs_d = d_start + tl.arange(0, BLOCK_D)  # MLA's 512-wide heads merge in slices
     mask_d = offs_d < HEAD_DIM
     lse_ptrs = MidLse + b * stride_lb + head * stride_lh + offs_s

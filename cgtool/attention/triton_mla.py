@@ -71,14 +71,14 @@ DECODE_TILES = (64, 8, 2)
 DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
 FOUR_WARPS_SPLITS = 6
 # The most programs stage 1 takes: the chunks a request are the most that keep the batch within
-# it (past FUSED_MERGE_SPLITS, a power of two), about one wave of two programs an SM. A chunk's
-# partial output is a whole 512-wide latent per head (32 KiB fp32 for 16 heads), so each chunk
-# adds writes that the dense kernel's 128-wide heads do not. In call4's sweep bs 256 ran fastest in one chunk a request
-# (92 us at a 1k context against 102 in two), bs 64 in four, bs 1 in 32-64. Rounding the chunks
-# up instead, as before, gave bs 17-31 and 33-63 twice the programs: at 4k-8k contexts bs 40-56
-# ran 14-17% faster in 4 chunks than in 8, bs 24 5-10% faster in 8 than in 16 (H100,
-# h100-h200-2026-11-26-mla-chunks/call10).
-MLA_TARGET_PROGRAMS = 256
+# it, two programs an SM on the 132 SMs of an H100 SXM or an H200 (past MERGE_POW2_SPLITS, a
+# power of two). A chunk's partial output is a whole 512-wide latent per head (32 KiB fp32 for
+# 16 heads), so each chunk adds writes that the dense kernel's 128-wide heads do not. In call4's
+# sweep bs 256 ran fastest in one chunk a request (92 us at a 1k context against 102 in two),
+# bs 64 in four, bs 1 in 32-64. Aiming at 256 left up to a third of the SMs a program short: bs
+# 88 in 3 chunks rather than 2 ran 11% faster at a 1k context and 25% at 8k, bs 66 in 4 rather
+# than 3 7% and 18% (H200, benchmarks/results/h100-h200-2026-11-27-mla-floor).
+MLA_TARGET_PROGRAMS = 264
 # The merge reads a head's 64 chunk lanes in slices this wide: a whole [64, 512] fp32 tile
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
 # 1k context ran 1.0 ms where its latent read takes 0.07).
@@ -86,16 +86,24 @@ MERGE_SLICE = 128
 # Up to this many chunks a request, the program that finishes a request's head block last
 # merges its chunks (runtime.tickets) instead of a second launch; past it one program's merge
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
-# merge kernel.
+# merge kernel. From 9 chunks (bs 17-29) the merge kernel over fewer lanes beat 8 chunks merged
+# in the last program: bs 20 x 8k 69 us against 98, bs 24 80 against 101, at 1k 22 against 25
+# and 24 against 25; bs 28 x 1k 4% slower (H200, h100-h200-2026-11-27-mla-floor).
 FUSED_MERGE_SPLITS = 8
+# Chunk counts from here on are powers of two (few kernels to compile for a capture).
+MERGE_POW2_SPLITS = 16
 # With the merge in the last program, a request's chunk holds at least this many keys, or as
 # many as fill half the batch's chunks, so a short context fills fewer chunks and the rest
 # return at once. bs 32-48 over 512-1k-token contexts ran 1.1-1.2x faster on both GPU classes,
 # while 2k-8k contexts keep all 8 chunks of bs 32 (2026-11-26,
 # benchmarks/results/h100-h200-2026-11-26-mla-chunks).
 FUSED_MIN_CHUNK = 256
-# The chunks' partial outputs, [16 heads, 512] a chunk.
+# The chunks' partial outputs, [16 heads, 512] a chunk: bf16 where stage 1 runs 8 warps and
+# merges in its last program (7-8 chunks), 2-6% faster there (bs 24-33 at 1k-8k, H200); fp32
+# elsewhere, where bf16 slowed the 4-warp loop 12-25% (its registers fell and ptxas scheduled
+# it worse) and the merge kernel (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-27-mla-floor).
 PARTIAL_DTYPE = torch.float32
+PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -309,23 +317,25 @@ def _mla_merge_kernel(
     MidOut, MidLse, O, seq_lens,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     RANK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    PDL: tl.constexpr,
+    MIN_CHUNK: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)  # stage 1's partials
     b = tl.program_id(0)
+    seq_len = tl.load(seq_lens + b)
     merge_head(
-        MidOut, MidLse, O, b, tl.program_id(1), tl.load(seq_lens + b),
+        MidOut, MidLse, O, b, tl.program_id(1), seq_len,
         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, tl.program_id(2) * BLOCK_D,
+        RANK, BLOCK_D, BLOCK_N, NUM_SPLITS, LANES, tl.program_id(2) * BLOCK_D,
+        _chunk_len(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK),
     )
 
 
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
     """Fixed by the batch size, so a captured graph's grid stays valid: the most chunks a
-    request that keep the batch within MLA_TARGET_PROGRAMS programs. Up to FUSED_MERGE_SPLITS
-    (merged in the last program) any count; past it a power of two, for fewer compiled kernels."""
+    request that keep the batch within MLA_TARGET_PROGRAMS programs: any count below
+    MERGE_POW2_SPLITS, from there a power of two, for fewer compiled kernels."""
     fits = MLA_TARGET_PROGRAMS // (batch_size * cdiv(num_heads, BLOCK_H))
-    if fits <= FUSED_MERGE_SPLITS:
+    if fits < MERGE_POW2_SPLITS:
         return max(1, fits)
     return min(MAX_KV_SPLITS, next_power_of_2(fits + 1) // 2)
 
@@ -356,23 +366,24 @@ def mla_decode_attention(
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
-    min_chunk: int | None = None,
+    min_chunk: int | None = None, merge_lanes: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
-    `fused_merge`, `partial_dtype` and `min_chunk` override DECODE_TILES, the merge's
-    placement, PARTIAL_DTYPE and FUSED_MIN_CHUNK; `trace` (int64, TRACE_SLOTS a stage-1
-    program) takes its programs' timestamps (benchmarks)."""
+    `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
+    merge's placement, the partials' dtype, the least keys a chunk (FUSED_MIN_CHUNK merged in
+    the last program, none for the merge kernel) and the merge kernel's lanes (the chunk count's
+    power of two); `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
+    timestamps (benchmarks)."""
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
-    # The merge kernel (dense decode's) splits keys as split_len does: no minimum without fusion.
-    min_keys = (FUSED_MIN_CHUNK if min_chunk is None else min_chunk) if fused else block_n
+    min_keys = (FUSED_MIN_CHUNK if fused else block_n) if min_chunk is None else min_chunk
     assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
-    mid_out, mid_lse = decode_scratch(
-        bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype or PARTIAL_DTYPE
-    )
+    if partial_dtype is None:
+        partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and num_warps == 8 else PARTIAL_DTYPE
+    mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     slice_d = min(MERGE_SLICE, block_r)
@@ -394,7 +405,8 @@ def mla_decode_attention(
         (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
-        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, **merge_launch,
+        RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
+        LANES=merge_lanes or max(2, next_power_of_2(num_kv_splits)), **merge_launch,
         num_warps=4, num_stages=1,
     )
 

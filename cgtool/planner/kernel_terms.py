@@ -86,8 +86,8 @@ MLA_DECODE_REQUEST_MS = 0.6e-3
 MLA_DECODE_FIXED_MS = 16e-3
 # Below this many (request, 16-head block) programs' rows the chunks are merged by a kernel of
 # their own (cgtool.attention.triton_mla: more than FUSED_MERGE_SPLITS chunks a request, which
-# up to 16 rows get since the chunks are rounded down to fit 256 programs).
-MLA_FUSED_MERGE_ROWS = 17
+# up to 29 rows get since the chunks are rounded down to fit 264 programs).
+MLA_FUSED_MERGE_ROWS = 30
 MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33

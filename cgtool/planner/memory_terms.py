@@ -42,7 +42,7 @@ GRAPH_POOL_OVER_EAGER = {"dense": 1.27, "MoE": 1.68, "MLA": 1.68}
 GRAPH_NODE_BYTES = 8 << 10
 # cgtool.attention.triton_decode's room for partials (num_kv_splits_for, chunk_slots): about
 # 1,024 programs, 16..64 chunks a request, and at least max(target_chunks, 15 bs) + bs a KV head;
-# MLA used the first rule too when measured (triton_mla.mla_num_kv_splits now aims at 256
+# MLA used the first rule too when measured (triton_mla.mla_num_kv_splits now aims at 264
 # programs, 1..64). The planner does not import the kernels (Triton), so the rule is repeated
 # here and tests/test_memory_terms.py checks that the two agree.
 _TARGET_PROGRAMS, _MIN_SPLITS, _MAX_SPLITS = 1024, 16, 64

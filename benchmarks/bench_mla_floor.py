@@ -1,0 +1,177 @@
+"""Issue 33: how fast can one launch read MLA decode's latent rows at all, beside the kernel.
+
+The issue's MLA decode target is 60% of the latent read at the copy bandwidth. At short
+contexts and small batches the kernel stays far below it, and neither its own changes nor
+SGLang's kernel closed the gap. This measures what any kernel faces: the same bytes read by
+kernels that do nothing else, each as a CUDA graph of LAYERS launches over distinct latent
+pools (as bench_moe_mla times the attention):
+
+- `torch_sum`: torch's own reduction over the pool's rows (an independent kernel);
+- `flat`: a Triton kernel streaming the rows as one contiguous span, the best over a sweep of
+  program counts and block sizes (no gather, no attention, no merge);
+- `mla`: the shipped `mla_decode_attention`, and `mla_bf16` with bf16 partial outputs;
+- `mla_split_kernel` (`--splits`, `--mins`): the merge kernel's path at other chunk counts and
+  least keys a chunk, its merge over 64 lanes and over the chunk count's power of two;
+- `mla_fused` (`--fused`): the merge in the last program at other chunk counts, fp32 and bf16
+  partials;
+- `merge_alone`: the merge kernel by itself, where the batch merges in a second launch.
+
+Shares are of the latent read at the copy bandwidth (`bound_us`), as in docs/moe-mla.md.
+
+    python3 benchmarks/bench_mla_floor.py --out floor.json [--cases 32x1024,8x8192] [--dry]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import bench_moe_mla as bench
+import torch
+import triton
+import triton.language as tl
+
+from cgtool.attention import triton_mla
+from cgtool.attention.triton_decode import decode_scratch
+from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.triton_launch import cdiv
+
+CASES = [(bs, 1024) for bs in (1, 8, 16, 24, 32, 48, 64, 96, 128, 256)] + [
+    (bs, 8192) for bs in (1, 8, 16, 24, 32, 64)]
+FLAT = [(programs, block, warps, stages) for programs in (132, 264, 528, 1056)
+        for block, warps, stages in ((8192, 8, 2), (4096, 4, 3), (16384, 8, 2))]
+SPLIT_TRIES = (8, 10, 12, 16, 24, 32, 64)
+
+
+@triton.jit
+def _read_flat(X, Out, n, per, BLOCK: tl.constexpr):
+    """Program p sums elements [p * per, (p + 1) * per) of X, BLOCK at a time."""
+    p = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(p * per, tl.minimum(p * per + per, n), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(Out + p, tl.sum(acc, 0))
+
+
+def same_sum(got: torch.Tensor, span: torch.Tensor) -> bool:
+    """Whether a read kernel's partial sums add up to the span's: it read every byte once."""
+    want = span.float().sum()
+    return bool(torch.isclose(got.sum(), want, rtol=1e-3, atol=1e-2 * span.numel() ** 0.5))
+
+
+def flat_us(caches: list[torch.Tensor], rows: int) -> tuple[float, list[dict]]:
+    n = rows * caches[0].shape[-1]
+    tried = []
+    for programs, block, warps, stages in FLAT if bench.DEVICE == "cuda" else FLAT[:1]:
+        per = cdiv(cdiv(n, programs), block) * block
+        out = torch.empty(programs, device=bench.DEVICE, dtype=torch.float32)
+        us = bench.graph_us(lambda: [_read_flat[(programs,)](
+            c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages) for c in caches]) / len(caches)
+        tried.append({"programs": programs, "block": block, "warps": warps, "stages": stages, "us": us,
+                      "read_all": same_sum(out, caches[-1])})
+    return min(t["us"] for t in tried), tried
+
+
+def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch.dtype = torch.float32,
+                   lanes: int = 64) -> float:
+    """The merge kernel's launches alone, over partials already written."""
+    rank, heads = bench.RANK, bench.MLA_HEADS
+    mid_out, mid_lse = decode_scratch(bs, heads, rank, splits, torch.device(bench.DEVICE), None, partials)
+    mid_out.normal_()
+    mid_lse.normal_()
+    out = torch.empty(bs, heads, rank, device=bench.DEVICE, dtype=bench.DTYPE)
+    launch = dependent_launch(out.device)
+    slice_d = triton_mla.MERGE_SLICE
+
+    def run():
+        for _ in range(bench.LAYERS):
+            triton_mla._MLA_MERGE.launch(
+                (bs, heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
+                mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+                out.stride(0), out.stride(1), RANK=rank, BLOCK_D=slice_d, BLOCK_N=triton_mla.DECODE_TILES[0],
+                NUM_SPLITS=splits, MIN_CHUNK=triton_mla.DECODE_TILES[0], LANES=lanes, **launch, num_warps=4, num_stages=1,
+            )
+
+    return bench.graph_us(run) / bench.LAYERS
+
+
+def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...], mins: tuple[int, ...],
+               fused_tried: tuple[int, ...]) -> dict:
+    layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
+    caches, r2t, pool_rows = bench.latent_setup([ctx] * bs, layers)
+    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=bench.DEVICE)
+    q = torch.randn(bs, bench.MLA_HEADS, bench.RANK + bench.ROPE, device=bench.DEVICE).to(bench.DTYPE)
+    out = torch.empty(bs, bench.MLA_HEADS, bench.RANK, device=bench.DEVICE, dtype=bench.DTYPE)
+    bound = bs * ctx * (bench.RANK + bench.ROPE) * bench.DTYPE.itemsize / copy_bs * 1e6
+    splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
+
+    def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
+            lanes: int | None = None) -> float:
+        return bench.graph_us(lambda: [mla_decode_attention(
+            q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, None, fused, partial_dtype=partials,
+            min_chunk=least, merge_lanes=lanes) for c in caches]) / layers
+
+    # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
+    spans = [c[1:1 + bs * ctx] for c in caches]
+    row = {"bs": bs, "context": ctx, "splits": splits, "bound_us": bound,
+           "torch_sum_us": bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers}
+    row["flat_us"], row["flat_sweep"] = flat_us(spans, bs * ctx)
+    row["mla_us"] = mla(splits)
+    row["mla_bf16_us"] = mla(splits, partials=torch.bfloat16)
+    row["mla_split_kernel"] = [
+        {"splits": k, "min_chunk": least, "lanes": lanes, "us": mla(k, False, least=least, lanes=lanes)}
+        for k in splits_tried if k * bs <= 512 and (k - 1) * 64 < ctx for least in mins
+        for lanes in sorted({64, triton.next_power_of_2(k)})]
+    row["mla_fused"] = [{"splits": k, "us": mla(k, True), "bf16_us": mla(k, True, torch.bfloat16)}
+                        for k in fused_tried if k != splits and k * bs <= 512]
+    if splits > triton_mla.FUSED_MERGE_SPLITS:
+        row["merge_alone_us"] = merge_alone_us(bs, splits, seq_lens)
+        row["merge_alone_bf16_us"] = merge_alone_us(bs, splits, seq_lens, torch.bfloat16)
+        row["merge_alone_fewer_lanes_us"] = merge_alone_us(bs, splits, seq_lens, lanes=triton.next_power_of_2(splits))
+    for key in ("torch_sum_us", "flat_us", "mla_us", "mla_bf16_us"):
+        row[key.replace("_us", "_share")] = bound / row[key]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", help="BSxCONTEXT cases, comma-separated (default: CASES)")
+    parser.add_argument("--splits", default=",".join(map(str, SPLIT_TRIES)),
+                        help="chunk counts to try on the merge kernel's path, comma-separated ('' for none)")
+    parser.add_argument("--mins", default="64",
+                        help="the merge kernel's path: least keys a chunk, comma-separated (64: none)")
+    parser.add_argument("--fused", default="", help="chunk counts (up to 8) to try with the merge in the last program")
+    parser.add_argument("--dry", action="store_true", help="two tiny cases on the CPU (TRITON_INTERPRET=1)")
+    args = parser.parse_args()
+    cases = CASES
+    if args.cases:
+        cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    if args.dry:
+        bench.DEVICE, bench.DTYPE, bench.LAYERS = "cpu", torch.float32, 2
+        cases = [(2, 96), (20, 64)]
+    elif not torch.cuda.is_available():
+        sys.exit("bench_mla_floor.py needs a GPU (or --dry with TRITON_INTERPRET=1)")
+    splits_tried = tuple(int(v) for v in args.splits.split(",") if v)
+    copy_bs = bench.copy_bandwidth()
+    result = {"device": torch.cuda.get_device_name() if bench.DEVICE == "cuda" else "cpu",
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
+              "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": []}
+    for bs, ctx in cases:
+        row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
+                         tuple(int(v) for v in args.fused.split(",") if v))
+        result["cases"].append(row)
+        bench.save_results(result, args.out)
+        best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))
+        bench.log(f"bs {bs} x {ctx}: bound {row['bound_us']:.1f} us | torch sum {row['torch_sum_us']:.1f} "
+                  f"({row['torch_sum_share']:.0%}) | flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | "
+                  f"mla {row['mla_us']:.1f} ({row['mla_share']:.0%}) in {row['splits']}, bf16 partials "
+                  f"{row['mla_bf16_us']:.1f} | best other split {best:.1f}"
+                  + (f" | merge alone {row['merge_alone_us']:.1f}" if "merge_alone_us" in row else ""))
+
+
+if __name__ == "__main__":
+    main()
