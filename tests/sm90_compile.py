@@ -66,13 +66,25 @@ def cases() -> dict[str, tuple]:
                              {"HEAD_DIM": 512, "SPLIT_STRIDE": 512, "SLICE_D": 128, "SPLITS_P2": 64}, 4, 1)
     for splits, (dec_block_n, dec_warps, dec_stages) in ((4, triton_mla.DECODE_TILES_FEW_CHUNKS),
                                                          (5, triton_mla.DECODE_TILES_FEW_CHUNKS),
+                                                         (7, triton_mla.DECODE_TILES),
                                                          (8, triton_mla.DECODE_TILES)):
+        # At 8 warps the partials are bf16 (triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED).
         found[f"mla decode chunks={splits}"] = (
             triton_mla._mla_decode_stage1,
             {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
              "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True,
              "RELEASE": False, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
-            dec_warps, dec_stages)
+            dec_warps, dec_stages, {"MidOut": "*bf16"} if dec_warps == 8 else {})
+    found["mla decode chunks=11, merge kernel a dependent"] = (
+        triton_mla._mla_decode_stage1,
+        {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": triton_mla.DECODE_TILES[0],
+         "NUM_SPLITS": 11, "MIN_CHUNK": triton_mla.DECODE_TILES[0], "FUSED_MERGE": False,
+         "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False, "RELEASE": True},
+        triton_mla.DECODE_TILES[1], triton_mla.DECODE_TILES[2])
+    found["mla decode merge kernel chunks=11 lanes=16"] = (
+        triton_mla._mla_merge_kernel,
+        {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 11, "MIN_CHUNK": 64,
+         "LANES": 16, "PDL": True}, 4, 1)
     block_n, warps, stages = triton_decode.launch_config()
     for group in (4, 8):
         found[f"decode group={group}"] = (

@@ -180,7 +180,7 @@ def test_tiny_mla_model_gives_the_same_logits_with_triton_kernels_as_with_the_re
 
 
 def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, rope=16, min_chunk=16,
-                   scratch=None):
+                   scratch=None, warps=4, merge_lanes=None):
     """mla_decode_attention called directly on one latent pool, with the chunking given (16-key
     blocks; by default no minimum chunk beyond one block)."""
     from cgtool.attention.triton_mla import mla_decode_attention
@@ -190,13 +190,13 @@ def _decode_direct(seq_lens, num_kv_splits, fused_merge, num_heads=20, rank=48, 
     out = torch.full((len(seq_lens), num_heads, rank), float("nan"))
     mla_decode_attention(
         q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, scratch=scratch, tiles=(16, 4, 2),
-        fused_merge=fused_merge, min_chunk=min_chunk,
+        torch.tensor(seq_lens, dtype=torch.int32), 0.1, num_kv_splits, scratch=scratch, tiles=(16, warps, 2),
+        fused_merge=fused_merge, min_chunk=min_chunk, merge_lanes=merge_lanes,
     )
     return out
 
 
-def _chunks_written(seq_lens, num_kv_splits, min_chunk) -> list[int]:
+def _chunks_written(seq_lens, num_kv_splits, min_chunk, fused_merge=True) -> list[int]:
     """How many of each request's chunks stage 1 wrote a partial for (the rest returned at
     once), read from the partials' log-sum-exps, NaN before the call."""
     from cgtool.attention.triton_decode import decode_scratch
@@ -204,7 +204,7 @@ def _chunks_written(seq_lens, num_kv_splits, min_chunk) -> list[int]:
     scratch: dict = {}
     _, mid_lse = decode_scratch(len(seq_lens), 20, 48, num_kv_splits, torch.device("cpu"), scratch)
     mid_lse.fill_(float("nan"))
-    _decode_direct(seq_lens, num_kv_splits, True, min_chunk=min_chunk, scratch=scratch)
+    _decode_direct(seq_lens, num_kv_splits, fused_merge, min_chunk=min_chunk, scratch=scratch)
     return (~mid_lse[:, 0].isnan()).sum(1).tolist()
 
 
@@ -236,6 +236,41 @@ def test_the_default_minimum_chunk_applies_to_the_fused_merge_only(monkeypatch):
     assert _chunks_written([1024, 700, 200, 2048], 8, None) == [4, 4, 4, 8]  # 256, 176, 64, 256 keys
     with pytest.raises(AssertionError, match="whole key blocks"):
         _decode_direct([100], 4, True, min_chunk=40)
+
+
+def test_the_merge_kernel_merges_the_chunks_a_minimum_leaves():
+    # The merge kernel counts a request's chunks as stage 1 cut them. In 11 chunks of 16-key
+    # blocks, 300 keys take 10 of 32 with no minimum and 5 of 64 with one of 64; 600 keys take
+    # 10 of 64 either way, 64 keys 4 of 16 (the length that fills half the chunks is shorter
+    # than the minimum). Merged, the same attention.
+    seq_lens = [600, 300, 64, 1]
+    assert _chunks_written(seq_lens, 11, 64, fused_merge=False) == [10, 5, 4, 1]
+    assert _chunks_written(seq_lens, 11, 16, fused_merge=False) == [10, 10, 4, 1]
+    torch.testing.assert_close(_decode_direct(seq_lens, 11, False, min_chunk=64),
+                               _decode_direct(seq_lens, 11, False), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_kv_splits", [9, 13])
+def test_the_merge_kernel_over_the_chunk_counts_lanes_matches_64_lanes_and_the_last_program(num_kv_splits):
+    # From 9 chunks the merge kernel sums over the count's power of two (16 lanes), not 64.
+    seq_lens = [600, 130, 7]
+    fewer = _decode_direct(seq_lens, num_kv_splits, False)
+    assert not fewer.isnan().any()
+    torch.testing.assert_close(fewer, _decode_direct(seq_lens, num_kv_splits, False, merge_lanes=64),
+                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fewer, _decode_direct(seq_lens, num_kv_splits, True), rtol=1e-6, atol=1e-6)
+
+
+def test_partials_are_bf16_only_at_eight_warps_merged_in_the_last_program():
+    seq_lens = [300, 45]
+    chosen = {}
+    for fused, warps in ((True, 8), (True, 4), (False, 8)):
+        scratch: dict = {}
+        out = _decode_direct(seq_lens, 7, fused, scratch=scratch, warps=warps)
+        chosen[fused, warps] = {key[-1] for key in scratch if key[0] == "decode_scratch"}
+        # bf16 partials round each chunk's output once more: within bf16's step of fp32's.
+        torch.testing.assert_close(out, _decode_direct(seq_lens, 7, False), rtol=1e-2, atol=1e-2)
+    assert chosen == {(True, 8): {torch.bfloat16}, (True, 4): {torch.float32}, (False, 8): {torch.float32}}
 
 
 @pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 4, 5, 8])

@@ -77,7 +77,7 @@ FOUR_WARPS_SPLITS = 6
 # sweep bs 256 ran fastest in one chunk a request (92 us at a 1k context against 102 in two),
 # bs 64 in four, bs 1 in 32-64. Aiming at 256 left up to a third of the SMs a program short: bs
 # 88 in 3 chunks rather than 2 ran 11% faster at a 1k context and 25% at 8k, bs 66 in 4 rather
-# than 3 7% and 18% (H200, benchmarks/results/h100-h200-2026-11-27-mla-floor).
+# than 3 7% and 18% (H200, benchmarks/results/h100-h200-2026-11-26-mla-floor).
 MLA_TARGET_PROGRAMS = 264
 # The merge reads a head's 64 chunk lanes in slices this wide: a whole [64, 512] fp32 tile
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
@@ -88,7 +88,7 @@ MERGE_SLICE = 128
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
 # merge kernel. From 9 chunks (bs 17-29) the merge kernel over fewer lanes beat 8 chunks merged
 # in the last program: bs 20 x 8k 69 us against 98, bs 24 80 against 101, at 1k 22 against 25
-# and 24 against 25; bs 28 x 1k 4% slower (H200, h100-h200-2026-11-27-mla-floor).
+# and 24 against 25; bs 28 x 1k 4% slower (H200, h100-h200-2026-11-26-mla-floor).
 FUSED_MERGE_SPLITS = 8
 # Chunk counts from here on are powers of two (few kernels to compile for a capture).
 MERGE_POW2_SPLITS = 16
@@ -101,7 +101,7 @@ FUSED_MIN_CHUNK = 256
 # The chunks' partial outputs, [16 heads, 512] a chunk: bf16 where stage 1 runs 8 warps and
 # merges in its last program (7-8 chunks), 2-6% faster there (bs 24-33 at 1k-8k, H200); fp32
 # elsewhere, where bf16 slowed the 4-warp loop 12-25% (its registers fell and ptxas scheduled
-# it worse) and the merge kernel (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-27-mla-floor).
+# it worse) and the merge kernel (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-26-mla-floor).
 PARTIAL_DTYPE = torch.float32
 PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
