@@ -13,7 +13,7 @@ pools (as bench_moe_mla times the attention):
 - `mla_split_kernel` (`--splits`, `--mins`): the merge kernel's path at other chunk counts and
   least keys a chunk, its merge over 64 lanes and over the chunk count's power of two;
 - `mla_fused` (`--fused`): the merge in the last program at other chunk counts, fp32 and bf16
-  partials;
+  partials; `mla_warps` (`--warps`): at the shipped count, at other warps, fp32 and bf16;
 - `merge_alone`: the merge kernel by itself, where the batch merges in a second launch.
 
 Shares are of the latent read at the copy bandwidth (`bound_us`), as in docs/moe-mla.md.
@@ -68,8 +68,11 @@ def flat_us(caches: list[torch.Tensor], rows: int) -> tuple[float, list[dict]]:
     for programs, block, warps, stages in FLAT if bench.DEVICE == "cuda" else FLAT[:1]:
         per = cdiv(cdiv(n, programs), block) * block
         out = torch.empty(programs, device=bench.DEVICE, dtype=torch.float32)
-        us = bench.graph_us(lambda: [_read_flat[(programs,)](
-            c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages) for c in caches]) / len(caches)
+        def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages):
+            for c in caches:
+                _read_flat[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages)
+
+        us = bench.graph_us(read) / len(caches)
         tried.append({"programs": programs, "block": block, "warps": warps, "stages": stages, "us": us,
                       "read_all": same_sum(out, caches[-1])})
     return min(t["us"] for t in tried), tried
@@ -99,7 +102,7 @@ def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch
 
 
 def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...], mins: tuple[int, ...],
-               fused_tried: tuple[int, ...]) -> dict:
+               fused_tried: tuple[int, ...], warps_tried: tuple[int, ...] = ()) -> dict:
     layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
     caches, r2t, pool_rows = bench.latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=bench.DEVICE)
@@ -109,9 +112,9 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
     splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
 
     def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
-            lanes: int | None = None) -> float:
+            lanes: int | None = None, tiles: tuple[int, int, int] | None = None) -> float:
         return bench.graph_us(lambda: [mla_decode_attention(
-            q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, None, fused, partial_dtype=partials,
+            q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, tiles, fused, partial_dtype=partials,
             min_chunk=least, merge_lanes=lanes) for c in caches]) / layers
 
     # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
@@ -127,6 +130,10 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         for lanes in sorted({64, triton.next_power_of_2(k)})]
     row["mla_fused"] = [{"splits": k, "us": mla(k, True), "bf16_us": mla(k, True, torch.bfloat16)}
                         for k in fused_tried if k != splits and k * bs <= 512]
+    if warps_tried and splits <= triton_mla.FUSED_MERGE_SPLITS:
+        row["mla_warps"] = [{"warps": w, "partials": str(dtype).removeprefix("torch."),
+                             "us": mla(splits, partials=dtype, tiles=(triton_mla.DECODE_TILES[0], w, 2))}
+                            for w in warps_tried for dtype in (torch.float32, torch.bfloat16)]
     if splits > triton_mla.FUSED_MERGE_SPLITS:
         row["merge_alone_us"] = merge_alone_us(bs, splits, seq_lens)
         row["merge_alone_bf16_us"] = merge_alone_us(bs, splits, seq_lens, torch.bfloat16)
@@ -145,14 +152,16 @@ def main() -> None:
     parser.add_argument("--mins", default="64",
                         help="the merge kernel's path: least keys a chunk, comma-separated (64: none)")
     parser.add_argument("--fused", default="", help="chunk counts (up to 8) to try with the merge in the last program")
-    parser.add_argument("--dry", action="store_true", help="two tiny cases on the CPU (TRITON_INTERPRET=1)")
+    parser.add_argument("--warps", default="",
+                        help="merged in the last program: warps to time the shipped chunks at, fp32 and bf16 partials")
+    parser.add_argument("--dry", action="store_true", help="three tiny cases on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     cases = CASES
     if args.cases:
         cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
     if args.dry:
         bench.DEVICE, bench.DTYPE, bench.LAYERS = "cpu", torch.float32, 2
-        cases = [(2, 96), (20, 64)]
+        cases = [(2, 96), (20, 64), (40, 32)]
     elif not torch.cuda.is_available():
         sys.exit("bench_mla_floor.py needs a GPU (or --dry with TRITON_INTERPRET=1)")
     splits_tried = tuple(int(v) for v in args.splits.split(",") if v)
@@ -162,7 +171,8 @@ def main() -> None:
               "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": []}
     for bs, ctx in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
-                         tuple(int(v) for v in args.fused.split(",") if v))
+                         tuple(int(v) for v in args.fused.split(",") if v),
+                         tuple(int(v) for v in args.warps.split(",") if v))
         result["cases"].append(row)
         bench.save_results(result, args.out)
         best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))

@@ -64,27 +64,6 @@ def cases() -> dict[str, tuple]:
                 mla_warps, mla_stages)
     found["extend merge"] = (triton_extend._extend_merge_kernel,
                              {"HEAD_DIM": 512, "SPLIT_STRIDE": 512, "SLICE_D": 128, "SPLITS_P2": 64}, 4, 1)
-    for splits, (dec_block_n, dec_warps, dec_stages) in ((4, triton_mla.DECODE_TILES_FEW_CHUNKS),
-                                                         (5, triton_mla.DECODE_TILES_FEW_CHUNKS),
-                                                         (7, triton_mla.DECODE_TILES),
-                                                         (8, triton_mla.DECODE_TILES)):
-        # At 8 warps the partials are bf16 (triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED).
-        found[f"mla decode chunks={splits}"] = (
-            triton_mla._mla_decode_stage1,
-            {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": dec_block_n,
-             "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK, "FUSED_MERGE": True,
-             "RELEASE": False, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
-            dec_warps, dec_stages, {"MidOut": "*bf16"} if dec_warps == 8 else {})
-    found["mla decode chunks=11, merge kernel a dependent"] = (
-        triton_mla._mla_decode_stage1,
-        {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": triton_mla.DECODE_TILES[0],
-         "NUM_SPLITS": 11, "MIN_CHUNK": triton_mla.DECODE_TILES[0], "FUSED_MERGE": False,
-         "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False, "RELEASE": True},
-        triton_mla.DECODE_TILES[1], triton_mla.DECODE_TILES[2])
-    found["mla decode merge kernel chunks=11 lanes=16"] = (
-        triton_mla._mla_merge_kernel,
-        {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 11, "MIN_CHUNK": 64,
-         "LANES": 16, "PDL": True}, 4, 1)
     block_n, warps, stages = triton_decode.launch_config()
     for group in (4, 8):
         found[f"decode group={group}"] = (
@@ -94,21 +73,35 @@ def cases() -> dict[str, tuple]:
     found["decode chunk plan"] = (triton_decode._chunk_plan_kernel,
                                   {"BLOCK_BS": 64, "CHUNKS": 256, "PER_ROW": 4, "BLOCK_N": block_n}, 4, 1)
     found["decode merge"] = (triton_decode._decode_stage2, {"HEAD_DIM": 128, "BLOCK_D": 128}, 4, 1)
-    found["mla decode chunks=16, merge kernel a dependent"] = (
-        triton_mla._mla_decode_stage1,
-        {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": triton_mla.DECODE_TILES[0],
-         "NUM_SPLITS": 16, "MIN_CHUNK": triton_mla.DECODE_TILES[0], "FUSED_MERGE": False,
-         "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False, "RELEASE": True},
-        triton_mla.DECODE_TILES[1], triton_mla.DECODE_TILES[2])
-    for pdl in (False, True):
-        found[f"mla decode merge kernel pdl={pdl}"] = (
-            triton_mla._mla_merge_kernel,
-            {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": 16, "MIN_CHUNK": 64,
-             "LANES": 64, "PDL": pdl}, 4, 1)
+    found.update(mla_decode_cases())
     found.update(layer_cases())
     found.update(routing_cases())
     found.update(expert_gemm_cases())
     found.update(grouped_path_cases())
+    return found
+
+
+def mla_decode_cases() -> dict[str, tuple]:
+    """MLA decode's stage 1 merged in its last program (2-8 chunks; bf16 partials at 8 warps, as
+    triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED has them) and followed by the merge kernel (11
+    and 16 chunks, releasing it), and the merge kernel over 16 and 64 lanes."""
+    found = {}
+    fused = [(2, triton_mla.DECODE_TILES_FEW_CHUNKS), (3, triton_mla.DECODE_TILES_FEW_CHUNKS),
+             (4, triton_mla.DECODE_TILES), (5, triton_mla.DECODE_TILES), (8, triton_mla.DECODE_TILES)]
+    for splits, (block_n, warps, stages) in fused + [(11, triton_mla.DECODE_TILES), (16, triton_mla.DECODE_TILES)]:
+        merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
+        name = f"mla decode chunks={splits}" + ("" if merged_here else ", merge kernel a dependent")
+        found[name] = (
+            triton_mla._mla_decode_stage1,
+            {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n, "NUM_SPLITS": splits,
+             "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else block_n, "FUSED_MERGE": merged_here,
+             "RELEASE": not merged_here, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
+            warps, stages, {"MidOut": "*bf16"} if merged_here and warps == 8 else {})
+    for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
+        found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
+            triton_mla._mla_merge_kernel,
+            {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": splits, "MIN_CHUNK": 64,
+             "LANES": lanes, "PDL": pdl}, 4, 1)
     return found
 
 

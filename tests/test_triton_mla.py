@@ -273,6 +273,21 @@ def test_partials_are_bf16_only_at_eight_warps_merged_in_the_last_program():
     assert chosen == {(True, 8): {torch.bfloat16}, (True, 4): {torch.float32}, (False, 8): {torch.float32}}
 
 
+def test_default_tiles_take_eight_warps_and_bf16_partials_from_four_chunks_merged_in_the_last_program():
+    from cgtool.attention import triton_mla
+
+    assert triton_mla.FOUR_WARPS_SPLITS == 3 and triton_mla.DECODE_TILES_FEW_CHUNKS[1] == 4
+    assert triton_mla.DECODE_TILES[1] == 8
+    for splits, dtype in ((3, torch.float32), (4, torch.bfloat16), (8, torch.bfloat16), (9, torch.float32)):
+        scratch: dict = {}
+        pool, rows = latent_pool([130, 20], 16, 48, 16, torch.float32, "cpu")
+        q = latent_q(2, 16, 64, torch.float32, "cpu").view(2, 16, -1)
+        out = torch.empty(2, 16, 48)
+        triton_mla.mla_decode_attention(q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
+                                        torch.tensor([130, 20], dtype=torch.int32), 0.1, splits, scratch=scratch)
+        assert {key[-1] for key in scratch if key[0] == "decode_scratch"} == {dtype}, splits
+
+
 @pytest.mark.parametrize("num_kv_splits", [1, 2, 3, 4, 5, 8])
 def test_merge_in_the_last_program_matches_the_merge_kernel(num_kv_splits):
     # 20 heads: a full block and a partial one, each with its own ticket; lengths 1 and 3 leave

@@ -63,13 +63,14 @@ BLOCK_H = 16
 MIN_DOT = 16
 # Decode's (keys per step, warps, pipeline stages): 64 keys a step, 1.1-1.3x the 32 before
 # (H200, 2026-11-26, benchmarks/results/h200-2026-11-26-moe-mla/call1/moe-mla.json). At 8 warps,
-# but at 4 for up to FOUR_WARPS_SPLITS chunks a request merged in the last program (call6: bs
-# 64 and 256 at 1k-8k contexts 3-9% faster; bs 32's eight chunks 1.3x faster at 8 warps; bs
-# 40-48's five or six 2-7% faster at 4 warps, bs 33's seven 8% slower at a 1k context: H100,
-# h100-h200-2026-11-26-mla-chunks/call18).
+# but at 4 for up to FOUR_WARPS_SPLITS chunks a request merged in the last program. With bf16
+# partials (below) 8 warps beat 4 with fp32 at 4-6 chunks: bs 40-66 at a 1k context 6-9% faster
+# on both GPUs, at 8k 1-2% faster on the H100 and 1-4% slower on the H200; at 1-2 chunks 8 warps
+# were 2-5% slower on the H200 (bs 96-256) and at bs 96 x 8k 4% on the H100
+# (h100-h200-2026-11-26-mla-floor, calls 9 and 11).
 DECODE_TILES = (64, 8, 2)
 DECODE_TILES_FEW_CHUNKS = (64, 4, 2)
-FOUR_WARPS_SPLITS = 6
+FOUR_WARPS_SPLITS = 3
 # The most programs stage 1 takes: the chunks a request are the most that keep the batch within
 # it, two programs an SM on the 132 SMs of an H100 SXM or an H200 (past MERGE_POW2_SPLITS, a
 # power of two). A chunk's partial output is a whole 512-wide latent per head (32 KiB fp32 for
@@ -99,9 +100,10 @@ MERGE_POW2_SPLITS = 16
 # benchmarks/results/h100-h200-2026-11-26-mla-chunks).
 FUSED_MIN_CHUNK = 256
 # The chunks' partial outputs, [16 heads, 512] a chunk: bf16 where stage 1 runs 8 warps and
-# merges in its last program (7-8 chunks), 2-6% faster there (bs 24-33 at 1k-8k, H200); fp32
-# elsewhere, where bf16 slowed the 4-warp loop 12-25% (its registers fell and ptxas scheduled
-# it worse) and the merge kernel (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-26-mla-floor).
+# merges in its last program (4-8 chunks), 1-9% faster there at 8 warps (bs 24-66 at 1k-8k on
+# both GPUs, but the H200 at 8k above); fp32 elsewhere: bf16 slowed the 4-warp loop 12-37% (its
+# registers fell and ptxas scheduled it worse) and sped up no shape on the merge kernel's path
+# (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-26-mla-floor).
 PARTIAL_DTYPE = torch.float32
 PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
