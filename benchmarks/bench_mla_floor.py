@@ -68,6 +68,7 @@ def flat_us(caches: list[torch.Tensor], rows: int) -> tuple[float, list[dict]]:
     for programs, block, warps, stages in FLAT if bench.DEVICE == "cuda" else FLAT[:1]:
         per = cdiv(cdiv(n, programs), block) * block
         out = torch.empty(programs, device=bench.DEVICE, dtype=torch.float32)
+
         def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages):
             for c in caches:
                 _read_flat[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages)
