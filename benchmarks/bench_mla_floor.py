@@ -14,11 +14,18 @@ pools (as bench_moe_mla times the attention):
   least keys a chunk, its merge over 64 lanes and over the chunk count's power of two;
 - `mla_fused` (`--fused`): the merge in the last program at other chunk counts, fp32 and bf16
   partials; `mla_warps` (`--warps`): at the shipped count, at other warps, fp32 and bf16;
-- `merge_alone`: the merge kernel by itself, where the batch merges in a second launch.
+- `merge_alone`: the merge kernel by itself, where the batch merges in a second launch;
+- `mla_variants` (`--variants`, `;` between them): the kernel at other settings, each
+  `chunks:keys,warps,stages:least keys:partials`, an empty field the shipped choice
+  (`:32,8,3:192:` is the shipped chunk count at 32 keys a step, 8 warps, 3 stages, chunks of at
+  least 192 keys, the shipped partials), each followed by the shipped kernel again;
+  `--skip-floor` leaves out the flat read and torch's sum when only the kernel's settings are
+  compared.
 
 Shares are of the latent read at the copy bandwidth (`bound_us`), as in docs/moe-mla.md.
 
     python3 benchmarks/bench_mla_floor.py --out floor.json [--cases 32x1024,8x8192] [--dry]
+        [--variants ':32,8,3:192:;5::192:bfloat16' --skip-floor]
 """
 
 from __future__ import annotations
@@ -95,15 +102,25 @@ def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch
             triton_mla._MLA_MERGE.launch(
                 (bs, heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
                 mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-                out.stride(0), out.stride(1), RANK=rank, BLOCK_D=slice_d, BLOCK_N=triton_mla.DECODE_TILES[0],
+                out.stride(0), out.stride(1), RANK=rank, BLOCK_D=slice_d, ALIGN=triton_mla.DECODE_TILES[0],
                 NUM_SPLITS=splits, MIN_CHUNK=triton_mla.DECODE_TILES[0], LANES=lanes, **launch, num_warps=4, num_stages=1,
             )
 
     return bench.graph_us(run) / bench.LAYERS
 
 
+def parse_variant(spec: str) -> dict:
+    """`chunks:keys,warps,stages:least:partials` (empty fields: the shipped choice) as
+    mla_decode_attention's arguments."""
+    chunks, tiles, least, partials = (spec.split(":") + [""] * 4)[:4]
+    return {"spec": spec, "chunks": int(chunks) if chunks else None,
+            "tiles": tuple(int(v) for v in tiles.split(",")) if tiles else None,
+            "least": int(least) if least else None, "partials": getattr(torch, partials) if partials else None}
+
+
 def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...], mins: tuple[int, ...],
-               fused_tried: tuple[int, ...], warps_tried: tuple[int, ...] = ()) -> dict:
+               fused_tried: tuple[int, ...], warps_tried: tuple[int, ...] = (), variants: tuple[dict, ...] = (),
+               skip_floor: bool = False) -> dict:
     layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
     caches, r2t, pool_rows = bench.latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=bench.DEVICE)
@@ -120,10 +137,18 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
 
     # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
     spans = [c[1:1 + bs * ctx] for c in caches]
-    row = {"bs": bs, "context": ctx, "splits": splits, "bound_us": bound,
-           "torch_sum_us": bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers}
-    row["flat_us"], row["flat_sweep"] = flat_us(spans, bs * ctx)
+    row = {"bs": bs, "context": ctx, "splits": splits, "bound_us": bound}
+    if not skip_floor:
+        row["torch_sum_us"] = bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers
+        row["flat_us"], row["flat_sweep"] = flat_us(spans, bs * ctx)
     row["mla_us"] = mla(splits)
+    # Each variant is followed by the shipped kernel again, so drift shows.
+    row["mla_variants"] = []
+    for v in variants:
+        k = v["chunks"] or splits
+        us = mla(k, partials=v["partials"], least=v["least"], tiles=v["tiles"])
+        row["mla_variants"].append({**v, "partials": str(v["partials"]), "chunks": k, "us": us, "share": bound / us,
+                                    "shipped_after_us": mla(splits)})
     row["mla_bf16_us"] = mla(splits, partials=torch.bfloat16)
     row["mla_split_kernel"] = [
         {"splits": k, "min_chunk": least, "lanes": lanes, "us": mla(k, False, least=least, lanes=lanes)}
@@ -140,7 +165,8 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         row["merge_alone_bf16_us"] = merge_alone_us(bs, splits, seq_lens, torch.bfloat16)
         row["merge_alone_fewer_lanes_us"] = merge_alone_us(bs, splits, seq_lens, lanes=triton.next_power_of_2(splits))
     for key in ("torch_sum_us", "flat_us", "mla_us", "mla_bf16_us"):
-        row[key.replace("_us", "_share")] = bound / row[key]
+        if key in row:
+            row[key.replace("_us", "_share")] = bound / row[key]
     return row
 
 
@@ -155,6 +181,9 @@ def main() -> None:
     parser.add_argument("--fused", default="", help="chunk counts (up to 8) to try with the merge in the last program")
     parser.add_argument("--warps", default="",
                         help="merged in the last program: warps to time the shipped chunks at, fp32 and bf16 partials")
+    parser.add_argument("--variants", default="",
+                        help="kernel settings to time, ';' between them: chunks:keys,warps,stages:least:partials")
+    parser.add_argument("--skip-floor", action="store_true", help="leave out the flat read and torch's sum")
     parser.add_argument("--dry", action="store_true", help="three tiny cases on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     cases = CASES
@@ -166,6 +195,7 @@ def main() -> None:
     elif not torch.cuda.is_available():
         sys.exit("bench_mla_floor.py needs a GPU (or --dry with TRITON_INTERPRET=1)")
     splits_tried = tuple(int(v) for v in args.splits.split(",") if v)
+    variants = tuple(parse_variant(v) for v in args.variants.split(";") if v)
     copy_bs = bench.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name() if bench.DEVICE == "cuda" else "cpu",
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
@@ -173,15 +203,20 @@ def main() -> None:
     for bs, ctx in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
                          tuple(int(v) for v in args.fused.split(",") if v),
-                         tuple(int(v) for v in args.warps.split(",") if v))
+                         tuple(int(v) for v in args.warps.split(",") if v), variants, args.skip_floor)
         result["cases"].append(row)
         bench.save_results(result, args.out)
         best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))
-        bench.log(f"bs {bs} x {ctx}: bound {row['bound_us']:.1f} us | torch sum {row['torch_sum_us']:.1f} "
-                  f"({row['torch_sum_share']:.0%}) | flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | "
+        floor = "" if args.skip_floor else (
+            f"torch sum {row['torch_sum_us']:.1f} ({row['torch_sum_share']:.0%}) | "
+            f"flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | ")
+        bench.log(f"bs {bs} x {ctx}: bound {row['bound_us']:.1f} us | {floor}"
                   f"mla {row['mla_us']:.1f} ({row['mla_share']:.0%}) in {row['splits']}, bf16 partials "
                   f"{row['mla_bf16_us']:.1f} | best other split {best:.1f}"
                   + (f" | merge alone {row['merge_alone_us']:.1f}" if "merge_alone_us" in row else ""))
+        for v in row["mla_variants"]:
+            bench.log(f"  {v['spec']}: {v['us']:.1f} ({v['share']:.0%}) in {v['chunks']}, shipped after "
+                      f"{v['shipped_after_us']:.1f}")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ slowed its unchanged 4-warp loop by 12-25% on the H100 (benchmarks/results/
 h100-2026-11-26-mla-timeline, calls 7-8). This compiles the kernel as the 4-warp launches do
 (4 chunks, fused merge) with Triton's NVIDIA backend, which needs no GPU, then reads the cubin
 with the backend's cuobjdump. For this checkout's triton_mla.py and, with --against, an older
-copy, it prints the registers a thread, the loop's length in instructions, and where in the
+copy, it prints the shared memory and registers a launch takes (`--tiles`: keys a step, warps,
+stages), the loop's length in instructions, and where in the
 loop its tensor-core MMAs (HMMA) and asynchronous copies (LDGSTS) fall
 (`cgtool.runtime.offline_compile` builds the launch's signature).
 
     python3 benchmarks/inspect_mla_loop.py [--against OLD_triton_mla.py] [--partials bf16] [--sass-dir DIR]
+        [--tiles '64,4,2;64,8,2;32,8,3']
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def load_module(path: str, name: str):
     return module
 
 
-def compile_stage1(module, num_warps: int = 4, num_stages: int = 2):
-    return compile_for(module._mla_decode_stage1, CONSTANTS, POINTERS, num_warps, num_stages)
+def compile_stage1(module, num_warps: int = 4, num_stages: int = 2, block_n: int = 64):
+    return compile_for(module._mla_decode_stage1, {**CONSTANTS, "BLOCK_N": block_n}, POINTERS, num_warps, num_stages)
 
 
 def tool(name: str) -> str:
@@ -89,23 +91,29 @@ def main() -> None:
     parser.add_argument("--against", help="an older triton_mla.py, compiled the same way")
     parser.add_argument("--partials", choices=("fp32", "bf16"), default="fp32", help="the chunks' partial outputs")
     parser.add_argument("--sass-dir", help="write each kernel's SASS here")
+    parser.add_argument("--tiles", default="64,4,2",
+                        help="keys a step, warps, stages; ';' between settings (default: 4 chunks' launch)")
     args = parser.parse_args()
     POINTERS["MidOut"] = f"*{args.partials}"
     from cgtool.attention import triton_mla
 
-    print(f"Triton {triton.__version__}, sm_90, 4 warps, 2 stages, {CONSTANTS['NUM_SPLITS']} chunks, fused merge, "
-          f"{args.partials} partials")
+    print(f"Triton {triton.__version__}, sm_90, {CONSTANTS['NUM_SPLITS']} chunks, fused merge, {args.partials} partials")
     kernels = {"this checkout": triton_mla}
     if args.against:
         kernels["against"] = load_module(args.against, "against_triton_mla")
-    for name, module in kernels.items():
-        layout = loop_layout(compile_stage1(module).asm["cubin"])
-        if args.sass_dir:
-            Path(args.sass_dir, f"{name.replace(' ', '_')}.sass").write_text(layout["sass"])
-        print(f"{name}: {layout['registers']} registers a thread; loop of {layout['loop_instructions']} "
-              f"instructions, {layout['mma']} HMMA at positions {layout['mma_first_last'][0]}-"
-              f"{layout['mma_first_last'][1]}, {layout['async_copies']} LDGSTS at "
-              f"{layout['copies_first_last'][0]}-{layout['copies_first_last'][1]}; {layout['ops']}")
+    for tiles in args.tiles.split(";"):
+        block_n, warps, stages = (int(v) for v in tiles.split(","))
+        for name, module in kernels.items():
+            compiled = compile_stage1(module, warps, stages, block_n)
+            layout = loop_layout(compiled.asm["cubin"])
+            label = f"{name}, {block_n} keys, {warps} warps, {stages} stages"
+            if args.sass_dir:
+                Path(args.sass_dir, f"{label.replace(', ', '_').replace(' ', '-')}.sass").write_text(layout["sass"])
+            # Shared memory tells how many copies of the gathered tile the pipeline keeps.
+            print(f"{label}: {compiled.metadata.shared} bytes of shared memory, {layout['registers']} registers a "
+                  f"thread; loop of {layout['loop_instructions']} instructions, {layout['mma']} HMMA at positions "
+                  f"{layout['mma_first_last'][0]}-{layout['mma_first_last'][1]}, {layout['async_copies']} LDGSTS at "
+                  f"{layout['copies_first_last'][0]}-{layout['copies_first_last'][1]}; {layout['ops']}")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@
 # `mla-floor` (by name only): benchmarks/bench_mla_floor.py, MLA decode's latent read by kernels that
 # only read it, beside the kernel (FLOOR_CASES picks BSxCONTEXT cases, FLOOR_SPLITS the merge
 # kernel's chunk counts tried, FLOOR_MINS its least keys a chunk,
-# FLOOR_FUSED chunk counts merged in the last program, FLOOR_WARPS warps to try there), in $OUT/mla-floor.json.
+# FLOOR_FUSED chunk counts merged in the last program, FLOOR_WARPS warps to try there, FLOOR_VARIANTS
+# other settings as --variants takes them, FLOOR_SKIP=1 without the flat read), in $OUT/mla-floor.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -183,7 +184,8 @@ fi
 if [[ " $stages " == *" mla-floor "* ]]; then  # issue 33, by name only: the read alone against the kernel
   echo "[$(date +%H:%M:%S)] bench_mla_floor ${FLOOR_CASES:-}"
   timeout -k 10 "${FLOOR_TIMEOUT:-400}" python3 benchmarks/bench_mla_floor.py --out "$OUT/mla-floor.json" \
-    ${FLOOR_CASES:+--cases "$FLOOR_CASES"} ${FLOOR_SPLITS+--splits "$FLOOR_SPLITS"} ${FLOOR_MINS:+--mins "$FLOOR_MINS"} ${FLOOR_FUSED:+--fused "$FLOOR_FUSED"} ${FLOOR_WARPS:+--warps "$FLOOR_WARPS"} 2>&1 | tee "$OUT/mla-floor.log"
+    ${FLOOR_CASES:+--cases "$FLOOR_CASES"} ${FLOOR_SPLITS+--splits "$FLOOR_SPLITS"} ${FLOOR_MINS:+--mins "$FLOOR_MINS"} ${FLOOR_FUSED:+--fused "$FLOOR_FUSED"} ${FLOOR_WARPS:+--warps "$FLOOR_WARPS"} \
+    ${FLOOR_VARIANTS:+--variants "$FLOOR_VARIANTS"} ${FLOOR_SKIP:+--skip-floor} 2>&1 | tee "$OUT/mla-floor.log"
   echo "[$(date +%H:%M:%S)] bench_mla_floor exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
