@@ -102,7 +102,7 @@ def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch
             triton_mla._MLA_MERGE.launch(
                 (bs, heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
                 mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-                out.stride(0), out.stride(1), RANK=rank, BLOCK_D=slice_d, ALIGN=triton_mla.DECODE_TILES[0],
+                out.stride(0), out.stride(1), RANK=rank, BLOCK_D=slice_d, BLOCK_N=triton_mla.DECODE_TILES[0],
                 NUM_SPLITS=splits, MIN_CHUNK=triton_mla.DECODE_TILES[0], LANES=lanes, **launch, num_warps=4, num_stages=1,
             )
 
