@@ -202,7 +202,7 @@ MLA_ONLY = ("deepseek",)
 ], ids=["H200", "H200-before-tails", "H100-before-32-rows", "H100", "H100-heads-as-rows", "H200-heads-as-rows",
         "H100-mla-eight-warps", "H200-mla-eight-warps"])
 def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(folder, models):
-    # issue 33's target: `cgtool verify` of both models on the Azure example and the Mooncake
+    # issue 33's target: `cgtool verify` of the models named on the Azure example and the Mooncake
     # conversation trace (plan's and default's sets), predicted again by this checkout's roofline
     import importlib.util
 
