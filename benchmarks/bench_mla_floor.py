@@ -19,6 +19,7 @@ pools (as bench_moe_mla times the attention):
   `chunks:keys,warps,stages:least keys:partials`, an empty field the shipped choice
   (`:32,8,3:192:` is the shipped chunk count at 32 keys a step, 8 warps, 3 stages, chunks of at
   least 192 keys, the shipped partials), each followed by the shipped kernel again;
+  a fifth field, `:N`, runs stage 1 as gluon_mla's kernel with N tiles of rows (`::::2`);
   `--skip-floor` leaves out the flat read and torch's sum when only the kernel's settings are
   compared.
 
@@ -39,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention import triton_mla
+from cgtool.attention import gluon_mla, triton_mla
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.runtime.dependent_launch import dependent_launch
@@ -112,8 +113,8 @@ def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch
 def parse_variant(spec: str) -> dict:
     """`chunks:keys,warps,stages:least:partials` (empty fields: the shipped choice) as
     mla_decode_attention's arguments."""
-    chunks, tiles, least, partials = (spec.split(":") + [""] * 4)[:4]
-    return {"spec": spec, "chunks": int(chunks) if chunks else None,
+    chunks, tiles, least, partials, buffers = (spec.split(":") + [""] * 5)[:5]
+    return {"spec": spec, "chunks": int(chunks) if chunks else None, "buffers": int(buffers) if buffers else None,
             "tiles": tuple(int(v) for v in tiles.split(",")) if tiles else None,
             "least": int(least) if least else None, "partials": getattr(torch, partials) if partials else None}
 
@@ -130,10 +131,18 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
     splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
 
     def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
-            lanes: int | None = None, tiles: tuple[int, int, int] | None = None) -> float:
+            lanes: int | None = None, tiles: tuple[int, int, int] | None = None, buffers: int | None = None) -> float:
         return bench.graph_us(lambda: [mla_decode_attention(
             q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, tiles, fused, partial_dtype=partials,
-            min_chunk=least, merge_lanes=lanes) for c in caches]) / layers
+            min_chunk=least, merge_lanes=lanes, buffers=buffers) for c in caches]) / layers
+
+    def max_diff(k: int, v: dict) -> float:
+        """The variant's output against the shipped kernel's, on the first pool."""
+        mla_decode_attention(q, caches[0], out, r2t, pool_rows, seq_lens, 0.07, splits)
+        shipped = out.clone()
+        mla_decode_attention(q, caches[0], out, r2t, pool_rows, seq_lens, 0.07, k, None, v["tiles"],
+                             partial_dtype=v["partials"], min_chunk=v["least"], buffers=v["buffers"])
+        return (out.float() - shipped.float()).abs().max().item()
 
     # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
     spans = [c[1:1 + bs * ctx] for c in caches]
@@ -146,8 +155,9 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
     row["mla_variants"] = []
     for v in variants:
         k = v["chunks"] or splits
-        us = mla(k, partials=v["partials"], least=v["least"], tiles=v["tiles"])
+        us = mla(k, partials=v["partials"], least=v["least"], tiles=v["tiles"], buffers=v["buffers"])
         row["mla_variants"].append({**v, "partials": str(v["partials"]), "chunks": k, "us": us, "share": bound / us,
+                                    "max_diff_vs_shipped": max_diff(k, v),
                                     "shipped_after_us": mla(splits)})
     row["mla_bf16_us"] = mla(splits, partials=torch.bfloat16)
     row["mla_split_kernel"] = [
@@ -199,7 +209,8 @@ def main() -> None:
     copy_bs = bench.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name() if bench.DEVICE == "cuda" else "cpu",
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
-              "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": []}
+              "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": [],
+              "gluon_stage1": gluon_mla.available(torch.device(bench.DEVICE))}
     for bs, ctx in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
                          tuple(int(v) for v in args.fused.split(",") if v),
@@ -216,7 +227,7 @@ def main() -> None:
                   + (f" | merge alone {row['merge_alone_us']:.1f}" if "merge_alone_us" in row else ""))
         for v in row["mla_variants"]:
             bench.log(f"  {v['spec']}: {v['us']:.1f} ({v['share']:.0%}) in {v['chunks']}, shipped after "
-                      f"{v['shipped_after_us']:.1f}")
+                      f"{v['shipped_after_us']:.1f}, max diff {v['max_diff_vs_shipped']:.2g}")
 
 
 if __name__ == "__main__":

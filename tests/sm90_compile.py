@@ -14,7 +14,7 @@ import sys
 
 from triton.compiler.errors import CompilationError
 
-from cgtool.attention import triton_decode, triton_extend, triton_mla
+from cgtool.attention import gluon_mla, triton_decode, triton_extend, triton_mla
 from cgtool.model import (
     fused_kernels,
     fused_launch,
@@ -97,6 +97,16 @@ def mla_decode_cases() -> dict[str, tuple]:
              "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else block_n, "FUSED_MERGE": merged_here,
              "RELEASE": not merged_here, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
             warps, stages, {"MidOut": "*bf16"} if merged_here and warps == 8 else {})
+    if gluon_mla.gluon is not None:
+        block_n, warps, _ = triton_mla.BUFFERED_TILES
+        for splits, buffers in ((4, triton_mla.BUFFERED_TILES_COUNT), (16, triton_mla.BUFFERED_TILES_COUNT), (1, 3)):
+            merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
+            found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers}"] = (
+                gluon_mla._mla_decode_stage1_buffered,
+                {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
+                 "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else block_n,
+                 "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.MERGE_SLICE},
+                warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

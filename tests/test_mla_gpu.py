@@ -102,8 +102,9 @@ def test_mla_decode_merged_by_the_last_program_matches_reference_and_replays_sta
 
 @pytest.mark.parametrize("num_kv_splits", [4, 16])
 def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits):
-    # The stamps (benchmarks/probe_mla_timeline.py) must not change what the kernel computes,
-    # and each program's stamps must follow its steps: start, row known, loop end, ticket.
+    # The stamps (benchmarks/probe_mla_timeline.py) must not change what triton_mla's kernel
+    # computes (they take it, not gluon_mla's), and each program's stamps must follow its
+    # steps: start, row known, loop end, ticket.
     from test_triton_mla import latent_q
 
     from cgtool.attention.triton_mla import mla_decode_attention
@@ -115,7 +116,7 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits)
     args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
             torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, num_kv_splits)
     plain = torch.empty(32, 16, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, pool.k_buffers[0], plain, *args)
+    mla_decode_attention(q, pool.k_buffers[0], plain, *args, buffers=0)
     trace = torch.zeros(32 * num_kv_splits, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
     traced = torch.empty_like(plain)
     mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace)
@@ -139,3 +140,37 @@ def test_mla_extend_bf16_over_a_long_prefix_splits_its_keys_and_matches_referenc
     out, ref = run_extend(pool, rows, [prefix, 0], [new, 30], 16, num_padding=5)
     assert out[new + 30:].eq(0).all()
     assert_attention_close(out[: new + 30], ref[: new + 30], atol=2e-2)
+
+
+@pytest.mark.parametrize(("num_heads", "tiles", "buffers", "num_kv_splits"),
+                         [(16, (64, 8, 1), 2, 4), (16, (32, 4, 1), 2, 8), (16, (32, 4, 1), 3, 1),
+                          (16, (16, 4, 1), 4, 16), (20, (32, 4, 1), 2, 4), (128, (64, 8, 1), 2, 2)])
+def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads, tiles, buffers, num_kv_splits):
+    # gluon_mla's stage 1 over requests of 1 to 9,000 tokens (chunks shorter than the copies in
+    # flight, a last block cut short, a partial head block at 20 heads), merged by the merge kernel.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.triton_mla import mla_decode_attention
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("Gluon's stage 1 needs Triton's Gluon and a Hopper or newer GPU")
+    seq_lens = [1, 2, 31, 33, 64, 65, 1000, 9000, 513, 17]
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, num_heads, 512, 64, torch.bfloat16, CUDA)
+    _, ref = run_decode(pool, rows, seq_lens, num_heads)
+    q = latent_q(bs, num_heads, 576, torch.bfloat16, CUDA).view(bs, num_heads, 576)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            lens, 576**-0.5, num_kv_splits)
+    out = torch.zeros(bs, num_heads, 512, dtype=torch.bfloat16, device=CUDA)
+    mla_decode_attention(q, args[0], out, *args[2:], tiles=tiles, buffers=buffers)
+    assert_attention_close(out.view(bs, -1), ref, atol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    replayed = torch.zeros_like(out)
+    with torch.cuda.graph(graph):
+        mla_decode_attention(q, args[0], replayed, *args[2:], tiles=tiles, buffers=buffers)
+    for _ in range(5):
+        replayed.zero_()
+        graph.replay()
+        torch.testing.assert_close(replayed, out, rtol=0, atol=0)

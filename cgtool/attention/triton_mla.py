@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.attention import gluon_mla
 from cgtool.attention.triton_decode import (
     MAX_KV_SPLITS,
     decode_scratch,
@@ -106,6 +107,14 @@ FUSED_MIN_CHUNK = 256
 # (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-26-mla-floor).
 PARTIAL_DTYPE = torch.float32
 PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
+# Where Gluon runs (gluon_mla.available), stage 1 is gluon_mla's kernel with two tiles of 32
+# keys, 4 warps: the next tile's copies fly during this tile's products, two programs an SM
+# (93 KB of shared memory). On the H100 it ran 5-20% faster than this module's kernel at 1k
+# contexts from bs 8 and 1-17% faster at 8k (bf16 partials where the last program merges, fp32
+# where the merge kernel does; h100-h200-2026-11-27-gluon-mla, calls 2-3); 64 keys, 8 warps,
+# 16 keys in 3-4 tiles and 3 tiles of 32 were slower.
+BUFFERED_TILES = (32, 4, 1)
+BUFFERED_TILES_COUNT = 2
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -360,6 +369,16 @@ def _layout(
     return rank, rope, block_r, max(MIN_DOT, next_power_of_2(rope))
 
 
+def _stage1_buffers(q: torch.Tensor, out: torch.Tensor, asked: int | None) -> int:
+    """Tiles of rows for gluon_mla's stage 1, 0 for this module's: Gluon where it runs and the
+    latent's parts are powers of two, unless `asked` says otherwise."""
+    if asked == 0 or not gluon_mla.available(q.device):
+        return 0
+    if not gluon_mla.supports(out.shape[-1], q.shape[-1] - out.shape[-1]):
+        return 0
+    return asked or BUFFERED_TILES_COUNT
+
+
 def mla_decode_attention(
     q: torch.Tensor,  # [bs, heads, rank + rope]
     latent_cache: torch.Tensor,  # [num_slots, 1, rank + rope]
@@ -368,39 +387,47 @@ def mla_decode_attention(
     sm_scale: float, num_kv_splits: int, scratch: dict[object, Any] | None = None,
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
-    min_chunk: int | None = None, merge_lanes: int | None = None,
+    min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
     merge's placement, the partials' dtype, the least keys a chunk (FUSED_MIN_CHUNK merged in
     the last program, none for the merge kernel) and the merge kernel's lanes (the chunk count's
     power of two); `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
-    timestamps (benchmarks)."""
+    timestamps (benchmarks) from this module's kernel; `buffers` is the tiles of rows of
+    gluon_mla's stage 1 (0: this module's kernel; default BUFFERED_TILES_COUNT where it runs)."""
+    buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
-    block_n, num_warps, num_stages = tiles or (DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
+    block_n, num_warps, num_stages = tiles or (
+        BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     min_keys = (FUSED_MIN_CHUNK if fused else block_n) if min_chunk is None else min_chunk
     assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     if partial_dtype is None:
-        partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and num_warps == 8 else PARTIAL_DTYPE
+        partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     slice_d = min(MERGE_SLICE, block_r)
     merge_launch = {"PDL": False} if fused else dependent_launch(q.device)
-    _MLA_STAGE1.launch(
-        (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
-        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, mid_lse if trace is None else trace,
-        q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
-        BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
-        FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None, RELEASE=merge_launch["PDL"],
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    if buffers:
+        gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None, req_to_token,
+                                req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H, num_kv_splits, min_keys,
+                                block_n, buffers, num_warps, slice_d)
+    else:
+        _MLA_STAGE1.launch(
+            (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
+            req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, mid_lse if trace is None else trace,
+            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, RANK=rank, ROPE=rope, BLOCK_R=block_r, BLOCK_P=block_p,
+            BLOCK_H=BLOCK_H, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
+            FUSED_MERGE=fused, MERGE_D=slice_d, TRACE=trace is not None, RELEASE=merge_launch["PDL"],
+            num_warps=num_warps, num_stages=num_stages,
+        )
     if fused:
         return
     _MLA_MERGE.launch(

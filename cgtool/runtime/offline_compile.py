@@ -49,6 +49,9 @@ def compile_for(
 ) -> Any:
     """`kernel` compiled for an NVIDIA GPU of `capability` (90: Hopper); raises the compiler's error."""
     signature, constexprs, attrs = launch_signature(kernel, constants, types)
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    source_type = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():  # a @gluon.jit kernel: its source is TTGIR
+        from triton.experimental.gluon._runtime import GluonASTSource as source_type
+    source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})

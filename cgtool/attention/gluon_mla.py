@@ -1,0 +1,239 @@
+"""MLA decode's stage 1 with its latent rows' buffers placed by hand (Triton's Gluon dialect).
+
+Triton 3.6 compiles triton_mla's stage 1 with one shared-memory tile of latent rows: each
+step waits for its block's copies, then computes, then asks for the next block, so a program
+alone on an SM pays a whole load's latency every 64 keys (4.4-5 us a block on an H100 and an
+H200, docs/moe-mla.md section 5). Here the program keeps NUM_BUF tiles: the copies of the
+blocks NUM_BUF - 1 ahead are in flight while this block's products run, and the pool slots of
+the block after those are loaded a step earlier still, so neither the gather's addresses nor
+its rows wait in line.
+
+Chunks and partial outputs are laid out exactly as triton_mla's stage 1 lays them out
+(`_chunk_len`: the same keys a chunk, the same empty chunks), so triton_mla's merge kernel
+merges them, or, as there, the last program of a request's chunks does (runtime.tickets). Gluon runs only on an NVIDIA GPU from Hopper on (no interpreter): `available()`
+says whether this process can use it; elsewhere triton_mla's kernel serves.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Gluon is experimental: absent or renamed in some Triton releases
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gluon = None
+else:
+    # Triton 3.6's names; later releases call them `barrier` and `async_load`.
+    cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
+    copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+from cgtool.runtime.triton_launch import cdiv
+
+
+def available(device: torch.device) -> bool:
+    """Whether the buffered stage 1 runs on `device`: Gluon importable, not Triton's
+    interpreter, an NVIDIA Hopper GPU (compute capability 9, the only kind it was timed on)."""
+    if gluon is None or os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return False
+    return _is_hopper(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _is_hopper(index: int) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(index)[0] == 9
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _chunk_keys(seq_len, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr):
+        """Keys a chunk, as triton_mla._chunk_len counts them."""
+        half: gl.constexpr = max(NUM_SPLITS // 2, 1)
+        per_split = gl.cdiv(gl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        per_half = gl.cdiv(gl.cdiv(seq_len, half), BLOCK_N) * BLOCK_N
+        return gl.maximum(per_split, gl.minimum(MIN_CHUNK, per_half))
+
+    @gluon.jit
+    def _merge_heads(MidOut, MidLse, O, b, head_block, seq_len, keys,
+                     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                     NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, MERGE_D: gl.constexpr,
+                     NUM_SPLITS: gl.constexpr, WARPS: gl.constexpr):
+        """triton_mla._merge_head_block: a request's chunks merged by weights 2^(lse - max), in
+        split order, the loads through L2 (.cg) since other programs wrote them."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [WARPS, 1], [1, 0])
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        mask_h = heads < NUM_HEADS
+        lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
+        lse_max = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, layout))
+        for s in gl.static_range(NUM_SPLITS):
+            used = mask_h & (gl.full([BLOCK_H], s, gl.int32, gl.SliceLayout(1, layout)) * keys < seq_len)
+            lse = gl.load(lse_ptrs + s, mask=used, other=float("-inf"), cache_modifier=".cg")
+            lse_max = gl.maximum(lse_max, lse)
+        lse_max = gl.where(mask_h, lse_max, 0.0)
+        for d0 in gl.static_range(0, RANK, MERGE_D):
+            offs_d = d0 + gl.arange(0, MERGE_D, layout=gl.SliceLayout(0, layout))
+            acc = gl.zeros([BLOCK_H, MERGE_D], gl.float32, layout)
+            total = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, layout))
+            for s in gl.static_range(NUM_SPLITS):
+                used = mask_h & (gl.full([BLOCK_H], s, gl.int32, gl.SliceLayout(1, layout)) * keys < seq_len)
+                lse = gl.load(lse_ptrs + s, mask=used, other=float("-inf"), cache_modifier=".cg")
+                weight = gl.where(used, gl.exp2(lse - lse_max), 0.0)
+                part = gl.load(MidOut + b * stride_mb + heads[:, None] * stride_mh + s * stride_ms + offs_d[None, :],
+                               mask=used[:, None], other=0.0, cache_modifier=".cg")
+                acc += part.to(gl.float32) * weight[:, None]
+                total += weight
+            merged = acc / gl.where(total > 0, total, 1.0)[:, None]
+            gl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                     merged.to(O.dtype.element_ty), mask=mask_h[:, None])
+
+    @gluon.jit
+    def _load_slots(token_row, start_n, end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """Pool slots of keys start_n.. (0 past `end`), int64 so slot x stride cannot overflow."""
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=layout)
+        return gl.load(token_row + offs_n, mask=offs_n < end, other=0).to(gl.int64)
+
+    @gluon.jit
+    def _copy_rows(Kv, kv_buf, pe_buf, slots, start_n, end, stride_kt,
+                   RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_N: gl.constexpr, copy_layout: gl.constexpr):
+        """Asynchronous copies of rows start_n.. into one buffer; rows past `end` read nothing."""
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, copy_layout))
+        rows = Kv + slots[:, None] * stride_kt
+        mask_n = (offs_n < end)[:, None]
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
+        copy_to_shared(kv_buf, rows + offs_r[None, :], mask=mask_n)
+        copy_to_shared(pe_buf, rows + RANK + offs_p[None, :], mask=mask_n)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _mla_decode_stage1_buffered(
+        Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
+        stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
+        WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr,
+    ):
+        b = gl.program_id(0)
+        head_block = gl.program_id(1)
+        split = gl.program_id(2)
+        seq_len = gl.load(seq_lens + b)
+        keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+        start = split * keys
+        end = gl.minimum(start + keys, seq_len)
+        if end > start:
+            # Heads are the MMA's 16 rows, keys and latent columns split among the warps.
+            mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS],
+                                                          instr_shape=[16, 8])
+            dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+            dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+            # 16-byte copies, a warp over 4 rows of 64 columns: the rope part fits it exactly.
+            copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+            slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
+            smem: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+            kv_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, RANK], smem)
+            pe_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, ROPE], smem)
+
+            token_row = req_to_token + gl.load(req_pool_indices + b).to(gl.int64) * stride_req
+            # The first NUM_BUF - 1 blocks' copies go out before anything else is read.
+            for j in gl.static_range(NUM_BUF - 1):
+                slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
+                           RANK, ROPE, BLOCK_N, copy_layout)
+            next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+
+            heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
+            q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
+            mask_h = (heads < NUM_HEADS)[:, None]
+            offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+            offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
+            q_r_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, RANK], smem,
+                                                 gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
+            q_p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, ROPE], smem,
+                                                 gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
+
+            acc = gl.zeros([BLOCK_H, RANK], gl.float32, mma)
+            l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, mma))
+            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
+            blocks = gl.cdiv(end - start, BLOCK_N)
+            for i in range(blocks):
+                # Every warp is done with the buffer read last step before it is refilled.
+                cta_barrier()
+                ahead = start + (i + NUM_BUF - 1) * BLOCK_N
+                fill = (i + NUM_BUF - 1) % NUM_BUF
+                _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                           RANK, ROPE, BLOCK_N, copy_layout)
+                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+                async_copy.wait_group(NUM_BUF - 1)
+                cta_barrier()  # other threads' copies into this block's buffer landed too
+
+                kv = kv_bufs.index(i % NUM_BUF)
+                pe = pe_bufs.index(i % NUM_BUF)
+                s = mma_v2(q_r_smem.load(dot_a), kv.permute((1, 0)).load(dot_b),
+                           gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma))
+                s = mma_v2(q_p_smem.load(dot_a), pe.permute((1, 0)).load(dot_b), s)
+                offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+                s = gl.where((offs_n < end)[None, :], s * scale_log2, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(s, 1))
+                alpha = gl.exp2(m_i - m_new)
+                p = gl.exp2(s - m_new[:, None])
+                l_i = l_i * alpha + gl.sum(p, 1)
+                m_i = m_new
+                p_a = gl.convert_layout(p.to(Kv.dtype.element_ty), dot_a)
+                acc = mma_v2(p_a, kv.load(dot_b), acc * alpha[:, None])
+            async_copy.wait_group(0)  # the copies past the chunk's end, which read nothing
+
+            out_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
+            offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, mma))
+            out_mask = (out_heads < NUM_HEADS)[:, None]
+            gl.store(MidOut + b * stride_mb + out_heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
+                     (acc / l_i[:, None]).to(MidOut.dtype.element_ty), mask=out_mask)
+            gl.store(MidLse + b * stride_lb + out_heads * stride_lh + split, m_i + gl.log2(l_i),
+                     mask=out_heads < NUM_HEADS)
+        # As triton_mla's stage 1: the chunks holding keys (chunk 0 always) take a ticket, and
+        # the last of a request's head block merges them.
+        chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
+        if FUSED_MERGE and split < chunks:
+            cta_barrier()  # every thread's stores before the release
+            ticket = Tickets + b * gl.num_programs(1) + head_block
+            drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+            if drawn == chunks - 1:
+                gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+                _merge_heads(MidOut, MidLse, O, b, head_block, seq_len, keys,
+                             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                             NUM_HEADS, RANK, BLOCK_H, MERGE_D, NUM_SPLITS, WARPS)
+
+
+def supports(rank: int, rope: int) -> bool:
+    """Gluon's tensors are powers of two: the latent's parts must be, each at least 64 wide
+    (one copy row of the layout)."""
+    return all(n >= 64 and n & (n - 1) == 0 for n in (rank, rope))
+
+
+def launch_stage1(
+    q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
+    tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int,
+    block_n: int, num_buf: int, num_warps: int, merge_d: int,
+) -> None:
+    """Stage 1 over grid (bs, head blocks, chunks), its partials in `mid_out`/`mid_lse` as
+    triton_mla's stage 1 writes them; with `tickets` (one a request's head block, at zero) the
+    last program of a request's chunks merges them into `out`, as triton_mla's fused merge."""
+    bs, num_heads, width = q.shape
+    rank = out.shape[-1]
+    grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
+    _mla_decode_stage1_buffered[grid](
+        q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
+        req_to_token, req_pool_indices, seq_lens, scale_log2,
+        q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
+        FUSED_MERGE=tickets is not None, MERGE_D=merge_d, num_warps=num_warps,
+    )
