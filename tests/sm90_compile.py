@@ -104,7 +104,8 @@ def mla_decode_cases() -> dict[str, tuple]:
             found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers}"] = (
                 gluon_mla._mla_decode_stage1_buffered,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-                 "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else block_n,
+                 "NUM_SPLITS": splits,
+                 "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.MERGE_SLICE},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):

@@ -115,6 +115,11 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # 16 keys in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
+# With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
+# at least this many keys: bs 8 x 1k 11.5 us against 13.2 in chunks of 32, bs 16 15.8 against
+# 16.6, no change at bs 24 x 1k nor at 8k (H100, call 8 there). Merged in the last program,
+# 128 instead of FUSED_MIN_CHUNK was within 3% either way.
+BUFFERED_MERGE_KERNEL_MIN_CHUNK = 128
 # Extend's (query rows, keys per step, warps, stages): the best of the same sweep, 2.0-2.7x
 # the (32, 32, 8, 2) before at 2k-8k new tokens, with or without a cached prefix.
 EXTEND_TILES = (64, 64, 8, 2)
@@ -401,7 +406,8 @@ def mla_decode_attention(
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = tiles or (
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
-    min_keys = (FUSED_MIN_CHUNK if fused else block_n) if min_chunk is None else min_chunk
+    unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
+    min_keys = (FUSED_MIN_CHUNK if fused else unfused_min) if min_chunk is None else min_chunk
     assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
