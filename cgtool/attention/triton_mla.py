@@ -111,7 +111,7 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # keys, 4 warps: the next tile's copies fly during this tile's products, two programs an SM
 # (93 KB of shared memory). On the H100 it ran 5-20% faster than this module's kernel at 1k
 # contexts from bs 8 and 1-17% faster at 8k (bf16 partials where the last program merges, fp32
-# where the merge kernel does; h100-h200-2026-11-27-gluon-mla, calls 2-3); 64 keys, 8 warps,
+# where the merge kernel does; h100-h200-2026-11-27-gluon-mla, calls 2-3 and 9); 64 keys, 8 warps,
 # 16 keys in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
