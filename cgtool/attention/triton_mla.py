@@ -9,6 +9,10 @@ kernels read it once per block of heads, never a separate V.
 The 576 values are not a power of two: the row is handled as a `rank` part and a `rope`
 part, each padded to its own power of two, so neither pays for the other's padding.
 
+On a Hopper GPU where Triton's Gluon runs, decode's stage 1 is gluon_mla's kernel (its buffers
+placed by hand), with this module's chunks, partials and merge; this module's stage 1 serves
+elsewhere and in Triton's interpreter.
+
 Decode splits each request's context into `num_kv_splits` chunks (fixed by the batch size)
 and merges them by log-sum-exp: up to FUSED_MERGE_SPLITS chunks in the program that finishes
 a request's chunks last (runtime.tickets), beyond that in a second kernel built on the dense
