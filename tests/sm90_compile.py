@@ -106,13 +106,20 @@ def mla_decode_cases() -> dict[str, tuple]:
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits,
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
-                 "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.MERGE_SLICE},
+                 "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
+                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,
             {"RANK": 512, "BLOCK_D": triton_mla.MERGE_SLICE, "BLOCK_N": 64, "NUM_SPLITS": splits, "MIN_CHUNK": 64,
              "LANES": lanes, "PDL": pdl}, 4, 1)
+    for splits, lanes in ((16, 16), (32, 32), (64, 64)):  # after gluon_mla's stage 1: wider slices
+        columns = triton_mla._merge_slice(triton_mla.BUFFERED_TILES_COUNT, False, lanes)
+        found[f"mla decode merge kernel after gluon chunks={splits} columns={columns}"] = (
+            triton_mla._mla_merge_kernel,
+            {"RANK": 512, "BLOCK_D": columns, "BLOCK_N": triton_mla.BUFFERED_TILES[0], "NUM_SPLITS": splits,
+             "MIN_CHUNK": triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK, "LANES": lanes, "PDL": True}, 4, 1)
     return found
 
 

@@ -48,3 +48,11 @@ def test_the_merge_kernel_paths_least_chunk_is_whole_tiles():
     block_n = triton_mla.BUFFERED_TILES[0]
     assert triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK % block_n == 0
     assert triton_mla.FUSED_MIN_CHUNK % block_n == 0
+
+
+@pytest.mark.parametrize(("buffers", "fused", "lanes", "columns"), [
+    (0, True, 8, 128), (0, False, 64, 128), (2, True, 8, 512), (2, False, 16, 512), (2, False, 32, 256),
+    (2, False, 64, 128)])
+def test_the_merge_takes_the_whole_latent_after_gluon_unless_its_lanes_would_spill(buffers, fused, lanes, columns):
+    assert triton_mla._merge_slice(buffers, fused, lanes) == columns
+    assert lanes * columns <= triton_mla.MERGE_TILE_VALUES or fused

@@ -89,6 +89,13 @@ MLA_TARGET_PROGRAMS = 264
 # per program spilled registers and cost ~3.9 us a request whatever the context (bs 256 at a
 # 1k context ran 1.0 ms where its latent read takes 0.07).
 MERGE_SLICE = 128
+# After gluon_mla's stage 1 the whole 512-wide latent at once: 0.5-2.4 us a layer shorter than in
+# slices of 128 on the H100 (bs 16-128 x 1k, bs 8-32 x 8k; the stage's 4 warps hold [16, 512]
+# fp32 in 64 registers a thread), 256 in between. With triton_mla's stage 1 it made no
+# difference here either (h100-h200-2026-11-27-gluon-mla, call 13). The merge kernel's tile
+# of lanes x columns stays at 64 x 128 values, which did not spill.
+BUFFERED_MERGE_SLICE = 512
+MERGE_TILE_VALUES = 64 * 128
 # Up to this many chunks a request, the program that finishes a request's head block last
 # merges its chunks (runtime.tickets) instead of a second launch; past it one program's merge
 # would read too many partials alone. call4: bs 64 at a 1k context 37 us against 53 with the
@@ -378,6 +385,17 @@ def _layout(
     return rank, rope, block_r, max(MIN_DOT, next_power_of_2(rope))
 
 
+def _merge_slice(buffers: int, fused: bool, lanes: int) -> int:
+    """Columns the merge takes at once: MERGE_SLICE after this module's stage 1; after gluon_mla's,
+    BUFFERED_MERGE_SLICE, in the merge kernel as many as keep its tile of lanes x columns at
+    MERGE_TILE_VALUES."""
+    if not buffers:
+        return MERGE_SLICE
+    if fused:
+        return BUFFERED_MERGE_SLICE
+    return max(MERGE_SLICE, min(BUFFERED_MERGE_SLICE, MERGE_TILE_VALUES // lanes))
+
+
 def _stage1_buffers(q: torch.Tensor, out: torch.Tensor, asked: int | None) -> int:
     """Tiles of rows for gluon_mla's stage 1, 0 for this module's: Gluon where it runs and the
     latent's parts are powers of two, unless `asked` says otherwise."""
@@ -397,6 +415,7 @@ def mla_decode_attention(
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
     min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
+    merge_slice: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
@@ -404,7 +423,8 @@ def mla_decode_attention(
     the last program, none for the merge kernel) and the merge kernel's lanes (the chunk count's
     power of two); `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
     timestamps (benchmarks) from this module's kernel; `buffers` is the tiles of rows of
-    gluon_mla's stage 1 (0: this module's kernel; default BUFFERED_TILES_COUNT where it runs)."""
+    gluon_mla's stage 1 (0: this module's kernel; default BUFFERED_TILES_COUNT where it runs);
+    `merge_slice` the columns the merge takes at once (default MERGE_SLICE)."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
@@ -420,7 +440,8 @@ def mla_decode_attention(
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
-    slice_d = min(MERGE_SLICE, block_r)
+    lanes = merge_lanes or max(2, next_power_of_2(num_kv_splits))
+    slice_d = min(merge_slice or _merge_slice(buffers, fused, lanes), block_r)
     merge_launch = {"PDL": False} if fused else dependent_launch(q.device)
     if buffers:
         gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None, req_to_token,
@@ -445,7 +466,7 @@ def mla_decode_attention(
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1),
         RANK=rank, BLOCK_D=slice_d, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_keys,
-        LANES=merge_lanes or max(2, next_power_of_2(num_kv_splits)), **merge_launch,
+        LANES=lanes, **merge_launch,
         num_warps=4, num_stages=1,
     )
 
