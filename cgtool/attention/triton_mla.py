@@ -120,10 +120,11 @@ PARTIAL_DTYPE = torch.float32
 PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Where Gluon runs (gluon_mla.available), stage 1 is gluon_mla's kernel with two tiles of 32
 # keys, 4 warps: the next tile's copies fly during this tile's products, two programs an SM
-# (93 KB of shared memory). On the H100 it ran 5-20% faster than this module's kernel at 1k
-# contexts from bs 8 and 1-17% faster at 8k (bf16 partials where the last program merges, fp32
-# where the merge kernel does; h100-h200-2026-11-27-gluon-mla, calls 2-3 and 9); 64 keys, 8 warps,
-# 16 keys in 3-4 tiles and 3 tiles of 32 were slower.
+# (93 KB of shared memory). With bf16 partials where the last program merges and fp32 where the
+# merge kernel does, and the merge over BUFFERED_MERGE_SLICE columns, its launches were 3-28%
+# shorter than this module's kernel's at 1k and 8k contexts, bs 1-256, on the H100
+# (h100-h200-2026-11-27-gluon-mla, call 14; settings in calls 1-3). 64 keys, 8 warps, 16 keys
+# in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
 # With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
