@@ -16,7 +16,8 @@ The same graph without stamps is timed beside it, so the stamps' own cost shows.
 runs in VARIANTS: launches back to back, and each after a torch kernel writing q (as the
 model's `torch.cat(...) * scale` does), with the partials in the shipped dtype and in bf16,
 with wider merge slices, and (--against) as an older copy of cgtool/attention/triton_mla.py
-computes it. A variant named twice in --variants runs twice, so rounds can alternate.
+computes it. A variant named twice in --variants runs twice, so rounds can alternate. It times
+triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps.
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
         [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
@@ -25,6 +26,7 @@ computes it. A variant named twice in --variants runs twice, so rounds can alter
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import statistics
 import sys
@@ -127,7 +129,9 @@ def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against=None)
 
 def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> dict:
     after_op, partial_dtype, _ = VARIANTS[variant]
-    decode = against.mla_decode_attention if variant == "against" else mla_decode_attention
+    # The stamps are triton_mla's stage 1's, so its kernel is timed untraced too (on Hopper the
+    # default stage 1 is gluon_mla's, which takes no stamps).
+    decode = against.mla_decode_attention if variant == "against" else functools.partial(mla_decode_attention, buffers=0)
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -146,7 +150,7 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
                    trace=traces[i] if traced else None, partial_dtype=partial_dtype)
 
     reference = torch.empty_like(out)
-    mla_decode_attention(q, caches[0], reference, r2t, rows, seq_lens, 0.07, splits, None)
+    mla_decode_attention(q, caches[0], reference, r2t, rows, seq_lens, 0.07, splits, None, buffers=0)
     decode(q, caches[0], out, r2t, rows, seq_lens, 0.07, splits, None, partial_dtype=partial_dtype)
     diff = (out.float() - reference.float()).abs().max().item()
     plain_us = graph_us(lambda: run(False)) / layers
