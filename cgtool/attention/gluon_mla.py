@@ -123,6 +123,9 @@ if gluon is not None:
         head_block = gl.program_id(1)
         split = gl.program_id(2)
         seq_len = gl.load(seq_lens + b)
+        # Read beside the length, not after it, since the slots wait on both: volatile, or the
+        # compiler sinks the load into the branch below, one memory round trip later.
+        pool_row = gl.load(req_pool_indices + b, volatile=True)
         keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
         start = split * keys
         end = gl.minimum(start + keys, seq_len)
@@ -139,7 +142,7 @@ if gluon is not None:
             kv_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, RANK], smem)
             pe_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, ROPE], smem)
 
-            token_row = req_to_token + gl.load(req_pool_indices + b).to(gl.int64) * stride_req
+            token_row = req_to_token + pool_row.to(gl.int64) * stride_req
             # The first NUM_BUF - 1 blocks' copies go out before anything else is read.
             for j in gl.static_range(NUM_BUF - 1):
                 slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
