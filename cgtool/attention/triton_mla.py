@@ -121,9 +121,9 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Where Gluon runs (gluon_mla.available), stage 1 is gluon_mla's kernel with two tiles of 32
 # keys, 4 warps: the next tile's copies fly during this tile's products, two programs an SM
 # (93 KB of shared memory). With bf16 partials where the last program merges and fp32 where the
-# merge kernel does, and the merge over BUFFERED_MERGE_SLICE columns, its launches were 3-28%
+# merge kernel does, and the merge over BUFFERED_MERGE_SLICE columns, its launches were 3-29%
 # shorter than this module's kernel's at 1k and 8k contexts, bs 1-256, on the H100
-# (h100-h200-2026-11-27-gluon-mla, call 14; settings in calls 1-3). 64 keys, 8 warps, 16 keys
+# (h100-h200-2026-11-27-gluon-mla, call 18; settings in calls 1-3). 64 keys, 8 warps, 16 keys
 # in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
