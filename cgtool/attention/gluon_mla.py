@@ -111,6 +111,91 @@ if gluon is not None:
         async_copy.commit_group()
 
     @gluon.jit
+    def _load_q(Q, b, head_block, stride_qb, stride_qh, NUM_HEADS: gl.constexpr, RANK: gl.constexpr,
+                ROPE: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr, smem: gl.constexpr):
+        """The head block's query, its rank and rope parts in shared memory (the MMAs reread them)."""
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
+        mask_h = (heads < NUM_HEADS)[:, None]
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, layout))
+        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, layout))
+        q_r = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, RANK], smem,
+                                        gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
+        q_p = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, ROPE], smem,
+                                        gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
+        return q_r, q_p
+
+    @gluon.jit
+    def _attend_tile(acc, l_i, m_i, q_r, q_p, kv, pe, start_n, end, scale_log2,
+                     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+        """One online-softmax step over a tile of latent rows in shared memory: each row the key
+        (rank and rope parts) and the value (rank part) of every head."""
+        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        s = mma_v2(q_r.load(dot_a), kv.permute((1, 0)).load(dot_b), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma))
+        s = mma_v2(q_p.load(dot_a), pe.permute((1, 0)).load(dot_b), s)
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        s = gl.where((offs_n < end)[None, :], s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_a = gl.convert_layout(p.to(kv.dtype), dot_a)
+        return mma_v2(p_a, kv.load(dot_b), acc * alpha[:, None]), l_i, m_new
+
+    @gluon.jit
+    def _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, WARPS: gl.constexpr):
+        """(acc, l_i, m_i) over keys start..end - 1, NUM_BUF tiles of rows in shared memory."""
+        # Heads are the MMA's 16 rows, keys and latent columns split among the warps.
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+        # 16-byte copies, a warp over 4 rows of 64 columns: the rope part fits it exactly.
+        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
+        smem: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        kv_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, RANK], smem)
+        pe_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, ROPE], smem)
+        # The first NUM_BUF - 1 tiles' copies go out before anything else is read.
+        for j in gl.static_range(NUM_BUF - 1):
+            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+            _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+        q_r, q_p = _load_q(Q, b, head_block, stride_qb, stride_qh, NUM_HEADS, RANK, ROPE, BLOCK_H, copy_layout, smem)
+
+        acc = gl.zeros([BLOCK_H, RANK], gl.float32, mma)
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, mma))
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
+        for i in range(gl.cdiv(end - start, BLOCK_N)):
+            # Every warp is done with the buffer read last step before it is refilled.
+            cta_barrier()
+            ahead = start + (i + NUM_BUF - 1) * BLOCK_N
+            fill = (i + NUM_BUF - 1) % NUM_BUF
+            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+            async_copy.wait_group(NUM_BUF - 1)
+            cta_barrier()  # other threads' copies into this tile's buffer landed too
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                         pe_bufs.index(i % NUM_BUF), start + i * BLOCK_N, end, scale_log2,
+                                         BLOCK_H, BLOCK_N, mma)
+        async_copy.wait_group(0)  # the copies past the chunk's end, which read nothing
+        return acc, l_i, m_i
+
+    @gluon.jit
+    def _store_partial(MidOut, MidLse, acc, l_i, m_i, b, head_block, split,
+                       stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                       NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, WARPS: gl.constexpr):
+        """One chunk's normalised output and base-2 log-sum-exp, as triton_decode.store_split."""
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
+        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, mma))
+        gl.store(MidOut + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
+                 (acc / l_i[:, None]).to(MidOut.dtype.element_ty), mask=(heads < NUM_HEADS)[:, None])
+        gl.store(MidLse + b * stride_lb + heads * stride_lh + split, m_i + gl.log2(l_i), mask=heads < NUM_HEADS)
+
+    @gluon.jit
     def _mla_decode_stage1_buffered(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -129,75 +214,13 @@ if gluon is not None:
         keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
         start = split * keys
         end = gl.minimum(start + keys, seq_len)
-        if end > start:
-            # Heads are the MMA's 16 rows, keys and latent columns split among the warps.
-            mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS],
-                                                          instr_shape=[16, 8])
-            dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-            dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-            # 16-byte copies, a warp over 4 rows of 64 columns: the rope part fits it exactly.
-            copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
-            slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
-            smem: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-            kv_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, RANK], smem)
-            pe_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, ROPE], smem)
-
+        if end > start:  # the merge skips empty chunks
             token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-            # The first NUM_BUF - 1 blocks' copies go out before anything else is read.
-            for j in gl.static_range(NUM_BUF - 1):
-                slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
-            next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-
-            heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
-            q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
-            mask_h = (heads < NUM_HEADS)[:, None]
-            offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-            offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
-            q_r_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, RANK], smem,
-                                                 gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
-            q_p_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_H, ROPE], smem,
-                                                 gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
-
-            acc = gl.zeros([BLOCK_H, RANK], gl.float32, mma)
-            l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, mma))
-            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, mma))
-            blocks = gl.cdiv(end - start, BLOCK_N)
-            for i in range(blocks):
-                # Every warp is done with the buffer read last step before it is refilled.
-                cta_barrier()
-                ahead = start + (i + NUM_BUF - 1) * BLOCK_N
-                fill = (i + NUM_BUF - 1) % NUM_BUF
-                _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
-                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-                async_copy.wait_group(NUM_BUF - 1)
-                cta_barrier()  # other threads' copies into this block's buffer landed too
-
-                kv = kv_bufs.index(i % NUM_BUF)
-                pe = pe_bufs.index(i % NUM_BUF)
-                s = mma_v2(q_r_smem.load(dot_a), kv.permute((1, 0)).load(dot_b),
-                           gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma))
-                s = mma_v2(q_p_smem.load(dot_a), pe.permute((1, 0)).load(dot_b), s)
-                offs_n = start + i * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-                s = gl.where((offs_n < end)[None, :], s * scale_log2, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(s, 1))
-                alpha = gl.exp2(m_i - m_new)
-                p = gl.exp2(s - m_new[:, None])
-                l_i = l_i * alpha + gl.sum(p, 1)
-                m_i = m_new
-                p_a = gl.convert_layout(p.to(Kv.dtype.element_ty), dot_a)
-                acc = mma_v2(p_a, kv.load(dot_b), acc * alpha[:, None])
-            async_copy.wait_group(0)  # the copies past the chunk's end, which read nothing
-
-            out_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, mma))
-            offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, mma))
-            out_mask = (out_heads < NUM_HEADS)[:, None]
-            gl.store(MidOut + b * stride_mb + out_heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
-                     (acc / l_i[:, None]).to(MidOut.dtype.element_ty), mask=out_mask)
-            gl.store(MidLse + b * stride_lb + out_heads * stride_lh + split, m_i + gl.log2(l_i),
-                     mask=out_heads < NUM_HEADS)
+            acc, l_i, m_i = _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                          stride_qb, stride_qh, stride_kt,
+                                          NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, WARPS)
+            _store_partial(MidOut, MidLse, acc, l_i, m_i, b, head_block, split,
+                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H, WARPS)
         # As triton_mla's stage 1: the chunks holding keys (chunk 0 always) take a ticket, and
         # the last of a request's head block merges them.
         chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
