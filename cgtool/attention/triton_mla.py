@@ -421,11 +421,12 @@ def mla_decode_attention(
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
     merge's placement, the partials' dtype, the least keys a chunk (FUSED_MIN_CHUNK merged in
-    the last program, none for the merge kernel) and the merge kernel's lanes (the chunk count's
-    power of two); `trace` (int64, TRACE_SLOTS a stage-1 program) takes its programs'
-    timestamps (benchmarks) from this module's kernel; `buffers` is the tiles of rows of
-    gluon_mla's stage 1 (0: this module's kernel; default BUFFERED_TILES_COUNT where it runs);
-    `merge_slice` the columns the merge takes at once (default MERGE_SLICE)."""
+    the last program; for the merge kernel none, or BUFFERED_MERGE_KERNEL_MIN_CHUNK after
+    gluon_mla's stage 1) and the merge kernel's lanes (the chunk count's power of two); `trace`
+    (int64, TRACE_SLOTS a stage-1 program) takes its programs' timestamps (benchmarks) from this
+    module's kernel; `buffers` is the tiles of rows of gluon_mla's stage 1 (0: this module's
+    kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
+    takes at once (default `_merge_slice`'s)."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
