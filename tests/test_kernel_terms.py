@@ -199,8 +199,8 @@ MLA_ONLY = ("deepseek",)
     ("h100-2026-11-26-extend-split/call10/verify", BOTH_MODELS), ("h200-2026-11-26-night/verify", BOTH_MODELS),
     ("h100-h200-2026-11-26-mla-variants/call3-h100-verify/memory", MLA_ONLY),
     ("h100-h200-2026-11-26-mla-variants/call4-h200-verify/memory", MLA_ONLY),
-    ("h100-h200-2026-11-27-gluon-mla/call6-h100-verify/memory", MLA_ONLY),
-    ("h100-h200-2026-11-27-gluon-mla/call16-h100-verify/memory", MLA_ONLY),
+    ("h100-2026-11-27-gluon-mla/call6-h100-verify/memory", MLA_ONLY),
+    ("h100-2026-11-27-gluon-mla/call16-h100-verify/memory", MLA_ONLY),
 ], ids=["H200", "H200-before-tails", "H100-before-32-rows", "H100", "H100-heads-as-rows", "H200-heads-as-rows",
         "H100-mla-eight-warps", "H200-mla-eight-warps", "H100-mla-gluon", "H100-mla-gluon-whole-merge"])
 def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(folder, models):

@@ -92,7 +92,7 @@ MERGE_SLICE = 128
 # After gluon_mla's stage 1 the whole 512-wide latent at once: 0.5-2.4 us a layer shorter than in
 # slices of 128 on the H100 (bs 16-128 x 1k, bs 8-32 x 8k; the stage's 4 warps hold [16, 512]
 # fp32 in 64 registers a thread), 256 in between. With triton_mla's stage 1 it made no
-# difference here either (h100-h200-2026-11-27-gluon-mla, call 13). The merge kernel's tile
+# difference here either (h100-2026-11-27-gluon-mla, call 13). The merge kernel's tile
 # of lanes x columns stays at 64 x 128 values, which did not spill.
 BUFFERED_MERGE_SLICE = 512
 MERGE_TILE_VALUES = 64 * 128
@@ -123,7 +123,7 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # (93 KB of shared memory). With bf16 partials where the last program merges and fp32 where the
 # merge kernel does, and the merge over BUFFERED_MERGE_SLICE columns, its launches were 3-29%
 # shorter than this module's kernel's at 1k and 8k contexts, bs 1-256, on the H100
-# (h100-h200-2026-11-27-gluon-mla, call 18; settings in calls 1-3). 64 keys, 8 warps, 16 keys
+# (h100-2026-11-27-gluon-mla, call 18; settings in calls 1-3). 64 keys, 8 warps, 16 keys
 # in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
