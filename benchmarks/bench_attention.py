@@ -19,9 +19,9 @@ from cgtool.attention import triton_decode, triton_extend
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
 from cgtool.runtime.batch import ForwardBatch
-from cgtool.specs.config import ModelConfig
 from cgtool.runtime.engine import decode_batch, extend_batch
 from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import ModelConfig
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128  # llama-3.1-8b
 DTYPE = torch.bfloat16

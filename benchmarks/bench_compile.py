@@ -12,12 +12,12 @@ import time
 
 import torch
 
-from cgtool.runtime.batch import forward_context
 from cgtool.capture.timing import median_cuda_ms
 from cgtool.capture.workbench import build_workbench
-from cgtool.specs.config import load_model_config
 from cgtool.planner.schedules import default_schedule
 from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.runtime.batch import forward_context
+from cgtool.specs.config import load_model_config
 
 
 def main() -> None:

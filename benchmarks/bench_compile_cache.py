@@ -29,12 +29,12 @@ def child(args: argparse.Namespace) -> dict:
     import torch
 
     from cgtool.attention import make_backend
-    from cgtool.specs.config import load_model_config
-    from cgtool.runtime.engine import ModelRunner
-    from cgtool.runtime.kv import KVPool
     from cgtool.model.loader import build_model
     from cgtool.runners.compile_cache import default_cache_dir
     from cgtool.runners.piecewise import PiecewiseGraphRunner
+    from cgtool.runtime.engine import ModelRunner
+    from cgtool.runtime.kv import KVPool
+    from cgtool.specs.config import load_model_config
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     cfg = load_model_config(args.model)

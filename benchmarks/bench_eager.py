@@ -28,9 +28,9 @@ from cgtool.capture.timing import (
     timed_call,
 )
 from cgtool.capture.workbench import build_workbench
-from cgtool.specs.config import load_model_config
 from cgtool.runners.pool import freeze_gc
 from cgtool.runtime.triton_launch import CachedKernel
+from cgtool.specs.config import load_model_config
 
 
 def _old_path() -> ExitStack:

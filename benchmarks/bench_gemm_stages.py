@@ -14,7 +14,6 @@ import time
 import torch
 import triton
 import triton.language as tl
-
 from bench_attention import time_us as attention_time_us  # benchmarks/ is the script's path
 
 from cgtool.model.moe_routing import align_block_size, route_topk, router_logits

@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from cgtool.reports.tables import PHASES
 from cgtool.documents.results import load_report
+from cgtool.reports.tables import PHASES
 
 
 def main() -> None:

@@ -13,9 +13,9 @@ import torch
 
 from cgtool.capture.timing import median_cuda_ms
 from cgtool.capture.workbench import build_workbench
-from cgtool.specs.config import load_model_config
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.pool import get_global_graph_memory_pool
+from cgtool.specs.config import load_model_config
 
 
 def whole_graph_ms(bench, batch) -> float:

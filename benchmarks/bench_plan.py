@@ -27,11 +27,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from cgtool.planner.plan import PlanRequest, plan_requests
+from cgtool.planner.scenarios import parse_loads
 from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
 from cgtool.traces.convert import load_trace
-from cgtool.planner.plan import PlanRequest, plan_requests
-from cgtool.planner.scenarios import parse_loads
 
 ROOT = Path(__file__).resolve().parents[1]
 # The bundled example and the public traces beside the checkout (../shared/traces).

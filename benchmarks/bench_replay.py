@@ -20,9 +20,9 @@ import torch
 
 from cgtool.capture.timing import copy_bandwidth_bytes_s, host_launch_ms, timed_call
 from cgtool.capture.workbench import build_workbench
-from cgtool.specs.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runners.pool import freeze_gc
+from cgtool.specs.config import load_model_config
 
 
 def per_call_ms(fn, calls: int, batches: int = 7) -> float:

@@ -33,9 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     from cgtool.documents.provenance import collect_provenance
     from cgtool.replay.result import write_replay
-    from cgtool.replay.run import context_width, prepare
+    from cgtool.replay.run import context_width, prepare, resolve_gpu
     from cgtool.replay.session import build_bench, capture_graphs, replay_once
-    from cgtool.replay.run import resolve_gpu
 
     gpu = resolve_gpu("auto", "cuda")
     cases = []

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -23,8 +23,8 @@ from cgtool.errors import CgtoolError
 
 if TYPE_CHECKING:
     from cgtool.capture.options import CaptureOptions, SessionState
-    from cgtool.specs.hidden_states import HiddenMode
     from cgtool.documents.results import CaptureReport
+    from cgtool.specs.hidden_states import HiddenMode
 
 
 class Kind(str, Enum):
@@ -367,9 +367,9 @@ def capture_exit_code(report: CaptureReport) -> int:
 
 
 def _save(report: CaptureReport, out: Path, state: SessionState) -> None:
+    from cgtool.documents.results import REPORT_FILENAME, write_report
     from cgtool.reports.capture_view import print_capture_summary
     from cgtool.reports.render import render_report
-    from cgtool.documents.results import REPORT_FILENAME, write_report
 
     out.mkdir(parents=True, exist_ok=True)
     write_report(report, out / REPORT_FILENAME)  # first, so a signal while rendering loses nothing

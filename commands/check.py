@@ -23,13 +23,13 @@ from cgtool.documents.compare import (
     compare_plans,
     compare_reports,
 )
-from cgtool.errors import InputError
 from cgtool.documents.invariants import require_memory_invariants
 from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import CaptureReport, load_document, resolve_document
+from cgtool.errors import InputError
 from cgtool.reports.formats import print_tables
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.tables import comparison_rows, format_change
-from cgtool.documents.results import CaptureReport, load_document, resolve_document
 
 
 @cli_errors

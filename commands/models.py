@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console
-from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.reports.formats import print_tables
 from cgtool.reports.tables import TableData, models_rows, vision_models_rows
+from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.specs.vision import load_vision_preset, vision_preset_names
 
 ARCHITECTURES_TITLE = "Architectures that load from a HF folder"

@@ -23,19 +23,22 @@ from cgtool.commands.common import (
 )
 from cgtool.commands.signals import StopRequest, exit_code, signal_name
 from cgtool.commands.trace import load_trace_hinted
-from cgtool.specs.config import load_model_config
-from cgtool.errors import CgtoolError, InputError
-from cgtool.specs.gpus import GpuSpec, gpu_spec
-from cgtool.specs.hidden_states import parse_hidden_modes
 from cgtool.documents.compare import compare_plan_warnings
 from cgtool.documents.plan_document import PLAN_FILENAME, Plan, write_plan
-from cgtool.traces.convert import FORMATS
+from cgtool.documents.results import load_plan
+from cgtool.errors import CgtoolError, InputError
 from cgtool.planner.plan import plan_batches, plan_requests, plan_traffic
 from cgtool.planner.releases import off_grid_ceilings, prefill_notes
-from cgtool.planner.scenarios import Traffic
 from cgtool.planner.request import PlanRequest
-from cgtool.planner.scenarios import parse_loads
+from cgtool.planner.scenarios import Traffic, parse_loads
 from cgtool.planner.schedules import resolve_version
+from cgtool.planner.vit import vit_plan
+from cgtool.replay.profile import load_profiles  # report.json, verify.json or replay.json
+from cgtool.reports.plan_view import plan_view
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import GpuSpec, gpu_spec
+from cgtool.specs.hidden_states import parse_hidden_modes
+from cgtool.traces.convert import FORMATS
 from cgtool.traces.lengths import (
     ARRIVAL_REMEDY,
     has_no_arrivals,
@@ -43,11 +46,7 @@ from cgtool.traces.lengths import (
     with_poisson_arrivals,
 )
 from cgtool.traces.trace import BatchTrace, RequestTrace
-from cgtool.planner.vit import vit_plan
-from cgtool.reports.plan_view import plan_view
-from cgtool.documents.results import load_plan
 from cgtool.units import BYTE_UNITS, counted
-from cgtool.replay.profile import load_profiles  # report.json, verify.json or replay.json
 
 FALLBACK_GPU = "H100-80GB"
 

@@ -9,9 +9,9 @@ import typer
 
 from cgtool.commands.common import FormatOption, OutputFormat, cli_errors, console, err_console
 from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import CaptureReport
 from cgtool.reports.formats import print_tables
 from cgtool.reports.plan_view import plan_view
-from cgtool.documents.results import CaptureReport
 
 
 @cli_errors

@@ -10,18 +10,18 @@ import typer
 
 from cgtool.commands.common import cli_errors, console, err_console
 from cgtool.commands.usage import CgtoolCommand, CgtoolGroup
-from cgtool.specs.config import load_model_config
 from cgtool.errors import InputError
-from cgtool.traces.convert import FORMATS, first_requests, load_trace
-from cgtool.traces.sniff import guess_format
-from cgtool.traces.trace import ConvertResult, RequestTrace, write_trace
-from cgtool.traces.stats import ContextFilter, batch_stats, drop_over_context, request_stats
 from cgtool.reports.trace_tables import (
     batch_stats_table,
     request_stats_table,
     skipped_text,
     stats_json,
 )
+from cgtool.specs.config import load_model_config
+from cgtool.traces.convert import FORMATS, first_requests, load_trace
+from cgtool.traces.sniff import guess_format
+from cgtool.traces.stats import ContextFilter, batch_stats, drop_over_context, request_stats
+from cgtool.traces.trace import ConvertResult, RequestTrace, write_trace
 from cgtool.units import counted
 
 trace_app = typer.Typer(

@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from cgtool.capture.options import CaptureFailure, CaptureProgress
+from cgtool.documents.results import CaptureReport
 from cgtool.reports.render import printed_tables
 from cgtool.reports.tables import to_rich
-from cgtool.documents.results import CaptureReport
 from cgtool.units import GIB, MIB
 
 

@@ -6,8 +6,9 @@ import base64
 import html
 from pathlib import Path
 
-from cgtool.documents.plan_document import Plan
 from cgtool.documents.compare import plan_verdict
+from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import CaptureReport
 from cgtool.reports.plan_scenarios import plan_tables
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import (
@@ -21,7 +22,6 @@ from cgtool.reports.tables import (
     spread_rows,
     totals_rows,
 )
-from cgtool.documents.results import CaptureReport
 
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 PERFETTO_URL = "https://ui.perfetto.dev"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from cgtool.capture.ranks import rank_spread
-from cgtool.reports.tables import TableData, mib_number
 from cgtool.documents.results import SIZE_UNITS, CaptureReport
+from cgtool.reports.tables import TableData, mib_number
 
 
 def rank_tables(report: CaptureReport) -> list[TableData]:

@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import CaptureReport, load_document, resolve_document
 from cgtool.reports.csv import write_sizes_csv
 from cgtool.reports.figures import write_report_figures
 from cgtool.reports.html import plan_html, report_html
 from cgtool.reports.plan_scenarios import plan_tables
 from cgtool.reports.rank_tables import rank_tables
 from cgtool.reports.tables import TableData, phase_rows, size_rows, spread_rows, totals_rows
-from cgtool.documents.results import CaptureReport, load_document, resolve_document
 
 REPORT_HTML, PLAN_HTML, FIGURE_DIR, SIZES_CSV = "report.html", "plan.html", "figures", "sizes.csv"
 

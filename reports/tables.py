@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING, Any
 
 from cgtool.documents.compare import PLAN_METRICS, REPORT_METRICS, Comparison, Metric, MetricChange
-from cgtool.specs.config import ModelConfig
 from cgtool.documents.results import SIZE_UNITS, CaptureReport
-from cgtool.units import BF16_BYTES, GIB, MIB
+from cgtool.specs.config import ModelConfig
 from cgtool.specs.vision import VisionPreset
+from cgtool.units import BF16_BYTES, GIB, MIB
 
 if TYPE_CHECKING:
     from cgtool.reports.fit import FittedTable

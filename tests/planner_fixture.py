@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
-from cgtool.planner.cost import CostModel, roofline_cost
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB")

@@ -5,8 +5,8 @@ import torch
 from replay_check import assert_replay_equals_eager
 from test_piecewise import _mixed_batch, _model_runner
 
-from cgtool.runtime.batch import forward_context
 from cgtool.runners.breakable import BreakableGraphRunner, BreakingBackend, SegmentRecorder
+from cgtool.runtime.batch import forward_context
 
 
 class LoggedSegment:

@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.console import Console
 
 from cgtool.capture.options import CaptureFailure
-from cgtool.reports.capture_view import print_capture_summary, remedies
 from cgtool.documents.results import load_report
+from cgtool.reports.capture_view import print_capture_summary, remedies
 
 OOM_REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b-oom" / "report.json"
 GIB = 1 << 30
@@ -47,8 +47,8 @@ def test_summary_prints_the_reason_and_remedies(tmp_path):
 def test_phase_table_lists_phases_in_session_order_with_their_share():
     import dataclasses
 
-    from cgtool.reports.tables import phase_rows
     from cgtool.documents.results import load_report
+    from cgtool.reports.tables import phase_rows
 
     report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
     report = dataclasses.replace(report, totals=dataclasses.replace(

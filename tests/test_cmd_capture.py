@@ -7,9 +7,9 @@ from typer.testing import CliRunner
 
 from cgtool.commands.capture import choose_sizes, parse_sizes
 from cgtool.commands.main import app
-from cgtool.errors import CgtoolError
 from cgtool.documents.invariants import memory_violations
 from cgtool.documents.results import load_report
+from cgtool.errors import CgtoolError
 
 runner = CliRunner()
 FIXTURES = Path(__file__).parent / "data" / "reports"

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 from cgtool.commands.main import app
 from cgtool.commands.models import ARCHITECTURES_TITLE
 from cgtool.documents.compare import compare_plans, compare_reports
-from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import load_document
 from cgtool.reports.render import printed_tables
 from cgtool.reports.schedule_view import schedule_rows
 from cgtool.reports.tables import TableData, comparison_rows, models_rows, vision_models_rows
-from cgtool.documents.results import load_document
+from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_preset, preset_names
 from cgtool.specs.vision import load_vision_preset, vision_preset_names
 
 FIXTURES = Path(__file__).parent / "data" / "reports"

@@ -4,19 +4,19 @@ import stat
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from cli_run import cgtool
+from rich.console import Console
 
 from cgtool.commands.plan import parse_bytes
-from cgtool.specs.config import load_model_config
-from cgtool.errors import InputError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import Plan
+from cgtool.errors import InputError
 from cgtool.planner.engine_buffers import engine_graph_buffers
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.server import server_for
 from cgtool.reports.plan_tables import plan_memory_rows
 from cgtool.reports.plan_view import memory_table
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "azure-conv-first-1000.jsonl"

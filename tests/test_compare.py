@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cgtool.documents.compare import compare_plans, compare_reports
-from cgtool.errors import InputError
 from cgtool.documents.plan_document import Plan
 from cgtool.documents.results import load_plan, load_report
+from cgtool.errors import InputError
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 BASELINE = load_report(FIXTURES / "h100-llama-3.1-8b")

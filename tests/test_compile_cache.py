@@ -15,13 +15,13 @@ import torch
 from test_piecewise import _mixed_batch, _model_runner
 
 from cgtool.attention import make_backend
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.engine import ModelRunner
-from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 from cgtool.runners import compile_cache
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.piecewise_backend import CapturablePiece, use_graphs_for
+from cgtool.runtime.engine import ModelRunner
+from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import load_model_config
 
 SIZES = [8, 16, 64]
 

@@ -4,8 +4,8 @@ from importlib import resources
 
 import pytest
 
-from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_model_config, preset_names
 from cgtool.errors import ConfigError
+from cgtool.specs.config import SUPPORTED_ARCHITECTURES, load_model_config, preset_names
 
 # Published parameter counts of the models the presets copy (billions, rounded).
 PUBLISHED_PARAMS_B = {

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.specs.config import ModelConfig, load_model_config
 from cgtool.errors import ConfigError
+from cgtool.specs.config import ModelConfig, load_model_config
 
 VALID = {
     "architectures": ["LlamaForCausalLM"],

@@ -7,11 +7,11 @@ import pytest
 import torch
 from planner_fixture import CFG, H100
 
+from cgtool.planner.cost import kernels_per_forward, roofline_cost, with_hidden_states
+from cgtool.planner.parallel import rank_shapes
 from cgtool.specs.config import load_model_config
 from cgtool.specs.gpus import gpu_spec
 from cgtool.specs.hidden_states import HiddenMode
-from cgtool.planner.cost import kernels_per_forward, roofline_cost, with_hidden_states
-from cgtool.planner.parallel import rank_shapes
 
 RESULTS = Path(__file__).parent.parent / "benchmarks" / "results"
 

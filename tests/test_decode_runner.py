@@ -5,10 +5,10 @@ import pytest
 import torch
 from replay_check import assert_replay_equals_eager
 
+from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runtime.batch import ForwardMode
 from cgtool.specs.config import load_model_config
 from cgtool.specs.hidden_states import HiddenMode
-from cgtool.runners.decode import DecodeGraphRunner
 
 
 class _FakeModelRunner:
@@ -132,9 +132,9 @@ def test_recapture_goes_upward_keeps_the_old_graphs_and_refuses_downgrades(monke
 
 def _cpu_runner():
     from cgtool.attention import make_backend
+    from cgtool.model.loader import build_model
     from cgtool.runtime.engine import ModelRunner
     from cgtool.runtime.kv import KVPool
-    from cgtool.model.loader import build_model
 
     cfg = load_model_config("tiny")
     torch.manual_seed(0)

@@ -3,9 +3,7 @@
 
 import pytest
 
-from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError, InputError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.cost import roofline_cost
 from cgtool.planner.engine_buffers import (
     CHECKED_VERSIONS,
@@ -14,6 +12,8 @@ from cgtool.planner.engine_buffers import (
     engine_graph_buffers,
     with_engine_buffers,
 )
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 
 # 32 heads of 128, hidden 4096, vocab 128256, context 131072
 LLAMA = load_model_config("llama-3.1-8b")

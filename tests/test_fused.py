@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.engine import ModelRunner, extend_batch
-from cgtool.runtime.kv import KVPool
 from cgtool.model import fused, fused_launch
 from cgtool.model.layers import RotaryEmbedding
 from cgtool.model.loader import build_model
+from cgtool.runtime.engine import ModelRunner, extend_batch
+from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import load_model_config
 
 # Without a GPU the kernels run in Triton's interpreter (tests/conftest.py): small shapes.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from cgtool.errors import InputError
 from cgtool.documents.invariants import (
     FREE_TOLERANCE_BYTES,
     FREE_TOLERANCE_FRACTION,
@@ -18,6 +17,7 @@ from cgtool.documents.invariants import (
     require_memory_invariants,
 )
 from cgtool.documents.results import load_report
+from cgtool.errors import InputError
 
 ROOT = Path(__file__).parent.parent
 FIXTURES = Path(__file__).parent / "data" / "reports"

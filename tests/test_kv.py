@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from cgtool.specs.config import load_model_config
 from cgtool.runtime.kv import KVPool, kv_tokens_for_budget
+from cgtool.specs.config import load_model_config
 
 
 def _pool(name, slots=8):

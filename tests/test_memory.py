@@ -1,8 +1,6 @@
 import pytest
 
-from cgtool.specs.config import load_model_config
 from cgtool.errors import CgtoolError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.memory import (
     VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
     activation_bytes,
@@ -13,6 +11,8 @@ from cgtool.planner.memory import (
     sglang_default_mem_fraction,
     vllm_default_pool,
 )
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 
 CFG = load_model_config("llama-3.1-8b")
 H100 = gpu_spec("H100-80GB").memory_bytes  # 81559 MiB as NVML reports it

@@ -1,14 +1,13 @@
 import pytest
 import torch
+from hf_oracle import hf_logits, make_hf_model
 
 from cgtool.attention import make_backend
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import ConfigError
-from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
-
-from hf_oracle import hf_logits, make_hf_model
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import load_model_config
 
 
 def _runner(folder, max_len=64):

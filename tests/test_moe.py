@@ -8,8 +8,6 @@ from hf_oracle import make_hf_model
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.specs.config import load_model_config
-from cgtool.specs.config_parts import MoeConfig
 from cgtool.model.loader import build_model
 from cgtool.model.moe import (
     Experts,
@@ -19,6 +17,8 @@ from cgtool.model.moe import (
     route,
     use_moe_backend,
 )
+from cgtool.specs.config import load_model_config
+from cgtool.specs.config_parts import MoeConfig
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "azure-conv-first-1000.jsonl"
 

@@ -5,9 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cgtool.specs.config import load_model_config, preset_names
 from cgtool.errors import CgtoolError
-from cgtool.specs.gpus import GPU_SPECS, gpu_spec
 from cgtool.planner.parallel import (
     allgather_ms,
     allreduce_ms,
@@ -17,6 +15,8 @@ from cgtool.planner.parallel import (
     rank_shapes,
     valid_tp_sizes,
 )
+from cgtool.specs.config import load_model_config, preset_names
+from cgtool.specs.gpus import GPU_SPECS, gpu_spec
 
 CFG = load_model_config("llama-3.1-8b")
 TINY = load_model_config("tiny")  # 4 attention heads, 2 KV heads

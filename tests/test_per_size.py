@@ -9,8 +9,8 @@ from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost
 from cgtool.capture.memory import oom_request_bytes
 from cgtool.capture.options import CaptureOptions, SessionState
-from cgtool.specs.config import load_model_config
 from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.specs.config import load_model_config
 
 GIB = 1 << 30
 OOM_TEXT = "CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB"

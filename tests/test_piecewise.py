@@ -9,10 +9,6 @@ from replay_check import assert_replay_equals_eager
 from silly_attention import SILLY_OP, SillyModel
 
 from cgtool.attention import make_backend
-from cgtool.runtime.batch import ForwardMode
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
-from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
 from cgtool.model.loader import build_model
 from cgtool.runners.piecewise import PiecewiseGraphRunner
 from cgtool.runners.piecewise_backend import (
@@ -22,6 +18,10 @@ from cgtool.runners.piecewise_backend import (
     weak_ref_tensor,
 )
 from cgtool.runners.pool import model_capture_mode
+from cgtool.runtime.batch import ForwardMode
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
+from cgtool.specs.config import load_model_config
 
 
 def _model_runner(device, dtype, backend_name, num_slots=4096, max_context_len=1024):

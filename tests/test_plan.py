@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from planner_fixture import CFG, H100, REPORT
 
-from cgtool.specs.config import load_model_config
-from cgtool.errors import CgtoolError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import Plan
-from cgtool.traces.convert_public import convert_azure, convert_mooncake
+from cgtool.errors import CgtoolError
 from cgtool.planner.memory import check_plan_safety
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scenarios import HELD_OUT_SPLIT
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
+from cgtool.traces.convert_public import convert_azure, convert_mooncake
 
 # The public traces sit beside the checkout (../shared/traces); tests that need them skip without.
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"

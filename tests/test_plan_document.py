@@ -10,13 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
-from cgtool.specs.config import load_model_config
-from cgtool.errors import InputError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.plan_document import PLAN_VERSION, Plan, write_plan
+from cgtool.documents.results import load_plan
+from cgtool.errors import InputError
 from cgtool.planner.plan import plan_batches, plan_requests
 from cgtool.planner.request import PlanRequest
-from cgtool.documents.results import load_plan
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_PLAN = ROOT / "tests" / "data" / "reports" / "plan-llama-3.1-8b" / "plan.json"

@@ -10,11 +10,11 @@ import pytest
 from rich.console import Console
 
 from cgtool.documents.plan_document import Plan
+from cgtool.documents.results import load_plan
 from cgtool.reports.html import plan_html
 from cgtool.reports.plan_tables import plan_comparison_rows, plan_memory_rows
 from cgtool.reports.plan_view import comparison_table, memory_table
 from cgtool.reports.render import printed_tables
-from cgtool.documents.results import load_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_PLAN = ROOT / "tests" / "data" / "reports" / "plan-llama-3.1-8b"

@@ -8,9 +8,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from cgtool.commands.main import app
+from cgtool.documents.results import load_plan
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.planner.vit import vit_plan
-from cgtool.documents.results import load_plan
 from cgtool.specs.vision import SGLANG_VIT_GRAPH_ENV
 
 runner = CliRunner()

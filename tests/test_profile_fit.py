@@ -3,12 +3,12 @@ import copy
 import pytest
 from planner_fixture import CFG, H100, REPORT
 
-from cgtool.specs.config import load_model_config
-from cgtool.errors import InputError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.documents.results import CaptureReport
+from cgtool.errors import InputError
 from cgtool.planner.cost import roofline_cost
 from cgtool.planner.profile_fit import merge_context_reports, predicted_graph_bytes, profile_cost
+from cgtool.specs.config import load_model_config
+from cgtool.specs.gpus import gpu_spec
 
 
 def test_profile_reproduces_measured_sizes_and_interpolates_between():

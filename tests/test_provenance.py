@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 import cgtool
-from cgtool.documents.provenance import COMMIT_ENV, UNKNOWN, collect_provenance, cpu_model, git_state
+from cgtool.documents.provenance import (
+    COMMIT_ENV,
+    UNKNOWN,
+    collect_provenance,
+    cpu_model,
+    git_state,
+)
 from cgtool.documents.results import load_report
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs the git program")

@@ -18,13 +18,13 @@ from rich.console import Console
 
 from cgtool.documents.compare import compare_reports
 from cgtool.documents.plan_document import StepHistogram
+from cgtool.documents.results import load_plan, load_report
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import MEMORY_VIZ_URL, report_html
 from cgtool.reports.markdown import comparison_markdown
 from cgtool.reports.plan_figures import histogram_figure
 from cgtool.reports.render import engine_files, render_path, render_report
 from cgtool.reports.tables import size_rows, to_rich
-from cgtool.documents.results import load_plan, load_report
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 REPORT_DIR = FIXTURES / "h100-llama-3.1-8b"

@@ -12,7 +12,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cgtool.documents.document_io import write_json_atomic
-from cgtool.errors import InputError
 from cgtool.documents.results import (
     CaptureReport,
     load_document,
@@ -20,6 +19,7 @@ from cgtool.documents.results import (
     load_report,
     write_report,
 )
+from cgtool.errors import InputError
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 REPORT = FIXTURES / "h100-llama-3.1-8b" / "report.json"

@@ -1,7 +1,6 @@
 import pytest
 
 from cgtool.errors import CgtoolError
-from cgtool.specs.gpus import gpu_spec
 from cgtool.planner.schedules import (
     default_schedule,
     known_versions,
@@ -10,6 +9,7 @@ from cgtool.planner.schedules import (
     sglang_gpu_defaults,
     vllm_default_max_num_seqs,
 )
+from cgtool.specs.gpus import gpu_spec
 
 H100 = gpu_spec("H100-80GB").memory_bytes
 

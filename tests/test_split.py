@@ -5,12 +5,12 @@ from silly_attention import SILLY_OP, SillyModel
 from torch import fx, nn
 
 from cgtool.attention import ATTENTION_OP, make_backend
-from cgtool.runtime.batch import forward_context
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.engine import extend_batch
-from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 from cgtool.runners.split import split_graph
+from cgtool.runtime.batch import forward_context
+from cgtool.runtime.engine import extend_batch
+from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import load_model_config
 
 
 def _kinds(split):

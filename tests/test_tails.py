@@ -3,7 +3,13 @@ import pytest
 
 from cgtool.documents.plan_document import ClosedLoopRow
 from cgtool.planner.scoring import Histogram
-from cgtool.planner.tails import TAIL_TOLERANCE, by_saving, fewest_that_fix, offered_sizes, shortfall
+from cgtool.planner.tails import (
+    TAIL_TOLERANCE,
+    by_saving,
+    fewest_that_fix,
+    offered_sizes,
+    shortfall,
+)
 
 
 def row(schedule, load=1.0, ttft_p99_s=0.1, tpot_p99_ms=10.0, tokens_per_s=1000.0):

@@ -9,13 +9,13 @@ import torch
 import tp_worker
 from hf_oracle import make_hf_model
 
-from cgtool.specs.config import load_model_config
-from cgtool.runtime.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
-from cgtool.errors import CgtoolError, ConfigError, EnvironmentProblem
 from cgtool.capture.launch import run_ranks
+from cgtool.errors import CgtoolError, ConfigError, EnvironmentProblem
 from cgtool.model.loader import build_model
 from cgtool.model.parallel import check_tp_shapes, kv_head_range, linear, local_config, vocab_range
 from cgtool.runners.piecewise_backend import registered_split_ops
+from cgtool.runtime.distributed import ALL_REDUCE_OP, SINGLE, TensorParallel
+from cgtool.specs.config import load_model_config
 
 # name: (HF architecture, shape overrides); 4 query heads, 2 KV heads and 97 tokens unless said
 HF_CASES = {

@@ -12,8 +12,8 @@ import torch
 import tp_worker
 from typer.testing import CliRunner
 
-from cgtool.commands.main import app
 from cgtool.capture.launch import run_ranks
+from cgtool.commands.main import app
 
 pytestmark = [
     pytest.mark.gpu,

@@ -9,12 +9,12 @@ import tp_oom_worker
 import tp_worker
 from tp_oom_worker import FREE, GIB, TOTAL
 
-from cgtool.runtime import distributed
 from cgtool.capture import per_size
 from cgtool.capture.launch import run_ranks
 from cgtool.capture.options import SessionState
-from cgtool.runtime.distributed import SINGLE, all_ranks, eager_collectives_skipped
 from cgtool.errors import EnvironmentProblem
+from cgtool.runtime import distributed
+from cgtool.runtime.distributed import SINGLE, all_ranks, eager_collectives_skipped
 
 SIZES = [1, 2, 4, 8]
 

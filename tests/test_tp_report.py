@@ -11,14 +11,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from cgtool.capture.ranks import rank_spread
 from cgtool.commands.main import app
 from cgtool.documents.compare import compare_reports
+from cgtool.documents.results import load_report, write_report
 from cgtool.errors import InputError
-from cgtool.capture.ranks import rank_spread
 from cgtool.reports.capture_view import print_capture_summary
 from cgtool.reports.csv import sizes_frame
 from cgtool.reports.html import report_html
-from cgtool.documents.results import load_report, write_report
 
 FIXTURES = Path(__file__).parent / "data" / "reports"
 TP1 = load_report(FIXTURES / "h100-llama-3.1-8b")

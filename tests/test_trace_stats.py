@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cgtool.traces.trace import batch_trace, request_trace
 from cgtool.traces.stats import (
     PERCENTILES,
     batch_stats,
@@ -15,6 +14,7 @@ from cgtool.traces.stats import (
     drop_over_context,
     request_stats,
 )
+from cgtool.traces.trace import batch_trace, request_trace
 
 
 @settings(max_examples=100, deadline=None, database=None)  # 100 generated samples

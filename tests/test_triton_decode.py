@@ -14,9 +14,9 @@ pytest.importorskip("triton")
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
 from cgtool.attention.triton_decode import chunk_slots, num_kv_splits_for, target_chunks
-from cgtool.specs.config import ModelConfig
 from cgtool.runtime.engine import decode_batch
 from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import ModelConfig
 
 CUDA = "cuda"
 # CPU tensors run only in Triton's interpreter: on a GPU machine the same cases run as GPU tests.

@@ -19,10 +19,10 @@ from test_triton_decode import assert_attention_close
 
 from cgtool.attention.torch_ref import TorchAttentionBackend
 from cgtool.attention.triton_backend import TritonAttentionBackend
-from cgtool.specs.config import ModelConfig
-from cgtool.specs.config_parts import MlaConfig
 from cgtool.runtime.engine import decode_batch, extend_batch
 from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import MlaConfig
 
 
 def latent_config(num_heads: int, rank: int, rope: int, context: int) -> ModelConfig:
@@ -155,8 +155,8 @@ def tiny_mla_config(context: int = 64) -> ModelConfig:
 
 def mla_runner(backend: str, dtype: torch.dtype, device: str, context: int = 64):
     from cgtool.attention import make_backend
-    from cgtool.runtime.engine import ModelRunner
     from cgtool.model.loader import build_model
+    from cgtool.runtime.engine import ModelRunner
 
     cfg = tiny_mla_config(context)
     torch.manual_seed(0)

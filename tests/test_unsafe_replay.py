@@ -8,13 +8,13 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from cgtool.capture.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
 from cgtool.capture.options import SessionState
 from cgtool.capture.per_size import record_size
-from cgtool.commands.capture import capture_exit_code
-from cgtool.capture.measure import CaptureCost, ReplayCheck, compare_outputs, replay_tolerance
 from cgtool.capture.sampling import PathTiming, SpreadPool
-from cgtool.reports.capture_view import print_capture_summary
+from cgtool.commands.capture import capture_exit_code
 from cgtool.documents.results import load_report
+from cgtool.reports.capture_view import print_capture_summary
 
 REPORT = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b" / "report.json"
 COST = CaptureCost(capture_s=0.1, retained_bytes=1 << 20, peak_bytes=2 << 20, non_torch_bytes=0)

@@ -3,8 +3,8 @@ import json
 import pytest
 from verify_fixture import synthetic_result
 
-from cgtool.errors import InputError
 from cgtool.documents.provenance import collect_provenance
+from cgtool.errors import InputError
 from cgtool.verify.result import VerifyResult, load_verify, write_verify
 from cgtool.verify.summary import ratio_interval, verify_exit_code
 

@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.console import Console
 
 from cgtool.capture.options import CaptureFailure
+from cgtool.documents.results import REPORT_VERSION, load_report, write_report
 from cgtool.reports.capture_view import print_capture_summary, remedies
 from cgtool.reports.render import render_report
 from cgtool.reports.tables import size_rows
-from cgtool.documents.results import REPORT_VERSION, load_report, write_report
 
 FIXTURE = Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b"
 

@@ -15,11 +15,12 @@ import torch
 import torch.distributed as dist
 from tp_worker import PROMPTS, extend_then_decode, make_runner
 
-from cgtool.runtime import distributed
 from cgtool.capture import per_size
 from cgtool.capture.measure import CaptureCost, ReplayCheck
 from cgtool.capture.options import CaptureOptions, SessionState
 from cgtool.capture.sampling import PathTiming, SpreadPool
+from cgtool.runners import graphs, piecewise_backend
+from cgtool.runtime import distributed
 from cgtool.runtime.distributed import (
     current_tp,
     eager_collectives_skipped,
@@ -27,7 +28,6 @@ from cgtool.runtime.distributed import (
     init_tensor_parallel,
 )
 from cgtool.runtime.engine import extend_batch
-from cgtool.runners import graphs, piecewise_backend
 
 GIB = 1 << 30
 FREE, TOTAL = 3 * GIB, 80 * GIB  # what the stand-in mem_get_info reads on every rank

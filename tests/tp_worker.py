@@ -13,13 +13,13 @@ from pathlib import Path
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.specs.config import ModelConfig, load_model_config
-from cgtool.runtime.distributed import TensorParallel, barrier, current_tp, init_tensor_parallel
-from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
-from cgtool.runtime.kv import KVPool
 from cgtool.model.loader import build_model
 from cgtool.model.parallel import local_config
+from cgtool.runtime.distributed import TensorParallel, barrier, current_tp, init_tensor_parallel
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runtime.kv import KVPool
+from cgtool.specs.config import ModelConfig, load_model_config
 
 PROMPTS = [[5, 17, 3, 44, 9, 21, 60], [8, 2, 71, 33, 90, 4, 12, 6, 1], [30, 11, 7]]
 PREFIX_LENS = [0, 5, 0]  # the second request reuses a cached 5-token prefix

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cgtool.specs.config import load_model_config
 from cgtool.documents.results import Environment, ModelInfo
+from cgtool.specs.config import load_model_config
 from cgtool.verify.result import Rehearsal, VerifyResult, VerifySettings
 from cgtool.verify.run import prepare
 from cgtool.verify.summary import SetMeasurement, ratio_interval, summarise_set

@@ -10,7 +10,11 @@ import torch
 from cgtool.attention.backend import HeadsBackend
 from cgtool.attention.triton_decode import decode_attention
 from cgtool.attention.triton_extend import extend_attention
-from cgtool.attention.triton_mla import mla_decode_attention, mla_extend_attention, mla_num_kv_splits
+from cgtool.attention.triton_mla import (
+    mla_decode_attention,
+    mla_extend_attention,
+    mla_num_kv_splits,
+)
 from cgtool.runtime.batch import ForwardBatch, forward_memo, forward_scratch
 from cgtool.runtime.kv import KVPool
 

@@ -12,9 +12,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from cgtool.specs.config import ModelConfig
-from cgtool.errors import EnvironmentProblem
-from cgtool.specs.hidden_states import HiddenMode
 from cgtool.documents.results import (
     CaptureTotals,
     CompileCacheStatus,
@@ -23,7 +20,10 @@ from cgtool.documents.results import (
     SampleSpread,
     SizeResult,
 )
+from cgtool.errors import EnvironmentProblem
 from cgtool.runners.sizes import capture_sizes
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.hidden_states import HiddenMode
 
 if TYPE_CHECKING:
     from cgtool.capture.measure import ReplayCheck
@@ -169,8 +169,8 @@ def require_cuda() -> None:
 
 def validate_tp(model: str, tp_size: int, visible_gpus: int | None) -> None:
     """Refuse a TP size the model cannot be split into, or more ranks than visible GPUs."""
-    from cgtool.specs.config import load_model_config
     from cgtool.model.parallel import check_tp_shapes
+    from cgtool.specs.config import load_model_config
 
     if tp_size < 1:
         raise EnvironmentProblem(f"--tp {tp_size} must be at least 1", "Pass --tp 1 for one GPU.")

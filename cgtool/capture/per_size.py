@@ -23,11 +23,11 @@ from cgtool.capture.options import (
 )
 from cgtool.capture.sampling import SpreadPools
 from cgtool.capture.timing import kernels_per_call, profile_kernels_by_size
-from cgtool.runtime.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
-from cgtool.errors import EnvironmentProblem
 from cgtool.documents.results import KernelRow, SampleSpread, SizeResult
+from cgtool.errors import EnvironmentProblem
 from cgtool.runners.pitfalls import diagnose_capture_error, is_capture_error, is_out_of_memory
 from cgtool.runners.pool import freeze_gc
+from cgtool.runtime.distributed import all_ranks, barrier, current_tp, eager_collectives_skipped
 from cgtool.units import GIB
 
 if TYPE_CHECKING:

@@ -23,11 +23,7 @@ from cgtool.capture.per_size import run_kernel_counts
 from cgtool.capture.ranks import gather_ranks
 from cgtool.capture.timing import copy_bandwidth_bytes_s, process_age_s
 from cgtool.capture.workbench import Workbench, build_workbench
-from cgtool.specs.config import ModelConfig, load_model_config
-from cgtool.runtime.distributed import TensorParallel, connect_collectives, current_tp
-from cgtool.errors import ConfigError, EnvironmentProblem
 from cgtool.documents.provenance import collect_provenance
-from cgtool.runtime.dependent_launch import in_effect
 from cgtool.documents.results import (
     Artifacts,
     CaptureReport,
@@ -36,6 +32,10 @@ from cgtool.documents.results import (
     Environment,
     ModelInfo,
 )
+from cgtool.errors import ConfigError, EnvironmentProblem
+from cgtool.runtime.dependent_launch import in_effect
+from cgtool.runtime.distributed import TensorParallel, connect_collectives, current_tp
+from cgtool.specs.config import ModelConfig, load_model_config
 
 
 def zero_totals() -> CaptureTotals:

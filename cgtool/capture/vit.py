@@ -28,8 +28,8 @@ from cgtool.capture.session import (
     zero_totals,
 )
 from cgtool.capture.timing import copy_bandwidth_bytes_s
-from cgtool.model.vit import Segments, VisionLayout, VisionTower, build_vision_tower
 from cgtool.documents.results import CaptureReport, ModelInfo
+from cgtool.model.vit import Segments, VisionLayout, VisionTower, build_vision_tower
 from cgtool.runners.vit import VitGraphRunner
 from cgtool.specs.vision import VisionPreset, capture_grids, load_vision_preset
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 
 from cgtool.attention import make_backend
-from cgtool.runtime.batch import ForwardBatch
-from cgtool.specs.config import ModelConfig
-from cgtool.runtime.distributed import SINGLE, TensorParallel, all_min
-from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.errors import EnvironmentProblem
-from cgtool.runtime.kv import KVPool, free_after_weights, kv_budget_bytes, kv_tokens_for_budget
 from cgtool.model.loader import build_model
 from cgtool.model.moe import use_moe_backend
 from cgtool.model.parallel import kv_head_range, local_config
+from cgtool.runtime.batch import ForwardBatch
+from cgtool.runtime.distributed import SINGLE, TensorParallel, all_min
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.runtime.kv import KVPool, free_after_weights, kv_budget_bytes, kv_tokens_for_budget
+from cgtool.specs.config import ModelConfig
 
 
 @dataclass

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from cgtool.errors import InputError
 from cgtool.documents.plan_document import Plan, PlanInputs
 from cgtool.documents.results import CaptureReport, SizeResult
+from cgtool.errors import InputError
 from cgtool.units import MIB
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cgtool.documents.compare import size_label
-from cgtool.errors import InputError
 from cgtool.documents.results import CaptureReport, CaptureTotals, SizeResult
+from cgtool.errors import InputError
 from cgtool.units import MIB
 
 POOL_TOLERANCE_BYTES = 2 * MIB  # one segment of the caching allocator's large-block pool

@@ -23,9 +23,9 @@ from cgtool.documents.document_io import (
     utc_now_iso,
     write_json_atomic,
 )
+from cgtool.documents.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 from cgtool.errors import InputError
 from cgtool.specs.hidden_states import HiddenMode
-from cgtool.documents.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
 from cgtool.specs.kinds import GRAPH_KINDS, GraphKind
 
 REPORT_SCHEMA = "cgtool.report"

@@ -14,11 +14,17 @@ from __future__ import annotations
 import torch
 
 from cgtool.model.fused_launch import (
-    launch_rms_norm, launch_rope, launch_rope_and_store, launch_rope_and_store_qkv,
+    launch_rms_norm,
+    launch_rope,
+    launch_rope_and_store,
+    launch_rope_and_store_qkv,
     launch_silu_and_mul,
 )
 from cgtool.model.fused_ref import (
-    apply_rope_and_store_ref, apply_rope_ref, fused_add_rms_norm_ref, rms_norm_ref,
+    apply_rope_and_store_ref,
+    apply_rope_ref,
+    fused_add_rms_norm_ref,
+    rms_norm_ref,
     silu_and_mul_ref,
 )
 

@@ -10,12 +10,12 @@ import math
 import torch
 from torch import nn
 
-from cgtool.specs.config import ModelConfig
-from cgtool.specs.config_parts import RopeScaling
-from cgtool.runtime.distributed import SINGLE, TensorParallel
 from cgtool.model.direct_call import DirectCall
 from cgtool.model.fused import apply_rope, fused_add_rms_norm_, rms_norm, silu_and_mul
 from cgtool.model.parallel import ColumnParallelLinear, RowParallelLinear, split
+from cgtool.runtime.distributed import SINGLE, TensorParallel
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import RopeScaling
 
 
 class RMSNorm(DirectCall, nn.Module):

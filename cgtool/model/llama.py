@@ -6,9 +6,6 @@ import torch
 from torch import nn
 
 from cgtool.attention.op import attention, attention_over_stored, stores_with_rope
-from cgtool.runtime.batch import get_forward_context, scratch_empty
-from cgtool.specs.config import ModelConfig
-from cgtool.runtime.distributed import SINGLE, TensorParallel
 from cgtool.model.direct_call import DirectCall
 from cgtool.model.fused import apply_rope_and_store, apply_rope_and_store_qkv
 from cgtool.model.layers import RMSNorm, RotaryEmbedding, SwiGLU
@@ -23,6 +20,9 @@ from cgtool.model.parallel import (
     local_config,
     split,
 )
+from cgtool.runtime.batch import get_forward_context, scratch_empty
+from cgtool.runtime.distributed import SINGLE, TensorParallel
+from cgtool.specs.config import ModelConfig
 
 
 class Attention(DirectCall, nn.Module):

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from cgtool.specs.config import ModelConfig
-from cgtool.runtime.distributed import SINGLE, TensorParallel
 from cgtool.errors import ConfigError
 from cgtool.model.llama import CausalLM
 from cgtool.model.parallel import RowParallelLinear
+from cgtool.runtime.distributed import SINGLE, TensorParallel
+from cgtool.specs.config import ModelConfig
 
 # HF checkpoints keep q/k/v and gate/up separate; cgtool fuses them into one matmul each
 # (and, with tensor parallelism, keeps this rank's rows of each part).

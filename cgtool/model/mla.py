@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from cgtool.attention.op import attention
-from cgtool.specs.config import ModelConfig
 from cgtool.model.layers import RMSNorm, RotaryEmbedding
+from cgtool.specs.config import ModelConfig
 
 
 def pairs_to_halves(x: torch.Tensor) -> torch.Tensor:

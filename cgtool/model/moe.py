@@ -15,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.specs.config import ModelConfig
-from cgtool.specs.config_parts import MoeConfig
 from cgtool.model.fused import silu_and_mul_ref
 from cgtool.model.layers import SwiGLU
 from cgtool.model.moe_routing import fused_route
 from cgtool.model.moe_triton import fused_experts
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.config_parts import MoeConfig
 
 # "torch" runs the reference; "triton" the fused kernel (moe_triton), which reads only the
 # routed experts. Models are built with the reference (it runs anywhere); capture switches a

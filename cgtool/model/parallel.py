@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cgtool.specs.config import ModelConfig
-from cgtool.runtime.distributed import TensorParallel, gather_vocab
 from cgtool.errors import ConfigError
 from cgtool.model.direct_call import DirectCall
+from cgtool.runtime.distributed import TensorParallel, gather_vocab
+from cgtool.specs.config import ModelConfig
 
 Range = tuple[int, int]  # [start, stop) along one dimension of a full tensor
 

@@ -14,9 +14,6 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from cgtool.specs.config import ModelConfig
-from cgtool.specs.gpus import GpuSpec
-from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.planner.kernel_terms import (
     GQA_EXTEND_FLOPS_EFFICIENCY,
     MLA_DECODE_READ_EFFICIENCY,
@@ -36,6 +33,9 @@ from cgtool.planner.parallel import (
     comm_ms,
     rank_shapes,
 )
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.gpus import GpuSpec
+from cgtool.specs.hidden_states import HiddenMode, decode_hidden_buffer_bytes
 from cgtool.units import BF16_BYTES, FP32_BYTES
 
 # Achievable fractions of datasheet peaks for large bf16 GEMMs and streaming reads on

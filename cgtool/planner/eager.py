@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cgtool.specs.config import ModelConfig
 from cgtool.planner.cost import CostModel, kernels_per_forward
+from cgtool.specs.config import ModelConfig
 
 # Host time per kernel of host-bound eager PyTorch (measured, see above).
 HOST_BOUND_MS_PER_KERNEL = 0.093

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from cgtool.specs.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.specs.gpus import GpuSpec
 from cgtool.planner.cost import CostModel
 from cgtool.planner.schedules import resolve_version
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.gpus import GpuSpec
 from cgtool.units import BF16_BYTES, FP32_BYTES, INT32_BYTES, INT64_BYTES, UINT8_BYTES
 
 ATTENTION_BACKENDS = ("flashinfer", "fa3", "triton")

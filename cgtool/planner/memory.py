@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 
-from cgtool.specs.config import ModelConfig
-from cgtool.errors import CgtoolError
 from cgtool.documents.plan_document import PlanMemory
-from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
-from cgtool.planner.schedules import sglang_release
+from cgtool.errors import CgtoolError
 from cgtool.planner.margin import named_margin
 from cgtool.planner.memory_terms import activation_bytes_per_token, decode_partials_bytes
+from cgtool.planner.parallel import kv_heads_per_rank, rank_shapes
+from cgtool.planner.schedules import sglang_release
+from cgtool.specs.config import ModelConfig
 from cgtool.units import BF16_BYTES, GIB, MIB
 
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm 0.33 CacheConfig default

@@ -25,9 +25,9 @@ what today's kernels hold, so the fraction errs low until the terms are measured
 
 from __future__ import annotations
 
-from cgtool.specs.config import ModelConfig
 from cgtool.planner.kernel_terms import MLA_HEADS_PER_PROGRAM
 from cgtool.planner.parallel import rank_shapes
+from cgtool.specs.config import ModelConfig
 from cgtool.units import BF16_BYTES, FP32_BYTES
 
 # Piecewise graph pool over the eager activation peak at the same token count, measured at

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from cgtool.specs.config import ModelConfig
 from cgtool.errors import CgtoolError
+from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec
 from cgtool.units import BF16_BYTES
 

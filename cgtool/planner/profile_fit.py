@@ -12,15 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from cgtool.specs.config import ModelConfig
 from cgtool.errors import InputError
-from cgtool.specs.gpus import GpuSpec
 from cgtool.planner.cost import (
     CostModel,
     decode_pool_bytes_at,
     extend_pool_bytes_at,
     roofline_cost,
 )
+from cgtool.specs.config import ModelConfig
+from cgtool.specs.gpus import GpuSpec
 
 
 def _interpolate(sizes: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:

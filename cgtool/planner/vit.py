@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from cgtool.errors import InputError
 from cgtool.documents.plan_document import VitPlan
+from cgtool.errors import InputError
 from cgtool.planner.grid import MIN_BIN_SHARE
 from cgtool.specs.vision import (
     DEFAULT_VISION_PRESET,

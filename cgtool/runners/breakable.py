@@ -28,9 +28,6 @@ from typing import Any, Protocol
 
 import torch
 
-from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
-from cgtool.runtime.engine import ModelRunner
-from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
 from cgtool.runners.graphs import count_kernel_nodes
 from cgtool.runners.piecewise_backend import weak_ref_tensor
 from cgtool.runners.pitfalls import StaticInputs
@@ -42,6 +39,9 @@ from cgtool.runners.pool import (
     model_capture_mode,
 )
 from cgtool.runners.sizes import capture_sizes
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.engine import ModelRunner
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT, KVPool
 
 
 class Segment(Protocol):

@@ -7,14 +7,14 @@ from functools import partial
 
 import torch
 
-from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
-from cgtool.runtime.engine import ModelRunner
-from cgtool.specs.hidden_states import HiddenMode, decode_hidden_rows
-from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 from cgtool.runners.graphs import warm_and_record
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import SizeStep, freeze_gc, just_record
 from cgtool.runners.sizes import capture_sizes
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.engine import ModelRunner
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.specs.hidden_states import HiddenMode, decode_hidden_rows
 
 
 class DecodeGraphRunner:

@@ -14,16 +14,16 @@ from pathlib import Path
 
 import torch
 
-from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
-from cgtool.runtime.distributed import current_tp
-from cgtool.runtime.engine import ModelRunner
-from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 from cgtool.documents.results import CompileCacheStatus
 from cgtool.runners import compile_cache
 from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
 from cgtool.runners.sizes import capture_sizes
+from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.distributed import current_tp
+from cgtool.runtime.engine import ModelRunner
+from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 
 
 class PiecewiseGraphRunner:

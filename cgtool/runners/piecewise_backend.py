@@ -18,10 +18,10 @@ import torch
 from torch import fx, nn
 
 from cgtool.attention.op import ATTENTION_OP, attention_impl
-from cgtool.runtime.distributed import ALL_REDUCE_OP
 from cgtool.runners.graphs import record_graph
 from cgtool.runners.pool import is_capture_mode
 from cgtool.runners.split import SplitGraph, split_graph
+from cgtool.runtime.distributed import ALL_REDUCE_OP
 
 COMPILERS = ("eager", "inductor")
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from cgtool.model.llama import CausalLM
 from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
 from cgtool.runtime.kv import KVPool
-from cgtool.model.llama import CausalLM
 
 
 @dataclass(slots=True)

@@ -6,9 +6,9 @@ import gc
 
 import torch
 
-from cgtool.specs.config import ModelConfig
 from cgtool.errors import EnvironmentProblem
 from cgtool.runtime.kv_store import store_kv
+from cgtool.specs.config import ModelConfig
 
 # Slot 0 and request row 0 are never handed out: padded batch entries write and read there.
 DUMMY_SLOT = 0

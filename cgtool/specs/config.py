@@ -9,8 +9,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cgtool.specs.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
 from cgtool.errors import ConfigError
+from cgtool.specs.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
 from cgtool.units import BF16_BYTES
 
 SUPPORTED_ARCHITECTURES = (

@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 from cgtool.errors import InputError
-from cgtool.traces.trace import ConvertResult, batch_trace
 from cgtool.traces.fields import field_error, line_error, read_lines, whole_number_text
+from cgtool.traces.trace import ConvertResult, batch_trace
 
 # SGLang's scheduler logs one decode line every --decode-log-interval decode steps (default 40).
 SGLANG_DECODE_LOG_INTERVAL = 40

@@ -13,7 +13,6 @@ from typing import NoReturn
 import numpy as np
 
 from cgtool.errors import InputError
-from cgtool.traces.trace import ConvertResult, request_trace
 from cgtool.traces.fields import (
     a_or_an,
     field_error,
@@ -26,6 +25,7 @@ from cgtool.traces.fields import (
     whole_number,
     whole_number_text,
 )
+from cgtool.traces.trace import ConvertResult, request_trace
 
 AZURE_REMEDY = (
     "Azure LLM inference traces have the header TIMESTAMP,ContextTokens,GeneratedTokens and "

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import numpy as np
 
-from cgtool.specs.config import ModelConfig, load_model_config
-from cgtool.specs.gpus import GpuSpec, gpu_spec
 from cgtool.documents.plan_document import Plan, StepHistogram
 from cgtool.planner.cost import CostModel, roofline_cost
 from cgtool.planner.plan import BATCH_TRACE_CONTEXT_TOKENS
@@ -21,6 +19,8 @@ from cgtool.planner.profile_fit import profile_cost
 from cgtool.planner.request import PlanRequest
 from cgtool.planner.scoring import padded_sizes
 from cgtool.planner.step_time import attention_pairs, decode_step_ms, extend_step_ms
+from cgtool.specs.config import ModelConfig, load_model_config
+from cgtool.specs.gpus import GpuSpec, gpu_spec
 from cgtool.verify.steps import KindPopulation, Step, StepPopulation, kind_steps
 
 
@@ -41,8 +41,8 @@ def population_from_trace(
     plan: Plan, trace: Path, trace_format: str = "cgtool"
 ) -> tuple[StepPopulation, list[str]]:
     """Re-simulate `trace` as the plan did; the warnings say where the result differs."""
-    from cgtool.traces.convert import load_trace
     from cgtool.planner.plan import plan_batches, plan_requests
+    from cgtool.traces.convert import load_trace
     from cgtool.traces.trace import RequestTrace
 
     request, notes = _plan_request(plan, str(trace))

@@ -30,8 +30,6 @@ from cgtool.verify.result import (
     load_verify,
 )
 
-
-
 # An extend step teaches its size's dense part only when its cached prefix is at most
 # MAX_PREFIX_PER_NEW_TOKEN times its new tokens and the attention taken out of it at most
 # MAX_ATTENTION_SHARE of its time: otherwise what is left is mostly the attention estimate's
@@ -53,9 +51,9 @@ def load_profile(path: Path) -> dict[str, Any]:
 
 
 def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
+    from cgtool.planner.cost import roofline_cost
     from cgtool.specs.config import load_model_config
     from cgtool.specs.gpus import GpuSpec, match_nvml_name
-    from cgtool.planner.cost import roofline_cost
 
     cfg = load_model_config(result.model.name)
     gpu: GpuSpec | None = match_nvml_name(result.environment.gpu_name)

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cgtool.capture.prefill_backend import choose_prefill_backend
-from cgtool.errors import InputError
 from cgtool.documents.plan_document import Plan
-from cgtool.planner.cost import CostModel
 from cgtool.documents.provenance import collect_provenance
 from cgtool.documents.results import load_plan
+from cgtool.errors import InputError
+from cgtool.planner.cost import CostModel
 from cgtool.verify.population import (
     plan_cost,
     population_from_histograms,
@@ -157,7 +157,12 @@ def _prove(inputs: VerifyInputs, opts: SessionOptions, result: VerifyResult, kv_
            phase: Phase) -> None:
     """The fraction that leaves the headroom, proven by one more build and rehearsal; the
     recommendation is the highest fraction a rehearsal passed with that headroom."""
-    from cgtool.verify.proof import kv_tokens_at, recommended_fraction, run_proof, tightened_fraction
+    from cgtool.verify.proof import (
+        kv_tokens_at,
+        recommended_fraction,
+        run_proof,
+        tightened_fraction,
+    )
     from cgtool.verify.session import release_gpu
 
     fraction, first = inputs.mem_fraction_static, result.rehearsal

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from cgtool.specs.config import ModelConfig
-from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
 from cgtool.runners.pitfalls import is_out_of_memory
 from cgtool.runners.pool import SizeStep
+from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
+from cgtool.specs.config import ModelConfig
 from cgtool.units import GIB
 from cgtool.verify.result import Rehearsal
 from cgtool.verify.steps import Step

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from cgtool.specs.config import load_preset
-from cgtool.specs.gpus import GPU_SPECS
 from cgtool.documents.results import (
     Artifacts,
     CaptureReport,
@@ -25,6 +23,8 @@ from cgtool.documents.results import (
     SizeResult,
     write_json_atomic,
 )
+from cgtool.specs.config import load_preset
+from cgtool.specs.gpus import GPU_SPECS
 
 HERE = Path(__file__).parent
 MIB = 1 << 20
