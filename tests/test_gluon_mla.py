@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from triton.compiler.errors import CompilationError
+
 from cgtool.attention import gluon_mla, triton_mla
 
 
@@ -56,3 +58,43 @@ def test_the_merge_kernel_paths_least_chunk_is_whole_tiles():
 def test_the_merge_takes_the_whole_latent_after_gluon_unless_its_lanes_would_spill(buffers, fused, lanes, columns):
     assert triton_mla._merge_slice(buffers, fused, lanes) == columns
     assert lanes * columns <= triton_mla.MERGE_TILE_VALUES or fused
+
+
+class _RefusingKernel:
+    """Stands for a Gluon kernel that this Triton's compiler refuses (a renamed builtin)."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise CompilationError("def _kernel(...)", None, "module 'gl' has no attribute 'thread_barrier'")
+
+        return launch
+
+
+def test_a_triton_that_refuses_the_kernel_gets_triton_mlas_with_one_warning(monkeypatch):
+    from test_triton_mla import latent_pool, latent_q, run_decode
+    from test_triton_decode import assert_attention_close
+
+    monkeypatch.setattr(gluon_mla, "_REFUSED", [])
+    monkeypatch.setattr(gluon_mla, "available", lambda device: not gluon_mla._REFUSED)
+    monkeypatch.setattr(gluon_mla, "_mla_decode_stage1_buffered", _RefusingKernel())
+    seq_lens = [5, 130, 64]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float32, "cpu")
+    q = latent_q(3, 16, 576, torch.float32, "cpu").view(3, 16, 576)
+    args = (pool.k_buffers[0], pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32), 576**-0.5, 4)
+
+    def decode(**kwargs) -> torch.Tensor:
+        out = torch.full((3, 16, 512), float("nan"))
+        triton_mla.mla_decode_attention(q, args[0], out, *args[1:], **kwargs)
+        return out
+
+    with pytest.warns(RuntimeWarning, match="refused gluon_mla"):
+        fallen_back = decode()
+    # triton_mla's kernel at its own settings (bf16 partials at 4 chunks): the same bits, and
+    # the reference within bf16's rounding.
+    torch.testing.assert_close(fallen_back, decode(buffers=0), rtol=0, atol=0)
+    _, ref = run_decode(pool, rows, seq_lens, 16)
+    assert_attention_close(fallen_back.view(3, -1), ref, atol=2e-2)
+    assert gluon_mla._REFUSED == ["module 'gl' has no attribute 'thread_barrier'"]
+    assert not gluon_mla.available(torch.device("cuda", 0))
+    assert triton_mla._stage1_buffers(q, fallen_back, None) == 0  # no second try

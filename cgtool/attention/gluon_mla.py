@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
+
+from triton.compiler.errors import CompilationError
 
 try:  # Gluon is experimental: absent or renamed in some Triton releases
     from triton.experimental import gluon
@@ -35,10 +38,15 @@ else:
 from cgtool.runtime.triton_launch import cdiv
 
 
+# The compiler's message once this process's Triton refused the kernel (launch_stage1).
+_REFUSED: list[str] = []
+
+
 def available(device: torch.device) -> bool:
     """Whether the buffered stage 1 runs on `device`: Gluon importable, not Triton's
-    interpreter, an NVIDIA Hopper GPU (compute capability 9, the only kind it was timed on)."""
-    if gluon is None or os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+    interpreter, an NVIDIA Hopper GPU (compute capability 9, the only kind it was timed on),
+    and this Triton has not refused to compile it."""
+    if gluon is None or _REFUSED or os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
         return False
     return _is_hopper(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -246,20 +254,31 @@ def launch_stage1(
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int,
     block_n: int, num_buf: int, num_warps: int, merge_d: int,
-) -> None:
+) -> bool:
     """Stage 1 over grid (bs, head blocks, chunks), its partials in `mid_out`/`mid_lse` as
     triton_mla's stage 1 writes them; with `tickets` (one a request's head block, at zero) the
-    last program of a request's chunks merges them into `out`, as triton_mla's fused merge."""
+    last program of a request's chunks merges them into `out`, as triton_mla's fused merge.
+
+    False, having launched nothing, where this Triton refuses to compile the kernel (Gluon's
+    names move between releases: 3.6's `thread_barrier` is 3.9's `barrier`); from then on
+    `available` says no and triton_mla's kernel serves, with one RuntimeWarning."""
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
-    _mla_decode_stage1_buffered[grid](
-        q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
-        req_to_token, req_pool_indices, seq_lens, scale_log2,
-        q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
-        FUSED_MERGE=tickets is not None, MERGE_D=merge_d, num_warps=num_warps,
-    )
+    try:
+        _mla_decode_stage1_buffered[grid](
+            q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
+            req_to_token, req_pool_indices, seq_lens, scale_log2,
+            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+            NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
+            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, num_warps=num_warps,
+        )
+    except CompilationError as err:
+        _REFUSED.append(str(err).strip().splitlines()[-1])
+        warnings.warn(f"cgtool: this Triton refused gluon_mla's MLA decode kernel ({_REFUSED[-1]}); "
+                      "triton_mla's kernel serves instead", RuntimeWarning, stacklevel=2)
+        return False
+    return True

@@ -446,9 +446,14 @@ def mla_decode_attention(
     slice_d = min(merge_slice or _merge_slice(buffers, fused, lanes), block_r)
     merge_launch = {"PDL": False} if fused else dependent_launch(q.device)
     if buffers:
-        gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None, req_to_token,
-                                req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H, num_kv_splits, min_keys,
-                                block_n, buffers, num_warps, slice_d)
+        if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
+                                       req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
+                                       num_kv_splits, min_keys, block_n, buffers, num_warps, slice_d):
+            # This Triton refused it: again with this module's stage 1 and its own settings.
+            mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                                 num_kv_splits, scratch, fused_merge=fused_merge, min_chunk=min_chunk,
+                                 merge_lanes=merge_lanes, buffers=0, merge_slice=merge_slice)
+            return
     else:
         _MLA_STAGE1.launch(
             (bs, head_blocks, num_kv_splits), q, latent_cache, mid_out, mid_lse, out, counters,
