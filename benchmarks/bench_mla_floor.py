@@ -44,7 +44,9 @@ import triton.language as tl
 from cgtool.attention import gluon_mla, triton_mla
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.runtime import dependent_launch as dependent_launch_module
 from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.kv_store import store_kv
 from cgtool.runtime.triton_launch import cdiv
 
 CASES = [(bs, 1024) for bs in (1, 8, 16, 24, 32, 48, 64, 96, 128, 256)] + [
@@ -121,9 +123,50 @@ def parse_variant(spec: str) -> dict:
             "least": int(least) if least else None, "partials": getattr(torch, partials) if partials else None}
 
 
+def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor, pool_rows: torch.Tensor,
+                seq_lens: torch.Tensor, q: torch.Tensor, out: torch.Tensor, layers: int) -> dict:
+    """MLA decode as a model layer runs it: after the step's store of each request's new row
+    (its last key), as the attention op does. Layers of store and attention, less layers of
+    the store alone, give the attention's part; with dependent launches (the attention reads
+    its inputs while the store runs, gluon_mla) and without, then with them again (drift)."""
+    splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
+    new_rows = torch.randn(bs, 1, bench.RANK + bench.ROPE, device=bench.DEVICE).to(bench.DTYPE)
+    loc = r2t[pool_rows.long(), ctx - 1].long()
+
+    def store_only() -> list:
+        return [store_kv(c, None, loc, new_rows, None) for c in caches]
+
+    def store_then_mla() -> list:
+        return [(store_kv(c, None, loc, new_rows, None),
+                 mla_decode_attention(q, c, out, r2t, pool_rows, seq_lens, 0.07, splits, after_store=True))
+                for c in caches]
+
+    found = {}
+    for name, on in (("", True), ("_plain", False), ("_again", True)):
+        dependent_launch_module.DEPENDENT_LAUNCH = on
+        try:
+            store_us = bench.graph_us(store_only) / layers
+            both_us = bench.graph_us(store_then_mla) / layers
+        finally:
+            dependent_launch_module.DEPENDENT_LAUNCH = True
+        found |= {f"store{name}_us": store_us, f"store_mla{name}_us": both_us,
+                  f"mla_after_store{name}_us": both_us - store_us}
+    # The attention must see the stored rows, not what the slots held before: the last keys
+    # are overwritten, then stored again and attended at once (as a layer does).
+    first = caches[0]
+    store_kv(first, None, loc, new_rows, None)
+    mla_decode_attention(q, first, out, r2t, pool_rows, seq_lens, 0.07, splits)
+    expected = out.clone()
+    first[loc] = -new_rows
+    store_kv(first, None, loc, new_rows, None)
+    mla_decode_attention(q, first, out, r2t, pool_rows, seq_lens, 0.07, splits, after_store=True)
+    found["max_diff_vs_no_store"] = (out.float() - expected.float()).abs().max().item()
+    return found
+
+
 def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...], mins: tuple[int, ...],
                fused_tried: tuple[int, ...], warps_tried: tuple[int, ...] = (), variants: tuple[dict, ...] = (),
-               skip_floor: bool = False) -> dict:
+               skip_floor: bool = False, with_store: bool = False) -> dict:
     layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
     caches, r2t, pool_rows = bench.latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=bench.DEVICE)
@@ -155,6 +198,9 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         row["torch_sum_us"] = bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers
         row["flat_us"], row["flat_sweep"] = flat_us(spans, bs * ctx)
     row["mla_us"] = mla(splits)
+    if with_store:
+        row.update(after_store(bs, ctx, caches, r2t, pool_rows, seq_lens, q, out, layers))
+        row["mla_after_store_share"] = bound / row["mla_after_store_us"]
     # Each variant is followed by the shipped kernel again, so drift shows.
     row["mla_variants"] = []
     for v in variants:
@@ -199,6 +245,9 @@ def main() -> None:
     parser.add_argument("--variants", default="",
                         help="kernel settings to time, ';' between them: chunks:keys,warps,stages:least:partials")
     parser.add_argument("--skip-floor", action="store_true", help="leave out the flat read and torch's sum")
+    parser.add_argument("--after-store", action="store_true",
+                        help="also time each layer after the step's store, as a model runs it, with dependent "
+                             "launches and without")
     parser.add_argument("--dry", action="store_true", help="three tiny cases on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
     cases = CASES
@@ -219,7 +268,8 @@ def main() -> None:
     for bs, ctx in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
                          tuple(int(v) for v in args.fused.split(",") if v),
-                         tuple(int(v) for v in args.warps.split(",") if v), variants, args.skip_floor)
+                         tuple(int(v) for v in args.warps.split(",") if v), variants, args.skip_floor,
+                         args.after_store)
         result["cases"].append(row)
         bench.save_results(result, args.out)
         best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))
@@ -230,6 +280,11 @@ def main() -> None:
                   f"mla {row['mla_us']:.1f} ({row['mla_share']:.0%}) in {row['splits']}, bf16 partials "
                   f"{row['mla_bf16_us']:.1f} | best other split {best:.1f}"
                   + (f" | merge alone {row['merge_alone_us']:.1f}" if "merge_alone_us" in row else ""))
+        if args.after_store:
+            bench.log(f"  after the store: {row['mla_after_store_us']:.1f} ({row['mla_after_store_share']:.0%}) "
+                      f"with dependent launches, {row['mla_after_store_plain_us']:.1f} without, "
+                      f"{row['mla_after_store_again_us']:.1f} with again (store alone {row['store_us']:.1f}); "
+                      f"max diff {row['max_diff_vs_no_store']:.2g}")
         for v in row["mla_variants"]:
             bench.log(f"  {v['spec']}: {v['us']:.1f} ({v['share']:.0%}) in {v['chunks']}, shipped after "
                       f"{v['shipped_after_us']:.1f}, max diff {v['max_diff_vs_shipped']:.2g}")

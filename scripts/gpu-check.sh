@@ -21,7 +21,10 @@
 # only read it, beside the kernel (FLOOR_CASES picks BSxCONTEXT cases, FLOOR_SPLITS the merge
 # kernel's chunk counts tried, FLOOR_MINS its least keys a chunk,
 # FLOOR_FUSED chunk counts merged in the last program, FLOOR_WARPS warps to try there, FLOOR_VARIANTS
-# other settings as --variants takes them, FLOOR_SKIP=1 without the flat read), in $OUT/mla-floor.json.
+# other settings as --variants takes them, FLOOR_SKIP=1 without the flat read, FLOOR_STORE=1 each layer
+# after the step's store too, with dependent launches and without), in $OUT/mla-floor.json.
+# `mla-early` (by name only): benchmarks/bench_mla_early.py, deepseek-v2-lite's decode graphs captured with
+# MLA decode's early reads and without, replayed in alternating rounds (EARLY_BS, EARLY_CONTEXT), in $OUT/mla-early.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -185,8 +188,15 @@ if [[ " $stages " == *" mla-floor "* ]]; then  # issue 33, by name only: the rea
   echo "[$(date +%H:%M:%S)] bench_mla_floor ${FLOOR_CASES:-}"
   timeout -k 10 "${FLOOR_TIMEOUT:-400}" python3 benchmarks/bench_mla_floor.py --out "$OUT/mla-floor.json" \
     ${FLOOR_CASES:+--cases "$FLOOR_CASES"} ${FLOOR_SPLITS+--splits "$FLOOR_SPLITS"} ${FLOOR_MINS:+--mins "$FLOOR_MINS"} ${FLOOR_FUSED:+--fused "$FLOOR_FUSED"} ${FLOOR_WARPS:+--warps "$FLOOR_WARPS"} \
-    ${FLOOR_VARIANTS:+--variants "$FLOOR_VARIANTS"} ${FLOOR_SKIP:+--skip-floor} 2>&1 | tee "$OUT/mla-floor.log"
+    ${FLOOR_VARIANTS:+--variants "$FLOOR_VARIANTS"} ${FLOOR_SKIP:+--skip-floor} ${FLOOR_STORE:+--after-store} \
+    2>&1 | tee "$OUT/mla-floor.log"
   echo "[$(date +%H:%M:%S)] bench_mla_floor exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" mla-early "* ]]; then  # issue 33, by name only: early reads in a whole model
+  echo "[$(date +%H:%M:%S)] bench_mla_early ${EARLY_BS:-}"
+  timeout -k 10 "${EARLY_TIMEOUT:-300}" python3 benchmarks/bench_mla_early.py --out "$OUT/mla-early.json" \
+    ${EARLY_BS:+--bs "$EARLY_BS"} ${EARLY_CONTEXT:+--context "$EARLY_CONTEXT"} 2>&1 | tee "$OUT/mla-early.log"
+  echo "[$(date +%H:%M:%S)] bench_mla_early exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

@@ -99,15 +99,19 @@ def mla_decode_cases() -> dict[str, tuple]:
             warps, stages, {"MidOut": "*bf16"} if merged_here and warps == 8 else {})
     if gluon_mla.gluon is not None:
         block_n, warps, _ = triton_mla.BUFFERED_TILES
-        for splits, buffers in ((4, triton_mla.BUFFERED_TILES_COUNT), (16, triton_mla.BUFFERED_TILES_COUNT), (1, 3)):
+        # (chunks, tiles, a dependent launch, reads before its wait)
+        for splits, buffers, pdl, early in ((4, triton_mla.BUFFERED_TILES_COUNT, True, True),
+                                            (4, triton_mla.BUFFERED_TILES_COUNT, False, False),
+                                            (16, triton_mla.BUFFERED_TILES_COUNT, True, True),
+                                            (16, triton_mla.BUFFERED_TILES_COUNT, True, False), (1, 3, True, True)):
             merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
-            found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers}"] = (
+            found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers} pdl={pdl} early={early}"] = (
                 gluon_mla._mla_decode_stage1_buffered,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits,
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
-                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE},
+                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl, "EARLY": early},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
@@ -139,9 +143,10 @@ def layer_cases() -> dict[str, tuple]:
         warps = meta.pop("num_warps")
         found[f"rope and store k_offset={k_offset}"] = (fused_kernels._rope_store_kernel, meta, warps, DEFAULT_STAGES)
     found["silu and mul"] = (fused_kernels._silu_and_mul_kernel, {"BLOCK": fused_launch.SILU_BLOCK}, 4, DEFAULT_STAGES)
-    for has_v in (True, False):
-        found[f"store kv v={has_v}"] = (kv_store._store_kv_kernel, {"HAS_V": has_v, "BLOCK": kv_store.STORE_BLOCK},
-                                        4, DEFAULT_STAGES)
+    for has_v, release in ((True, True), (False, True), (False, False)):
+        found[f"store kv v={has_v} release={release}"] = (
+            kv_store._store_kv_kernel, {"HAS_V": has_v, "BLOCK": kv_store.STORE_BLOCK, "RELEASE": release},
+            4, DEFAULT_STAGES)
     return found
 
 

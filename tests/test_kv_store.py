@@ -8,6 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from cgtool.runtime import kv_store
 from cgtool.runtime.kv_store import STORE_BLOCK, _store_reference, store_kv, store_kv_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -57,3 +58,17 @@ def test_int32_slots_are_read_as_slots():
     store_kv_triton(k_out, v_out, loc.to(torch.int32), k, v)
     torch.testing.assert_close(k_out, k_ref, equal_nan=True, rtol=0, atol=0)
     torch.testing.assert_close(v_out, v_ref, equal_nan=True, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dependent", [True, False])
+def test_the_store_releases_the_attention_after_it_where_dependent_launches_run(monkeypatch, dependent):
+    # MLA decode's stage 1 reads its lengths, slots and older rows while the store runs
+    # (gluon_mla): the store lets it be scheduled at once.
+    launches = []
+    monkeypatch.setattr(kv_store, "dependent_launch",
+                        lambda device: {"PDL": True, "launch_pdl": True} if dependent else {"PDL": False})
+    monkeypatch.setattr(kv_store._STORE_KV, "launch", lambda grid, *args, **meta: launches.append(meta))
+    cache = torch.zeros(8, 1, 576)
+    store_kv_triton(cache, None, torch.tensor([3, 5]), torch.ones(2, 1, 576), None)
+    assert launches[0]["RELEASE"] is dependent
+    assert "launch_pdl" not in launches[0]  # the store itself waits for what came before

@@ -174,3 +174,56 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
         replayed.zero_()
         graph.replay()
         torch.testing.assert_close(replayed, out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("num_kv_splits", [4, 16])
+def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
+    # As a layer runs it: each request's new row stored, then attended by a stage 1 launched
+    # as the store's dependent, which reads lengths, slots and settled rows while the store
+    # runs. Before each store the new rows' slots hold NaN: a row read before the store wrote
+    # it shows. Eight such layers in a graph, 20 replays, each the same bits as waiting first.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.triton_mla import mla_decode_attention
+    from cgtool.runtime.dependent_launch import in_effect
+    from cgtool.runtime.kv_store import store_kv
+
+    if not (gluon_mla.available(torch.device(CUDA)) and in_effect(torch.device(CUDA))):
+        pytest.skip("early reads need Gluon's stage 1 and dependent launches (Hopper or newer)")
+    seq_lens = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    cache, r2t = pool.k_buffers[0], pool.req_to_token
+    pool_rows = torch.tensor(rows, dtype=torch.int32, device=CUDA)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    loc = r2t[pool_rows.long(), lens.long() - 1].long()
+    new_rows = torch.randn(bs, 1, 576, device=CUDA).to(torch.bfloat16)
+    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
+    args = (r2t, pool_rows, lens, 576**-0.5, num_kv_splits)
+    cache[loc] = new_rows
+    _, ref = run_decode(pool, rows, seq_lens, 16)
+    expected = torch.empty(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
+    mla_decode_attention(q, cache, expected, *args)
+    assert_attention_close(expected.view(bs, -1), ref, atol=2e-2)
+
+    outs = [torch.empty_like(expected) for _ in range(8)]
+
+    def layers() -> None:
+        for out in outs:
+            cache.index_fill_(0, loc, float("nan"))
+            store_kv(cache, None, loc, new_rows, None)
+            mla_decode_attention(q, cache, out, *args, after_store=True)
+
+    layers()
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    for _ in range(20):
+        for out in outs:
+            out.zero_()
+        graph.replay()
+        for out in outs:
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)

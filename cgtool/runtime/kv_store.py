@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.runtime.dependent_launch import dependent_launch, release_next_kernel
 from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
 # One program writes this many elements of a token's row (kv_heads * head_dim, or the latent).
@@ -21,8 +22,11 @@ STORE_BLOCK = 1024
 @triton.jit
 def _store_kv_kernel(
     K, V, KCache, VCache, Loc, stride_kt, stride_vt, row,
-    HAS_V: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_V: tl.constexpr, BLOCK: tl.constexpr, RELEASE: tl.constexpr,
 ):
+    # The attention after it may start at once: MLA decode's stage 1, launched as its
+    # dependent, reads its lengths, slots and older rows while this runs (gluon_mla).
+    release_next_kernel(RELEASE)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < row
@@ -63,7 +67,7 @@ def store_kv_triton(
     _STORE_KV.launch(
         grid, k, v if v is not None else k, k_cache, v_cache if v_cache is not None else k_cache, loc,
         k.stride(0), v.stride(0) if v is not None else 0, row,
-        HAS_V=v_cache is not None, BLOCK=STORE_BLOCK, num_warps=4,
+        HAS_V=v_cache is not None, BLOCK=STORE_BLOCK, RELEASE=dependent_launch(k.device)["PDL"], num_warps=4,
     )
 
 

@@ -1,0 +1,98 @@
+"""Issue 33: MLA decode's early reads in a whole model, graphs captured both ways.
+
+The Gluon stage 1 is launched as a dependent of the step's store and reads its lengths, slots
+and settled rows while the store runs (gluon_mla, `after_store`). bench_mla_floor.py times one
+layer of store and attention; this times what a user replays: deepseek-v2-lite's (random
+weights) decode graphs at each batch size, captured once with the early reads and once
+without (CGTOOL_MLA_EARLY_READS's switch), replayed in alternating rounds over the same
+inputs. Both must give the same logits bit for bit.
+
+    python3 benchmarks/bench_mla_early.py --out early.json [--bs 1,16,32,48,64] [--context 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import torch
+
+from cgtool.attention import gluon_mla
+from cgtool.capture.workbench import build_workbench
+from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.specs.config import load_model_config
+
+ROUNDS, REPLAYS = 7, 20
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / REPLAYS
+
+
+def captured(bench, sizes: list[int], early: bool) -> DecodeGraphRunner:
+    gluon_mla.EARLY_READS = early
+    try:
+        runner = DecodeGraphRunner(bench.runner, sizes)
+        runner.capture()
+    finally:
+        gluon_mla.EARLY_READS = True
+    return runner
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--model", default="deepseek-v2-lite")
+    parser.add_argument("--bs", default="1,16,32,48,64")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--layers", type=int, help="fewer layers than the model's (a quicker run)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_mla_early.py needs a GPU")
+    sizes = sorted(int(v) for v in args.bs.split(","))
+    cfg = load_model_config(args.model)
+    if args.layers:
+        cfg = dataclasses.replace(cfg, num_layers=args.layers)
+    bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
+                            max_bs=sizes[-1], max_tokens=64, context_len=args.context, seed=0,
+                            kv_tokens=sizes[-1] * (args.context + 1) + 256)
+    log(f"{args.model}: {cfg.num_layers} layers, context {args.context}, gluon {gluon_mla.available(torch.device('cuda'))}")
+    runners = {"waiting": captured(bench, sizes, False), "early": captured(bench, sizes, True)}
+    result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "torch": torch.__version__, "model": args.model, "layers": cfg.num_layers, "context": args.context,
+              "rounds": ROUNDS, "replays": REPLAYS, "sizes": []}
+    for bs in sizes:
+        batch = bench.decode_batch(bs)
+        logits = {name: runner.replay(batch).clone() for name, runner in runners.items()}
+        same = bool(torch.equal(logits["waiting"], logits["early"]))
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(ROUNDS):
+            for name, runner in runners.items():
+                runner.load_inputs(batch)
+                times[name].append(replay_ms(runner.graphs[bs]))
+        row = {"bs": bs, "same_logits": same, **{f"{name}_ms": sorted(t)[ROUNDS // 2] for name, t in times.items()},
+               **{f"{name}_rounds_ms": t for name, t in times.items()}}
+        row["early_vs_waiting"] = row["early_ms"] / row["waiting_ms"]
+        row["saved_per_layer_us"] = (row["waiting_ms"] - row["early_ms"]) * 1e3 / cfg.num_layers
+        result["sizes"].append(row)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"bs {bs}: waiting {row['waiting_ms']:.3f} ms, early {row['early_ms']:.3f} ms "
+            f"({row['early_vs_waiting']:.3f}x, {row['saved_per_layer_us']:.2f} us a layer), same logits {same}")
+
+
+if __name__ == "__main__":
+    main()
