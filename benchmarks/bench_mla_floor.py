@@ -127,8 +127,8 @@ def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor
                 seq_lens: torch.Tensor, q: torch.Tensor, out: torch.Tensor, layers: int) -> dict:
     """MLA decode as a model layer runs it: after the step's store of each request's new row
     (its last key), as the attention op does. Layers of store and attention, less layers of
-    the store alone, give the attention's part; with dependent launches (the attention reads
-    its inputs while the store runs, gluon_mla) and without, then with them again (drift)."""
+    the store alone, give the attention's part; with dependent launches (the store releases
+    the attention at once, which waits for it) and without, then with them again (drift)."""
     splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
     new_rows = torch.randn(bs, 1, bench.RANK + bench.ROPE, device=bench.DEVICE).to(bench.DTYPE)
     loc = r2t[pool_rows.long(), ctx - 1].long()
@@ -138,7 +138,7 @@ def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor
 
     def store_then_mla() -> list:
         return [(store_kv(c, None, loc, new_rows, None),
-                 mla_decode_attention(q, c, out, r2t, pool_rows, seq_lens, 0.07, splits, after_store=True))
+                 mla_decode_attention(q, c, out, r2t, pool_rows, seq_lens, 0.07, splits))
                 for c in caches]
 
     found = {}
@@ -159,7 +159,7 @@ def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor
     expected = out.clone()
     first[loc] = -new_rows
     store_kv(first, None, loc, new_rows, None)
-    mla_decode_attention(q, first, out, r2t, pool_rows, seq_lens, 0.07, splits, after_store=True)
+    mla_decode_attention(q, first, out, r2t, pool_rows, seq_lens, 0.07, splits)
     found["max_diff_vs_no_store"] = (out.float() - expected.float()).abs().max().item()
     return found
 

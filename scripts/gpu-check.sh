@@ -23,8 +23,9 @@
 # FLOOR_FUSED chunk counts merged in the last program, FLOOR_WARPS warps to try there, FLOOR_VARIANTS
 # other settings as --variants takes them, FLOOR_SKIP=1 without the flat read, FLOOR_STORE=1 each layer
 # after the step's store too, with dependent launches and without), in $OUT/mla-floor.json.
-# `mla-early` (by name only): benchmarks/bench_mla_early.py, deepseek-v2-lite's decode graphs captured with
-# MLA decode's early reads and without, replayed in alternating rounds (EARLY_BS, EARLY_CONTEXT), in $OUT/mla-early.json.
+# `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
+# MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
+# DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -192,11 +193,11 @@ if [[ " $stages " == *" mla-floor "* ]]; then  # issue 33, by name only: the rea
     2>&1 | tee "$OUT/mla-floor.log"
   echo "[$(date +%H:%M:%S)] bench_mla_floor exit ${PIPESTATUS[0]}"
 fi
-if [[ " $stages " == *" mla-early "* ]]; then  # issue 33, by name only: early reads in a whole model
-  echo "[$(date +%H:%M:%S)] bench_mla_early ${EARLY_BS:-}"
-  timeout -k 10 "${EARLY_TIMEOUT:-300}" python3 benchmarks/bench_mla_early.py --out "$OUT/mla-early.json" \
-    ${EARLY_BS:+--bs "$EARLY_BS"} ${EARLY_CONTEXT:+--context "$EARLY_CONTEXT"} 2>&1 | tee "$OUT/mla-early.log"
-  echo "[$(date +%H:%M:%S)] bench_mla_early exit ${PIPESTATUS[0]}"
+if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent
+  echo "[$(date +%H:%M:%S)] bench_mla_dependent ${DEPENDENT_BS:-}"
+  timeout -k 10 "${DEPENDENT_TIMEOUT:-300}" python3 benchmarks/bench_mla_dependent.py --out "$OUT/mla-dependent.json" \
+    ${DEPENDENT_BS:+--bs "$DEPENDENT_BS"} ${DEPENDENT_CONTEXT:+--context "$DEPENDENT_CONTEXT"} 2>&1 | tee "$OUT/mla-dependent.log"
+  echo "[$(date +%H:%M:%S)] bench_mla_dependent exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

@@ -99,19 +99,18 @@ def mla_decode_cases() -> dict[str, tuple]:
             warps, stages, {"MidOut": "*bf16"} if merged_here and warps == 8 else {})
     if gluon_mla.gluon is not None:
         block_n, warps, _ = triton_mla.BUFFERED_TILES
-        # (chunks, tiles, a dependent launch, reads before its wait)
-        for splits, buffers, pdl, early in ((4, triton_mla.BUFFERED_TILES_COUNT, True, True),
-                                            (4, triton_mla.BUFFERED_TILES_COUNT, False, False),
-                                            (16, triton_mla.BUFFERED_TILES_COUNT, True, True),
-                                            (16, triton_mla.BUFFERED_TILES_COUNT, True, False), (1, 3, True, True)):
+        # (chunks, tiles, a dependent launch)
+        for splits, buffers, pdl in ((4, triton_mla.BUFFERED_TILES_COUNT, True),
+                                     (4, triton_mla.BUFFERED_TILES_COUNT, False),
+                                     (16, triton_mla.BUFFERED_TILES_COUNT, True), (1, 3, True)):
             merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
-            found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers} pdl={pdl} early={early}"] = (
+            found[f"mla decode gluon stage 1 chunks={splits} tiles={buffers} pdl={pdl}"] = (
                 gluon_mla._mla_decode_stage1_buffered,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits,
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
-                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl, "EARLY": early},
+                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (

@@ -100,6 +100,7 @@ def test_a_triton_that_refuses_the_kernel_gets_triton_mlas_with_one_warning(monk
     assert triton_mla._stage1_buffers(q, fallen_back, None) == 0  # no second try
 
 
+
 class _RecordingKernel:
     """Stands for the Gluon kernel: keeps each launch's keyword arguments."""
 
@@ -110,41 +111,16 @@ class _RecordingKernel:
         return lambda *args, **kwargs: self.launches.append(kwargs)
 
 
-def launched_with(monkeypatch, after_store: bool, dependent: bool = True, early_reads: bool = True) -> dict:
+@pytest.mark.parametrize("dependent", [True, False])
+def test_stage1_is_a_dependent_launch_where_they_run(monkeypatch, dependent):
     kernel = _RecordingKernel()
     monkeypatch.setattr(gluon_mla, "_mla_decode_stage1_buffered", kernel)
-    monkeypatch.setattr(gluon_mla, "EARLY_READS", early_reads)
     monkeypatch.setattr(gluon_mla, "dependent_launch",
                         lambda device: {"PDL": True, "launch_pdl": True} if dependent else {"PDL": False})
     q, out = latent_shapes(512, 64)
     mid = torch.empty(2, 16, 4, 512)
     ints = torch.zeros(2, dtype=torch.int32)
     assert gluon_mla.launch_stage1(q, torch.empty(8, 1, 576), mid, mid[..., 0], out, ints, torch.zeros(3, 8),
-                                   ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512, after_store=after_store)
-    return kernel.launches[-1]
-
-
-def test_stage1_is_a_dependent_launch_that_reads_early_only_after_the_store(monkeypatch):
-    after = launched_with(monkeypatch, after_store=True)
-    assert after["launch_pdl"] and after["PDL"] and after["EARLY"]
-    alone = launched_with(monkeypatch, after_store=False)  # a caller that wrote the rows itself
-    assert alone["launch_pdl"] and alone["PDL"] and not alone["EARLY"]
-    switched_off = launched_with(monkeypatch, after_store=True, early_reads=False)
-    assert switched_off["PDL"] and not switched_off["EARLY"]
-    plain = launched_with(monkeypatch, after_store=True, dependent=False)
-    assert not plain["PDL"] and not plain["EARLY"] and "launch_pdl" not in plain
-
-
-def test_the_triton_backend_says_a_latent_pools_rows_were_just_stored(monkeypatch):
-    from cgtool.attention import triton_backend
-    from test_triton_mla import latent_pool
-
-    from cgtool.runtime.engine import decode_batch
-
-    calls = []
-    monkeypatch.setattr(triton_backend, "mla_decode_attention", lambda *args, **kwargs: calls.append(kwargs))
-    pool, rows = latent_pool([5, 9], 16, 512, 64, torch.float32, "cpu")
-    batch = decode_batch(pool, rows, [4, 8], [0, 0])
-    backend = triton_backend.TritonAttentionBackend(16, 576)
-    backend.forward(torch.zeros(2, 16 * 576), torch.zeros(2, 16 * 512), 0, batch, pool)
-    assert calls == [{"after_store": True}]
+                                   ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512)
+    assert kernel.launches[0]["PDL"] is dependent
+    assert kernel.launches[0].get("launch_pdl", False) is dependent

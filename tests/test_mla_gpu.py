@@ -176,21 +176,18 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
         torch.testing.assert_close(replayed, out, rtol=0, atol=0)
 
 
+
 @pytest.mark.parametrize("num_kv_splits", [4, 16])
 def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
-    # As a layer runs it: each request's new row stored, then attended by a stage 1 launched
-    # as the store's dependent, which reads lengths, slots and settled rows while the store
-    # runs. Before each store the new rows' slots hold NaN: a row read before the store wrote
-    # it shows. Eight such layers in a graph, 20 replays, each the same bits as waiting first.
+    # As a layer runs it: each request's new row stored, then attended by a stage 1 that the
+    # store releases at once (a dependent launch where they run). Before each store the new
+    # rows' slots hold NaN, so a row read before the store wrote it shows. Eight such layers
+    # in a graph, 20 replays, each the bits of the attention run alone.
     from test_triton_mla import latent_q
 
-    from cgtool.attention import gluon_mla
     from cgtool.attention.triton_mla import mla_decode_attention
-    from cgtool.runtime.dependent_launch import in_effect
     from cgtool.runtime.kv_store import store_kv
 
-    if not (gluon_mla.available(torch.device(CUDA)) and in_effect(torch.device(CUDA))):
-        pytest.skip("early reads need Gluon's stage 1 and dependent launches (Hopper or newer)")
     seq_lens = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
     bs = len(seq_lens)
     pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
@@ -213,7 +210,7 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
         for out in outs:
             cache.index_fill_(0, loc, float("nan"))
             store_kv(cache, None, loc, new_rows, None)
-            mla_decode_attention(q, cache, out, *args, after_store=True)
+            mla_decode_attention(q, cache, out, *args)
 
     layers()
     for out in outs:

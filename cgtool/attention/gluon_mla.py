@@ -42,11 +42,6 @@ from cgtool.runtime.triton_launch import cdiv
 # The compiler's message once this process's Triton refused the kernel (launch_stage1).
 _REFUSED: list[str] = []
 
-# CGTOOL_MLA_EARLY_READS=0: stage 1 waits for the store before reading anything, even where
-# its caller allows more (`launch_stage1`'s after_store), to time a model both ways.
-EARLY_READS_ENV = "CGTOOL_MLA_EARLY_READS"
-EARLY_READS = os.environ.get(EARLY_READS_ENV, "1") != "0"
-
 
 def available(device: torch.device) -> bool:
     """Whether the buffered stage 1 runs on `device`: Gluon importable, not Triton's
@@ -112,10 +107,9 @@ if gluon is not None:
         return gl.load(token_row + offs_n, mask=offs_n < end, other=0).to(gl.int64)
 
     @gluon.jit
-    def _issue_rows(Kv, kv_buf, pe_buf, slots, start_n, end, stride_kt,
-                    RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_N: gl.constexpr, copy_layout: gl.constexpr):
-        """Asynchronous copies of rows start_n.. into one buffer, not yet committed; rows past
-        `end` read nothing (and land as zeros)."""
+    def _copy_rows(Kv, kv_buf, pe_buf, slots, start_n, end, stride_kt,
+                   RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_N: gl.constexpr, copy_layout: gl.constexpr):
+        """Asynchronous copies of rows start_n.. into one buffer; rows past `end` read nothing."""
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, copy_layout))
         rows = Kv + slots[:, None] * stride_kt
         mask_n = (offs_n < end)[:, None]
@@ -123,12 +117,6 @@ if gluon is not None:
         offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
         copy_to_shared(kv_buf, rows + offs_r[None, :], mask=mask_n)
         copy_to_shared(pe_buf, rows + RANK + offs_p[None, :], mask=mask_n)
-
-    @gluon.jit
-    def _copy_rows(Kv, kv_buf, pe_buf, slots, start_n, end, stride_kt,
-                   RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_N: gl.constexpr, copy_layout: gl.constexpr):
-        """`_issue_rows`, committed as one group."""
-        _issue_rows(Kv, kv_buf, pe_buf, slots, start_n, end, stride_kt, RANK, ROPE, BLOCK_N, copy_layout)
         async_copy.commit_group()
 
     @gluon.jit
@@ -171,14 +159,10 @@ if gluon is not None:
         return mma_v2(p_a, kv.load(dot_b), acc * alpha[:, None]), l_i, m_new
 
     @gluon.jit
-    def _attend_chunk(Q, Kv, token_row, b, head_block, start, end, seq_len, scale_log2, stride_qb, stride_qh,
-                      stride_kt, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-                      BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, WARPS: gl.constexpr,
-                      EARLY: gl.constexpr):
-        """(acc, l_i, m_i) over keys start..end - 1, NUM_BUF tiles of rows in shared memory.
-        EARLY (launched as a dependent of the step's store, `launch_stage1`): the pool slots of
-        the first tiles, and the first tile's rows unless it holds the request's last key, are
-        asked for before waiting on that kernel; q and every other row after."""
+    def _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, WARPS: gl.constexpr):
+        """(acc, l_i, m_i) over keys start..end - 1, NUM_BUF tiles of rows in shared memory."""
         # Heads are the MMA's 16 rows, keys and latent columns split among the warps.
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
         # 16-byte copies, a warp over 4 rows of 64 columns: the rope part fits it exactly.
@@ -188,27 +172,11 @@ if gluon is not None:
         kv_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, RANK], smem)
         pe_bufs = gl.allocate_shared_memory(Kv.dtype.element_ty, [NUM_BUF, BLOCK_N, ROPE], smem)
         # The first NUM_BUF - 1 tiles' copies go out before anything else is read.
-        first_slots = _load_slots(token_row, start, end, BLOCK_N, slot_layout)
-        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-        if EARLY:
-            # Only the last key's row is the store's; a copy cannot be undone, so a first tile
-            # holding it is asked for after the wait, whole.
-            settled = start + BLOCK_N < seq_len
-            if settled:
-                _issue_rows(Kv, kv_bufs.index(0), pe_bufs.index(0), first_slots, start, end, stride_kt,
-                            RANK, ROPE, BLOCK_N, copy_layout)
-            _wait_for_previous_kernel()
-            if not settled:
-                _issue_rows(Kv, kv_bufs.index(0), pe_bufs.index(0), first_slots, start, end, stride_kt,
-                            RANK, ROPE, BLOCK_N, copy_layout)
-        else:
-            _issue_rows(Kv, kv_bufs.index(0), pe_bufs.index(0), first_slots, start, end, stride_kt,
-                        RANK, ROPE, BLOCK_N, copy_layout)
-        async_copy.commit_group()
-        for j in gl.static_range(1, NUM_BUF - 1):
+        for j in gl.static_range(NUM_BUF - 1):
             slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
             _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
+        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
         q_r, q_p = _load_q(Q, b, head_block, stride_qb, stride_qh, NUM_HEADS, RANK, ROPE, BLOCK_H, copy_layout, smem)
 
         acc = gl.zeros([BLOCK_H, RANK], gl.float32, mma)
@@ -250,13 +218,12 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
-        EARLY: gl.constexpr,
     ):
+        if PDL:
+            _wait_for_previous_kernel()
         b = gl.program_id(0)
         head_block = gl.program_id(1)
         split = gl.program_id(2)
-        if PDL and not EARLY:
-            _wait_for_previous_kernel()
         seq_len = gl.load(seq_lens + b)
         # Read beside the length, not after it, since the slots wait on both: volatile, or the
         # compiler sinks the load into the branch below, one memory round trip later.
@@ -266,10 +233,9 @@ if gluon is not None:
         end = gl.minimum(start + keys, seq_len)
         if end > start:  # the merge skips empty chunks
             token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-            # An empty chunk reads and writes nothing the kernel before touches: it never waits.
-            acc, l_i, m_i = _attend_chunk(Q, Kv, token_row, b, head_block, start, end, seq_len, scale_log2,
-                                          stride_qb, stride_qh, stride_kt, NUM_HEADS, RANK, ROPE, BLOCK_H,
-                                          BLOCK_N, NUM_BUF, WARPS, EARLY)
+            acc, l_i, m_i = _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                          stride_qb, stride_qh, stride_kt,
+                                          NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, WARPS)
             _store_partial(MidOut, MidLse, acc, l_i, m_i, b, head_block, split,
                            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H, WARPS)
         # As triton_mla's stage 1: the chunks holding keys (chunk 0 always) take a ticket, and
@@ -296,17 +262,14 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int,
-    block_n: int, num_buf: int, num_warps: int, merge_d: int, after_store: bool = False,
+    block_n: int, num_buf: int, num_warps: int, merge_d: int,
 ) -> bool:
     """Stage 1 over grid (bs, head blocks, chunks), its partials in `mid_out`/`mid_lse` as
     triton_mla's stage 1 writes them; with `tickets` (one a request's head block, at zero) the
     last program of a request's chunks merges them into `out`, as triton_mla's fused merge.
-
-    Launched as a programmatic dependent where dependent launches are on
-    (runtime.dependent_launch). `after_store` promises that the kernel just before is the
-    step's store of each request's new latent row, the request's last key (kv_store, which
-    releases its dependent at once), and wrote nothing else this kernel reads: lengths, pool
-    rows, slots and the first tile's rows are then read while that kernel runs.
+    Launched as a programmatic dependent where dependent launches run (runtime.dependent_launch):
+    in a model the store of the step's new rows (kv_store) releases it at once, and it waits
+    for that store before reading anything.
 
     False, having launched nothing, where this Triton refuses to compile the kernel (Gluon's
     names move between releases: 3.6's `thread_barrier` is 3.9's `barrier`); from then on
@@ -324,8 +287,7 @@ def launch_stage1(
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
             NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
-            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, EARLY=after_store and EARLY_READS and launch["PDL"],
-            num_warps=num_warps, **launch,
+            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, num_warps=num_warps, **launch,
         )
     except CompilationError as err:
         _REFUSED.append(str(err).strip().splitlines()[-1])

@@ -43,10 +43,9 @@ class TritonAttentionBackend(HeadsBackend):
         scratch = None if capturing else forward_scratch()
         if kv_pool.is_latent:
             splits = self.num_kv_splits or mla_num_kv_splits(bs, self.num_heads)
-            # A latent pool's new rows are stored by the attention op just before (op.py).
             mla_decode_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                self.scale, splits, scratch, after_store=True,
+                self.scale, splits, scratch,
             )
             return
         decode_attention(
