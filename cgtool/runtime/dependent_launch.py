@@ -3,8 +3,9 @@
 A kernel launched with it (`launch_pdl`) is scheduled while the kernel before it finishes, and
 waits in `griddepcontrol.wait` (Triton's `gdc_wait`) for that kernel's results, so a replay
 does not pay each launch's start after the last one's end. One token's MoE layer (router,
-gate/up, down: three launches of a few microseconds' work each) takes it, and so does MLA
-decode's merge kernel after its stage 1; see docs/moe-mla.md.
+gate/up, down: three launches of a few microseconds' work each) takes it, and so do MLA
+decode's merge kernel after its stage 1 and its Gluon stage 1 after the step's K/V store
+(which releases it at once); see docs/moe-mla.md.
 """
 
 from __future__ import annotations
