@@ -110,7 +110,8 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "NUM_SPLITS": splits,
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
-                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl},
+                 "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
+                 "CHAINS": gluon_mla.score_chains(512, merged_here)},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (

@@ -124,3 +124,12 @@ def test_stage1_is_a_dependent_launch_where_they_run(monkeypatch, dependent):
                                    ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512)
     assert kernel.launches[0]["PDL"] is dependent
     assert kernel.launches[0].get("launch_pdl", False) is dependent
+    assert kernel.launches[0]["CHAINS"] == gluon_mla.SCORE_CHAINS  # the last program merges (tickets)
+
+
+@pytest.mark.parametrize(("rank", "fused", "chains"), [(512, True, 4), (512, False, 1), (128, True, 4),
+                                                       (64, True, 1)])
+def test_four_running_sums_of_scores_only_where_the_last_program_merges(rank, fused, chains):
+    # Measured faster there and slower on the merge kernel's path; a rank of 64 holds no four
+    # 32-wide slices.
+    assert gluon_mla.score_chains(rank, fused) == min(chains, gluon_mla.SCORE_CHAINS)

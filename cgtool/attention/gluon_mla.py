@@ -42,6 +42,12 @@ from cgtool.runtime.triton_launch import cdiv
 # The compiler's message once this process's Triton refused the kernel (launch_stage1).
 _REFUSED: list[str] = []
 
+# Four running sums of q . k instead of one: where the last program merges, 0.8-2.6% shorter
+# launches on the H200 and 0.3-1% on the H100 (bs 32-128 x 1k, bs 32 x 8k); on the merge
+# kernel's path 3-16% longer (bs 16 x 1k, bs 8 x 8k), so one there. Timed in alternation in one
+# process (benchmarks/results/h200-h100-2026-11-27-gluon-mla, calls 8-10).
+SCORE_CHAINS = 4
+
 
 def available(device: torch.device) -> bool:
     """Whether the buffered stage 1 runs on `device`: Gluon importable, not Triton's
@@ -141,14 +147,40 @@ if gluon is not None:
         return q_r, q_p
 
     @gluon.jit
+    def _scores(q_r, q_p, kv, pe, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr,
+                dot_a: gl.constexpr, dot_b: gl.constexpr, CHAINS: gl.constexpr):
+        """q . k over the latent's rank and rope parts. A warp holds 8 keys, one MMA tile, so
+        one running sum chains every product of the 576-wide row after the last, each waiting
+        out the MMA's latency; CHAINS 4 keeps four sums over interleaved 32-wide slices of the
+        rank instead."""
+        zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma)
+        if CHAINS == 1:
+            s = mma_v2(q_r.load(dot_a), kv.permute((1, 0)).load(dot_b), zero)
+            return mma_v2(q_p.load(dot_a), pe.permute((1, 0)).load(dot_b), s)
+        SLICE: gl.constexpr = 32
+        RANK: gl.constexpr = q_r.shape[1]
+        s0 = mma_v2(q_p.load(dot_a), pe.permute((1, 0)).load(dot_b), zero)
+        s1 = zero
+        s2 = zero
+        s3 = zero
+        for d in gl.static_range(0, RANK, 4 * SLICE):
+            s0 = mma_v2(q_r.slice(d, SLICE, 1).load(dot_a), kv.slice(d, SLICE, 1).permute((1, 0)).load(dot_b), s0)
+            s1 = mma_v2(q_r.slice(d + SLICE, SLICE, 1).load(dot_a),
+                        kv.slice(d + SLICE, SLICE, 1).permute((1, 0)).load(dot_b), s1)
+            s2 = mma_v2(q_r.slice(d + 2 * SLICE, SLICE, 1).load(dot_a),
+                        kv.slice(d + 2 * SLICE, SLICE, 1).permute((1, 0)).load(dot_b), s2)
+            s3 = mma_v2(q_r.slice(d + 3 * SLICE, SLICE, 1).load(dot_a),
+                        kv.slice(d + 3 * SLICE, SLICE, 1).permute((1, 0)).load(dot_b), s3)
+        return (s0 + s1) + (s2 + s3)
+
+    @gluon.jit
     def _attend_tile(acc, l_i, m_i, q_r, q_p, kv, pe, start_n, end, scale_log2,
-                     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+                     BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr, CHAINS: gl.constexpr):
         """One online-softmax step over a tile of latent rows in shared memory: each row the key
         (rank and rope parts) and the value (rank part) of every head."""
         dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         dot_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
-        s = mma_v2(q_r.load(dot_a), kv.permute((1, 0)).load(dot_b), gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma))
-        s = mma_v2(q_p.load(dot_a), pe.permute((1, 0)).load(dot_b), s)
+        s = _scores(q_r, q_p, kv, pe, BLOCK_H, BLOCK_N, mma, dot_a, dot_b, CHAINS)
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
         s = gl.where((offs_n < end)[None, :], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
@@ -161,7 +193,7 @@ if gluon is not None:
     @gluon.jit
     def _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                       NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, WARPS: gl.constexpr):
+                      BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, WARPS: gl.constexpr, CHAINS: gl.constexpr):
         """(acc, l_i, m_i) over keys start..end - 1, NUM_BUF tiles of rows in shared memory."""
         # Heads are the MMA's 16 rows, keys and latent columns split among the warps.
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS], instr_shape=[16, 8])
@@ -194,7 +226,7 @@ if gluon is not None:
             cta_barrier()  # other threads' copies into this tile's buffer landed too
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
                                          pe_bufs.index(i % NUM_BUF), start + i * BLOCK_N, end, scale_log2,
-                                         BLOCK_H, BLOCK_N, mma)
+                                         BLOCK_H, BLOCK_N, mma, CHAINS)
         async_copy.wait_group(0)  # the copies past the chunk's end, which read nothing
         return acc, l_i, m_i
 
@@ -218,6 +250,7 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
+        CHAINS: gl.constexpr,
     ):
         if PDL:
             _wait_for_previous_kernel()
@@ -235,7 +268,7 @@ if gluon is not None:
             token_row = req_to_token + pool_row.to(gl.int64) * stride_req
             acc, l_i, m_i = _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                           stride_qb, stride_qh, stride_kt,
-                                          NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, WARPS)
+                                          NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, WARPS, CHAINS)
             _store_partial(MidOut, MidLse, acc, l_i, m_i, b, head_block, split,
                            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H, WARPS)
         # As triton_mla's stage 1: the chunks holding keys (chunk 0 always) take a ticket, and
@@ -252,6 +285,12 @@ if gluon is not None:
                              NUM_HEADS, RANK, BLOCK_H, MERGE_D, NUM_SPLITS, WARPS)
 
 
+def score_chains(rank: int, fused_merge: bool) -> int:
+    """Running sums of q . k a warp keeps (`_scores`): SCORE_CHAINS where the last program
+    merges and the rank holds four 32-wide slices, one on the merge kernel's path."""
+    return SCORE_CHAINS if fused_merge and rank >= 4 * 32 else 1
+
+
 def supports(rank: int, rope: int) -> bool:
     """Gluon's tensors are powers of two: the latent's parts must be, each at least 64 wide
     (one copy row of the layout)."""
@@ -262,14 +301,15 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int,
-    block_n: int, num_buf: int, num_warps: int, merge_d: int,
+    block_n: int, num_buf: int, num_warps: int, merge_d: int, chains: int | None = None,
 ) -> bool:
     """Stage 1 over grid (bs, head blocks, chunks), its partials in `mid_out`/`mid_lse` as
     triton_mla's stage 1 writes them; with `tickets` (one a request's head block, at zero) the
     last program of a request's chunks merges them into `out`, as triton_mla's fused merge.
     Launched as a programmatic dependent where dependent launches run (runtime.dependent_launch):
     in a model the store of the step's new rows (kv_store) releases it at once, and it waits
-    for that store before reading anything.
+    for that store before reading anything. `chains`: the running sums of q . k a warp keeps
+    (1 or 4; default `score_chains`).
 
     False, having launched nothing, where this Triton refuses to compile the kernel (Gluon's
     names move between releases: 3.6's `thread_barrier` is 3.9's `barrier`); from then on
@@ -287,7 +327,8 @@ def launch_stage1(
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
             NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
-            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, num_warps=num_warps, **launch,
+            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, CHAINS=chains or score_chains(rank, tickets is not None),
+            num_warps=num_warps, **launch,
         )
     except CompilationError as err:
         _REFUSED.append(str(err).strip().splitlines()[-1])

@@ -416,7 +416,7 @@ def mla_decode_attention(
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
     min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
-    merge_slice: int | None = None,
+    merge_slice: int | None = None, score_chains: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
@@ -426,7 +426,8 @@ def mla_decode_attention(
     (int64, TRACE_SLOTS a stage-1 program) takes its programs' timestamps (benchmarks) from this
     module's kernel; `buffers` is the tiles of rows of gluon_mla's stage 1 (0: this module's
     kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
-    takes at once (default `_merge_slice`'s)."""
+    takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
+    gluon_mla's stage 1 (default `gluon_mla.score_chains`)."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
@@ -448,7 +449,8 @@ def mla_decode_attention(
     if buffers:
         if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                       num_kv_splits, min_keys, block_n, buffers, num_warps, slice_d):
+                                       num_kv_splits, min_keys, block_n, buffers, num_warps, slice_d,
+                                       score_chains):
             # This Triton refused it: again with this module's stage 1 and its own settings.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
                                  num_kv_splits, scratch, fused_merge=fused_merge, min_chunk=min_chunk,
