@@ -44,7 +44,7 @@ _REFUSED: list[str] = []
 
 # Four running sums of q . k instead of one: where the last program merges, 0.8-2.6% shorter
 # launches on the H200 and 0.3-1% on the H100 (bs 32-128 x 1k, bs 32 x 8k); on the merge
-# kernel's path 3-16% longer (bs 16 x 1k, bs 8 x 8k), so one there. Timed in alternation in one
+# kernel's path 2-16% longer (bs 16 x 1k, bs 8 x 8k), so one there. Timed in alternation in one
 # process (benchmarks/results/h200-h100-2026-11-27-gluon-mla, calls 8-10).
 SCORE_CHAINS = 4
 
