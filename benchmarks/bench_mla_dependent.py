@@ -22,9 +22,9 @@ import time
 import torch
 
 from cgtool.attention import gluon_mla
-from cgtool.runtime import kv_store
 from cgtool.capture.workbench import build_workbench
 from cgtool.runners.decode import DecodeGraphRunner
+from cgtool.runtime import kv_store
 from cgtool.specs.config import load_model_config
 
 ROUNDS, REPLAYS = 7, 20

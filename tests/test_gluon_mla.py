@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import gluon_mla, triton_mla
@@ -71,8 +70,8 @@ class _RefusingKernel:
 
 
 def test_a_triton_that_refuses_the_kernel_gets_triton_mlas_with_one_warning(monkeypatch):
-    from test_triton_mla import latent_pool, latent_q, run_decode
     from test_triton_decode import assert_attention_close
+    from test_triton_mla import latent_pool, latent_q, run_decode
 
     monkeypatch.setattr(gluon_mla, "_REFUSED", [])
     monkeypatch.setattr(gluon_mla, "available", lambda device: not gluon_mla._REFUSED)

@@ -21,7 +21,6 @@ import os
 import warnings
 
 import torch
-
 from triton.compiler.errors import CompilationError
 
 try:  # Gluon is experimental: absent or renamed in some Triton releases
@@ -37,7 +36,6 @@ else:
 
 from cgtool.runtime.dependent_launch import dependent_launch
 from cgtool.runtime.triton_launch import cdiv
-
 
 # The compiler's message once this process's Triton refused the kernel (launch_stage1).
 _REFUSED: list[str] = []
