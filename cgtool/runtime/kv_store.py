@@ -24,8 +24,8 @@ def _store_kv_kernel(
     K, V, KCache, VCache, Loc, stride_kt, stride_vt, row,
     HAS_V: tl.constexpr, BLOCK: tl.constexpr, RELEASE: tl.constexpr,
 ):
-    # The attention after it may start at once: MLA decode's stage 1, launched as its
-    # dependent, reads its lengths, slots and older rows while this runs (gluon_mla).
+    # The attention after it may be scheduled at once: MLA decode's Gluon stage 1, launched as
+    # its dependent, then waits only for this store to finish (gluon_mla).
     release_next_kernel(RELEASE)
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
