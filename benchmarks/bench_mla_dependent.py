@@ -19,6 +19,7 @@ import json
 import sys
 import time
 
+import bench_moe_mla as timing
 import torch
 
 from cgtool.attention import gluon_mla
@@ -28,20 +29,6 @@ from cgtool.runtime import kv_store
 from cgtool.specs.config import load_model_config
 
 ROUNDS, REPLAYS = 7, 20
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / REPLAYS
 
 
 def captured(bench, sizes: list[int], dependent: bool) -> DecodeGraphRunner:
@@ -75,7 +62,7 @@ def main() -> None:
     bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
                             max_bs=sizes[-1], max_tokens=64, context_len=args.context, seed=0,
                             kv_tokens=sizes[-1] * (args.context + 1) + 256)
-    log(f"{args.model}: {cfg.num_layers} layers, context {args.context}, gluon {gluon_mla.available(torch.device('cuda'))}")
+    timing.log(f"{args.model}: {cfg.num_layers} layers, context {args.context}, gluon {gluon_mla.available(torch.device('cuda'))}")
     runners = {"ordinary": captured(bench, sizes, False), "dependent": captured(bench, sizes, True)}
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "torch": torch.__version__, "model": args.model, "layers": cfg.num_layers, "context": args.context,
@@ -88,7 +75,7 @@ def main() -> None:
         for _ in range(ROUNDS):
             for name, runner in runners.items():
                 runner.load_inputs(batch)
-                times[name].append(replay_ms(runner.graphs[bs]))
+                times[name].append(timing.replay_us(runner.graphs[bs], REPLAYS) / 1e3)
         row = {"bs": bs, "same_logits": same, **{f"{name}_ms": sorted(t)[ROUNDS // 2] for name, t in times.items()},
                **{f"{name}_rounds_ms": t for name, t in times.items()}}
         row["dependent_vs_ordinary"] = row["dependent_ms"] / row["ordinary_ms"]
@@ -96,7 +83,7 @@ def main() -> None:
         result["sizes"].append(row)
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-        log(f"bs {bs}: ordinary {row['ordinary_ms']:.3f} ms, dependent {row['dependent_ms']:.3f} ms "
+        timing.log(f"bs {bs}: ordinary {row['ordinary_ms']:.3f} ms, dependent {row['dependent_ms']:.3f} ms "
             f"({row['dependent_vs_ordinary']:.3f}x, {row['saved_per_layer_us']:.2f} us a layer), same logits {same}")
 
 

@@ -115,17 +115,20 @@ def graph_us(fn: Callable[[], object], iters: int = 20) -> float:
     with torch.cuda.graph(graph):
         fn()
     graph.replay()
-    runs = []
-    for _ in range(3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        runs.append(start.elapsed_time(end) * 1e3 / iters)
+    runs = [replay_us(graph, iters) for _ in range(3)]
     del graph
     return sorted(runs)[1]
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    """Microseconds of one replay of a captured graph, over `iters` back to back."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / iters
 
 
 def copy_bandwidth() -> float:
