@@ -21,7 +21,8 @@ pools (as bench_moe_mla times the attention):
   least 192 keys, the shipped partials), each followed by the shipped kernel again;
   a fifth field, `:N`, runs stage 1 as gluon_mla's kernel with N tiles of rows (`::::2`; 0:
   triton_mla's kernel), a sixth the merge's columns at once (`:::::512`), a seventh the running
-  sums of q . k in gluon_mla's stage 1 (`::::::1`);
+  sums of q . k in gluon_mla's stage 1 (`::::::1`), an eighth 1 for gluon_mla_wgmma's stage 1
+  (`:::::::1`);
   `--skip-floor` leaves out the flat read and torch's sum when only the kernel's settings are
   compared.
 
@@ -117,8 +118,9 @@ def merge_alone_us(bs: int, splits: int, seq_lens: torch.Tensor, partials: torch
 def parse_variant(spec: str) -> dict:
     """`chunks:keys,warps,stages:least:partials` (empty fields: the shipped choice) as
     mla_decode_attention's arguments."""
-    chunks, tiles, least, partials, buffers, merge, chains = (spec.split(":") + [""] * 7)[:7]
+    chunks, tiles, least, partials, buffers, merge, chains, wgmma = (spec.split(":") + [""] * 8)[:8]
     return {"spec": spec, "chunks": int(chunks) if chunks else None, "buffers": int(buffers) if buffers else None,
+            "wgmma": bool(int(wgmma)) if wgmma else None,
             "merge_slice": int(merge) if merge else None, "chains": int(chains) if chains else None,
             "tiles": tuple(int(v) for v in tiles.split(",")) if tiles else None,
             "least": int(least) if least else None, "partials": getattr(torch, partials) if partials else None}
@@ -178,11 +180,11 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
 
     def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
             lanes: int | None = None, tiles: tuple[int, int, int] | None = None, buffers: int | None = None,
-            merge_slice: int | None = None, chains: int | None = None) -> float:
+            merge_slice: int | None = None, chains: int | None = None, wgmma: bool | None = None) -> float:
         return bench.graph_us(lambda: [mla_decode_attention(
             q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, tiles, fused, partial_dtype=partials,
             min_chunk=least, merge_lanes=lanes, buffers=buffers, merge_slice=merge_slice,
-            score_chains=chains) for c in caches]) / layers
+            score_chains=chains, wgmma=wgmma) for c in caches]) / layers
 
     def max_diff(k: int, v: dict) -> float:
         """The variant's output against the shipped kernel's, on the first pool."""
@@ -190,7 +192,7 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         shipped = out.clone()
         mla_decode_attention(q, caches[0], out, r2t, pool_rows, seq_lens, 0.07, k, None, v["tiles"],
                              partial_dtype=v["partials"], min_chunk=v["least"], buffers=v["buffers"],
-                             merge_slice=v["merge_slice"], score_chains=v["chains"])
+                             merge_slice=v["merge_slice"], score_chains=v["chains"], wgmma=v["wgmma"])
         return (out.float() - shipped.float()).abs().max().item()
 
     # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
@@ -208,7 +210,7 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
     for v in variants:
         k = v["chunks"] or splits
         us = mla(k, partials=v["partials"], least=v["least"], tiles=v["tiles"], buffers=v["buffers"],
-                 merge_slice=v["merge_slice"], chains=v["chains"])
+                 merge_slice=v["merge_slice"], chains=v["chains"], wgmma=v["wgmma"])
         row["mla_variants"].append({**v, "partials": str(v["partials"]), "chunks": k, "us": us, "share": bound / us,
                                     "max_diff_vs_shipped": max_diff(k, v),
                                     "shipped_after_us": mla(splits)})

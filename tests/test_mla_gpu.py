@@ -177,6 +177,39 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
 
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_splits"), [(16, 1), (16, 4), (16, 8), (16, 16), (20, 4), (128, 2)])
+def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits):
+    # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles, a last tile cut short, chunks
+    # left empty, a partial head block at 20 heads; merged by the last program (up to 8
+    # chunks) or the merge kernel (16).
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.triton_mla import mla_decode_attention
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("the warpgroup MMA stage 1 needs Triton's Gluon and a Hopper GPU")
+    seq_lens = [1, 2, 31, 63, 64, 65, 129, 1000, 9000, 513, 17]
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, num_heads, 512, 64, torch.bfloat16, CUDA)
+    _, ref = run_decode(pool, rows, seq_lens, num_heads)
+    q = latent_q(bs, num_heads, 576, torch.bfloat16, CUDA).view(bs, num_heads, 576)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            lens, 576**-0.5, num_kv_splits)
+    out = torch.zeros(bs, num_heads, 512, dtype=torch.bfloat16, device=CUDA)
+    mla_decode_attention(q, args[0], out, *args[2:], wgmma=True)
+    assert_attention_close(out.view(bs, -1), ref, atol=2e-2)
+    graph = torch.cuda.CUDAGraph()
+    replayed = torch.zeros_like(out)
+    with torch.cuda.graph(graph):
+        mla_decode_attention(q, args[0], replayed, *args[2:], wgmma=True)
+    for _ in range(5):
+        replayed.zero_()
+        graph.replay()
+        torch.testing.assert_close(replayed, out, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("num_kv_splits", [4, 16])
 def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
     # As a layer runs it: each request's new row stored, then attended by a stage 1 that the

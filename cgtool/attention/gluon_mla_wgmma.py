@@ -1,0 +1,200 @@
+"""MLA decode's stage 1 on Hopper's warpgroup MMA, keys as the MMA's rows (Triton's Gluon dialect).
+
+gluon_mla's stage 1 runs `mma_v2`: each of its 4 warps loads the whole query (16 heads x 576)
+from shared memory into registers again for every tile of 32 keys, and its own 8 keys' rows,
+so a tile moves about 180 KB through shared memory. At two programs an SM that is about 1.5
+us a 32-key tile a program, the step that docs/moe-mla.md section 5 found constant however
+many copies were in flight. Here one warpgroup issues `wgmma`, whose operands are read from
+shared memory once for the whole group and never pass through registers:
+
+- scores transposed, S^T = rows . q^T: the tile's 64 keys are the MMA's M (16 a warp), the 16
+  heads its N, so one head block needs no padding;
+- the output transposed, O^T += rows^T . P^T: the rank's 512 columns are M, the heads N; P^T
+  goes to shared memory as the MMA's B operand.
+
+A tile of 64 keys then moves about 215 KB through shared memory, 64% of the mma_v2 kernel's
+per key. Two tiles of rows (147 KB) and q fill an SM, one program each.
+
+Chunks, partials, tickets and the merge are gluon_mla's (`_chunk_keys`, `_merge_heads`), so
+triton_mla's merge kernel or the last program merges them alike.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cgtool.attention import gluon_mla
+from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.triton_launch import cdiv
+
+gluon = gluon_mla.gluon
+# Keys a tile (the MMA's M for one warpgroup), tiles of rows in shared memory, warps.
+WGMMA_TILES = (64, 2, 4)
+
+if gluon is not None:
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from cgtool.attention.gluon_mla import (
+        _chunk_keys,
+        _copy_rows,
+        _load_slots,
+        _merge_heads,
+        _wait_for_previous_kernel,
+        async_copy,
+        cta_barrier,
+        gl,
+    )
+
+    @gluon.jit
+    def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
+                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+        """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
+        `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
+        tile takes one reduction across warps (the max), not two."""
+        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 0))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s - m_new[None, :])
+        l_t = l_t * alpha[None, :] + p
+        p_smem.store(p.to(p_smem.dtype))
+        fence_async_shared()
+        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
+        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha[None, :], is_async=True)
+        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
+        return acc_t, l_t, m_new
+
+    @gluon.jit
+    def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
+                        NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1."""
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
+        dtype: gl.constexpr = Kv.dtype.element_ty
+        # 128-byte swizzle: the rank and rope parts' rows are whole multiples of 128 bytes.
+        rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
+        pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
+        for j in gl.static_range(NUM_BUF - 1):
+            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+            _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
+        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
+        mask_h = (heads < NUM_HEADS)[:, None]
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK], gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype),
+                                        gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
+        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype),
+                                        gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
+
+        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
+        l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+        for i in range(gl.cdiv(end - start, BLOCK_N)):
+            cta_barrier()  # every warp is done with the buffer read last step before it is refilled
+            ahead = start + (i + NUM_BUF - 1) * BLOCK_N
+            fill = (i + NUM_BUF - 1) % NUM_BUF
+            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+            async_copy.wait_group(NUM_BUF - 1)
+            # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
+            fence_async_shared()
+            cta_barrier()
+            acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                             pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                             scale_log2, BLOCK_H, BLOCK_N, mma)
+        async_copy.wait_group(0)
+        return acc_t, gl.sum(l_t, 0), m_i
+
+    @gluon.jit
+    def _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
+                         stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr):
+        """The chunk's normalised output [heads, rank] from its transpose, and its base-2 log-sum-exp."""
+        out_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        part = gl.convert_layout((acc_t / l_i[None, :]).to(MidOut.dtype.element_ty), out_layout)
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_layout))
+        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(1, out_layout))
+        gl.store(MidOut + b * stride_mb + heads[None, :] * stride_mh + split * stride_ms + offs_d[:, None],
+                 part, mask=(heads < NUM_HEADS)[None, :])
+        lse_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=l_i.type.layout)
+        gl.store(MidLse + b * stride_lb + lse_heads * stride_lh + split, m_i + gl.log2(l_i),
+                 mask=lse_heads < NUM_HEADS)
+
+    @gluon.jit
+    def _mla_decode_stage1_wgmma(
+        Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
+        stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+        stride_ob, stride_oh,
+        NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
+        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
+    ):
+        if PDL:
+            _wait_for_previous_kernel()
+        b = gl.program_id(0)
+        head_block = gl.program_id(1)
+        split = gl.program_id(2)
+        seq_len = gl.load(seq_lens + b)
+        pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
+        keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+        start = split * keys
+        end = gl.minimum(start + keys, seq_len)
+        if end > start:
+            token_row = req_to_token + pool_row.to(gl.int64) * stride_req
+            acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                              stride_qb, stride_qh, stride_kt,
+                                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
+            _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
+                             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
+        chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
+        if FUSED_MERGE and split < chunks:
+            cta_barrier()
+            ticket = Tickets + b * gl.num_programs(1) + head_block
+            drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+            if drawn == chunks - 1:
+                gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+                _merge_heads(MidOut, MidLse, O, b, head_block, seq_len, keys,
+                             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                             NUM_HEADS, RANK, BLOCK_H, MERGE_D, NUM_SPLITS, 4)
+
+
+def launch_stage1(
+    q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
+    tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, merge_d: int,
+) -> None:
+    """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
+    WGMMA_TILES; `block_h` must be 16 (one warpgroup's N)."""
+    block_n, num_buf, num_warps = WGMMA_TILES
+    bs, num_heads, width = q.shape
+    rank = out.shape[-1]
+    grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
+    _mla_decode_stage1_wgmma[grid](
+        q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
+        req_to_token, req_pool_indices, seq_lens, scale_log2,
+        q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
+        FUSED_MERGE=tickets is not None, MERGE_D=merge_d,
+        num_warps=num_warps, **dependent_launch(q.device),
+    )
