@@ -177,8 +177,9 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
 
 
 
+@pytest.mark.parametrize("form", [1, 2])  # whole rows in shared memory; rope parts in registers
 @pytest.mark.parametrize(("num_heads", "num_kv_splits"), [(16, 1), (16, 4), (16, 8), (16, 16), (20, 4), (128, 2)])
-def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits):
+def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits, form):
     # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles, a last tile cut short, chunks
     # left empty, a partial head block at 20 heads; merged by the last program (up to 8
     # chunks) or the merge kernel (16).
@@ -198,12 +199,12 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
             lens, 576**-0.5, num_kv_splits)
     out = torch.zeros(bs, num_heads, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, args[0], out, *args[2:], wgmma=True)
+    mla_decode_attention(q, args[0], out, *args[2:], wgmma=form)
     assert_attention_close(out.view(bs, -1), ref, atol=2e-2)
     graph = torch.cuda.CUDAGraph()
     replayed = torch.zeros_like(out)
     with torch.cuda.graph(graph):
-        mla_decode_attention(q, args[0], replayed, *args[2:], wgmma=True)
+        mla_decode_attention(q, args[0], replayed, *args[2:], wgmma=form)
     for _ in range(5):
         replayed.zero_()
         graph.replay()

@@ -129,7 +129,7 @@ BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
 # gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile) in place of gluon_mla's: off until
 # it is timed against it on the GPU.
-WGMMA_STAGE1 = False
+WGMMA_STAGE1 = 0
 WGMMA_TARGET_PROGRAMS = 132
 # With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
 # at least this many keys: bs 8 x 1k 11.5 us against 13.2 in chunks of 32, bs 16 15.8 against
@@ -420,7 +420,7 @@ def mla_decode_attention(
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
     min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
-    merge_slice: int | None = None, score_chains: int | None = None, wgmma: bool | None = None,
+    merge_slice: int | None = None, score_chains: int | None = None, wgmma: int | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
@@ -432,14 +432,15 @@ def mla_decode_attention(
     kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
     takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` runs gluon_mla_wgmma's
-    stage 1 where Gluon runs (default WGMMA_STAGE1)."""
+    stage 1 where Gluon runs (default WGMMA_STAGE1): 1 with whole rows in shared memory, 2
+    with the rope parts in registers."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
-    wgmma = bool(buffers) and (WGMMA_STAGE1 if wgmma is None else wgmma) and BLOCK_H == 16
+    wgmma = (WGMMA_STAGE1 if wgmma is None else wgmma) if buffers and BLOCK_H == 16 else 0
     if wgmma:  # one program an SM: as many chunks as fill the SMs once, not twice
         num_kv_splits = min(num_kv_splits, max(1, WGMMA_TARGET_PROGRAMS // (q.shape[0] * cdiv(q.shape[1], BLOCK_H))))
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
-    block_n, num_warps, num_stages = (gluon_mla_wgmma.WGMMA_TILES[0], 4, 1) if wgmma else tiles or (
+    block_n, num_warps, num_stages = (*gluon_mla_wgmma.WGMMA_TILES, 1) if wgmma else tiles or (
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
     min_keys = (FUSED_MIN_CHUNK if fused else unfused_min) if min_chunk is None else min_chunk
@@ -457,7 +458,7 @@ def mla_decode_attention(
     if wgmma:
         gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                       req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                      num_kv_splits, min_keys, slice_d)
+                                      num_kv_splits, min_keys, slice_d, rope_in_regs=wgmma == 2)
     elif buffers:
         if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
