@@ -21,8 +21,8 @@ pools (as bench_moe_mla times the attention):
   least 192 keys, the shipped partials), each followed by the shipped kernel again;
   a fifth field, `:N`, runs stage 1 as gluon_mla's kernel with N tiles of rows (`::::2`; 0:
   triton_mla's kernel), a sixth the merge's columns at once (`:::::512`), a seventh the running
-  sums of q . k in gluon_mla's stage 1 (`::::::1`), an eighth gluon_mla_wgmma's stage 1 (`:::::::1`
-  whole rows in shared memory, `:::::::2` the rope parts in registers);
+  sums of q . k in gluon_mla's stage 1 (`::::::1`), an eighth 1 or 0 for gluon_mla_wgmma's stage 1 or
+  not (`:::::::1`; empty: `triton_mla.wgmma_serves`);
   `--skip-floor` leaves out the flat read and torch's sum when only the kernel's settings are
   compared.
 
@@ -120,7 +120,7 @@ def parse_variant(spec: str) -> dict:
     mla_decode_attention's arguments."""
     chunks, tiles, least, partials, buffers, merge, chains, wgmma = (spec.split(":") + [""] * 8)[:8]
     return {"spec": spec, "chunks": int(chunks) if chunks else None, "buffers": int(buffers) if buffers else None,
-            "wgmma": int(wgmma) if wgmma else None,
+            "wgmma": bool(int(wgmma)) if wgmma else None,
             "merge_slice": int(merge) if merge else None, "chains": int(chains) if chains else None,
             "tiles": tuple(int(v) for v in tiles.split(",")) if tiles else None,
             "least": int(least) if least else None, "partials": getattr(torch, partials) if partials else None}
@@ -180,7 +180,7 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
 
     def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
             lanes: int | None = None, tiles: tuple[int, int, int] | None = None, buffers: int | None = None,
-            merge_slice: int | None = None, chains: int | None = None, wgmma: int | None = None) -> float:
+            merge_slice: int | None = None, chains: int | None = None, wgmma: bool | None = None) -> float:
         return bench.graph_us(lambda: [mla_decode_attention(
             q, c, out, r2t, pool_rows, seq_lens, 0.07, k, None, tiles, fused, partial_dtype=partials,
             min_chunk=least, merge_lanes=lanes, buffers=buffers, merge_slice=merge_slice,

@@ -113,18 +113,16 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
                  "CHAINS": gluon_mla.score_chains(512, merged_here)},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
-        block_n, warps = gluon_mla_wgmma.WGMMA_TILES
-        for splits, pdl, rope_in_regs in ((4, True, False), (16, True, False), (8, False, False), (4, True, True),
-                                          (16, True, True)):
+        block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
+        for splits, pdl in ((4, True), (16, True), (8, False)):
             merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
-            buffers = gluon_mla_wgmma.RANK_BUFFERS if rope_in_regs else gluon_mla_wgmma.ROW_BUFFERS
-            found[f"mla decode gluon wgmma stage 1 chunks={splits} pdl={pdl} rope_in_regs={rope_in_regs}"] = (
+            found[f"mla decode gluon wgmma stage 1 chunks={splits} pdl={pdl}"] = (
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits,
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE,
-                 "PDL": pdl, "ROPE_IN_REGS": rope_in_regs},
+                 "PDL": pdl},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (

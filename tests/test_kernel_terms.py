@@ -175,17 +175,29 @@ def test_the_planners_copy_of_the_one_token_moe_path_matches_the_kernels():
 
 def test_the_planners_copy_of_the_mla_merge_rule_matches_the_kernels():
     # The planner does not import Triton: kernel_terms repeats triton_mla's block of heads and
-    # the batch below which the merge is a kernel of its own (more than FUSED_MERGE_SPLITS chunks).
+    # the batches whose merge is a kernel of its own (more than FUSED_MERGE_SPLITS chunks), as
+    # on Hopper, where gluon_mla_wgmma's stage 1 serves some in fewer chunks.
     pytest.importorskip("triton")
+    import numpy as np
+
     from cgtool.attention import triton_mla
-    from cgtool.planner.kernel_terms import MLA_FUSED_MERGE_ROWS, MLA_HEADS_PER_PROGRAM
+    from cgtool.planner.kernel_terms import (
+        KERNEL_FLOOR_MS,
+        MLA_DECODE_FIXED_MS,
+        MLA_DECODE_REQUEST_MS,
+        MLA_HEADS_PER_PROGRAM,
+        mla_decode_fixed_ms,
+    )
 
     assert MLA_HEADS_PER_PROGRAM == triton_mla.BLOCK_H
-    for heads in (16, 128):
+    for heads in (16, 20, 128):
         for bs in range(1, 300):
-            rows = bs * -(-heads // triton_mla.BLOCK_H)
-            separate = triton_mla.mla_num_kv_splits(bs, heads) > triton_mla.FUSED_MERGE_SPLITS
-            assert separate == (rows < MLA_FUSED_MERGE_ROWS), (heads, bs)
+            splits = triton_mla.mla_num_kv_splits(bs, heads)
+            if triton_mla.wgmma_serves(bs, heads):
+                splits = min(splits, triton_mla.wgmma_splits(bs, heads))
+            merge_kernel = KERNEL_FLOOR_MS if splits > triton_mla.FUSED_MERGE_SPLITS else 0.0
+            fixed = min(bs * MLA_DECODE_REQUEST_MS, MLA_DECODE_FIXED_MS) + merge_kernel
+            assert np.isclose(mla_decode_fixed_ms(1, heads, np.array([bs]))[0], fixed), (heads, bs)
 
 
 BOTH_MODELS = ("qwen3", "deepseek")

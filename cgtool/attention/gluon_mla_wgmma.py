@@ -28,11 +28,11 @@ from cgtool.runtime.dependent_launch import dependent_launch
 from cgtool.runtime.triton_launch import cdiv
 
 gluon = gluon_mla.gluon
-# Keys a tile (the MMA's M for one warpgroup), warps.
-WGMMA_TILES = (64, 4)
-# Tiles in shared memory: whole rows, or rank parts only with the rope parts in registers.
-ROW_BUFFERS = 2
-RANK_BUFFERS = 3
+# Keys a tile (the MMA's M for one warpgroup), tiles of rows in shared memory, warps. Three
+# tiles of rank parts, with the rope parts loaded into registers a tile ahead, were 20-50%
+# slower at every shape (H200, benchmarks/results/h200-2026-11-27-wgmma-mla, call 3).
+WGMMA_TILES = (64, 2, 4)
+BLOCK_H = 16  # heads a program: the MMA's N
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -48,7 +48,6 @@ if gluon is not None:
         _merge_heads,
         _wait_for_previous_kernel,
         async_copy,
-        copy_to_shared,
         cta_barrier,
         gl,
     )
@@ -77,52 +76,22 @@ if gluon is not None:
         return acc_t, l_t, m_new
 
     @gluon.jit
-    def _copy_rank(Kv, kv_buf, slots, start_n, end, stride_kt, RANK: gl.constexpr, BLOCK_N: gl.constexpr,
-                   copy_layout: gl.constexpr):
-        """Asynchronous copies of rows start_n..'s rank parts into one buffer; rows past `end` read nothing."""
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, copy_layout))
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        copy_to_shared(kv_buf, Kv + slots[:, None] * stride_kt + offs_r[None, :], mask=(offs_n < end)[:, None])
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _load_rope(Kv, token_row, start_n, end, stride_kt, RANK: gl.constexpr, ROPE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, dot_a: gl.constexpr):
-        """Rows start_n..'s rope parts, in registers as the scores' MMA takes its A operand (0 past `end`)."""
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, dot_a))
-        slots = gl.load(token_row + offs_n, mask=offs_n < end, other=0).to(gl.int64)
-        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, dot_a))
-        return gl.load(Kv + slots[:, None] * stride_kt + RANK + offs_p[None, :], mask=(offs_n < end)[:, None],
-                       other=0.0)
-
-    @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, ROPE_IN_REGS: gl.constexpr):
-        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. ROPE_IN_REGS: the
-        rope parts go to registers a tile ahead, not to shared memory, which then holds three
-        tiles of rank parts (196 KB) instead of two of whole rows."""
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
-        dot_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
         dtype: gl.constexpr = Kv.dtype.element_ty
         # 128-byte swizzle: the rank and rope parts' rows are whole multiples of 128 bytes.
         rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
-        if ROPE_IN_REGS:
-            pe_bufs = kv_bufs  # unused
-            for j in gl.static_range(NUM_BUF - 1):
-                slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-                _copy_rank(Kv, kv_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt, RANK, BLOCK_N,
-                           copy_layout)
-            pe_now = _load_rope(Kv, token_row, start, end, stride_kt, RANK, ROPE, BLOCK_N, dot_a)
-        else:
-            pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
-            for j in gl.static_range(NUM_BUF - 1):
-                slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
+        pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
+        for j in gl.static_range(NUM_BUF - 1):
+            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+            _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
         next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
 
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
@@ -144,27 +113,16 @@ if gluon is not None:
             cta_barrier()  # every warp is done with the buffer read last step before it is refilled
             ahead = start + (i + NUM_BUF - 1) * BLOCK_N
             fill = (i + NUM_BUF - 1) % NUM_BUF
-            if ROPE_IN_REGS:
-                _copy_rank(Kv, kv_bufs.index(fill), next_slots, ahead, end, stride_kt, RANK, BLOCK_N, copy_layout)
-            else:
-                _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
+            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
             next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-            if ROPE_IN_REGS:
-                pe_next = _load_rope(Kv, token_row, start + (i + 1) * BLOCK_N, end, stride_kt, RANK, ROPE,
-                                     BLOCK_N, dot_a)
             async_copy.wait_group(NUM_BUF - 1)
             # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
             fence_async_shared()
             cta_barrier()
-            if ROPE_IN_REGS:
-                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF), pe_now,
-                                                 p_smem, start + i * BLOCK_N, end, scale_log2, BLOCK_H, BLOCK_N, mma)
-                pe_now = pe_next
-            else:
-                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
+            acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                             pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                             scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
         return acc_t, gl.sum(l_t, 0), m_i
 
@@ -190,7 +148,7 @@ if gluon is not None:
         stride_ob, stride_oh,
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
-        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr, ROPE_IN_REGS: gl.constexpr,
+        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
     ):
         if PDL:
             _wait_for_previous_kernel()
@@ -206,7 +164,7 @@ if gluon is not None:
             token_row = req_to_token + pool_row.to(gl.int64) * stride_req
             acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                               stride_qb, stride_qh, stride_kt,
-                                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, ROPE_IN_REGS)
+                                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
             _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
                              stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
         chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
@@ -225,12 +183,10 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, merge_d: int,
-    rope_in_regs: bool = False,
 ) -> None:
     """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
     WGMMA_TILES; `block_h` must be 16 (one warpgroup's N)."""
-    block_n, num_warps = WGMMA_TILES
-    num_buf = RANK_BUFFERS if rope_in_regs else ROW_BUFFERS
+    block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
@@ -242,6 +198,6 @@ def launch_stage1(
         out.stride(0), out.stride(1),
         NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-        FUSED_MERGE=tickets is not None, MERGE_D=merge_d, ROPE_IN_REGS=rope_in_regs,
+        FUSED_MERGE=tickets is not None, MERGE_D=merge_d,
         num_warps=num_warps, **dependent_launch(q.device),
     )

@@ -127,10 +127,14 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # in 3-4 tiles and 3 tiles of 32 were slower.
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
-# gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile) in place of gluon_mla's: off until
-# it is timed against it on the GPU.
-WGMMA_STAGE1 = 0
-WGMMA_TARGET_PROGRAMS = 132
+# gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile, one program an SM) serves one head
+# block's requests from WGMMA_MIN_BS to WGMMA_PROGRAMS, in as many chunks as fill the 132 SMs
+# once. There it took 4-22% less time a layer than gluon_mla's on the H200 (bs 20-128 x 1k, bs
+# 8 x 4k-8k, bs 32-64 x 8k; h200-2026-11-27-wgmma-mla, calls 2-3). Below, gluon_mla's two
+# programs an SM with the merge kernel were faster (bs 16 x 1k 11.6 us against 13.2-15.1); past
+# it the one-chunk requests fill the SMs twice (bs 256 x 1k 83.6 against 80.4).
+WGMMA_MIN_BS = 17
+WGMMA_PROGRAMS = 132
 # With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
 # at least this many keys: bs 8 x 1k 11.5 us against 13.2 in chunks of 32, bs 16 15.8 against
 # 16.6, no change at bs 24 x 1k nor at 8k (H100, call 8 there). Merged in the last program,
@@ -362,6 +366,16 @@ def _mla_merge_kernel(
     )
 
 
+def wgmma_serves(batch_size: int, num_heads: int) -> bool:
+    """Whether gluon_mla_wgmma's stage 1 is the default for this batch (where Gluon runs)."""
+    return cdiv(num_heads, BLOCK_H) == 1 and WGMMA_MIN_BS <= batch_size <= WGMMA_PROGRAMS
+
+
+def wgmma_splits(batch_size: int, num_heads: int) -> int:
+    """Chunks a request for gluon_mla_wgmma's stage 1: the batch's programs fill the SMs once."""
+    return max(1, WGMMA_PROGRAMS // (batch_size * cdiv(num_heads, BLOCK_H)))
+
+
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
     """Fixed by the batch size, so a captured graph's grid stays valid: the most chunks a
     request that keep the batch within MLA_TARGET_PROGRAMS programs: any count below
@@ -420,7 +434,7 @@ def mla_decode_attention(
     tiles: tuple[int, int, int] | None = None, fused_merge: bool | None = None,
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
     min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
-    merge_slice: int | None = None, score_chains: int | None = None, wgmma: int | None = None,
+    merge_slice: int | None = None, score_chains: int | None = None, wgmma: bool | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
@@ -431,16 +445,16 @@ def mla_decode_attention(
     module's kernel; `buffers` is the tiles of rows of gluon_mla's stage 1 (0: this module's
     kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
     takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
-    gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` runs gluon_mla_wgmma's
-    stage 1 where Gluon runs (default WGMMA_STAGE1): 1 with whole rows in shared memory, 2
-    with the rope parts in registers."""
+    gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
+    stage 1 serves where Gluon runs (default `wgmma_serves`), in `wgmma_splits` chunks."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
-    wgmma = (WGMMA_STAGE1 if wgmma is None else wgmma) if buffers and BLOCK_H == 16 else 0
-    if wgmma:  # one program an SM: as many chunks as fill the SMs once, not twice
-        num_kv_splits = min(num_kv_splits, max(1, WGMMA_TARGET_PROGRAMS // (q.shape[0] * cdiv(q.shape[1], BLOCK_H))))
+    wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and (
+        wgmma_serves(*q.shape[:2]) if wgmma is None else wgmma)
+    if wgmma:
+        num_kv_splits = min(num_kv_splits, wgmma_splits(*q.shape[:2]))
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
-    block_n, num_warps, num_stages = (*gluon_mla_wgmma.WGMMA_TILES, 1) if wgmma else tiles or (
+    block_n, num_warps, num_stages = (gluon_mla_wgmma.WGMMA_TILES[0], 4, 1) if wgmma else tiles or (
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
     min_keys = (FUSED_MIN_CHUNK if fused else unfused_min) if min_chunk is None else min_chunk
@@ -458,7 +472,7 @@ def mla_decode_attention(
     if wgmma:
         gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                       req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                      num_kv_splits, min_keys, slice_d, rope_in_regs=wgmma == 2)
+                                      num_kv_splits, min_keys, slice_d)
     elif buffers:
         if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,

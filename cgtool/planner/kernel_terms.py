@@ -89,6 +89,9 @@ MLA_DECODE_FIXED_MS = 16e-3
 # up to 29 rows get since the chunks are rounded down to fit 264 programs).
 MLA_FUSED_MERGE_ROWS = 30
 MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
+# On Hopper, a one-head-block batch from this many requests runs gluon_mla_wgmma's stage 1 in
+# fewer chunks, merged in the last program (cgtool.attention.triton_mla.WGMMA_MIN_BS).
+MLA_WGMMA_MIN_BS = 17
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
@@ -132,5 +135,6 @@ def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray) -> np.n
     bs = np.asarray(bs, dtype=np.float64)
     rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
     per_layer = np.minimum(bs * MLA_DECODE_REQUEST_MS, MLA_DECODE_FIXED_MS)
-    per_layer = per_layer + np.where(rows < MLA_FUSED_MERGE_ROWS, KERNEL_FLOOR_MS, 0.0)
+    separate = (rows < MLA_FUSED_MERGE_ROWS) & ~((rows == bs) & (bs >= MLA_WGMMA_MIN_BS))
+    per_layer = per_layer + np.where(separate, KERNEL_FLOOR_MS, 0.0)
     return np.where(bs > 0, num_layers * per_layer, 0.0)
