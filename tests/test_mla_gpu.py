@@ -56,13 +56,28 @@ def test_mla_decode_graphs_replay_equal_to_eager(mla_bench):
     from cgtool.runners.decode import DecodeGraphRunner
 
     assert mla_bench.runner.kv_pool.is_latent
-    # Up to 16 requests gluon_mla's stage 1 serves on Hopper, from 17 gluon_mla_wgmma's.
-    runner = DecodeGraphRunner(mla_bench.runner, [1, 2, 4, 8, 16, 24, 32, 48])
+    from cgtool.attention import gluon_mla, triton_mla
+
+    # Up to 16 requests gluon_mla's stage 1 serves on Hopper, from 17 gluon_mla_wgmma's. A
+    # padded replay chunks each request's keys as its graph's batch does, so eager runs with
+    # the graph's chunk count: bs 20 in the bs-24 graph takes 5 chunks where 20 alone takes 6.
+    sizes = [1, 2, 4, 8, 16, 24, 32, 48]
+    runner = DecodeGraphRunner(mla_bench.runner, sizes)
     runner.capture()
     model = mla_bench.runner.model
+    backend = mla_bench.runner.backend
+    wgmma = gluon_mla.available(torch.device(CUDA))
     for bs in (1, 3, 8, 13, 16, 20, 32, 45):
+        graph_bs = min(size for size in sizes if size >= bs)
+        chunks = triton_mla.mla_num_kv_splits(graph_bs, 16)
+        if wgmma and triton_mla.wgmma_serves(graph_bs, 16):
+            chunks = min(chunks, triton_mla.wgmma_splits(graph_bs, 16))
         batch = mla_bench.decode_batch(bs)
-        eager = model.compute_logits(mla_bench.runner.forward_eager(batch))
+        backend.num_kv_splits = chunks
+        try:
+            eager = model.compute_logits(mla_bench.runner.forward_eager(batch))
+        finally:
+            backend.num_kv_splits = None
         replayed = runner.replay(batch).clone()
         assert replayed.shape == (bs, model.cfg.vocab_size)
         assert_replay_equals_eager(replayed, eager)
