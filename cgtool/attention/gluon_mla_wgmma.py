@@ -12,8 +12,10 @@ shared memory once for the whole group and never pass through registers:
 - the output transposed, O^T += rows^T . P^T: the rank's 512 columns are M, the heads N; P^T
   goes to shared memory as the MMA's B operand.
 
-A tile of 64 keys then moves about 215 KB through shared memory, 64% of the mma_v2 kernel's
-per key. Two tiles of rows (147 KB) and q fill an SM, one program each.
+A tile of 64 keys then moves about 250 KB through shared memory (its copies, the rows read
+twice, q and P^T), 70% of the mma_v2 kernel's per key. Two tiles of rows (147 KB) and q fill
+an SM, one program each, so a batch runs in as many chunks as fill the SMs once
+(triton_mla.wgmma_splits), and triton_mla.wgmma_serves says where that is faster.
 
 Chunks, partials, tickets and the merge are gluon_mla's (`_chunk_keys`, `_merge_heads`), so
 triton_mla's merge kernel or the last program merges them alike.
@@ -21,13 +23,18 @@ triton_mla's merge kernel or the last program merges them alike.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+from triton.compiler.errors import CompilationError
 
 from cgtool.attention import gluon_mla
 from cgtool.runtime.dependent_launch import dependent_launch
 from cgtool.runtime.triton_launch import cdiv
 
 gluon = gluon_mla.gluon
+# The compiler's message once this process's Triton refused the kernel (launch_stage1).
+_REFUSED: list[str] = []
 # Keys a tile (the MMA's M for one warpgroup), tiles of rows in shared memory, warps. Three
 # tiles of rank parts, with the rope parts loaded into registers a tile ahead, were 20-50%
 # slower at every shape (H200, benchmarks/results/h200-2026-11-27-wgmma-mla, call 3).
@@ -179,25 +186,38 @@ if gluon is not None:
                              NUM_HEADS, RANK, BLOCK_H, MERGE_D, NUM_SPLITS, 4)
 
 
+def refused() -> bool:
+    """Whether this process's Triton refused to compile the kernel (then gluon_mla's serves)."""
+    return bool(_REFUSED)
+
+
 def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, merge_d: int,
-) -> None:
+) -> bool:
     """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
-    WGMMA_TILES; `block_h` must be 16 (one warpgroup's N)."""
+    WGMMA_TILES; `block_h` must be BLOCK_H. False, having launched nothing, where this Triton
+    refuses to compile the kernel; from then on `refused` says so, with one RuntimeWarning."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
-    _mla_decode_stage1_wgmma[grid](
-        q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
-        req_to_token, req_pool_indices, seq_lens, scale_log2,
-        q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
-        mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-        FUSED_MERGE=tickets is not None, MERGE_D=merge_d,
-        num_warps=num_warps, **dependent_launch(q.device),
-    )
+    try:
+        _mla_decode_stage1_wgmma[grid](
+            q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
+            req_to_token, req_pool_indices, seq_lens, scale_log2,
+            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+            out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+            NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
+            FUSED_MERGE=tickets is not None, MERGE_D=merge_d,
+            num_warps=num_warps, **dependent_launch(q.device),
+        )
+    except CompilationError as err:
+        _REFUSED.append(str(err).strip().splitlines()[-1])
+        warnings.warn(f"cgtool: this Triton refused gluon_mla_wgmma's MLA decode kernel ({_REFUSED[-1]}); "
+                      "gluon_mla's kernel serves instead", RuntimeWarning, stacklevel=2)
+        return False
+    return True

@@ -448,8 +448,9 @@ def mla_decode_attention(
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
     stage 1 serves where Gluon runs (default `wgmma_serves`), in `wgmma_splits` chunks."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
-    wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and (
+    wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and not gluon_mla_wgmma.refused() and (
         wgmma_serves(*q.shape[:2]) if wgmma is None else wgmma)
+    asked_splits, asked_partials = num_kv_splits, partial_dtype
     if wgmma:
         num_kv_splits = min(num_kv_splits, wgmma_splits(*q.shape[:2]))
     fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
@@ -470,9 +471,14 @@ def mla_decode_attention(
     slice_d = min(merge_slice or _merge_slice(buffers, fused, lanes), block_r)
     merge_launch = {"PDL": False} if fused else dependent_launch(q.device)
     if wgmma:
-        gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
-                                      req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                      num_kv_splits, min_keys, slice_d)
+        if not gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
+                                             req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
+                                             num_kv_splits, min_keys, slice_d):
+            # This Triton refused it: again with gluon_mla's stage 1 at the chunks asked for.
+            mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
+                                 asked_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,
+                                 merge_lanes, buffers, merge_slice, score_chains, wgmma=False)
+            return
     elif buffers:
         if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,

@@ -1,0 +1,79 @@
+"""gluon_mla_wgmma's place in MLA decode: which batches its stage 1 serves, in how many chunks,
+and what serves where this Triton refuses it.
+
+The kernel runs only on a Hopper GPU (tests/test_mla_gpu.py holds it to the torch reference and
+to its graph replays); tests/sm90_compile.py compiles it for sm_90 here.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_gluon_mla import _RecordingKernel, _RefusingKernel
+
+from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
+
+
+@pytest.mark.parametrize(("bs", "heads", "serves"), [
+    (1, 16, False), (16, 16, False), (17, 16, True), (48, 16, True), (132, 16, True), (133, 16, False),
+    (256, 16, False), (32, 20, False), (32, 128, False)])
+def test_it_serves_one_head_blocks_batches_from_17_to_132(bs, heads, serves):
+    assert triton_mla.wgmma_serves(bs, heads) is serves
+
+
+@pytest.mark.parametrize("bs", range(17, 133))
+def test_its_chunks_fill_the_sms_once_and_merge_in_the_last_program(bs):
+    splits = triton_mla.wgmma_splits(bs, 16)
+    assert bs * splits <= triton_mla.WGMMA_PROGRAMS < bs * (splits + 1)
+    assert splits <= triton_mla.FUSED_MERGE_SPLITS
+
+
+def test_its_least_chunks_are_whole_tiles():
+    block_n = gluon_mla_wgmma.WGMMA_TILES[0]
+    assert triton_mla.FUSED_MIN_CHUNK % block_n == 0
+    assert triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK % block_n == 0
+
+
+def _decode_on_cpu(bs: int, **kwargs) -> tuple[torch.Tensor, tuple]:
+    from test_triton_mla import latent_pool, latent_q
+
+    seq_lens = [5 + 37 * i for i in range(bs)]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float32, "cpu")
+    q = latent_q(bs, 16, 576, torch.float32, "cpu").view(bs, 16, 576)
+    args = (pool.k_buffers[0], pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32), 576**-0.5, triton_mla.mla_num_kv_splits(bs, 16))
+    out = torch.full((bs, 16, 512), float("nan"))
+    triton_mla.mla_decode_attention(q, args[0], out, *args[1:], **kwargs)
+    return out, (q, args, pool, rows, seq_lens)
+
+
+def test_it_is_launched_in_its_chunks_as_a_dependent_where_gluon_runs(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", kernel)
+    monkeypatch.setattr(gluon_mla_wgmma, "dependent_launch", lambda device: {"PDL": True, "launch_pdl": True})
+    _decode_on_cpu(20)
+    (launch,) = kernel.launches
+    assert launch["NUM_SPLITS"] == triton_mla.wgmma_splits(20, 16) == 6
+    assert launch["FUSED_MERGE"] and launch["PDL"] and launch["launch_pdl"]
+    assert launch["BLOCK_N"] == 64 and launch["num_warps"] == 4
+
+
+def test_a_triton_that_refuses_it_gets_the_next_kernel_with_one_warning(monkeypatch):
+    # Here both Gluon kernels are refused, so triton_mla's serves, at the chunks first asked for.
+    from test_triton_decode import assert_attention_close
+    from test_triton_mla import run_decode
+
+    monkeypatch.setattr(gluon_mla, "_REFUSED", [])
+    monkeypatch.setattr(gluon_mla_wgmma, "_REFUSED", [])
+    monkeypatch.setattr(gluon_mla, "available", lambda device: not gluon_mla._REFUSED)
+    monkeypatch.setattr(gluon_mla, "_mla_decode_stage1_buffered", _RefusingKernel())
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", _RefusingKernel())
+    with pytest.warns(RuntimeWarning, match="refused gluon_mla_wgmma"):
+        fallen_back, (q, args, pool, rows, seq_lens) = _decode_on_cpu(17)
+    assert gluon_mla_wgmma.refused()
+    plain = torch.full_like(fallen_back, float("nan"))
+    triton_mla.mla_decode_attention(q, args[0], plain, *args[1:], buffers=0)
+    torch.testing.assert_close(fallen_back, plain, rtol=0, atol=0)
+    _, ref = run_decode(pool, rows, seq_lens, 16)
+    assert_attention_close(fallen_back.view(17, -1), ref, atol=2e-2)
