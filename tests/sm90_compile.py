@@ -120,7 +120,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits,
-                 "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
+                 "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK,
                  "NUM_BUF": buffers, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE,
                  "PDL": pdl},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})

@@ -29,9 +29,7 @@ def test_its_chunks_fill_the_sms_once_and_merge_in_the_last_program(bs):
 
 
 def test_its_least_chunks_are_whole_tiles():
-    block_n = gluon_mla_wgmma.WGMMA_TILES[0]
-    assert triton_mla.FUSED_MIN_CHUNK % block_n == 0
-    assert triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK % block_n == 0
+    assert triton_mla.WGMMA_MIN_CHUNK % gluon_mla_wgmma.WGMMA_TILES[0] == 0
 
 
 def _decode_on_cpu(bs: int, **kwargs) -> tuple[torch.Tensor, tuple]:
@@ -57,6 +55,7 @@ def test_it_is_launched_in_its_chunks_as_a_dependent_where_gluon_runs(monkeypatc
     assert launch["NUM_SPLITS"] == triton_mla.wgmma_splits(20, 16) == 6
     assert launch["FUSED_MERGE"] and launch["PDL"] and launch["launch_pdl"]
     assert launch["BLOCK_N"] == 64 and launch["num_warps"] == 4
+    assert launch["MIN_CHUNK"] == triton_mla.WGMMA_MIN_CHUNK
 
 
 def test_a_triton_that_refuses_it_gets_the_next_kernel_with_one_warning(monkeypatch):

@@ -135,6 +135,10 @@ BUFFERED_TILES_COUNT = 2
 # it the one-chunk requests fill the SMs twice (bs 256 x 1k 83.6 against 80.4).
 WGMMA_MIN_BS = 17
 WGMMA_PROGRAMS = 132
+# Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
+# bs 17-20 x 1k 6-7% faster than at 256, bs 24-32 x 512 15-19%, the same from bs 24 x 1k and
+# at 2k-4k (H200, h200-2026-11-27-wgmma-mla call 7); 64 was the same as 128.
+WGMMA_MIN_CHUNK = 128
 # With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
 # at least this many keys: bs 8 x 1k 11.5 us against 13.2 in chunks of 32, bs 16 15.8 against
 # 16.6, no change at bs 24 x 1k nor at 8k (H100, call 8 there). Merged in the last program,
@@ -458,7 +462,8 @@ def mla_decode_attention(
     block_n, num_warps, num_stages = (gluon_mla_wgmma.WGMMA_TILES[0], 4, 1) if wgmma else tiles or (
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
-    min_keys = (FUSED_MIN_CHUNK if fused else unfused_min) if min_chunk is None else min_chunk
+    least = WGMMA_MIN_CHUNK if wgmma else FUSED_MIN_CHUNK if fused else unfused_min
+    min_keys = least if min_chunk is None else min_chunk
     assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
