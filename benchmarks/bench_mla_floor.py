@@ -169,13 +169,16 @@ def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor
 
 def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...], mins: tuple[int, ...],
                fused_tried: tuple[int, ...], warps_tried: tuple[int, ...] = (), variants: tuple[dict, ...] = (),
-               skip_floor: bool = False, with_store: bool = False) -> dict:
-    layers = 2 if bs * ctx >= 64 * 8192 else bench.LAYERS
-    caches, r2t, pool_rows = bench.latent_setup([ctx] * bs, layers)
-    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device=bench.DEVICE)
+               skip_floor: bool = False, with_store: bool = False, real: int | None = None) -> dict:
+    """`real`: only the first `real` requests hold `ctx` keys, the rest one, as a graph's padding."""
+    real = bs if real is None else real
+    lens = [ctx] * real + [1] * (bs - real)
+    layers = 2 if sum(lens) >= 64 * 8192 else bench.LAYERS
+    caches, r2t, pool_rows = bench.latent_setup(lens, layers)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=bench.DEVICE)
     q = torch.randn(bs, bench.MLA_HEADS, bench.RANK + bench.ROPE, device=bench.DEVICE).to(bench.DTYPE)
     out = torch.empty(bs, bench.MLA_HEADS, bench.RANK, device=bench.DEVICE, dtype=bench.DTYPE)
-    bound = bs * ctx * (bench.RANK + bench.ROPE) * bench.DTYPE.itemsize / copy_bs * 1e6
+    bound = sum(lens) * (bench.RANK + bench.ROPE) * bench.DTYPE.itemsize / copy_bs * 1e6
     splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
 
     def mla(k: int, fused: bool | None = None, partials: torch.dtype | None = None, least: int | None = None,
@@ -196,11 +199,11 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         return (out.float() - shipped.float()).abs().max().item()
 
     # The rows live from slot 1 on (latent_setup); torch's sum reads exactly them.
-    spans = [c[1:1 + bs * ctx] for c in caches]
-    row = {"bs": bs, "context": ctx, "splits": splits, "bound_us": bound}
+    spans = [c[1:1 + sum(lens)] for c in caches]
+    row = {"bs": bs, "context": ctx, "real": real, "splits": splits, "bound_us": bound}
     if not skip_floor:
         row["torch_sum_us"] = bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers
-        row["flat_us"], row["flat_sweep"] = flat_us(spans, bs * ctx)
+        row["flat_us"], row["flat_sweep"] = flat_us(spans, sum(lens))
     row["mla_us"] = mla(splits)
     if with_store:
         row.update(after_store(bs, ctx, caches, r2t, pool_rows, seq_lens, q, out, layers))
@@ -254,12 +257,13 @@ def main() -> None:
                              "launches and without")
     parser.add_argument("--dry", action="store_true", help="three tiny cases on the CPU (TRITON_INTERPRET=1)")
     args = parser.parse_args()
-    cases = CASES
-    if args.cases:
-        cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")]
+    cases = [(bs, ctx, None) for bs, ctx in CASES]
+    if args.cases:  # BSxCONTEXT, or BSxCONTEXTpREAL: REAL requests of CONTEXT keys, the rest of one
+        cases = [(int(c.split("x")[0]), int(c.split("x")[1].split("p")[0]),
+                  int(c.split("p")[1]) if "p" in c else None) for c in args.cases.split(",")]
     if args.dry:
         bench.DEVICE, bench.DTYPE, bench.LAYERS = "cpu", torch.float32, 2
-        cases = [(2, 96), (20, 64), (40, 32)]
+        cases = [(2, 96, None), (20, 64, None), (40, 32, 30)]
     elif not torch.cuda.is_available():
         sys.exit("bench_mla_floor.py needs a GPU (or --dry with TRITON_INTERPRET=1)")
     splits_tried = tuple(int(v) for v in args.splits.split(",") if v)
@@ -269,18 +273,18 @@ def main() -> None:
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
               "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": [],
               "gluon_stage1": gluon_mla.available(torch.device(bench.DEVICE))}
-    for bs, ctx in cases:
+    for bs, ctx, real in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),
                          tuple(int(v) for v in args.fused.split(",") if v),
                          tuple(int(v) for v in args.warps.split(",") if v), variants, args.skip_floor,
-                         args.after_store)
+                         args.after_store, real)
         result["cases"].append(row)
         bench.save_results(result, args.out)
         best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))
         floor = "" if args.skip_floor else (
             f"torch sum {row['torch_sum_us']:.1f} ({row['torch_sum_share']:.0%}) | "
             f"flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | ")
-        bench.log(f"bs {bs} x {ctx}: bound {row['bound_us']:.1f} us | {floor}"
+        bench.log(f"bs {bs} x {ctx}{'' if real is None else f' ({real} real)'}: bound {row['bound_us']:.1f} us | {floor}"
                   f"mla {row['mla_us']:.1f} ({row['mla_share']:.0%}) in {row['splits']}, bf16 partials "
                   f"{row['mla_bf16_us']:.1f} | best other split {best:.1f}"
                   + (f" | merge alone {row['merge_alone_us']:.1f}" if "merge_alone_us" in row else ""))

@@ -114,16 +114,14 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "CHAINS": gluon_mla.score_chains(512, merged_here)},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
-        for splits, pdl in ((4, True), (16, True), (8, False)):
-            merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
-            found[f"mla decode gluon wgmma stage 1 chunks={splits} pdl={pdl}"] = (
+        for splits, batch_block, pdl in ((4, 128, True), (15, 128, True), (2, 256, False)):
+            found[f"mla decode gluon wgmma stage 1 chunks={splits} batch={batch_block} pdl={pdl}"] = (
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-                 "NUM_SPLITS": splits,
-                 "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK,
-                 "NUM_BUF": buffers, "FUSED_MERGE": merged_here, "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE,
-                 "PDL": pdl},
-                warps, 1, {"MidOut": "*bf16"} if merged_here else {})
+                 "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers,
+                 "FUSED_MERGE": True, "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
+                 "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block},
+                warps, 1, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

@@ -53,26 +53,25 @@ def mla_bench():
 
 
 def test_mla_decode_graphs_replay_equal_to_eager(mla_bench):
+    from cgtool.attention import triton_mla
     from cgtool.runners.decode import DecodeGraphRunner
 
     assert mla_bench.runner.kv_pool.is_latent
-    from cgtool.attention import gluon_mla, triton_mla
 
     # Up to 16 requests gluon_mla's stage 1 serves on Hopper, from 17 gluon_mla_wgmma's. A
-    # padded replay chunks each request's keys as its graph's batch does, so eager runs with
-    # the graph's chunk count: bs 20 in the bs-24 graph takes 5 chunks where 20 alone takes 6.
+    # padded replay chunks each request's keys with its graph's chunk count, so eager runs with
+    # that count: bs 13 in the bs-16 graph, bs 20 in the bs-24 one (at most 11 chunks where 20
+    # alone may take 13; gluon_mla_wgmma shares the chunks by the lengths, and its padding's
+    # single keys count for none).
     sizes = [1, 2, 4, 8, 16, 24, 32, 48]
     runner = DecodeGraphRunner(mla_bench.runner, sizes)
     runner.capture()
     model = mla_bench.runner.model
     backend = mla_bench.runner.backend
-    wgmma = gluon_mla.available(torch.device(CUDA))
     for bs in (1, 3, 8, 13, 16, 20, 32, 45):
         graph_bs = min(size for size in sizes if size >= bs)
-        chunks = triton_mla.mla_num_kv_splits(graph_bs, 16)
-        if wgmma and triton_mla.wgmma_serves(graph_bs, 16):
-            chunks = min(chunks, triton_mla.wgmma_splits(graph_bs, 16))
         batch = mla_bench.decode_batch(bs)
+        chunks = triton_mla.mla_num_kv_splits(graph_bs, 16)
         backend.num_kv_splits = chunks
         try:
             eager = model.compute_logits(mla_bench.runner.forward_eager(batch))
@@ -193,11 +192,17 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
 
 
 
-@pytest.mark.parametrize(("num_heads", "num_kv_splits"), [(16, 1), (16, 4), (16, 8), (16, 16), (20, 4), (128, 2)])
-def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits):
-    # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles, a last tile cut short, chunks
-    # left empty, a partial head block at 20 heads; merged by the last program (up to 8
-    # chunks) or the merge kernel (16).
+MIXED = [1, 2, 31, 63, 64, 65, 129, 1000, 9000, 513, 17]
+PADDED = [2000] * 20 + [1] * 30  # 20 requests in a graph of 50, as a replay pads them
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_splits", "seq_lens"), [
+    (16, 1, MIXED), (16, 4, MIXED), (16, 8, MIXED), (16, 16, MIXED), (20, 4, MIXED), (128, 2, MIXED),
+    (16, 5, PADDED)])
+def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits, seq_lens):
+    # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles shared by the batch's lengths (a
+    # 9,000-token request beside short ones, long ones beside padding), a last tile cut short,
+    # chunks left empty, a partial head block at 20 heads; merged by the last program.
     from test_triton_mla import latent_q
 
     from cgtool.attention import gluon_mla
@@ -205,7 +210,6 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("the warpgroup MMA stage 1 needs Triton's Gluon and a Hopper GPU")
-    seq_lens = [1, 2, 31, 63, 64, 65, 129, 1000, 9000, 513, 17]
     bs = len(seq_lens)
     pool, rows = latent_pool(seq_lens, num_heads, 512, 64, torch.bfloat16, CUDA)
     _, ref = run_decode(pool, rows, seq_lens, num_heads)

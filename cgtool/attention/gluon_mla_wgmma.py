@@ -14,11 +14,13 @@ shared memory once for the whole group and never pass through registers:
 
 A tile of 64 keys then moves about 250 KB through shared memory (its copies, the rows read
 twice, q and P^T), 70% of the mma_v2 kernel's per key. Two tiles of rows (147 KB) and q fill
-an SM, one program each, so a batch runs in as many chunks as fill the SMs once
-(triton_mla.wgmma_splits), and triton_mla.wgmma_serves says where that is faster.
+an SM, one program each, so a batch's chunks fill the SMs once, and triton_mla.wgmma_serves
+says where that is faster.
 
-Chunks, partials, tickets and the merge are gluon_mla's (`_chunk_keys`, `_merge_heads`), so
-triton_mla's merge kernel or the last program merges them alike.
+Partials, tickets and the merge are gluon_mla's (`_merge_heads`). The chunks are not: a
+request gets chunks in proportion to its share of the batch's key tiles, so that the working
+programs fill the SMs once whatever the batch's lengths (`_shared_chunk_keys`); the last
+program of a request's chunks merges them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+import triton
 from triton.compiler.errors import CompilationError
 
 from cgtool.attention import gluon_mla
@@ -49,7 +52,6 @@ if gluon is not None:
     )
 
     from cgtool.attention.gluon_mla import (
-        _chunk_keys,
         _copy_rows,
         _load_slots,
         _merge_heads,
@@ -149,13 +151,28 @@ if gluon is not None:
                  mask=lse_heads < NUM_HEADS)
 
     @gluon.jit
+    def _shared_chunk_keys(seq_lens, seq_len, batch, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                           MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
+        """Keys a chunk of this request: PROGRAMS programs shared among the batch's requests in
+        proportion to their whole key tiles (at least one chunk, at most NUM_SPLITS), so short
+        requests take one program and none a long one could use. Whole tiles only, so that a
+        replay's padding (one key a request) shares them as the batch alone does."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = gl.arange(0, BATCH_BLOCK, layout=layout)
+        lens = gl.load(seq_lens + offs, mask=offs < batch, other=0)
+        whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
+        chunks = gl.minimum(gl.maximum(PROGRAMS * (seq_len // BLOCK_N) // whole, 1), NUM_SPLITS)
+        return gl.maximum(gl.cdiv(gl.cdiv(seq_len, BLOCK_N), chunks) * BLOCK_N, MIN_CHUNK)
+
+    @gluon.jit
     def _mla_decode_stage1_wgmma(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
         stride_ob, stride_oh,
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
-        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
+        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
+        BATCH_BLOCK: gl.constexpr,
     ):
         if PDL:
             _wait_for_previous_kernel()
@@ -164,7 +181,8 @@ if gluon is not None:
         split = gl.program_id(2)
         seq_len = gl.load(seq_lens + b)
         pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
-        keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+        keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS,
+                                  BATCH_BLOCK)
         start = split * keys
         end = gl.minimum(start + keys, seq_len)
         if end > start:
@@ -195,10 +213,13 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, merge_d: int,
+    programs: int,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
-    WGMMA_TILES; `block_h` must be BLOCK_H. False, having launched nothing, where this Triton
-    refuses to compile the kernel; from then on `refused` says so, with one RuntimeWarning."""
+    WGMMA_TILES, `block_h` BLOCK_H, and at most `num_kv_splits` chunks a request: the batch's
+    key tiles are shared among `programs` programs in proportion to each request's (one an SM).
+    False, having launched nothing, where this Triton refuses to compile the kernel; from then
+    on `refused` says so, with one RuntimeWarning."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -212,7 +233,8 @@ def launch_stage1(
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
             NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-            FUSED_MERGE=tickets is not None, MERGE_D=merge_d,
+            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, PROGRAMS=programs,
+            BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
             num_warps=num_warps, **dependent_launch(q.device),
         )
     except CompilationError as err:

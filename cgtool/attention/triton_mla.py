@@ -128,11 +128,11 @@ PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
 # gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile, one program an SM) serves one head
-# block's requests from WGMMA_MIN_BS to WGMMA_PROGRAMS, in as many chunks as fill the 132 SMs
-# once. There it took 4-22% less time a layer than gluon_mla's on the H200 (bs 20-128 x 1k, bs
-# 8 x 4k-8k, bs 32-64 x 8k; h200-2026-11-27-wgmma-mla, calls 2-3). Below, gluon_mla's two
+# block's requests from WGMMA_MIN_BS to WGMMA_PROGRAMS, the batch's key tiles shared among the
+# 132 SMs' programs. There it took 3-24% less time a layer than gluon_mla's (H200 and H100, bs
+# 17-128 x 512-1k, bs 32-64 x 8k; h200-2026-11-27-wgmma-mla, calls 8-9). Below, gluon_mla's two
 # programs an SM with the merge kernel were faster (bs 16 x 1k 11.6 us against 13.2-15.1); past
-# it the one-chunk requests fill the SMs twice (bs 256 x 1k 83.6 against 80.4).
+# it one chunk a request fills the SMs twice (bs 256 x 1k 83.6 against 80.4).
 WGMMA_MIN_BS = 17
 WGMMA_PROGRAMS = 132
 # Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
@@ -375,11 +375,6 @@ def wgmma_serves(batch_size: int, num_heads: int) -> bool:
     return cdiv(num_heads, BLOCK_H) == 1 and WGMMA_MIN_BS <= batch_size <= WGMMA_PROGRAMS
 
 
-def wgmma_splits(batch_size: int, num_heads: int) -> int:
-    """Chunks a request for gluon_mla_wgmma's stage 1: the batch's programs fill the SMs once."""
-    return max(1, WGMMA_PROGRAMS // (batch_size * cdiv(num_heads, BLOCK_H)))
-
-
 def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
     """Fixed by the batch size, so a captured graph's grid stays valid: the most chunks a
     request that keep the batch within MLA_TARGET_PROGRAMS programs: any count below
@@ -450,14 +445,14 @@ def mla_decode_attention(
     kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
     takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
-    stage 1 serves where Gluon runs (default `wgmma_serves`), in `wgmma_splits` chunks."""
+    stage 1 serves where Gluon runs (default `wgmma_serves`): it shares the batch's keys among
+    WGMMA_PROGRAMS programs, at most `num_kv_splits` chunks a request, merged in the last."""
     buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
     wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and not gluon_mla_wgmma.refused() and (
         wgmma_serves(*q.shape[:2]) if wgmma is None else wgmma)
-    asked_splits, asked_partials = num_kv_splits, partial_dtype
-    if wgmma:
-        num_kv_splits = min(num_kv_splits, wgmma_splits(*q.shape[:2]))
-    fused = num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge
+    asked_partials = partial_dtype
+    # gluon_mla_wgmma's chunks are its own (shared by the batch's lengths): its last program merges.
+    fused = wgmma or (num_kv_splits <= FUSED_MERGE_SPLITS if fused_merge is None else fused_merge)
     few = fused and num_kv_splits <= FOUR_WARPS_SPLITS
     block_n, num_warps, num_stages = (gluon_mla_wgmma.WGMMA_TILES[0], 4, 1) if wgmma else tiles or (
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
@@ -478,10 +473,10 @@ def mla_decode_attention(
     if wgmma:
         if not gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                              req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                             num_kv_splits, min_keys, slice_d):
+                                             num_kv_splits, min_keys, slice_d, WGMMA_PROGRAMS):
             # This Triton refused it: again with gluon_mla's stage 1 at the chunks asked for.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
-                                 asked_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,
+                                 num_kv_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,
                                  merge_lanes, buffers, merge_slice, score_chains, wgmma=False)
             return
     elif buffers:
