@@ -119,7 +119,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers,
-                 "FUSED_MERGE": True, "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
+                 "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
                  "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block},
                 warps, 1, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):

@@ -17,7 +17,8 @@ twice, q and P^T), 70% of the mma_v2 kernel's per key. Two tiles of rows (147 KB
 an SM, one program each, so a batch's chunks fill the SMs once, and triton_mla.wgmma_serves
 says where that is faster.
 
-Partials, tickets and the merge are gluon_mla's (`_merge_heads`). The chunks are not: a
+Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of chunks at a
+time (`_merge_chunks`). The chunks are not gluon_mla's: a
 request gets chunks in proportion to its share of the batch's key tiles, so that the working
 programs fill the SMs once whatever the batch's lengths (`_shared_chunk_keys`); the last
 program of a request's chunks merges them.
@@ -43,6 +44,7 @@ _REFUSED: list[str] = []
 # slower at every shape (H200, benchmarks/results/h200-2026-11-27-wgmma-mla, call 3).
 WGMMA_TILES = (64, 2, 4)
 BLOCK_H = 16  # heads a program: the MMA's N
+MERGE_GROUP = 8  # chunks the last program's merge loads at once
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -54,7 +56,6 @@ if gluon is not None:
     from cgtool.attention.gluon_mla import (
         _copy_rows,
         _load_slots,
-        _merge_heads,
         _wait_for_previous_kernel,
         async_copy,
         cta_barrier,
@@ -151,6 +152,40 @@ if gluon is not None:
                  mask=lse_heads < NUM_HEADS)
 
     @gluon.jit
+    def _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr):
+        """gluon_mla._merge_heads over the request's `chunks` chunks, GROUP of them unrolled at a
+        time: unrolled over every chunk the grid allows (up to 15) the kernel took 247 registers
+        a thread, against 168 at 8."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        mask_h = heads < NUM_HEADS
+        lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
+        lse_max = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, layout))
+        for g in range(0, chunks, GROUP):
+            for j in gl.static_range(GROUP):
+                used = mask_h & (gl.full([BLOCK_H], g + j, gl.int32, gl.SliceLayout(1, layout)) < chunks)
+                lse_max = gl.maximum(lse_max, gl.load(lse_ptrs + g + j, mask=used, other=float("-inf"),
+                                                      cache_modifier=".cg"))
+        lse_max = gl.where(mask_h, lse_max, 0.0)
+        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, layout))
+        acc = gl.zeros([BLOCK_H, RANK], gl.float32, layout)
+        total = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, layout))
+        for g in range(0, chunks, GROUP):
+            for j in gl.static_range(GROUP):
+                used = mask_h & (gl.full([BLOCK_H], g + j, gl.int32, gl.SliceLayout(1, layout)) < chunks)
+                lse = gl.load(lse_ptrs + g + j, mask=used, other=float("-inf"), cache_modifier=".cg")
+                weight = gl.where(used, gl.exp2(lse - lse_max), 0.0)
+                part = gl.load(MidOut + b * stride_mb + heads[:, None] * stride_mh + (g + j) * stride_ms
+                               + offs_d[None, :], mask=used[:, None], other=0.0, cache_modifier=".cg")
+                acc += part.to(gl.float32) * weight[:, None]
+                total += weight
+        merged = acc / gl.where(total > 0, total, 1.0)[:, None]
+        gl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], merged.to(O.dtype.element_ty),
+                 mask=mask_h[:, None])
+
+    @gluon.jit
     def _shared_chunk_keys(seq_lens, seq_len, batch, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
                            MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
         """Keys a chunk of this request: PROGRAMS programs shared among the batch's requests in
@@ -171,7 +206,7 @@ if gluon is not None:
         stride_ob, stride_oh,
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
-        FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
+        FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr,
     ):
         if PDL:
@@ -199,9 +234,9 @@ if gluon is not None:
             drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
             if drawn == chunks - 1:
                 gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                _merge_heads(MidOut, MidLse, O, b, head_block, seq_len, keys,
-                             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                             NUM_HEADS, RANK, BLOCK_H, MERGE_D, NUM_SPLITS, 4)
+                _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                              stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                              NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
 
 
 def refused() -> bool:
@@ -212,8 +247,7 @@ def refused() -> bool:
 def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, merge_d: int,
-    programs: int,
+    seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
     WGMMA_TILES, `block_h` BLOCK_H, and at most `num_kv_splits` chunks a request: the batch's
@@ -233,7 +267,7 @@ def launch_stage1(
             out.stride(0), out.stride(1),
             NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
             NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, PROGRAMS=programs,
+            FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
             BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
             num_warps=num_warps, **dependent_launch(q.device),
         )

@@ -473,7 +473,7 @@ def mla_decode_attention(
     if wgmma:
         if not gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                              req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                             num_kv_splits, min_keys, slice_d, WGMMA_PROGRAMS):
+                                             num_kv_splits, min_keys, WGMMA_PROGRAMS):
             # This Triton refused it: again with gluon_mla's stage 1 at the chunks asked for.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
                                  num_kv_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,
