@@ -209,34 +209,39 @@ if gluon is not None:
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr,
     ):
-        if PDL:
-            _wait_for_previous_kernel()
         b = gl.program_id(0)
         head_block = gl.program_id(1)
-        split = gl.program_id(2)
+        # Chunk indices in reverse launch order: the grid's last, past most requests' own count,
+        # go out first and leave at once, before waiting on the store (the lengths and pool rows
+        # are the step's inputs, written before it), so they hold no SM a working one needs nor
+        # trail the launch.
+        split = gl.num_programs(2) - 1 - gl.program_id(2)
         seq_len = gl.load(seq_lens + b)
         pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
         keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS,
                                   BATCH_BLOCK)
-        start = split * keys
-        end = gl.minimum(start + keys, seq_len)
-        if end > start:
-            token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-            acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
-                                              stride_qb, stride_qh, stride_kt,
-                                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
-            _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
-                             stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
         chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
-        if FUSED_MERGE and split < chunks:
-            cta_barrier()
-            ticket = Tickets + b * gl.num_programs(1) + head_block
-            drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
-            if drawn == chunks - 1:
-                gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
-                              stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                              NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+        if split < chunks:
+            if PDL:
+                _wait_for_previous_kernel()
+            start = split * keys
+            end = gl.minimum(start + keys, seq_len)
+            if end > start:
+                token_row = req_to_token + pool_row.to(gl.int64) * stride_req
+                acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                                  stride_qb, stride_qh, stride_kt,
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
+                _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
+                                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
+            if FUSED_MERGE:
+                cta_barrier()
+                ticket = Tickets + b * gl.num_programs(1) + head_block
+                drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+                if drawn == chunks - 1:
+                    gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+                    _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
 
 
 def refused() -> bool:
