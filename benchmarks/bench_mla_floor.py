@@ -127,12 +127,13 @@ def parse_variant(spec: str) -> dict:
 
 
 def after_store(bs: int, ctx: int, caches: list[torch.Tensor], r2t: torch.Tensor, pool_rows: torch.Tensor,
-                seq_lens: torch.Tensor, q: torch.Tensor, out: torch.Tensor, layers: int) -> dict:
+                seq_lens: torch.Tensor, q: torch.Tensor, out: torch.Tensor, layers: int,
+                splits: int | None = None) -> dict:
     """MLA decode as a model layer runs it: after the step's store of each request's new row
     (its last key), as the attention op does. Layers of store and attention, less layers of
     the store alone, give the attention's part; with dependent launches (the store releases
     the attention at once, which waits for it) and without, then with them again (drift)."""
-    splits = mla_num_kv_splits(bs, bench.MLA_HEADS)
+    splits = splits or mla_num_kv_splits(bs, bench.MLA_HEADS)
     new_rows = torch.randn(bs, 1, bench.RANK + bench.ROPE, device=bench.DEVICE).to(bench.DTYPE)
     loc = r2t[pool_rows.long(), ctx - 1].long()
 
@@ -217,6 +218,9 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         row["mla_variants"].append({**v, "partials": str(v["partials"]), "chunks": k, "us": us, "share": bound / us,
                                     "max_diff_vs_shipped": max_diff(k, v),
                                     "shipped_after_us": mla(splits)})
+        if with_store and v["chunks"]:  # the chunk count alone, as a layer runs it
+            row["mla_variants"][-1]["after_store_us"] = after_store(
+                bs, ctx, caches, r2t, pool_rows, seq_lens, q, out, layers, k)["mla_after_store_us"]
     row["mla_bf16_us"] = mla(splits, partials=torch.bfloat16)
     row["mla_split_kernel"] = [
         {"splits": k, "min_chunk": least, "lanes": lanes, "us": mla(k, False, least=least, lanes=lanes)}
@@ -294,8 +298,9 @@ def main() -> None:
                       f"{row['mla_after_store_again_us']:.1f} with again (store alone {row['store_us']:.1f}); "
                       f"max diff {row['max_diff_vs_no_store']:.2g}")
         for v in row["mla_variants"]:
+            stored = f", after the store {v['after_store_us']:.1f}" if "after_store_us" in v else ""
             bench.log(f"  {v['spec']}: {v['us']:.1f} ({v['share']:.0%}) in {v['chunks']}, shipped after "
-                      f"{v['shipped_after_us']:.1f}, max diff {v['max_diff_vs_shipped']:.2g}")
+                      f"{v['shipped_after_us']:.1f}, max diff {v['max_diff_vs_shipped']:.2g}{stored}")
 
 
 if __name__ == "__main__":
