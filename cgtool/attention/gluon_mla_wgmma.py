@@ -18,7 +18,7 @@ an SM, one program each, so a batch's chunks fill the SMs once, and triton_mla.w
 says where that is faster.
 
 Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of chunks at a
-time (`_merge_chunks`). The chunks are not gluon_mla's: a
+time (`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a
 request gets chunks in proportion to its share of the batch's key tiles, so that the working
 programs fill the SMs once whatever the batch's lengths (`_shared_chunk_keys`); the last
 program of a request's chunks merges them.
@@ -44,7 +44,7 @@ _REFUSED: list[str] = []
 # slower at every shape (H200, benchmarks/results/h200-2026-11-27-wgmma-mla, call 3).
 WGMMA_TILES = (64, 2, 4)
 BLOCK_H = 16  # heads a program: the MMA's N
-MERGE_GROUP = 8  # chunks the last program's merge loads at once
+MERGE_GROUP = 4  # chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k, H100), 2 and 1 within 0.3 us of 4
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -157,7 +157,7 @@ if gluon is not None:
                       NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr):
         """gluon_mla._merge_heads over the request's `chunks` chunks, GROUP of them unrolled at a
         time: unrolled over every chunk the grid allows (up to 15) the kernel took 247 registers
-        a thread, against 168 at 8."""
+        a thread."""
         layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
         mask_h = heads < NUM_HEADS
