@@ -44,7 +44,9 @@ _REFUSED: list[str] = []
 # slower at every shape (H200, benchmarks/results/h200-2026-11-27-wgmma-mla, call 3).
 WGMMA_TILES = (64, 2, 4)
 BLOCK_H = 16  # heads a program: the MMA's N
-MERGE_GROUP = 4  # chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k, H100), 2 and 1 within 0.3 us of 4
+# Chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k,
+# H100, benchmarks/probe_merge_group.py); 2 and 1 within 0.3 us of 4.
+MERGE_GROUP = 4
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -90,7 +92,8 @@ if gluon is not None:
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_H, 16])
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
         dtype: gl.constexpr = Kv.dtype.element_ty
@@ -109,9 +112,11 @@ if gluon is not None:
         mask_h = (heads < NUM_HEADS)[:, None]
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
         offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK], gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype),
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype),
                                         gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
-        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype),
+        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype),
                                         gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))

@@ -1,12 +1,16 @@
-"""One-off probe (issue 33): gluon_mla_wgmma's merge group sizes (argv[1], default 8,4,8,4) in one process."""
+"""Issue 33: gluon_mla_wgmma's merge group sizes (argv[1], default 8,4,8,4), timed in turn in one
+process with bench_mla_floor's graphs of layers.
+
+    python3 benchmarks/probe_merge_group.py 4,2,1,4,2,1
+"""
 
 import sys
 
-sys.path.insert(0, "benchmarks")
-import bench_moe_mla as bench  # noqa: E402
-import bench_mla_floor as floor  # noqa: E402
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+import bench_mla_floor as floor
+import bench_moe_mla as bench
 
-from cgtool.attention import gluon_mla_wgmma  # noqa: E402
+from cgtool.attention import gluon_mla_wgmma
 
 GROUPS = tuple(int(g) for g in (sys.argv[1] if len(sys.argv) > 1 else "8,4,8,4").split(","))
 copy_bs = bench.copy_bandwidth()
