@@ -129,15 +129,18 @@ BUFFERED_TILES = (32, 4, 1)
 BUFFERED_TILES_COUNT = 2
 # gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile, one program an SM) serves one head
 # block's requests from WGMMA_MIN_BS to WGMMA_PROGRAMS, the batch's key tiles shared among the
-# 132 SMs' programs. There it took 3-24% less time a layer than gluon_mla's (H200 and H100, bs
-# 17-128 x 512-1k, bs 32-64 x 8k; h200-2026-11-27-wgmma-mla, calls 8-9). Below, gluon_mla's two
-# programs an SM with the merge kernel were faster (bs 16 x 1k 11.6 us against 13.2-15.1); past
-# it one chunk a request fills the SMs twice (bs 256 x 1k 83.6 against 80.4).
+# 132 SMs' programs. Against gluon_mla's (H100, h200-2026-11-27-wgmma-mla call 18): a padded
+# batch's layer 28-31% shorter (41 requests of 14.7k tokens in a graph of 71, 20 of 1k in 33),
+# bs 32-48 x 1k 3-6% shorter, bs 17-24 x 1k, bs 128 x 1k and bs 32-64 x 8k within 4%, bs 96 x 1k
+# and bs 48 x 8k 5% longer. Below, gluon_mla's two programs an SM with the merge kernel were
+# faster (bs 16 x 1k 11.6 us against 13.2-15.1, H200 calls 2-3); past it one chunk a request
+# fills the SMs twice (bs 256 x 1k 83.6 against 80.4).
 WGMMA_MIN_BS = 17
 WGMMA_PROGRAMS = 132
 # Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
 # bs 17-20 x 1k 6-7% faster than at 256, bs 24-32 x 512 15-19%, the same from bs 24 x 1k and
-# at 2k-4k (H200, h200-2026-11-27-wgmma-mla call 7); 64 was the same as 128.
+# at 2k-4k (H200, h200-2026-11-27-wgmma-mla call 7, with a whole number of chunks a request
+# then); 64 was the same as 128.
 WGMMA_MIN_CHUNK = 128
 # With gluon_mla's stage 1 and the merge kernel (past FUSED_MERGE_SPLITS chunks), a chunk holds
 # at least this many keys: bs 8 x 1k 11.5 us against 13.2 in chunks of 32, bs 16 15.8 against
