@@ -130,7 +130,7 @@ BUFFERED_TILES_COUNT = 2
 # gluon_mla_wgmma's stage 1 (warpgroup MMA, 64 keys a tile, one program an SM) serves one head
 # block's requests from WGMMA_MIN_BS to WGMMA_PROGRAMS, the batch's key tiles shared among the
 # 132 SMs' programs. Against gluon_mla's (H100, h200-2026-11-27-wgmma-mla call 18): a padded
-# batch's layer 28-31% shorter (41 requests of 14.7k tokens in a graph of 71, 20 of 1k in 33),
+# batch's layer 24-28% shorter (41 requests of 14.7k tokens in a graph of 71, 20 of 1k in 33),
 # bs 32-48 x 1k 3-6% shorter, bs 17-24 x 1k, bs 128 x 1k and bs 32-64 x 8k within 4%, bs 96 x 1k
 # and bs 48 x 8k 5% longer. Below, gluon_mla's two programs an SM with the merge kernel were
 # faster (bs 16 x 1k 11.6 us against 13.2-15.1, H200 calls 2-3); past it one chunk a request
