@@ -14,14 +14,13 @@ shared memory once for the whole group and never pass through registers:
 
 A tile of 64 keys then moves about 250 KB through shared memory (its copies, the rows read
 twice, q and P^T), 70% of the mma_v2 kernel's per key. Two tiles of rows (147 KB) and q fill
-an SM, one program each, so a batch's chunks fill the SMs once, and triton_mla.wgmma_serves
-says where that is faster.
+an SM, one program each; triton_mla.wgmma_serves says where that is faster.
 
-Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of chunks at a
-time (`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a
-request gets chunks in proportion to its share of the batch's key tiles, so that the working
-programs fill the SMs once whatever the batch's lengths (`_shared_chunk_keys`); the last
-program of a request's chunks merges them.
+Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of chunks at a time
+(`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a request gets chunks in
+proportion to its share of the batch's key tiles, so that the working programs fill the SMs
+once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last program of a
+request's chunks merges them.
 """
 
 from __future__ import annotations
