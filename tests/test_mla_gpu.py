@@ -157,20 +157,17 @@ def test_mla_extend_bf16_over_a_long_prefix_splits_its_keys_and_matches_referenc
     assert_attention_close(out[: new + 30], ref[: new + 30], atol=2e-2)
 
 
-@pytest.mark.parametrize(("num_heads", "tiles", "buffers", "num_kv_splits"),
-                         [(16, (64, 8, 1), 2, 4), (16, (32, 4, 1), 2, 8), (16, (32, 4, 1), 3, 1),
-                          (16, (16, 4, 1), 4, 16), (20, (32, 4, 1), 2, 4), (128, (64, 8, 1), 2, 2)])
-def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads, tiles, buffers, num_kv_splits):
-    # gluon_mla's stage 1 over requests of 1 to 9,000 tokens (chunks shorter than the copies in
-    # flight, a last block cut short, a partial head block at 20 heads), merged by the merge kernel.
+def assert_gluon_stage1_matches_reference_and_replays(seq_lens: list[int], num_heads: int, num_kv_splits: int,
+                                                      **stage1) -> None:
+    """MLA decode with one of the Gluon stage 1 kernels (`stage1`: mla_decode_attention's
+    tiles/buffers or wgmma) against the torch reference; five graph replays give its bits."""
     from test_triton_mla import latent_q
 
     from cgtool.attention import gluon_mla
     from cgtool.attention.triton_mla import mla_decode_attention
 
     if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("Gluon's stage 1 needs Triton's Gluon and a Hopper or newer GPU")
-    seq_lens = [1, 2, 31, 33, 64, 65, 1000, 9000, 513, 17]
+        pytest.skip("Gluon's stage 1 kernels need Triton's Gluon and a Hopper GPU")
     bs = len(seq_lens)
     pool, rows = latent_pool(seq_lens, num_heads, 512, 64, torch.bfloat16, CUDA)
     _, ref = run_decode(pool, rows, seq_lens, num_heads)
@@ -179,17 +176,26 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
     args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
             lens, 576**-0.5, num_kv_splits)
     out = torch.zeros(bs, num_heads, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, args[0], out, *args[2:], tiles=tiles, buffers=buffers)
+    mla_decode_attention(q, args[0], out, *args[2:], **stage1)
     assert_attention_close(out.view(bs, -1), ref, atol=2e-2)
     graph = torch.cuda.CUDAGraph()
     replayed = torch.zeros_like(out)
     with torch.cuda.graph(graph):
-        mla_decode_attention(q, args[0], replayed, *args[2:], tiles=tiles, buffers=buffers)
+        mla_decode_attention(q, args[0], replayed, *args[2:], **stage1)
     for _ in range(5):
         replayed.zero_()
         graph.replay()
         torch.testing.assert_close(replayed, out, rtol=0, atol=0)
 
+
+@pytest.mark.parametrize(("num_heads", "tiles", "buffers", "num_kv_splits"),
+                         [(16, (64, 8, 1), 2, 4), (16, (32, 4, 1), 2, 8), (16, (32, 4, 1), 3, 1),
+                          (16, (16, 4, 1), 4, 16), (20, (32, 4, 1), 2, 4), (128, (64, 8, 1), 2, 2)])
+def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads, tiles, buffers, num_kv_splits):
+    # gluon_mla's stage 1 over requests of 1 to 9,000 tokens (chunks shorter than the copies in
+    # flight, a last block cut short, a partial head block at 20 heads), merged by the merge kernel.
+    assert_gluon_stage1_matches_reference_and_replays([1, 2, 31, 33, 64, 65, 1000, 9000, 513, 17], num_heads,
+                                                      num_kv_splits, tiles=tiles, buffers=buffers, wgmma=False)
 
 
 MIXED = [1, 2, 31, 63, 64, 65, 129, 1000, 9000, 513, 17]
@@ -203,31 +209,7 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles shared by the batch's lengths (a
     # 9,000-token request beside short ones, long ones beside padding), a last tile cut short,
     # chunks left empty, a partial head block at 20 heads; merged by the last program.
-    from test_triton_mla import latent_q
-
-    from cgtool.attention import gluon_mla
-    from cgtool.attention.triton_mla import mla_decode_attention
-
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("the warpgroup MMA stage 1 needs Triton's Gluon and a Hopper GPU")
-    bs = len(seq_lens)
-    pool, rows = latent_pool(seq_lens, num_heads, 512, 64, torch.bfloat16, CUDA)
-    _, ref = run_decode(pool, rows, seq_lens, num_heads)
-    q = latent_q(bs, num_heads, 576, torch.bfloat16, CUDA).view(bs, num_heads, 576)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
-    args = (pool.k_buffers[0], None, pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
-            lens, 576**-0.5, num_kv_splits)
-    out = torch.zeros(bs, num_heads, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, args[0], out, *args[2:], wgmma=True)
-    assert_attention_close(out.view(bs, -1), ref, atol=2e-2)
-    graph = torch.cuda.CUDAGraph()
-    replayed = torch.zeros_like(out)
-    with torch.cuda.graph(graph):
-        mla_decode_attention(q, args[0], replayed, *args[2:], wgmma=True)
-    for _ in range(5):
-        replayed.zero_()
-        graph.replay()
-        torch.testing.assert_close(replayed, out, rtol=0, atol=0)
+    assert_gluon_stage1_matches_reference_and_replays(seq_lens, num_heads, num_kv_splits, wgmma=True)
 
 
 @pytest.mark.parametrize("num_kv_splits", [4, 16])
