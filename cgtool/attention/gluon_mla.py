@@ -295,6 +295,30 @@ def supports(rank: int, rope: int) -> bool:
     return all(n >= 64 and n & (n - 1) == 0 for n in (rank, rope))
 
 
+def launch_or_refuse(kernel, grid: tuple[int, int, int], refused: list[str], name: str, instead: str,
+                     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor,
+                     out: torch.Tensor, tickets: torch.Tensor | None, req_to_token: torch.Tensor,
+                     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, scale_log2: float, **constexprs) -> bool:
+    """Launches a Gluon stage 1 (this module's or gluon_mla_wgmma's, whose arguments are the
+    same but for their constexprs). False, having launched nothing, where this Triton refuses to
+    compile it: the compiler's last line goes to `refused`, with one RuntimeWarning naming the
+    kernel that serves `instead`."""
+    try:
+        kernel[grid](
+            q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
+            req_to_token, req_pool_indices, seq_lens, scale_log2,
+            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
+            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+            out.stride(0), out.stride(1), **constexprs,
+        )
+    except CompilationError as err:
+        refused.append(str(err).strip().splitlines()[-1])
+        warnings.warn(f"cgtool: this Triton refused {name}'s MLA decode kernel ({refused[-1]}); "
+                      f"{instead}'s kernel serves instead", RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
 def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
@@ -315,22 +339,11 @@ def launch_stage1(
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
-    launch = dependent_launch(q.device)
-    try:
-        _mla_decode_stage1_buffered[grid](
-            q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
-            req_to_token, req_pool_indices, seq_lens, scale_log2,
-            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
-            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-            out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
-            NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
-            FUSED_MERGE=tickets is not None, MERGE_D=merge_d, CHAINS=chains or score_chains(rank, tickets is not None),
-            num_warps=num_warps, **launch,
-        )
-    except CompilationError as err:
-        _REFUSED.append(str(err).strip().splitlines()[-1])
-        warnings.warn(f"cgtool: this Triton refused gluon_mla's MLA decode kernel ({_REFUSED[-1]}); "
-                      "triton_mla's kernel serves instead", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return launch_or_refuse(
+        _mla_decode_stage1_buffered, grid, _REFUSED, "gluon_mla", "triton_mla",
+        q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
+        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
+        FUSED_MERGE=tickets is not None, MERGE_D=merge_d, CHAINS=chains or score_chains(rank, tickets is not None),
+        num_warps=num_warps, **dependent_launch(q.device),
+    )

@@ -25,11 +25,8 @@ request's chunks merges them.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 import triton
-from triton.compiler.errors import CompilationError
 
 from cgtool.attention import gluon_mla
 from cgtool.runtime.dependent_launch import dependent_launch
@@ -267,22 +264,12 @@ def launch_stage1(
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
-    try:
-        _mla_decode_stage1_wgmma[grid](
-            q, latent_cache, mid_out, mid_lse, out, mid_lse if tickets is None else tickets,
-            req_to_token, req_pool_indices, seq_lens, scale_log2,
-            q.stride(0), q.stride(1), latent_cache.stride(0), req_to_token.stride(0),
-            mid_out.stride(0), mid_out.stride(1), mid_out.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-            out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
-            NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-            FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
-            BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
-            num_warps=num_warps, **dependent_launch(q.device),
-        )
-    except CompilationError as err:
-        _REFUSED.append(str(err).strip().splitlines()[-1])
-        warnings.warn(f"cgtool: this Triton refused gluon_mla_wgmma's MLA decode kernel ({_REFUSED[-1]}); "
-                      "gluon_mla's kernel serves instead", RuntimeWarning, stacklevel=2)
-        return False
-    return True
+    return gluon_mla.launch_or_refuse(
+        _mla_decode_stage1_wgmma, grid, _REFUSED, "gluon_mla_wgmma", "gluon_mla",
+        q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
+        NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
+        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
+        FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
+        BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
+        num_warps=num_warps, **dependent_launch(q.device),
+    )
