@@ -17,7 +17,8 @@ runs in VARIANTS: launches back to back, and each after a torch kernel writing q
 model's `torch.cat(...) * scale` does), with the partials in the shipped dtype and in bf16,
 with wider merge slices, and (--against) as an older copy of cgtool/attention/triton_mla.py
 computes it. A variant named twice in --variants runs twice, so rounds can alternate. It times
-triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps.
+triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps; the `wgmma` variants
+time gluon_mla_wgmma's stage 1, as shipped and at its trial settings (MERGE_ONE_PASS, Q_FIRST).
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
         [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
@@ -47,7 +48,7 @@ from bench_moe_mla import (
     save_results,
 )
 
-from cgtool.attention import triton_mla
+from cgtool.attention import gluon_mla_wgmma, triton_mla
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.runtime.kernel_trace import TRACE_SLOTS
 from cgtool.runtime.triton_launch import cdiv
@@ -55,12 +56,18 @@ from cgtool.runtime.triton_launch import cdiv
 CASES = [(1, 1024), (16, 1024), (32, 1024), (64, 1024), (256, 1024), (16, 8192), (64, 8192)]
 PHASES = ("before_loop", "loop", "ticket", "merge")
 # name: (a torch kernel before each launch, the partials' dtype or None for the shipped one,
-# triton_mla's constants set otherwise for the variant)
+# triton_mla's constants set otherwise for the variant, and None for triton_mla's stage 1 or
+# gluon_mla_wgmma's constants for its stage 1)
 VARIANTS = {
-    "shipped": (False, None, {}), "after_op": (True, None, {}),
-    "bf16_partials": (False, torch.bfloat16, {}), "after_op_bf16_partials": (True, torch.bfloat16, {}),
-    "merge_slice_256": (False, None, {"MERGE_SLICE": 256}), "merge_slice_512": (False, None, {"MERGE_SLICE": 512}),
-    "against": (False, None, {}),  # the --against module's kernel
+    "shipped": (False, None, {}, None), "after_op": (True, None, {}, None),
+    "bf16_partials": (False, torch.bfloat16, {}, None), "after_op_bf16_partials": (True, torch.bfloat16, {}, None),
+    "merge_slice_256": (False, None, {"MERGE_SLICE": 256}, None),
+    "merge_slice_512": (False, None, {"MERGE_SLICE": 512}, None),
+    "against": (False, None, {}, None),  # the --against module's kernel
+    "wgmma": (False, None, {}, {}),
+    "wgmma_one_pass": (False, None, {}, {"MERGE_ONE_PASS": True}),
+    "wgmma_q_first": (False, None, {}, {"Q_FIRST": True}),
+    "wgmma_both": (False, None, {}, {"MERGE_ONE_PASS": True, "Q_FIRST": True}),
 }
 
 
@@ -110,28 +117,36 @@ def load_module(path: str):
 
 
 @contextmanager
-def overridden(values: dict):
-    """triton_mla's module constants set to `values` for the calls inside (read at each call)."""
-    shipped = {name: getattr(triton_mla, name) for name in values}
+def overridden(module, values: dict):
+    """`module`'s constants set to `values` for the calls inside (read at each call)."""
+    shipped = {name: getattr(module, name) for name in values}
     for name, value in values.items():
-        setattr(triton_mla, name, value)
+        setattr(module, name, value)
     try:
         yield
     finally:
         for name, value in shipped.items():
-            setattr(triton_mla, name, value)
+            setattr(module, name, value)
 
 
 def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against=None) -> dict:
-    with overridden(VARIANTS[variant][2]):
+    with overridden(triton_mla, VARIANTS[variant][2]), overridden(gluon_mla_wgmma, VARIANTS[variant][3] or {}):
         return _timeline_case(bs, ctx, copy_bs, variant, against)
 
 
+def _stage1(variant: str, against):
+    """The decode call a variant times, with stamps: triton_mla's stage 1 (the default stage 1
+    on Hopper, gluon_mla's, takes none), the --against module's, or gluon_mla_wgmma's."""
+    if variant == "against":
+        return against.mla_decode_attention
+    if VARIANTS[variant][3] is not None:
+        return functools.partial(mla_decode_attention, wgmma=True)
+    return functools.partial(mla_decode_attention, buffers=0)
+
+
 def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> dict:
-    after_op, partial_dtype, _ = VARIANTS[variant]
-    # The stamps are triton_mla's stage 1's, so its kernel is timed untraced too (on Hopper the
-    # default stage 1 is gluon_mla's, which takes no stamps).
-    decode = against.mla_decode_attention if variant == "against" else functools.partial(mla_decode_attention, buffers=0)
+    after_op, partial_dtype, _, _ = VARIANTS[variant]
+    decode = _stage1(variant, against)
     layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
     caches, r2t, rows = latent_setup([ctx] * bs, layers)
     seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
@@ -164,7 +179,7 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
         "clock_step_ns": clock_step_ns(traces[-1].tolist()),
         "launches": launches,
         # One launch's stamps, raw, for the kernel as shipped (the other variants' summaries suffice).
-        **({"last_launch_raw": traces[-1].tolist()} if variant == "shipped" else {}),
+        **({"last_launch_raw": traces[-1].tolist()} if variant in ("shipped", "wgmma") else {}),
     }
 
 

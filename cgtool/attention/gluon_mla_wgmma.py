@@ -43,6 +43,10 @@ BLOCK_H = 16  # heads a program: the MMA's N
 # Chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k,
 # H100, benchmarks/probe_merge_group.py); 2 and 1 within 0.3 us of 4.
 MERGE_GROUP = 4
+# Trials (benchmarks/probe_mla_timeline.py's wgmma variants), off as shipped: the merge in one
+# pass (`_merge_chunks_once`), q's loads ahead of the first tile's slots.
+MERGE_ONE_PASS = False
+Q_FIRST = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -59,6 +63,7 @@ if gluon is not None:
         cta_barrier,
         gl,
     )
+    from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
@@ -86,8 +91,9 @@ if gluon is not None:
     @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr):
-        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1."""
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
+        loads issued before the first tile's slots, so that their round trips overlap."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_H, 16])
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -97,23 +103,26 @@ if gluon is not None:
         rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
         pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
-        for j in gl.static_range(NUM_BUF - 1):
-            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-            _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
-                       RANK, ROPE, BLOCK_N, copy_layout)
-        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
         q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
         mask_h = (heads < NUM_HEADS)[:, None]
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
         offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
+        if Q_FIRST:
+            q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
+            q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
+        for j in gl.static_range(NUM_BUF - 1):
+            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+            _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+        next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+        if not Q_FIRST:
+            q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
+            q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
         q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype),
-                                        gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype), q_r_val)
         q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype),
-                                        gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype), q_p_val)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
 
@@ -187,6 +196,43 @@ if gluon is not None:
                  mask=mask_h[:, None])
 
     @gluon.jit
+    def _merge_chunks_once(MidOut, MidLse, O, b, head_block, chunks,
+                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                           NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr):
+        """_merge_chunks in one pass over the partials: a group's log-sum-exps come in one load
+        beside its partials, and what is summed so far is rescaled to each group's new maximum,
+        so a request of at most GROUP chunks waits on one round trip to L2, not two."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        mask_h = heads < NUM_HEADS
+        lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
+        offs_g = gl.arange(0, GROUP, layout=gl.SliceLayout(0, layout))
+        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, layout))
+        acc = gl.zeros([BLOCK_H, RANK], gl.float32, layout)
+        total = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, layout))
+        top = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, layout))
+        for g in range(0, chunks, GROUP):
+            used = mask_h[:, None] & ((g + offs_g) < chunks)[None, :]
+            lse = gl.load(lse_ptrs[:, None] + g + offs_g[None, :], mask=used, other=float("-inf"),
+                          cache_modifier=".cg")
+            new_top = gl.where(mask_h, gl.maximum(top, gl.max(lse, 1)), 0.0)
+            rescale = gl.exp2(top - new_top)  # 0 on the first group, where top is -inf
+            acc = acc * rescale[:, None]
+            total = total * rescale
+            weights = gl.where(used, gl.exp2(lse - new_top[:, None]), 0.0)
+            for j in gl.static_range(GROUP):
+                weight = gl.sum(gl.where(offs_g[None, :] == j, weights, 0.0), 1)
+                part = gl.load(MidOut + b * stride_mb + heads[:, None] * stride_mh + (g + j) * stride_ms
+                               + offs_d[None, :], mask=mask_h[:, None] & (g + j < chunks), other=0.0,
+                               cache_modifier=".cg")
+                acc += part.to(gl.float32) * weight[:, None]
+                total += weight
+            top = new_top
+        merged = acc / gl.where(total > 0, total, 1.0)[:, None]
+        gl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], merged.to(O.dtype.element_ty),
+                 mask=mask_h[:, None])
+
+    @gluon.jit
     def _shared_chunk_keys(seq_lens, seq_len, batch, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
                            MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
         """Keys a chunk of this request: PROGRAMS programs shared among the batch's requests in
@@ -208,7 +254,8 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
-        BATCH_BLOCK: gl.constexpr,
+        BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
+        Q_FIRST: gl.constexpr = False,
     ):
         b = gl.program_id(0)
         head_block = gl.program_id(1)
@@ -217,6 +264,13 @@ if gluon is not None:
         # are the step's inputs, written before it), so they hold no SM a working one needs nor
         # trail the launch.
         split = gl.num_programs(2) - 1 - gl.program_id(2)
+        # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
+        # chunk's keys are known (after the wait on the store), after the loop, after the
+        # ticket, after the merge; a spare chunk stamps its start only.
+        program = (b * gl.num_programs(1) + head_block) * gl.num_programs(2) + gl.program_id(2)
+        if TRACE:
+            gluon_trace_store(Trace, program, 0, gluon_sm_id(b))
+            gluon_trace_store(Trace, program, 1, gluon_stamp_after(b))
         seq_len = gl.load(seq_lens + b)
         pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
         keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS,
@@ -227,22 +281,35 @@ if gluon is not None:
                 _wait_for_previous_kernel()
             start = split * keys
             end = gl.minimum(start + keys, seq_len)
+            if TRACE:
+                gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                                   stride_qb, stride_qh, stride_kt,
-                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
+                if TRACE:
+                    gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
             if FUSED_MERGE:
                 cta_barrier()
                 ticket = Tickets + b * gl.num_programs(1) + head_block
                 drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+                if TRACE:
+                    gluon_trace_store(Trace, program, 4, gluon_stamp_after(drawn))
                 if drawn == chunks - 1:
                     gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                    _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
-                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+                    if ONE_PASS:
+                        _merge_chunks_once(MidOut, MidLse, O, b, head_block, chunks,
+                                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob,
+                                           stride_oh, NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+                    else:
+                        _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                                      NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+                    if TRACE:
+                        gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
 
 
 def refused() -> bool:
@@ -254,12 +321,14 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
+    trace: torch.Tensor | None = None,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
     WGMMA_TILES, `block_h` BLOCK_H, and at most `num_kv_splits` chunks a request: the batch's
     key tiles are shared among `programs` programs in proportion to each request's (one an SM).
     False, having launched nothing, where this Triton refuses to compile the kernel; from then
-    on `refused` says so, with one RuntimeWarning."""
+    on `refused` says so, with one RuntimeWarning. `trace` (int64, TRACE_SLOTS a program of
+    the grid) takes the programs' timestamps (benchmarks)."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -271,5 +340,6 @@ def launch_stage1(
         NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
-        num_warps=num_warps, **dependent_launch(q.device),
+        Trace=mid_lse if trace is None else trace, TRACE=trace is not None, ONE_PASS=MERGE_ONE_PASS,
+        Q_FIRST=Q_FIRST, num_warps=num_warps, **dependent_launch(q.device),
     )

@@ -450,7 +450,8 @@ def mla_decode_attention(
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
     stage 1 serves where Gluon runs (default `wgmma_serves`): it shares the batch's keys among
     WGMMA_PROGRAMS programs, at most `num_kv_splits` chunks a request, merged in the last."""
-    buffers = _stage1_buffers(q, out, buffers if trace is None else 0)
+    # Stamps (`trace`) are this module's kernel's, or gluon_mla_wgmma's where it is asked for.
+    buffers = _stage1_buffers(q, out, buffers if trace is None or wgmma else 0)
     wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and not gluon_mla_wgmma.refused() and (
         wgmma_serves(*q.shape[:2]) if wgmma is None else wgmma)
     asked_partials = partial_dtype
@@ -476,7 +477,7 @@ def mla_decode_attention(
     if wgmma:
         if not gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                              req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                             num_kv_splits, min_keys, WGMMA_PROGRAMS):
+                                             num_kv_splits, min_keys, WGMMA_PROGRAMS, trace):
             # This Triton refused it: again with gluon_mla's stage 1 at the chunks asked for.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
                                  num_kv_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,

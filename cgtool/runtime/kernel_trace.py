@@ -37,3 +37,29 @@ def sm_id():
 def trace_store(Trace, program, slot: tl.constexpr, value):
     """Slot `slot` of `program`'s row (TRACE_SLOTS int64 a program)."""
     tl.store(Trace + program * 8 + slot, value.to(tl.int64))
+
+
+try:  # Gluon kernels (gluon_mla_wgmma) take the same stamps through Gluon's own ops
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gluon = None
+
+if gluon is not None:
+
+    @gluon.jit
+    def gluon_stamp_after(value):
+        """stamp_after in a Gluon kernel."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [value.to(gl.int32)],
+                                         dtype=gl.int64, is_pure=False, pack=1)
+
+    @gluon.jit
+    def gluon_sm_id(value):
+        """sm_id in a Gluon kernel (`value`, any scalar, only gives the asm an operand)."""
+        return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [value.to(gl.int32)],
+                                         dtype=gl.int32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def gluon_trace_store(Trace, program, slot: gl.constexpr, value):
+        """trace_store in a Gluon kernel."""
+        gl.store(Trace + program * 8 + slot, value.to(gl.int64))
