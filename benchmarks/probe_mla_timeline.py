@@ -18,7 +18,7 @@ model's `torch.cat(...) * scale` does), with the partials in the shipped dtype a
 with wider merge slices, and (--against) as an older copy of cgtool/attention/triton_mla.py
 computes it. A variant named twice in --variants runs twice, so rounds can alternate. It times
 triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps; the `wgmma` variants
-time gluon_mla_wgmma's stage 1, as shipped and at its trial settings (MERGE_ONE_PASS, Q_FIRST).
+time gluon_mla_wgmma's stage 1, as shipped and with q loaded first or last (Q_FIRST).
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
         [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
@@ -65,9 +65,7 @@ VARIANTS = {
     "merge_slice_512": (False, None, {"MERGE_SLICE": 512}, None),
     "against": (False, None, {}, None),  # the --against module's kernel
     "wgmma": (False, None, {}, {}),
-    "wgmma_one_pass": (False, None, {}, {"MERGE_ONE_PASS": True}),
-    "wgmma_q_first": (False, None, {}, {"Q_FIRST": True}),
-    "wgmma_both": (False, None, {}, {"MERGE_ONE_PASS": True, "Q_FIRST": True}),
+    "wgmma_q_first": (False, None, {}, {"Q_FIRST": True}), "wgmma_q_last": (False, None, {}, {"Q_FIRST": False}),
 }
 
 

@@ -43,10 +43,10 @@ BLOCK_H = 16  # heads a program: the MMA's N
 # Chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k,
 # H100, benchmarks/probe_merge_group.py); 2 and 1 within 0.3 us of 4.
 MERGE_GROUP = 4
-# Trials (benchmarks/probe_mla_timeline.py's wgmma variants), off as shipped: the merge in one
-# pass (`_merge_chunks_once`), q's loads ahead of the first tile's slots.
-MERGE_ONE_PASS = False
-Q_FIRST = False
+# q's loads issued ahead of the first tile's slots: 0.1-0.4 us a layer shorter at bs 17-48 x 1k
+# (H200, benchmarks/results/h200-2026-11-27-mla-tail, call 1). The merge in one pass (a group's
+# log-sum-exps loaded beside its partials, one round trip to L2 instead of two) was no faster.
+Q_FIRST = True
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -196,43 +196,6 @@ if gluon is not None:
                  mask=mask_h[:, None])
 
     @gluon.jit
-    def _merge_chunks_once(MidOut, MidLse, O, b, head_block, chunks,
-                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                           NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr):
-        """_merge_chunks in one pass over the partials: a group's log-sum-exps come in one load
-        beside its partials, and what is summed so far is rescaled to each group's new maximum,
-        so a request of at most GROUP chunks waits on one round trip to L2, not two."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
-        mask_h = heads < NUM_HEADS
-        lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
-        offs_g = gl.arange(0, GROUP, layout=gl.SliceLayout(0, layout))
-        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(0, layout))
-        acc = gl.zeros([BLOCK_H, RANK], gl.float32, layout)
-        total = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, layout))
-        top = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, layout))
-        for g in range(0, chunks, GROUP):
-            used = mask_h[:, None] & ((g + offs_g) < chunks)[None, :]
-            lse = gl.load(lse_ptrs[:, None] + g + offs_g[None, :], mask=used, other=float("-inf"),
-                          cache_modifier=".cg")
-            new_top = gl.where(mask_h, gl.maximum(top, gl.max(lse, 1)), 0.0)
-            rescale = gl.exp2(top - new_top)  # 0 on the first group, where top is -inf
-            acc = acc * rescale[:, None]
-            total = total * rescale
-            weights = gl.where(used, gl.exp2(lse - new_top[:, None]), 0.0)
-            for j in gl.static_range(GROUP):
-                weight = gl.sum(gl.where(offs_g[None, :] == j, weights, 0.0), 1)
-                part = gl.load(MidOut + b * stride_mb + heads[:, None] * stride_mh + (g + j) * stride_ms
-                               + offs_d[None, :], mask=mask_h[:, None] & (g + j < chunks), other=0.0,
-                               cache_modifier=".cg")
-                acc += part.to(gl.float32) * weight[:, None]
-                total += weight
-            top = new_top
-        merged = acc / gl.where(total > 0, total, 1.0)[:, None]
-        gl.store(O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], merged.to(O.dtype.element_ty),
-                 mask=mask_h[:, None])
-
-    @gluon.jit
     def _shared_chunk_keys(seq_lens, seq_len, batch, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
                            MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
         """Keys a chunk of this request: PROGRAMS programs shared among the batch's requests in
@@ -254,8 +217,7 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
-        BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr = False, ONE_PASS: gl.constexpr = False,
-        Q_FIRST: gl.constexpr = False,
+        BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr,
     ):
         b = gl.program_id(0)
         head_block = gl.program_id(1)
@@ -300,14 +262,9 @@ if gluon is not None:
                     gluon_trace_store(Trace, program, 4, gluon_stamp_after(drawn))
                 if drawn == chunks - 1:
                     gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                    if ONE_PASS:
-                        _merge_chunks_once(MidOut, MidLse, O, b, head_block, chunks,
-                                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob,
-                                           stride_oh, NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
-                    else:
-                        _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
-                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                                      NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+                    _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
                     if TRACE:
                         gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
 
@@ -340,6 +297,6 @@ def launch_stage1(
         NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
-        Trace=mid_lse if trace is None else trace, TRACE=trace is not None, ONE_PASS=MERGE_ONE_PASS,
-        Q_FIRST=Q_FIRST, num_warps=num_warps, **dependent_launch(q.device),
+        Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
+        num_warps=num_warps, **dependent_launch(q.device),
     )
