@@ -43,10 +43,13 @@ BLOCK_H = 16  # heads a program: the MMA's N
 # Chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k,
 # H100, benchmarks/probe_merge_group.py); 2 and 1 within 0.3 us of 4.
 MERGE_GROUP = 4
-# q's loads issued ahead of the first tile's slots: 0.1-0.4 us a layer shorter at bs 17-48 x 1k
-# (H200, benchmarks/results/h200-2026-11-27-mla-tail, call 1). The merge in one pass (a group's
-# log-sum-exps loaded beside its partials, one round trip to L2 instead of two) was no faster.
-Q_FIRST = True
+# q's loads issued ahead of the first tile's slots (True) or after them (False, as shipped):
+# ahead was 0.1-0.5 us a layer shorter at every shape on the H200 (bs 17-96 x 1k, bs 32 x 8k),
+# but on the H100 0.2-0.4 us longer at bs 32-40 x 1k, where the target is closest, and 0.5 us
+# shorter at bs 48 (three alternating rounds each, benchmarks/results/h200-h100-2026-11-27-mla-tail,
+# calls 3-4). The merge in one pass (a group's log-sum-exps loaded beside its partials, one
+# round trip to L2 instead of two) was no faster (call 1).
+Q_FIRST = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
