@@ -66,6 +66,7 @@ VARIANTS = {
     "against": (False, None, {}, None),  # the --against module's kernel
     "wgmma": (False, None, {}, {}),
     "wgmma_q_first": (False, None, {}, {"Q_FIRST": True}), "wgmma_q_last": (False, None, {}, {"Q_FIRST": False}),
+    "wgmma_vec8": (False, None, {}, {"PARTIAL_VEC": 8}), "wgmma_vec4": (False, None, {}, {"PARTIAL_VEC": 4}),
 }
 
 

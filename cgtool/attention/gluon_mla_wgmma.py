@@ -50,6 +50,9 @@ MERGE_GROUP = 4
 # calls 3-4). The merge in one pass (a group's log-sum-exps loaded beside its partials, one
 # round trip to L2 instead of two) was no faster (call 1).
 Q_FIRST = False
+# Partial outputs' values a thread stores and the merge loads at once (4: 8-byte accesses in
+# bf16; 8: 16-byte).
+PARTIAL_VEC = 4
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -152,9 +155,9 @@ if gluon is not None:
     @gluon.jit
     def _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr):
+                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr):
         """The chunk's normalised output [heads, rank] from its transpose, and its base-2 log-sum-exp."""
-        out_layout: gl.constexpr = gl.BlockedLayout([4, 1], [32, 1], [1, 4], [0, 1])
+        out_layout: gl.constexpr = gl.BlockedLayout([VEC, 1], [32, 1], [1, 4], [0, 1])
         part = gl.convert_layout((acc_t / l_i[None, :]).to(MidOut.dtype.element_ty), out_layout)
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_layout))
         offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(1, out_layout))
@@ -167,11 +170,12 @@ if gluon is not None:
     @gluon.jit
     def _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
                       stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr):
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
+                      VEC: gl.constexpr):
         """gluon_mla._merge_heads over the request's `chunks` chunks, GROUP of them unrolled at a
         time: unrolled over every chunk the grid allows (up to 15) the kernel took 247 registers
         a thread."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+        layout: gl.constexpr = gl.BlockedLayout([1, VEC], [2, 16], [4, 1], [1, 0])
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
         mask_h = heads < NUM_HEADS
         lse_ptrs = MidLse + b * stride_lb + heads * stride_lh
@@ -220,7 +224,7 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
-        BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr,
+        BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
     ):
         b = gl.program_id(0)
         head_block = gl.program_id(1)
@@ -256,7 +260,8 @@ if gluon is not None:
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
-                                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H)
+                                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H,
+                                 PARTIAL_VEC)
             if FUSED_MERGE:
                 cta_barrier()
                 ticket = Tickets + b * gl.num_programs(1) + head_block
@@ -267,7 +272,7 @@ if gluon is not None:
                     gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
                     _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
                                   stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP)
+                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
                     if TRACE:
                         gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
 
@@ -301,5 +306,6 @@ def launch_stage1(
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
+        PARTIAL_VEC=PARTIAL_VEC,
         num_warps=num_warps, **dependent_launch(q.device),
     )
