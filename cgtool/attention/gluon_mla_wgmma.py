@@ -50,9 +50,11 @@ MERGE_GROUP = 4
 # calls 3-4). The merge in one pass (a group's log-sum-exps loaded beside its partials, one
 # round trip to L2 instead of two) was no faster (call 1).
 Q_FIRST = False
-# Partial outputs' values a thread stores and the merge loads at once (4: 8-byte accesses in
-# bf16; 8: 16-byte).
-PARTIAL_VEC = 4
+# Partial outputs' values a thread stores and the merge loads at once: 8 (16-byte accesses in
+# bf16) against 4, three alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-tail,
+# calls 6-7): H200 0.0-0.4 us a layer shorter at bs 17-48 x 1k and 1.4-1.5 at bs 96; H100
+# -0.1 to +0.4 at bs 17-48 x 1k and 0.2-0.3 at bs 32 x 8k.
+PARTIAL_VEC = 8
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
