@@ -52,8 +52,8 @@ MERGE_GROUP = 4
 Q_FIRST = False
 # Partial outputs' values a thread stores and the merge loads at once: 8 (16-byte accesses in
 # bf16) against 4, three alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-tail,
-# calls 6-7): H200 0.0-0.4 us a layer shorter at bs 17-48 x 1k and 1.4-1.5 at bs 96; H100
-# -0.1 to +0.4 at bs 17-48 x 1k and 0.2-0.3 at bs 32 x 8k.
+# calls 6-7): H200 0.0-0.4 us a layer shorter at bs 17-48 x 1k and 1.4-1.5 at bs 96; H100 from
+# 0.1 longer to 0.4 shorter at bs 17-48 x 1k, 0.2-0.3 shorter at bs 32 x 8k.
 PARTIAL_VEC = 8
 
 if gluon is not None:
