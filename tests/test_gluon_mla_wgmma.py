@@ -53,6 +53,45 @@ def test_it_is_launched_in_its_chunks_as_a_dependent_where_gluon_runs(monkeypatc
     assert launch["MIN_CHUNK"] == triton_mla.WGMMA_MIN_CHUNK
 
 
+def test_it_takes_its_settings_at_each_launch_and_stamps_only_when_asked(monkeypatch):
+    # benchmarks/probe_mla_timeline.py sets Q_FIRST and PARTIAL_VEC between launches and passes
+    # `trace` with wgmma=True; as shipped the kernel is launched with stamps compiled out.
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", kernel)
+    _decode_on_cpu(20)
+    assert kernel.launches[-1]["TRACE"] is False
+    assert kernel.launches[-1]["Q_FIRST"] is gluon_mla_wgmma.Q_FIRST
+    assert kernel.launches[-1]["PARTIAL_VEC"] == gluon_mla_wgmma.PARTIAL_VEC
+    monkeypatch.setattr(gluon_mla_wgmma, "Q_FIRST", not gluon_mla_wgmma.Q_FIRST)
+    monkeypatch.setattr(gluon_mla_wgmma, "PARTIAL_VEC", 4)
+    stamps = torch.zeros(20 * triton_mla.mla_num_kv_splits(20, 16), 8, dtype=torch.int64)
+    _decode_on_cpu(20, trace=stamps, wgmma=True)
+    assert kernel.launches[-1]["TRACE"] is True and kernel.launches[-1]["Trace"] is stamps
+    assert kernel.launches[-1]["Q_FIRST"] is gluon_mla_wgmma.Q_FIRST and kernel.launches[-1]["PARTIAL_VEC"] == 4
+
+
+class _RecordingLaunch:
+    """Stands for a CachedKernel: keeps each launch's keyword arguments."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict] = []
+
+    def launch(self, grid, *args, **kwargs) -> None:
+        self.launches.append(kwargs)
+
+
+def test_stamps_without_wgmma_asked_for_are_triton_mlas(monkeypatch):
+    # (The stamps' inline asm does not run in Triton's interpreter, so the launch is recorded.)
+    wgmma, stage1 = _RecordingKernel(), _RecordingLaunch()
+    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", wgmma)
+    monkeypatch.setattr(triton_mla, "_MLA_STAGE1", stage1)
+    monkeypatch.setattr(triton_mla, "_MLA_MERGE", _RecordingLaunch())
+    _decode_on_cpu(20, trace=torch.zeros(20 * triton_mla.mla_num_kv_splits(20, 16), 8, dtype=torch.int64))
+    assert not wgmma.launches and stage1.launches[0]["TRACE"] is True
+
+
 def test_a_triton_that_refuses_it_gets_the_next_kernel_with_one_warning(monkeypatch):
     # Here both Gluon kernels are refused, so triton_mla's serves, at the chunks first asked for.
     from test_triton_decode import assert_attention_close

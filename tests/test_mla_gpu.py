@@ -115,11 +115,12 @@ def test_mla_decode_merged_by_the_last_program_matches_reference_and_replays_sta
     assert_attention_close(fused.view(64, -1), ref, atol=2e-2)
 
 
-@pytest.mark.parametrize("num_kv_splits", [4, 16])
-def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits):
+@pytest.mark.parametrize(("num_kv_splits", "wgmma"), [(4, False), (16, False), (4, True), (16, True)])
+def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits, wgmma):
     # The stamps (benchmarks/probe_mla_timeline.py) must not change what triton_mla's kernel
-    # computes (they take it, not gluon_mla's), and each program's stamps must follow its
-    # steps: start, row known, loop end, ticket.
+    # computes (they take it, not gluon_mla's, unless gluon_mla_wgmma's is asked for), and each
+    # program's stamps must follow its steps: start, row known (for gluon_mla_wgmma: the wait
+    # on the kernel before done), loop end, ticket.
     from test_triton_mla import latent_q
 
     from cgtool.attention.triton_mla import mla_decode_attention
@@ -131,17 +132,18 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits)
     args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
             torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, num_kv_splits)
     plain = torch.empty(32, 16, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, pool.k_buffers[0], plain, *args, buffers=0)
+    kernel = {"wgmma": True} if wgmma else {"buffers": 0}
+    mla_decode_attention(q, pool.k_buffers[0], plain, *args, **kernel)
     trace = torch.zeros(32 * num_kv_splits, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
     traced = torch.empty_like(plain)
-    mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace)
+    mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace, **({"wgmma": True} if wgmma else {}))
     torch.testing.assert_close(traced, plain, rtol=0, atol=0)
     stamps = trace.cpu()
     assert (stamps[:, 1] > 0).all()  # every program started and stamped
     looped = stamps[stamps[:, 3] > 0]
     assert len(looped) >= 32  # each request has a nonempty first chunk
     assert (looped[:, 2] >= looped[:, 1]).all() and (looped[:, 3] >= looped[:, 2]).all()
-    if num_kv_splits <= 8:  # the merge in the last program: one a request, after its ticket
+    if wgmma or num_kv_splits <= 8:  # the merge in the last program: one a request, after its ticket
         merged = stamps[stamps[:, 5] > 0]
         assert len(merged) == 32 and (merged[:, 5] >= merged[:, 4]).all()
 
