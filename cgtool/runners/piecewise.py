@@ -19,11 +19,12 @@ from cgtool.runners import compile_cache
 from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
 from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
+from cgtool.runners.prefill_batch import dummy_extend_batch
 from cgtool.runners.sizes import capture_sizes
-from cgtool.runtime.batch import ForwardBatch, ForwardMode, forward_context
+from cgtool.runtime.batch import ForwardBatch, forward_context
 from cgtool.runtime.distributed import current_tp
 from cgtool.runtime.engine import ModelRunner
-from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
+from cgtool.runtime.kv import DUMMY_SLOT
 
 
 class PiecewiseGraphRunner:
@@ -71,31 +72,9 @@ class PiecewiseGraphRunner:
         self.forward_compiled(self.static_batch(num_tokens))
 
     def static_batch(self, num_tokens: int) -> ForwardBatch:
-        """`num_tokens` tokens on the dummy request row, in requests no longer than the context.
-
-        Row 0 of req_to_token is never handed out, so every key read and every K/V written
-        during warm-up and capture lands in the dummy slot.
-        """
-        max_len = self.model_runner.kv_pool.max_context_len
-        lens = [min(max_len, num_tokens - start) for start in range(0, num_tokens, max_len)]
-        device = self.model_runner.device
-        starts = [sum(lens[:i]) for i in range(len(lens))]
-        self.out_cache_loc[:num_tokens].fill_(DUMMY_SLOT)
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=len(lens),
-            input_ids=self.input_ids[:num_tokens],
-            positions=self.positions[:num_tokens],
-            req_pool_indices=torch.full((len(lens),), DUMMY_REQ, dtype=torch.int64, device=device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-            out_cache_loc=self.out_cache_loc[:num_tokens],
-            seq_lens_cpu=lens,
-            extend_prefix_lens=torch.zeros(len(lens), dtype=torch.int32, device=device),
-            extend_seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-            extend_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            extend_prefix_lens_cpu=[0] * len(lens),
-            extend_seq_lens_cpu=lens,
-        )
+        """`num_tokens` tokens of this runner's static buffers on the dummy request row."""
+        return dummy_extend_batch(num_tokens, self.input_ids, self.positions, self.out_cache_loc,
+                                  self.model_runner.kv_pool.max_context_len)
 
     def forward_compiled(self, batch: ForwardBatch) -> torch.Tensor:
         """The compiled, split body; its pieces use graphs only inside `use_graphs_for`."""
