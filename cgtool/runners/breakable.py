@@ -30,7 +30,6 @@ import torch
 
 from cgtool.runners.graphs import count_kernel_nodes
 from cgtool.runners.piecewise_backend import weak_ref_tensor
-from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import (
     SizeStep,
     freeze_gc,
@@ -38,7 +37,7 @@ from cgtool.runners.pool import (
     just_record,
     model_capture_mode,
 )
-from cgtool.runners.prefill_batch import dummy_extend_batch
+from cgtool.runners.prefill_inputs import PrefillStaticTokens
 from cgtool.runners.sizes import capture_sizes
 from cgtool.runtime.batch import ForwardBatch, forward_context
 from cgtool.runtime.engine import ModelRunner
@@ -150,7 +149,7 @@ class CudaSegment:
         self.graph.replay()
 
 
-class BreakableGraphRunner:
+class BreakableGraphRunner(PrefillStaticTokens):
     """Prefill graphs per token count without torch.compile (SGLang's BCG backend)."""
 
     compile_cache = "off"  # nothing is compiled
@@ -162,28 +161,12 @@ class BreakableGraphRunner:
         self.capture_num_tokens = capture_sizes(capture_num_tokens)
         self.max_num_tokens = self.capture_num_tokens[-1]
         self.enable_cudagraph_gc = enable_cudagraph_gc
-        with torch.device(model_runner.device):
-            self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
-            self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
-            self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
-        self.static_inputs = StaticInputs(**self._buffers())
+        self._allocate_static_tokens()
         self.graphs: dict[int, SegmentedGraph] = {}  # kept alive: they share one pool
         self.captured_num_tokens: list[int] = []
         self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
         self.replay_count = 0
         self.warmed_up = False
-
-    @property
-    def static_buffer_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._buffers().values())
-
-    def _buffers(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids, "positions": self.positions, "out_cache_loc": self.out_cache_loc}
-
-    def static_batch(self, num_tokens: int) -> ForwardBatch:
-        """`num_tokens` tokens of this runner's static buffers on the dummy request row."""
-        return dummy_extend_batch(num_tokens, self.input_ids, self.positions, self.out_cache_loc,
-                                  self.model_runner.kv_pool.max_context_len)
 
     def forward_static(self, num_tokens: int) -> None:
         """What a capture records, run without graphs: for diagnosing a capture that failed."""

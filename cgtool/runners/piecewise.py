@@ -17,9 +17,8 @@ import torch
 from cgtool.documents.results import CompileCacheStatus
 from cgtool.runners import compile_cache
 from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
-from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
-from cgtool.runners.prefill_batch import dummy_extend_batch
+from cgtool.runners.prefill_inputs import PrefillStaticTokens
 from cgtool.runners.sizes import capture_sizes
 from cgtool.runtime.batch import ForwardBatch, forward_context
 from cgtool.runtime.distributed import current_tp
@@ -27,7 +26,7 @@ from cgtool.runtime.engine import ModelRunner
 from cgtool.runtime.kv import DUMMY_SLOT
 
 
-class PiecewiseGraphRunner:
+class PiecewiseGraphRunner(PrefillStaticTokens):
     def __init__(
         self,
         model_runner: ModelRunner,
@@ -40,11 +39,7 @@ class PiecewiseGraphRunner:
         self.capture_num_tokens = capture_sizes(capture_num_tokens)
         self.max_num_tokens = self.capture_num_tokens[-1]
         self.enable_cudagraph_gc = enable_cudagraph_gc
-        with torch.device(model_runner.device):
-            self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
-            self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
-            self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
-        self.static_inputs = StaticInputs(**self._buffers())
+        self._allocate_static_tokens()
         self.backend = PiecewiseBackend(compiler)
         # Inductor's pieces are no plain code to store; it keeps a disk cache of its own.
         self.cache_dir = compile_cache_dir if compiler == "eager" else None
@@ -59,22 +54,9 @@ class PiecewiseGraphRunner:
         self.replay_count = 0
         self.warmed_up = False
 
-    @property
-    def static_buffer_bytes(self) -> int:
-        """Inputs and outputs the graphs read and write in place, allocated outside the pool."""
-        return sum(t.numel() * t.element_size() for t in self._buffers().values())
-
-    def _buffers(self) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids, "positions": self.positions, "out_cache_loc": self.out_cache_loc}
-
     def forward_static(self, num_tokens: int) -> None:
         """What capture records, run without graphs: for diagnosing a capture that failed."""
         self.forward_compiled(self.static_batch(num_tokens))
-
-    def static_batch(self, num_tokens: int) -> ForwardBatch:
-        """`num_tokens` tokens of this runner's static buffers on the dummy request row."""
-        return dummy_extend_batch(num_tokens, self.input_ids, self.positions, self.out_cache_loc,
-                                  self.model_runner.kv_pool.max_context_len)
 
     def forward_compiled(self, batch: ForwardBatch) -> torch.Tensor:
         """The compiled, split body; its pieces use graphs only inside `use_graphs_for`."""

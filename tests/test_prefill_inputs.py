@@ -1,10 +1,14 @@
-"""The dummy extend batch the prefill runners warm up and record on."""
+"""The static token buffers both prefill runners record from, and their dummy extend batch."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import pytest
 import torch
 
-from cgtool.runners.prefill_batch import dummy_extend_batch
+from cgtool.runners.pitfalls import CapturePitfall
+from cgtool.runners.prefill_inputs import PrefillStaticTokens, dummy_extend_batch
 from cgtool.runtime.batch import ForwardMode
 from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 
@@ -28,3 +32,23 @@ def test_a_batch_within_the_context_is_one_request():
     buffers = (torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64), torch.zeros(8, dtype=torch.int64))
     batch = dummy_extend_batch(8, *buffers, max_context_len=4096)
     assert batch.batch_size == 1 and batch.seq_lens.tolist() == [8] and batch.extend_start_loc.tolist() == [0]
+
+
+class _Runner(PrefillStaticTokens):
+    def __init__(self, max_num_tokens: int, max_context_len: int) -> None:
+        self.model_runner = SimpleNamespace(device=torch.device("cpu"),
+                                            kv_pool=SimpleNamespace(max_context_len=max_context_len))
+        self.max_num_tokens = max_num_tokens
+        self._allocate_static_tokens()
+
+
+def test_a_runner_s_static_tokens_are_its_batches_buffers_and_are_watched():
+    runner = _Runner(max_num_tokens=12, max_context_len=5)
+    assert runner.static_buffer_bytes == 3 * 12 * 8  # three int64 buffers of 12 tokens
+    assert runner.out_cache_loc.tolist() == [DUMMY_SLOT] * 12
+    batch = runner.static_batch(7)
+    assert batch.seq_lens_cpu == [5, 2] and batch.input_ids.data_ptr() == runner.input_ids.data_ptr()
+    runner.static_inputs.check(**runner._buffers())  # the addresses the graphs record
+    runner.input_ids = torch.zeros(12, dtype=torch.int64)
+    with pytest.raises(CapturePitfall, match="input_ids"):
+        runner.static_inputs.check(**runner._buffers())

@@ -1,9 +1,13 @@
-"""The batch both prefill runners (piecewise, breakable) warm up and record on."""
+"""The static inputs both prefill runners (piecewise, breakable) record from, and the dummy
+batch they warm up and record on."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from cgtool.runners.pitfalls import StaticInputs
 from cgtool.runtime.batch import ForwardBatch, ForwardMode
 from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 
@@ -34,3 +38,31 @@ def dummy_extend_batch(
         extend_prefix_lens_cpu=[0] * len(lens),
         extend_seq_lens_cpu=lens,
     )
+
+
+class PrefillStaticTokens:
+    """The token buffers a prefill runner's graphs read in place (up to its `max_num_tokens`),
+    for a runner with `model_runner` and `max_num_tokens` set."""
+
+    model_runner: Any
+    max_num_tokens: int
+
+    def _allocate_static_tokens(self) -> None:
+        with torch.device(self.model_runner.device):
+            self.input_ids = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
+            self.positions = torch.zeros((self.max_num_tokens,), dtype=torch.int64)
+            self.out_cache_loc = torch.full((self.max_num_tokens,), DUMMY_SLOT, dtype=torch.int64)
+        self.static_inputs = StaticInputs(**self._buffers())
+
+    @property
+    def static_buffer_bytes(self) -> int:
+        """Inputs the graphs read in place, allocated outside the pool."""
+        return sum(t.numel() * t.element_size() for t in self._buffers().values())
+
+    def _buffers(self) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.input_ids, "positions": self.positions, "out_cache_loc": self.out_cache_loc}
+
+    def static_batch(self, num_tokens: int) -> ForwardBatch:
+        """`num_tokens` tokens of the static buffers on the dummy request row."""
+        return dummy_extend_batch(num_tokens, self.input_ids, self.positions, self.out_cache_loc,
+                                  self.model_runner.kv_pool.max_context_len)
