@@ -90,12 +90,13 @@ def mla_decode_cases() -> dict[str, tuple]:
              (4, triton_mla.DECODE_TILES), (5, triton_mla.DECODE_TILES), (8, triton_mla.DECODE_TILES)]
     for splits, (block_n, warps, stages) in fused + [(11, triton_mla.DECODE_TILES), (16, triton_mla.DECODE_TILES)]:
         merged_here = splits <= triton_mla.FUSED_MERGE_SPLITS
+        # With 4 chunks, the stamps of benchmarks/probe_mla_timeline.py compiled in.
         name = f"mla decode chunks={splits}" + ("" if merged_here else ", merge kernel a dependent")
         found[name] = (
             triton_mla._mla_decode_stage1,
             {**MLA, "NUM_HEADS": 16, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n, "NUM_SPLITS": splits,
              "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else block_n, "FUSED_MERGE": merged_here,
-             "RELEASE": not merged_here, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": False},
+             "RELEASE": not merged_here, "MERGE_D": triton_mla.MERGE_SLICE, "TRACE": splits == 4},
             warps, stages, {"MidOut": "*bf16"} if merged_here and warps == 8 else {})
     if gluon_mla.gluon is not None:
         block_n, warps, _ = triton_mla.BUFFERED_TILES

@@ -444,8 +444,8 @@ def mla_decode_attention(
     the last program; for the merge kernel none, or BUFFERED_MERGE_KERNEL_MIN_CHUNK after
     gluon_mla's stage 1) and the merge kernel's lanes (the chunk count's power of two); `trace`
     (int64, TRACE_SLOTS a stage-1 program) takes its programs' timestamps (benchmarks) from this
-    module's kernel, or from gluon_mla_wgmma's with `wgmma` True; `buffers` is the tiles of rows of gluon_mla's stage 1 (0: this module's
-    kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
+    module's kernel, or from gluon_mla_wgmma's with `wgmma` True; `buffers` is the tiles of rows
+    of gluon_mla's stage 1 (0: this module's kernel; default BUFFERED_TILES_COUNT where it runs); `merge_slice` the columns the merge
     takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
     stage 1 serves where Gluon runs (default `wgmma_serves`): it shares the batch's keys among

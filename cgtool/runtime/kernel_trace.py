@@ -17,20 +17,23 @@ import triton.language as tl
 
 # Slots a program writes: the SM's id, then up to seven stamps.
 TRACE_SLOTS = 8
+# The PTX both dialects' stamps run: the global nanosecond clock, and the SM's id.
+GLOBAL_TIMER_ASM = tl.constexpr("mov.u64 $0, %globaltimer;")
+SM_ID_ASM = tl.constexpr("mov.u32 $0, %smid;")
 
 
 @triton.jit
 def stamp_after(value):
     """The global clock (ns), read once `value` (a scalar) has been computed."""
     return tl.inline_asm_elementwise(
-        "mov.u64 $0, %globaltimer;", "=l,r", [value.to(tl.int32, bitcast=False)],
+        GLOBAL_TIMER_ASM, "=l,r", [value.to(tl.int32, bitcast=False)],
         dtype=tl.int64, is_pure=False, pack=1,
     )
 
 
 @triton.jit
 def sm_id():
-    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(SM_ID_ASM, "=r", [], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -50,13 +53,13 @@ if gluon is not None:
     @gluon.jit
     def gluon_stamp_after(value):
         """stamp_after in a Gluon kernel."""
-        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [value.to(gl.int32)],
+        return gl.inline_asm_elementwise(GLOBAL_TIMER_ASM, "=l,r", [value.to(gl.int32)],
                                          dtype=gl.int64, is_pure=False, pack=1)
 
     @gluon.jit
     def gluon_sm_id(value):
         """sm_id in a Gluon kernel (`value`, any scalar, only gives the asm an operand)."""
-        return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [value.to(gl.int32)],
+        return gl.inline_asm_elementwise(SM_ID_ASM, "=r,r", [value.to(gl.int32)],
                                          dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
