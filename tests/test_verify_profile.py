@@ -99,7 +99,7 @@ def test_extend_steps_over_long_prefixes_teach_nothing():
 
 VERIFY_RUNS = ["h200-2026-11-26-moe-tma/call15/verify", "h200-2026-11-26-moe-tma/call11/verify",
                "h100-2026-11-26-moe-tma/call8/verify", "h100-2026-11-26-pdl-tails/call4/verify",
-               "h100-2026-11-26-mla-timeline/call5/verify", "h100-2026-11-26-extend-split/call10/verify",
+               "h100-2026-11-26-extend-split/call10/verify",
                "h200-2026-11-26-night/verify"]
 
 
