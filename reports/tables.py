@@ -224,7 +224,7 @@ def spread_rows(report: CaptureReport) -> TableData:
         kind, path, regime = key.split(":")
         rows.append([kind, path, Cell(f"{regime} calls", regime), _num(100 * spread.rel_sd, 2),
                      Cell(str(spread.dof), spread.dof)])
-    return TableData("Timing spread (each size's 95% interval comes from it)",
+    return TableData("Timing spread (sets the 95% intervals)",
                      ["kind", "path", "regime", Cell("sd %", "sd_pct"), "dof"], rows)
 
 
