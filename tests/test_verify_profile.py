@@ -85,16 +85,47 @@ def test_extend_steps_over_long_prefixes_teach_nothing():
     assert 4000 <= 4 * 2048 and attention_2k > 0.5 * attention_2k * 1.5  # kept by the prefix rule only
     assert [r for r in verify_as_profile(_decode_rows_only(rows))["sizes"] if r["kind"] == "piecewise"] == []
     kept = rows + [SizeTiming("extend", 512, 100, 3, 3.0, 512, 30.0, 0.0)]
-    learned = {r["size"]: r for r in verify_as_profile(_decode_rows_only(kept))["sizes"] if r["kind"] == "piecewise"}
+    profile = verify_as_profile(_decode_rows_only(kept))
+    learned = {r["size"]: r for r in profile["sizes"] if r["kind"] == "piecewise"}
     assert max(learned) == 512
-    # Size 16 follows the roofline scaled by size 512, not the 73.7 ms step.
+    # Size 16 follows the roofline scaled by size 512, not the 73.7 ms step; the 512-token
+    # step's attention is priced at the pair price the long-prefix steps taught.
     unit = roofline_cost(cfg, gpu, max_bs=1, max_tokens=2048)
-    dense_512 = 30.0 - unit.attention_ms_per_pair * (512 * 100 + 512 * 513 / 2)
+    dense_512 = 30.0 - profile["attention"]["attention_ms_per_pair"] * (512 * 100 + 512 * 513 / 2)
     eager_512 = dense_512 + unit.extend_eager_ms[512] - unit.extend_graph_ms[512]
     expected = min(unit.extend_graph_ms[16] * dense_512 / unit.extend_graph_ms[512],
                    unit.extend_eager_ms[16] * eager_512 / unit.extend_eager_ms[512])  # a replay is never slower
     causal = unit.attention_ms_per_pair * 16 * 17 / 2  # carried by every piecewise row, for the fit to take out
     assert abs(learned[16]["replay_ms"] - (expected + causal)) < 1e-9 < 20.0 - expected
+
+
+def _extend_mean_ms(cost, rows):
+    from cgtool.verify.population import predicted_ms
+    from cgtool.verify.steps import Step
+
+    times = [predicted_ms(cost, Step("extend", r.size, r.context, r.weight), [16, 512, 2048])[0] for r in rows]
+    return sum(t * r.weight for t, r in zip(times, rows)) / sum(r.weight for r in rows)
+
+
+def test_long_prefix_steps_price_the_query_key_pairs_to_their_measured_mean():
+    # The dense part comes from the short-prefix step; the two long-prefix steps set the pair
+    # price, so that together, weighted as verify weighs them, they come out at what they
+    # measured, while the short step still comes out at its own time.
+    cfg, gpu = load_model_config("llama-3.1-8b"), gpu_spec("H100-80GB")
+    unit = roofline_cost(cfg, gpu, max_bs=1, max_tokens=2048)
+    short = SizeTiming("extend", 512, 100, 3, 3.0, 512, 30.0, 0.0)
+    long = [SizeTiming("extend", 14, 24576, 3, 2.0, 16, 73.7, 0.0),
+            SizeTiming("extend", 2048, 40000, 3, 5.0, 2048, 900.0, 0.0)]
+    profile = verify_as_profile(_decode_rows_only([short, *long]))
+    cost = profile_cost(profile, cfg, gpu, max_bs=8, max_tokens=2048, source="verify.json")
+    measured = sum(r.measured_ms * r.weight for r in long) / sum(r.weight for r in long)
+    assert abs(_extend_mean_ms(cost, long) / measured - 1) < 1e-3
+    assert abs(_extend_mean_ms(cost, [short]) / 30.0 - 1) < 1e-3
+    assert cost.attention_ms_per_pair == profile["attention"]["attention_ms_per_pair"] != unit.attention_ms_per_pair
+    # With no long-prefix step the roofline's price stays.
+    plain = profile_cost(verify_as_profile(_decode_rows_only([short])), cfg, gpu, max_bs=8, max_tokens=2048,
+                         source="verify.json")
+    assert plain.attention_ms_per_pair == unit.attention_ms_per_pair
 
 
 VERIFY_RUNS = ["h200-2026-11-26-moe-tma/call15/verify", "h200-2026-11-26-moe-tma/call11/verify",
@@ -107,9 +138,10 @@ VERIFY_RUNS = ["h200-2026-11-26-moe-tma/call15/verify", "h200-2026-11-26-moe-tma
 def test_plan_with_a_verify_profile_predicts_recorded_runs(folder):
     # issue 33: "exactly with --profile". Each recorded verify of qwen3-30b-a3b and
     # deepseek-v2-lite (Azure example, Mooncake trace) predicted again as `plan --profile
-    # verify.json` would: from its own verify.json, decode within 1% and extend within 12% (a
-    # Mooncake extend is mostly steps over long prefixes, which teach nothing); from the other
-    # trace's verify of the same model, within 15%.
+    # verify.json` would: from its own verify.json, decode within 1% and extend within 2% (a Mooncake
+    # extend is mostly steps over long prefixes: they price the query-key pairs, not the dense
+    # part; they had left it 9-11% slow); from the other trace's verify of the same model,
+    # within 15%.
     import importlib.util
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
@@ -120,6 +152,6 @@ def test_plan_with_a_verify_profile_predicts_recorded_runs(folder):
     other = repredict.rows(results / folder, "other-trace")
     assert len(own) == len(other) == 16
     for name, graph_set, kind, measured, _, now in own:
-        assert abs(measured / now - 1) <= (0.01 if kind == "decode" else 0.12), (name, graph_set, kind)
+        assert abs(measured / now - 1) <= (0.01 if kind == "decode" else 0.02), (name, graph_set, kind)
     for name, graph_set, kind, measured, _, now in other:
         assert abs(measured / now - 1) <= 0.15, (name, graph_set, kind)

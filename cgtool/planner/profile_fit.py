@@ -23,7 +23,7 @@ from cgtool.specs.config import ModelConfig
 from cgtool.specs.gpus import GpuSpec
 
 
-def _interpolate(sizes: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:
+def size_table(sizes: np.ndarray, values: np.ndarray, length: int) -> np.ndarray:
     """Linear between measured sizes, flat below the first, beyond the last extended along
     the slope of the last two (eager cost keeps growing past the captured range)."""
     grid = np.arange(length, dtype=np.float64)
@@ -100,16 +100,16 @@ def profile_cost(
             kv_ms = tables["kv_read_ms_per_token"] = measured_kv
         for name, column in (("decode_graph_ms", "replay_ms"), ("decode_eager_ms", "eager_ms")):
             sizes, dense = _dense_by_size(every, column, kv_ms)
-            tables[name] = _interpolate(sizes, dense, max_bs + 1)
-        tables["decode_capture_s"] = _interpolate(decode["size"], decode["capture_s"], max_bs + 1)
+            tables[name] = size_table(sizes, dense, max_bs + 1)
+        tables["decode_capture_s"] = size_table(decode["size"], decode["capture_s"], max_bs + 1)
         tables["decode_graph_bytes"] = _per_graph_bytes(decode, base.decode_graph_bytes)
     if len(piecewise["size"]):
         pairs = piecewise["size"] * (piecewise["size"] + 1) / 2  # one request, causal
         attention = base.attention_ms_per_pair * pairs
         for name, column in (("extend_graph_ms", "replay_ms"), ("extend_eager_ms", "eager_ms")):
             dense = np.maximum(piecewise[column] - attention, 0.1 * piecewise[column])
-            tables[name] = _interpolate(piecewise["size"], dense, max_tokens + 1)
-        tables["extend_capture_s"] = _interpolate(
+            tables[name] = size_table(piecewise["size"], dense, max_tokens + 1)
+        tables["extend_capture_s"] = size_table(
             piecewise["size"], piecewise["capture_s"], max_tokens + 1
         )
         tables["extend_graph_bytes"] = _per_graph_bytes(piecewise, base.extend_graph_bytes)

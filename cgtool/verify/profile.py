@@ -2,7 +2,8 @@
 reads, so predictions learn from what verify measured.
 
 Each measured step is turned into its dense part (the planner's attention estimate for its
-own context taken out), then eager points (steps that ran eagerly, at their size) and
+own context taken out; extend steps over long prefixes instead set the price of that
+attention), then eager points (steps that ran eagerly, at their size) and
 replay points (steps on a graph, at the graph's size) become per-size rows at context 0.
 A kind whose steps all replayed (the graphs covered the trace, as they usually do) takes its
 eager side from the roofline's gap between an eager and a replayed step of each size, and one
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from cgtool.documents.results import load_report
+from cgtool.planner.profile_fit import size_table
+from cgtool.planner.step_time import attention_pairs
 from cgtool.specs.kinds import GRAPH_KIND_OF_STEP
 from cgtool.verify.result import (
     SetResult,
@@ -41,6 +44,13 @@ from cgtool.verify.result import (
 # --profile-from other-trace`).
 MAX_PREFIX_PER_NEW_TOKEN = 4
 MAX_ATTENTION_SHARE = 0.5
+# Those steps still say what their attention cost: once the other steps have taught the dense
+# part, the price of a query-key pair is scaled so that the long-prefix steps, weighted as verify
+# weighs them, come out at their measured mean. Without it a Mooncake profile left deepseek-v2-lite's
+# extend steps 9-11% slow (the six runs of tests/test_verify_profile.py). The dense parts they
+# leave depend on the price, so the two are settled together in a few rounds.
+PAIR_PRICE_ROUNDS = 4
+MIN_PAIR_PRICE_SCALE = 0.25
 
 
 def load_profile(path: Path) -> dict[str, Any]:
@@ -65,8 +75,9 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
         unit = roofline_cost(cfg, gpu, max_bs=largest["decode"], max_tokens=largest["extend"])
     rows: list[dict[str, Any]] = []
     eager_measured = True
+    pair_ms = _long_prefix_pair_ms(result.sets, unit)
     for kind in ("decode", "extend"):
-        kind_rows, measured = _rows(result.sets, kind, unit)
+        kind_rows, measured = _rows(result.sets, kind, unit, pair_ms)
         rows += kind_rows
         eager_measured = eager_measured and (measured or not kind_rows)
     if unit is not None:
@@ -89,6 +100,7 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
         "model": {"name": result.model.name, "config_hash": result.model.config_hash},
         "settings": {"context_len": 0, "tp_size": 1},
         "sizes": rows,
+        "attention": {} if pair_ms is None else {"attention_ms_per_pair": pair_ms},
         "eager_measured": eager_measured,
         "totals": {"graph_pool_bytes": plan_set.graph_bytes if plan_set else 0, "non_torch_bytes": 0},
         "memory_proof": memory_proof(result),
@@ -111,9 +123,22 @@ def memory_proof(result: VerifyResult) -> dict[str, Any]:
     }
 
 
-def _rows(sets: list[SetResult], kind: str, unit: Any) -> tuple[list[dict[str, Any]], bool]:
+def _rows(sets: list[SetResult], kind: str, unit: Any,
+          pair_ms: float | None) -> tuple[list[dict[str, Any]], bool]:
     """A kind's rows, and whether their eager times were measured."""
-    eager, replay = _dense_points(sets, kind, unit)
+    points, measured = _dense_table(sets, kind, unit, pair_ms)
+    return [
+        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
+         "replay_ms": float(min(r, e)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
+        for s, e, r in points
+    ], measured
+
+
+def _dense_table(sets: list[SetResult], kind: str, unit: Any,
+                 pair_ms: float | None) -> tuple[list[tuple[int, float, float]], bool]:
+    """(size, eager dense ms, replay dense ms) for the sizes a kind taught, and whether its
+    eager times were measured."""
+    eager, replay = _dense_points(sets, kind, unit, pair_ms)
     measured = bool(eager)
     if not eager and not replay:
         return [], True  # the roofline fills the kind
@@ -133,30 +158,65 @@ def _rows(sets: list[SetResult], kind: str, unit: Any) -> tuple[list[dict[str, A
     points = list(zip(sizes, e_ms, r_ms))
     if unit is not None:
         points = _below_first(unit, kind, points) + points
-    return [
-        {"kind": GRAPH_KIND_OF_STEP[kind], "size": int(s), "status": "ok", "rank": 0, "eager_ms": float(e),
-         "replay_ms": float(min(r, e)), "capture_s": 0.0, "retained_bytes": 0, "non_torch_bytes": 0}
-        for s, e, r in points
-    ], measured
+    return points, measured
 
 
-def _dense_points(sets: list[SetResult], kind: str, unit: Any) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+def _dense_points(sets: list[SetResult], kind: str, unit: Any,
+                  pair_ms: float | None) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
     """(eager, replay): each size's dense times, eager steps at their size, replayed ones at
-    their graph's, less the planner's attention estimate. Extend steps whose estimate cannot be
-    trusted to leave the dense part teach nothing (MAX_PREFIX_PER_NEW_TOKEN, MAX_ATTENTION_SHARE)."""
+    their graph's, less attention (extend's at `pair_ms` a pair where given). Extend steps whose
+    estimate cannot be trusted to leave the dense part teach nothing (`_teaches`)."""
     eager: dict[int, list[float]] = defaultdict(list)
     replay: dict[int, list[float]] = defaultdict(list)
     for graph_set in sets:
         for row in graph_set.sizes:
-            if row.kind != kind:
+            if row.kind != kind or not _teaches(unit, row):
                 continue
             attention = _attention_ms(unit, row.kind, row.size, row)
-            if kind == "extend" and (row.context > MAX_PREFIX_PER_NEW_TOKEN * row.size
-                                     or attention > MAX_ATTENTION_SHARE * row.measured_ms):
-                continue
+            if kind == "extend" and pair_ms is not None:
+                attention = pair_ms * float(attention_pairs(row.size, row.context))
             dense = max(row.measured_ms - attention, 0.0)
             (replay[row.graph_size] if row.graph_size else eager[row.size]).append(dense)
     return eager, replay
+
+
+def _teaches(unit: Any, row: SizeTiming) -> bool:
+    """Whether a row's dense part can be learned: decode rows always, extend rows only over
+    short prefixes and when the roofline's attention is at most a part of their time."""
+    if row.kind != "extend":
+        return True
+    attention = _attention_ms(unit, row.kind, row.size, row)
+    return row.context <= MAX_PREFIX_PER_NEW_TOKEN * row.size and attention <= MAX_ATTENTION_SHARE * row.measured_ms
+
+
+def _long_prefix_pair_ms(sets: list[SetResult], unit: Any) -> float | None:
+    """ms per query-key pair at which the extend steps that taught nothing come out at their
+    weighted measured mean, the dense part learned from the rest; None when every step taught."""
+    long = [r for s in sets for r in s.sizes if r.kind == "extend" and not _teaches(unit, r)]
+    if unit is None or not long:
+        return None
+    weight = np.array([r.weight for r in long])
+    measured = np.array([r.measured_ms for r in long])
+    pairs = np.array([float(attention_pairs(r.size, r.context)) for r in long])
+    floor = MIN_PAIR_PRICE_SCALE * unit.attention_ms_per_pair
+    pair_ms = unit.attention_ms_per_pair
+    for _ in range(PAIR_PRICE_ROUNDS):
+        points, _ = _dense_table(sets, "extend", unit, pair_ms)
+        if not points:
+            return None
+        dense = _dense_at(points, long)
+        pair_ms = max(float(weight @ (measured - dense)) / float(weight @ pairs), floor)
+    return pair_ms
+
+
+def _dense_at(points: list[tuple[int, float, float]], rows: list[SizeTiming]) -> np.ndarray:
+    """Each row's dense ms as the profile fit will table it: its graph's replay, else its
+    size's eager time."""
+    sizes = np.array([p[0] for p in points])
+    length = max([int(sizes[-1]), *(max(r.size, r.graph_size) for r in rows)]) + 1
+    eager = size_table(sizes, np.array([p[1] for p in points]), length)
+    replay = size_table(sizes, np.array([min(p[2], p[1]) for p in points]), length)
+    return np.array([replay[r.graph_size] if r.graph_size else eager[r.size] for r in rows])
 
 
 def _below_first(unit: Any, kind: str, points: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
