@@ -31,10 +31,7 @@ import torch
 from cgtool.runners.graphs import count_kernel_nodes
 from cgtool.runners.piecewise_backend import weak_ref_tensor
 from cgtool.runners.pool import (
-    SizeStep,
-    freeze_gc,
     get_global_graph_memory_pool,
-    just_record,
     model_capture_mode,
 )
 from cgtool.runners.prefill_inputs import PrefillStaticTokens
@@ -183,14 +180,6 @@ class BreakableGraphRunner(PrefillStaticTokens):
         self.forward_static(self.max_num_tokens)
         self.warmed_up = True
 
-    def capture(self, step: SizeStep = just_record) -> None:
-        if not self.warmed_up:
-            self.warmup()
-        with freeze_gc(self.enable_cudagraph_gc):
-            for index, num_tokens in enumerate(reversed(self.capture_num_tokens)):
-                if not step(index, num_tokens, partial(self._record, num_tokens)):
-                    break
-
     def _record(self, num_tokens: int) -> None:
         batch = self.static_batch(num_tokens)
         recorder = SegmentRecorder(CudaSegment, keep=weak_ref_tensor)
@@ -207,11 +196,6 @@ class BreakableGraphRunner(PrefillStaticTokens):
         torch.cuda.current_stream().wait_stream(self.stream)
         self.graphs[num_tokens] = graph
         bisect.insort(self.captured_num_tokens, num_tokens)
-
-    def drop_size(self, num_tokens: int) -> None:
-        """Never replay `num_tokens`; its graphs stay alive (they share the pool)."""
-        if num_tokens in self.captured_num_tokens:
-            self.captured_num_tokens.remove(num_tokens)
 
     def graph_kernels(self, num_tokens: int) -> int | None:
         """Kernels the segments launch in one replay; the attention between them is eager."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ import torch
 from cgtool.documents.results import CompileCacheStatus
 from cgtool.runners import compile_cache
 from cgtool.runners.piecewise_backend import CapturablePiece, PiecewiseBackend, use_graphs_for
-from cgtool.runners.pool import SizeStep, freeze_gc, just_record, model_capture_mode
+from cgtool.runners.pool import model_capture_mode
 from cgtool.runners.prefill_inputs import PrefillStaticTokens
 from cgtool.runners.sizes import capture_sizes
 from cgtool.runtime.batch import ForwardBatch, forward_context
@@ -98,16 +97,6 @@ class PiecewiseGraphRunner(PrefillStaticTokens):
             self.compile_cache = "miss" if self.not_stored_reason is None else "not_stored"
         self.warmed_up = True
 
-    def capture(self, step: SizeStep = just_record) -> None:
-        """Record every capturable piece at each token count, in DecodeGraphRunner.capture's
-        order and with its GC freeze; compiles first if `warmup` has not run."""
-        if not self.warmed_up:
-            self.warmup()
-        with freeze_gc(self.enable_cudagraph_gc):
-            for index, num_tokens in enumerate(reversed(self.capture_num_tokens)):
-                if not step(index, num_tokens, partial(self._record, num_tokens)):
-                    break
-
     def _record(self, num_tokens: int) -> None:
         """Each piece warms up and records its graph as the compiled body reaches it."""
         batch = self.static_batch(num_tokens)
@@ -118,12 +107,6 @@ class PiecewiseGraphRunner(PrefillStaticTokens):
             # e.g. dynamo hit its recompile limit and ran the body eagerly, without our backend
             raise RuntimeError(f"no piece recorded a CUDA graph for {num_tokens} tokens")
         bisect.insort(self.captured_num_tokens, num_tokens)
-
-    def drop_size(self, num_tokens: int) -> None:
-        """Never replay `num_tokens` (with TP, a peer failed to record it). The pieces keep
-        their graphs of it alive: they share the pool that smaller sizes are captured into."""
-        if num_tokens in self.captured_num_tokens:
-            self.captured_num_tokens.remove(num_tokens)
 
     def graph_kernels(self, num_tokens: int) -> int | None:
         """Kernels the pieces' graphs for `num_tokens` launch in one replay, read from the

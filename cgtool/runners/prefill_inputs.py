@@ -1,13 +1,15 @@
-"""The static inputs both prefill runners (piecewise, breakable) record from, and the dummy
-batch they warm up and record on."""
+"""The static inputs both prefill runners (piecewise, breakable) record from, the dummy batch
+they warm up and record on, and their capture loop."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
 
 from cgtool.runners.pitfalls import StaticInputs
+from cgtool.runners.pool import SizeStep, freeze_gc, just_record
 from cgtool.runtime.batch import ForwardBatch, ForwardMode
 from cgtool.runtime.kv import DUMMY_REQ, DUMMY_SLOT
 
@@ -42,10 +44,38 @@ def dummy_extend_batch(
 
 class PrefillStaticTokens:
     """The token buffers a prefill runner's graphs read in place (up to its `max_num_tokens`),
-    for a runner with `model_runner` and `max_num_tokens` set."""
+    and the capture loop over its token counts, for a runner with `model_runner`,
+    `max_num_tokens`, `capture_num_tokens`, `captured_num_tokens` and `enable_cudagraph_gc` set
+    that defines `warmup` and `_record`."""
 
     model_runner: Any
     max_num_tokens: int
+    capture_num_tokens: list[int]
+    captured_num_tokens: list[int]
+    enable_cudagraph_gc: bool
+    warmed_up: bool
+
+    def warmup(self) -> None:
+        raise NotImplementedError
+
+    def _record(self, num_tokens: int) -> None:
+        raise NotImplementedError
+
+    def capture(self, step: SizeStep = just_record) -> None:
+        """Record each token count, largest first as DecodeGraphRunner.capture does and under its
+        GC freeze; warms up (compiles, for the piecewise runner) first if `warmup` has not run."""
+        if not self.warmed_up:
+            self.warmup()
+        with freeze_gc(self.enable_cudagraph_gc):
+            for index, num_tokens in enumerate(reversed(self.capture_num_tokens)):
+                if not step(index, num_tokens, partial(self._record, num_tokens)):
+                    break
+
+    def drop_size(self, num_tokens: int) -> None:
+        """Never replay `num_tokens` (with TP, a peer failed to record it). Its graphs stay alive:
+        they share the pool that smaller sizes are captured into."""
+        if num_tokens in self.captured_num_tokens:
+            self.captured_num_tokens.remove(num_tokens)
 
     def _allocate_static_tokens(self) -> None:
         with torch.device(self.model_runner.device):
