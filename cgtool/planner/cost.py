@@ -206,7 +206,7 @@ def roofline_cost(
     # MoE and MLA models: the floor of every kernel outside the MoE layers (kernel_terms), and
     # MLA decode's fixed cost beyond its latent read (programs' start, merge), layer by layer.
     floor_ms = kernel_floor_ms(cfg, _kernels_outside_moe(cfg, kernels))
-    mla_fixed_ms = mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs) if cfg.mla else 0.0
+    mla_fixed_ms = mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs, gpu.hopper) if cfg.mla else 0.0
     decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + mla_fixed_ms
     extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm + floor_ms
     # Piecewise replay still launches the split ops eagerly between pieces: attention, and

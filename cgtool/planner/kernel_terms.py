@@ -32,13 +32,21 @@ two more runs on other machines, not fitted (H200 call15, H100 call9), within 12
 run these GEMMs at about the same rate while the H200 reads 1.4x faster, so a sum of read and
 FLOPs leans one way on each GPU; the longer of the two instead was 24-50% off at 1k-2k tokens.
 
-MLA decode (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the latent rows read at
-0.86 of the datasheet bandwidth, plus a fixed cost a layer of 0.6 us a request up to 16 us
-(the programs' start and the merge of chunks, each of some 256 programs in two waves carrying
-it once), plus a second kernel's floor below 32 requests, where the merge was a kernel of its
-own (since the night's rounding down of the chunks, below 17). bs 32 to 256 within 11%, bs
-1 and 16 within 20%. MLA extend (2,048-8,192 new tokens,
-with a 6k prefix too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head
+MLA decode on Hopper, the build as shipped (2026-11-27, benchmarks/bench_mla_floor.py;
+gluon_mla's stage 1 at bs 1-16 and 256: h100-2026-11-27-gluon-mla/call18-h100 and
+h200-h100-2026-11-27-gluon-mla/call2-h200; gluon_mla_wgmma's at bs 17-128:
+h100-2026-11-27-mla-shipped and h200-h100-2026-11-27-mla-tail/call8-h200-final): the latent
+rows read at 0.86 of the datasheet bandwidth, the kernel's floor, 4.4 us a layer where
+gluon_mla_wgmma serves (the last program's ticket and merge, about 3.5 us in the programs'
+clock stamps) and a second kernel's floor where the merge is a kernel of its own. From 32 real
+requests within 10% on both GPUs, 8-24 requests within 17%, one request (6-12 us) within 26%;
+triton_mla's terms had put these runs 5-47% too slow. Elsewhere triton_mla's stage 1
+runs (call8: bs 1, 16, 32, 64 and 256 at 1k and 8k contexts): the same read, plus 0.6 us a
+request up to 16 us a layer (the programs' start and the merge of chunks, each of some 256
+programs in two waves carrying it once), plus the merge kernel's floor below 30 request rows;
+bs 32 to 256 within 11%, bs 1 and 16 within 20%, on a Hopper GPU, the only one it was timed on.
+
+MLA extend (2,048-8,192 new tokens, with a 6k prefix too): 0.20-0.23 of the bf16 peak, counting 4 x (rank + rope) FLOPs a head
 and (query, key) pair as the cost model does (512 tokens: 0.10).
 
 Dense (GQA) extend attention (H200, 2026-11-26,
@@ -82,16 +90,20 @@ MOE_GROUPED_FLOPS_EFFICIENCY = 0.72
 MOE_GROUPED_PAIR_BYTES_PER_HIDDEN, MOE_GROUPED_PAIR_BYTES_PER_WIDTH = 6, 4
 
 MLA_DECODE_READ_EFFICIENCY = 0.86
-MLA_DECODE_REQUEST_MS = 0.6e-3
-MLA_DECODE_FIXED_MS = 16e-3
 # Below this many (request, 16-head block) programs' rows the chunks are merged by a kernel of
 # their own (cgtool.attention.triton_mla: more than FUSED_MERGE_SPLITS chunks a request, which
 # up to 29 rows get since the chunks are rounded down to fit 264 programs).
 MLA_FUSED_MERGE_ROWS = 30
 MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
-# On Hopper, a one-head-block batch from this many requests runs gluon_mla_wgmma's stage 1 in
-# fewer chunks, merged in the last program (cgtool.attention.triton_mla.WGMMA_MIN_BS).
-MLA_WGMMA_MIN_BS = 17
+# On Hopper, a one-head-block batch of this many requests runs gluon_mla_wgmma's stage 1 in
+# fewer chunks, merged in the last program (cgtool.attention.triton_mla.WGMMA_MIN_BS and
+# WGMMA_PROGRAMS); that tail costs MLA_WGMMA_TAIL_MS a layer.
+MLA_WGMMA_MIN_BS, MLA_WGMMA_MAX_BS = 17, 132
+MLA_WGMMA_TAIL_MS = 4.4e-3
+# triton_mla's stage 1 (where Gluon does not run): a fixed part a layer of 0.6 us a request up
+# to 16 us, fitted to the H200 call8 run.
+MLA_TRITON_REQUEST_MS = 0.6e-3
+MLA_TRITON_FIXED_MS = 16e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.22
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
@@ -129,12 +141,17 @@ def kernel_floor_ms(cfg: ModelConfig, kernels: int) -> float:
     return kernels * OTHER_KERNEL_FLOOR_MS
 
 
-def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray) -> np.ndarray:
+def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
     """MLA decode attention's cost beyond its latent read, all layers, for each batch size:
-    the fixed part a layer and the merge kernel's floor where the merge is a kernel apart."""
+    on Hopper the warpgroup-MMA stage 1's merge in its last program where it serves; elsewhere
+    triton_mla's fixed part; and the merge kernel's floor where the merge is a kernel apart."""
     bs = np.asarray(bs, dtype=np.float64)
     rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
-    per_layer = np.minimum(bs * MLA_DECODE_REQUEST_MS, MLA_DECODE_FIXED_MS)
-    separate = (rows < MLA_FUSED_MERGE_ROWS) & ~((rows == bs) & (bs >= MLA_WGMMA_MIN_BS))
+    wgmma = hopper & (rows == bs) & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS)
+    if hopper:
+        per_layer = np.where(wgmma, MLA_WGMMA_TAIL_MS, 0.0)
+    else:
+        per_layer = np.minimum(bs * MLA_TRITON_REQUEST_MS, MLA_TRITON_FIXED_MS)
+    separate = (rows < MLA_FUSED_MERGE_ROWS) & ~wgmma
     per_layer = per_layer + np.where(separate, KERNEL_FLOOR_MS, 0.0)
     return np.where(bs > 0, num_layers * per_layer, 0.0)

@@ -20,6 +20,7 @@ class GpuSpec:
     link_bytes_s: float = 0.0
     link_latency_s: float = 0.0
     sm_count: int = 0  # streaming multiprocessors (datasheet); sizes SGLang's SM-wide buffers
+    hopper: bool = False  # compute capability 9: where cgtool's Gluon MLA decode kernels run
 
 
 # GPU-to-GPU links (per direction; estimates, not measured here). NVLink 4 (H100/H200 SXM)
@@ -40,10 +41,10 @@ GPU_SPECS: dict[str, GpuSpec] = {
     for spec in (
         GpuSpec(
             "H100-80GB", 81559 * MIB, 3.35e12, 989e12, ("H100 80GB HBM3", "H100 SXM"), *_NVLINK4,
-            sm_count=132,
+            sm_count=132, hopper=True,
         ),
-        GpuSpec("H100-PCIe", 81559 * MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5, sm_count=114),
-        GpuSpec("H200", 143771 * MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4, sm_count=132),
+        GpuSpec("H100-PCIe", 81559 * MIB, 2.0e12, 756e12, ("H100 PCIe",), *_PCIE5, sm_count=114, hopper=True),
+        GpuSpec("H200", 143771 * MIB, 4.8e12, 989e12, ("H200",), *_NVLINK4, sm_count=132, hopper=True),
         GpuSpec(
             "A100-80GB", 81920 * MIB, 2.039e12, 312e12, ("A100-SXM4-80GB", "A100 80GB"), *_NVLINK3,
             sm_count=108,
