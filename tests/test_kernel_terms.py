@@ -281,3 +281,20 @@ def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(f
     assert len(rows) == 8 * len(models)  # two traces
     for name, graph_set, kind, measured, _, now in rows:
         assert abs(measured / now - 1) <= 0.15, (name, graph_set, kind)
+
+
+@pytest.mark.parametrize("folder", ["h200-h100-2026-11-27-mla-tail/call2-h200-verify/memory",
+                                    "h200-h100-2026-11-27-mla-tail/call5-h100-verify/memory"], ids=["H200", "H100"])
+def test_mla_as_shipped_verify_runs_are_predicted_within_8_percent_decode_and_5_extend(folder):
+    # deepseek-v2-lite with MLA decode as shipped, predicted with the terms refitted to those
+    # kernels and MLA extend at 0.20 of peak: decode +2.9% to +7.3%, extend +0.8% to +4.4%
+    # (at 0.22 the Mooncake extend was 10% slower than predicted).
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("repredict", RESULTS.parent / "repredict_verify.py")
+    repredict = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repredict)
+    rows = repredict.rows(RESULTS / folder)
+    assert len(rows) == 8
+    for name, graph_set, kind, measured, _, now in rows:
+        assert abs(measured / now - 1) <= (0.08 if kind == "decode" else 0.05), (name, graph_set, kind)
