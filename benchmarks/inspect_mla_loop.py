@@ -2,7 +2,7 @@
 
 Two merge changes (bf16 partials; the log-sum-exps loaded once) lowered stage 1's registers and
 slowed its unchanged 4-warp loop by 12-25% on the H100 (benchmarks/results/
-h100-2026-11-26-mla-timeline, calls 7-8). This compiles the kernel for 4 chunks merged in the
+h100-2026-11-26-mla-timeline, calls 7-8, in git history at 532ce70). This compiles the kernel for 4 chunks merged in the
 last program, by default as the 4-warp launches do (`--tiles`: keys a step, warps, stages),
 with Triton's NVIDIA backend, which needs no GPU, then reads the cubin with the backend's
 cuobjdump. For this checkout's triton_mla.py and, with --against, an older copy, it prints the

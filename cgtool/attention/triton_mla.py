@@ -115,7 +115,7 @@ FUSED_MIN_CHUNK = 256
 # merges in its last program (4-8 chunks), 1-9% faster there at 8 warps (bs 24-66 at 1k-8k on
 # both GPUs, but the H200 at 8k above); fp32 elsewhere: bf16 slowed the 4-warp loop 12-37% (its
 # registers fell and ptxas scheduled it worse) and sped up no shape on the merge kernel's path
-# (h100-2026-11-26-mla-timeline/call7, h100-h200-2026-11-26-mla-floor).
+# (h100-2026-11-26-mla-timeline/call7, in git history at 532ce70; h100-h200-2026-11-26-mla-floor).
 PARTIAL_DTYPE = torch.float32
 PARTIAL_DTYPE_EIGHT_WARPS_FUSED = torch.bfloat16
 # Where Gluon runs (gluon_mla.available), stage 1 is gluon_mla's kernel with two tiles of 32
