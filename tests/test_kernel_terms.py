@@ -258,6 +258,23 @@ BOTH_MODELS = ("qwen3", "deepseek")
 MLA_ONLY = ("deepseek",)
 
 
+def _repredicted(folder: str) -> list[tuple]:
+    """A recorded verify folder's runs predicted again by this checkout (benchmarks/repredict_verify.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("repredict", RESULTS.parent / "repredict_verify.py")
+    repredict = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repredict)
+    return repredict.rows(RESULTS / folder)
+
+
+def _assert_covers(rows: list[tuple], models: tuple[str, ...]) -> None:
+    """Every model named, both sets, both kinds."""
+    assert {(name.split("-")[0], graph_set, kind) for name, graph_set, kind, *_ in rows} == {
+        (model, graph_set, kind) for model in models for graph_set in ("plan", "default")
+        for kind in ("decode", "extend")}
+
+
 @pytest.mark.parametrize(("folder", "models"), [
     ("h200-2026-11-26-moe-tma/call15/verify", BOTH_MODELS), ("h200-2026-11-26-moe-tma/call11/verify", BOTH_MODELS),
     ("h100-2026-11-26-moe-tma/call8/verify", BOTH_MODELS), ("h100-2026-11-26-pdl-tails/call4/verify", BOTH_MODELS),
@@ -269,15 +286,8 @@ MLA_ONLY = ("deepseek",)
 def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(folder, models):
     # issue 33's target: `cgtool verify` of the models named on the Azure example and the Mooncake
     # conversation trace (plan's and default's sets), predicted again by this checkout's roofline
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("repredict", RESULTS.parent / "repredict_verify.py")
-    repredict = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repredict)
-    rows = repredict.rows(RESULTS / folder)
-    assert {(name.split("-")[0], graph_set, kind) for name, graph_set, kind, *_ in rows} == {
-        (model, graph_set, kind) for model in models for graph_set in ("plan", "default")
-        for kind in ("decode", "extend")}
+    rows = _repredicted(folder)
+    _assert_covers(rows, models)
     assert len(rows) == 8 * len(models)  # two traces
     for name, graph_set, kind, measured, _, now in rows:
         assert abs(measured / now - 1) <= 0.15, (name, graph_set, kind)
@@ -289,12 +299,7 @@ def test_mla_as_shipped_verify_runs_are_predicted_within_8_percent_decode_and_5_
     # deepseek-v2-lite with MLA decode as shipped, predicted with the terms refitted to those
     # kernels and MLA extend at 0.20 of peak: decode +2.9% to +7.3%, extend +0.8% to +4.4%
     # (at 0.22 the Mooncake extend was 10% slower than predicted).
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("repredict", RESULTS.parent / "repredict_verify.py")
-    repredict = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repredict)
-    rows = repredict.rows(RESULTS / folder)
+    rows = _repredicted(folder)
     assert len(rows) == 8
     for name, graph_set, kind, measured, _, now in rows:
         assert abs(measured / now - 1) <= (0.08 if kind == "decode" else 0.05), (name, graph_set, kind)
@@ -306,15 +311,8 @@ def test_verify_runs_on_traffic_no_fit_has_seen_are_predicted_within_7_percent(f
     # Requests 10,001-11,000 of the Azure conversation trace, both models, plan's and default's
     # sets: -3.1% to +6.3% with these terms (deepseek-v2-lite's extend +5.4% to +7.2% before the
     # MLA refits of 2026-11-27).
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("repredict", RESULTS.parent / "repredict_verify.py")
-    repredict = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repredict)
-    rows = repredict.rows(RESULTS / folder)
-    assert {(name.split("-")[0], graph_set, kind) for name, graph_set, kind, *_ in rows} == {
-        (model, graph_set, kind) for model in BOTH_MODELS for graph_set in ("plan", "default")
-        for kind in ("decode", "extend")}
+    rows = _repredicted(folder)
+    _assert_covers(rows, BOTH_MODELS)
     for name, graph_set, kind, measured, _, now in rows:
         assert abs(measured / now - 1) <= 0.07, (name, graph_set, kind)
 
