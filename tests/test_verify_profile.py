@@ -122,10 +122,14 @@ def test_long_prefix_steps_price_the_query_key_pairs_to_their_measured_mean():
     assert abs(_extend_mean_ms(cost, long) / measured - 1) < 1e-3
     assert abs(_extend_mean_ms(cost, [short]) / 30.0 - 1) < 1e-3
     assert cost.attention_ms_per_pair == profile["attention"]["attention_ms_per_pair"] != unit.attention_ms_per_pair
+    scale = cost.attention_ms_per_pair / unit.attention_ms_per_pair
+    assert f"verify.json: extend attention (a query-key pair) priced from its own steps, {scale:.2f}x the roofline's" \
+        in cost.warnings
     # With no long-prefix step the roofline's price stays.
     plain = profile_cost(verify_as_profile(_decode_rows_only([short])), cfg, gpu, max_bs=8, max_tokens=2048,
                          source="verify.json")
     assert plain.attention_ms_per_pair == unit.attention_ms_per_pair
+    assert not any("priced from its own steps" in note for note in plain.warnings)
 
 
 VERIFY_RUNS = ["h200-2026-11-26-moe-tma/call15/verify", "h200-2026-11-26-moe-tma/call11/verify",

@@ -117,12 +117,20 @@ def profile_cost(
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
     tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
     notes = _mismatches(report, cfg, gpu, source) + _tp_mismatch(report, tp_size, source)
-    # A replay (cgtool.replay.profile) fits attention's price to its own steps: it replaces the roofline's.
+    # A replay (cgtool.replay.profile) fits attention's price to its own steps, and a verify
+    # (cgtool.verify.profile) the extend pairs' to its steps over long cached prefixes: it
+    # replaces the roofline's, and the plan says by how much.
     fitted = {k: float(v) for k, v in report.get("attention", {}).items()
               if k in ("kv_read_ms_per_token", "attention_ms_per_pair") and isinstance(v, (int, float)) and v > 0}
+    notes += tuple(_attention_note(source, name, price / getattr(base, name)) for name, price in fitted.items())
     # A verify.json that timed no eager step says so: its eager side is the roofline's.
     eager_measured = bool(report.get("eager_measured", True))
     return _with(base, source=source, warnings=notes, eager_measured=eager_measured, **(tables | fitted))
+
+
+def _attention_note(source: str, name: str, scale: float) -> str:
+    what = "decode attention (a context token)" if name == "kv_read_ms_per_token" else "extend attention (a query-key pair)"
+    return f"{source}: {what} priced from its own steps, {scale:.2f}x the roofline's"
 
 
 def _report_context(report: dict[str, Any]) -> float:
