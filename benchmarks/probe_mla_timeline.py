@@ -18,7 +18,9 @@ model's `torch.cat(...) * scale` does), with the partials in the shipped dtype a
 with wider merge slices, and (--against) as an older copy of cgtool/attention/triton_mla.py
 computes it. A variant named twice in --variants runs twice, so rounds can alternate. It times
 triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps; the `wgmma` variants
-time gluon_mla_wgmma's stage 1, as shipped and with q loaded first or last (Q_FIRST).
+time gluon_mla_wgmma's stage 1, as shipped, with q loaded first or last (Q_FIRST), with a
+one-chunk request merged or written at once (ONE_CHUNK_DIRECT), and with a request's chunks
+capped at 1-3 (CHUNK_CAPS).
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
         [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
@@ -67,7 +69,14 @@ VARIANTS = {
     "wgmma": (False, None, {}, {}),
     "wgmma_q_first": (False, None, {}, {"Q_FIRST": True}), "wgmma_q_last": (False, None, {}, {"Q_FIRST": False}),
     "wgmma_vec8": (False, None, {}, {"PARTIAL_VEC": 8}), "wgmma_vec4": (False, None, {}, {"PARTIAL_VEC": 4}),
+    "wgmma_direct": (False, None, {}, {"ONE_CHUNK_DIRECT": True}),
+    "wgmma_merged": (False, None, {}, {"ONE_CHUNK_DIRECT": False}),
+    "wgmma_spares_first": (False, None, {}, {"SPARES_FIRST": True}),
+    "wgmma_spares_last": (False, None, {}, {"SPARES_FIRST": False}),
+    "wgmma_cap1": (False, None, {}, {}), "wgmma_cap2": (False, None, {}, {}), "wgmma_cap3": (False, None, {}, {}),
 }
+# Variants that cap a request's chunks below mla_num_kv_splits' count.
+CHUNK_CAPS = {"wgmma_cap1": 1, "wgmma_cap2": 2, "wgmma_cap3": 3}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -152,7 +161,8 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
     q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
     q_source = q.clone()
     out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
-    splits = (against.mla_num_kv_splits if variant == "against" else mla_num_kv_splits)(bs, MLA_HEADS)
+    splits = CHUNK_CAPS.get(variant) or (
+        against.mla_num_kv_splits if variant == "against" else mla_num_kv_splits)(bs, MLA_HEADS)
     programs = bs * cdiv(MLA_HEADS, 16) * splits
     traces = torch.zeros(layers, programs, TRACE_SLOTS, dtype=torch.int64, device="cuda")
 

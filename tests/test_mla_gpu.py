@@ -145,7 +145,10 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits,
     assert (looped[:, 2] >= looped[:, 1]).all() and (looped[:, 3] >= looped[:, 2]).all()
     if wgmma or num_kv_splits <= 8:  # the merge in the last program: one a request, after its ticket
         merged = stamps[stamps[:, 5] > 0]
-        assert len(merged) == 32 and (merged[:, 5] >= merged[:, 4]).all()
+        # gluon_mla_wgmma writes a one-chunk request's output at once: no ticket, no merge.
+        direct = looped[looped[:, 4] == 0] if wgmma else looped[:0]
+        assert len(merged) + len(direct) == 32 and (merged[:, 5] >= merged[:, 4]).all()
+        assert len(direct) > 0 if wgmma else True  # the short requests here take one chunk
 
 
 
@@ -212,6 +215,33 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     # 9,000-token request beside short ones, long ones beside padding), a last tile cut short,
     # chunks left empty, a partial head block at 20 heads; merged by the last program.
     assert_gluon_stage1_matches_reference_and_replays(seq_lens, num_heads, num_kv_splits, wgmma=True)
+
+
+@pytest.mark.parametrize("setting", ["ONE_CHUNK_DIRECT", "SPARES_FIRST"])
+@pytest.mark.parametrize(("num_kv_splits", "seq_lens"), [(4, MIXED), (5, PADDED), (2, [1024] * 128), (1, [1024] * 40)])
+def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_kv_splits, seq_lens):
+    # ONE_CHUNK_DIRECT skips the partial, ticket and merge of a one-chunk request; the merge of
+    # one chunk rounds that chunk's output once, as the direct store does. SPARES_FIRST orders
+    # the launch only: a chunk's keys and the merge's order do not depend on it.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention.triton_mla import mla_decode_attention
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("Gluon's stage 1 kernels need Triton's Gluon and a Hopper GPU")
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, num_kv_splits)
+    outs = {}
+    for value in (True, False):
+        monkeypatch.setattr(gluon_mla_wgmma, setting, value)
+        outs[value] = torch.zeros(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
+        mla_decode_attention(q, pool.k_buffers[0], outs[value], *args, wgmma=True)
+    assert not gluon_mla_wgmma.refused()
+    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("num_kv_splits", [4, 16])

@@ -55,6 +55,16 @@ Q_FIRST = False
 # calls 6-7): H200 0.0-0.4 us a layer shorter at bs 17-48 x 1k and 1.4-1.5 at bs 96; H100 from
 # 0.1 longer to 0.4 shorter at bs 17-48 x 1k, 0.2-0.3 shorter at bs 32 x 8k.
 PARTIAL_VEC = 8
+# A request of one chunk writes its output at once (True), with no partial, ticket or merge; its
+# bits are the merge's, which rounds the one partial to the output's dtype as this does. H100,
+# bs 96 / 128 x 1k: 49.5 / 60.9 us a layer merged, 47.5 / 57.2 written at once (two alternating
+# rounds, benchmarks/results/h100-2026-11-27-mla-spares, call 2); fewer chunks unchanged.
+ONE_CHUNK_DIRECT = True
+# Spare chunks (the grid's, past a request's own count) launched first (True) or last (False):
+# last was 0.1-1.6 us a layer shorter at every shape, bs 17-128 x 1k and bs 16 x 8k (three
+# alternating rounds, H100, same folder, call 3). First, the spares took the SMs before the
+# working chunks and delayed their start by about 0.9 us.
+SPARES_FIRST = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -155,16 +165,22 @@ if gluon is not None:
         return acc_t, gl.sum(l_t, 0), m_i
 
     @gluon.jit
+    def _store_rows_t(Dst, acc_t, l_i, head_block, stride_h,
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr):
+        """The normalised output [heads, rank] from its transpose, at Dst + head * stride_h."""
+        out_layout: gl.constexpr = gl.BlockedLayout([VEC, 1], [32, 1], [1, 4], [0, 1])
+        part = gl.convert_layout((acc_t / l_i[None, :]).to(Dst.dtype.element_ty), out_layout)
+        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_layout))
+        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(1, out_layout))
+        gl.store(Dst + heads[None, :] * stride_h + offs_d[:, None], part, mask=(heads < NUM_HEADS)[None, :])
+
+    @gluon.jit
     def _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
                          NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr):
         """The chunk's normalised output [heads, rank] from its transpose, and its base-2 log-sum-exp."""
-        out_layout: gl.constexpr = gl.BlockedLayout([VEC, 1], [32, 1], [1, 4], [0, 1])
-        part = gl.convert_layout((acc_t / l_i[None, :]).to(MidOut.dtype.element_ty), out_layout)
-        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_layout))
-        offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(1, out_layout))
-        gl.store(MidOut + b * stride_mb + heads[None, :] * stride_mh + split * stride_ms + offs_d[:, None],
-                 part, mask=(heads < NUM_HEADS)[None, :])
+        _store_rows_t(MidOut + b * stride_mb + split * stride_ms, acc_t, l_i, head_block, stride_mh,
+                      NUM_HEADS, RANK, BLOCK_H, VEC)
         lse_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=l_i.type.layout)
         gl.store(MidLse + b * stride_lb + lse_heads * stride_lh + split, m_i + gl.log2(l_i),
                  mask=lse_heads < NUM_HEADS)
@@ -227,14 +243,15 @@ if gluon is not None:
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
+        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr,
     ):
         b = gl.program_id(0)
         head_block = gl.program_id(1)
-        # Chunk indices in reverse launch order: the grid's last, past most requests' own count,
-        # go out first and leave at once, before waiting on the store (the lengths and pool rows
-        # are the step's inputs, written before it), so they hold no SM a working one needs nor
-        # trail the launch.
-        split = gl.num_programs(2) - 1 - gl.program_id(2)
+        # SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past most
+        # requests' own count, go out first and leave at once (before waiting on the store), and
+        # trail no launch. Else in launch order: the working chunks take the SMs first and the
+        # spares leave on SMs that are free or done.
+        split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
         # chunk's keys are known (after the wait on the store), after the loop, after the
         # ticket, after the merge; a spare chunk stamps its start only.
@@ -252,6 +269,12 @@ if gluon is not None:
                 _wait_for_previous_kernel()
             start = split * keys
             end = gl.minimum(start + keys, seq_len)
+            # An empty chunk (a zero length) still takes the ticket path, as before. Triton 3.6
+            # failed to lower the mask with a false constexpr folded into it, hence two branches.
+            if ONE_CHUNK_DIRECT and FUSED_MERGE:
+                direct = (chunks == 1) & (end > start)
+            else:
+                direct = chunks < 0  # never
             if TRACE:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
@@ -261,10 +284,14 @@ if gluon is not None:
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
-                _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
-                                 stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H,
-                                 PARTIAL_VEC)
-            if FUSED_MERGE:
+                if direct:
+                    _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
+                                  PARTIAL_VEC)
+                else:
+                    _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
+                                     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
+                                     BLOCK_H, PARTIAL_VEC)
+            if FUSED_MERGE and not direct:
                 cta_barrier()
                 ticket = Tickets + b * gl.num_programs(1) + head_block
                 drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
@@ -308,6 +335,6 @@ def launch_stage1(
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
-        PARTIAL_VEC=PARTIAL_VEC,
+        PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST,
         num_warps=num_warps, **dependent_launch(q.device),
     )
