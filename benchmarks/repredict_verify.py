@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/repredict_verify.py FOLDER [--efficiency-then 0.5]
         [--profile-from self|other-trace]
 
-FOLDER holds one sub-folder per run with `plan.json` and `verify.json` (as gpu-check.sh's
-`memory` stage leaves them). With --profile-from the "now" column is predicted as `cgtool plan
+FOLDER holds one sub-folder per run with `plan.json` (or `plan.json.xz`, as
+scripts/compact_results.py --pack leaves it) and `verify.json` (as gpu-check.sh's `memory`
+stage leaves them). With --profile-from the "now" column is predicted as `cgtool plan
 --profile verify.json` would, from the run's own verify.json (`self`) or from the other trace's
 run of the same model (`other-trace`). Per run, set and kind: the measured step mean, the prediction
 recorded then, and the roofline's prediction now, each weighted as verify weights its sampled
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,20 @@ from cgtool.verify.steps import Step
 
 def _verify_json(run: Path) -> Path:
     return run / "verify.json" if (run / "verify.json").exists() else run / "verify" / "verify.json"
+
+
+def _plan(run: Path):
+    """The run's plan, from plan.json or its packed copy (unpacked into a temporary folder)."""
+    for plan_json in (run / "plan.json", run / "plan" / "plan.json"):
+        if plan_json.exists():
+            return load_plan(plan_json)
+        packed = plan_json.with_name("plan.json.xz")
+        if packed.exists():
+            with tempfile.TemporaryDirectory() as tmp:
+                unpacked = Path(tmp) / "plan.json"
+                unpacked.write_bytes(lzma.decompress(packed.read_bytes()))
+                return load_plan(unpacked)
+    return load_plan(run / "plan.json")  # names the file that is missing
 
 
 def _profile_for(run: Path, runs: list[Path], profile_from: str | None) -> str | None:
@@ -49,8 +66,7 @@ def rows(folder: Path, profile_from: str | None = None) -> list[tuple[str, str, 
     runs = sorted(p for p in folder.iterdir() if (p / "verify.json").exists() or (p / "verify" / "verify.json").exists())
     for run in runs:
         verify_json = _verify_json(run)
-        plan_json = run / "plan.json" if (run / "plan.json").exists() else run / "plan" / "plan.json"
-        verify, plan = json.loads(verify_json.read_text()), load_plan(plan_json)
+        verify, plan = json.loads(verify_json.read_text()), _plan(run)
         # The roofline, or a verify.json here: the recorded profile path was the GPU machine's.
         plan.inputs.profile = _profile_for(run, runs, profile_from)
         if profile_from and plan.inputs.profile is None:
