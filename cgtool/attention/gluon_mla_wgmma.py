@@ -20,7 +20,8 @@ Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of ch
 (`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a request gets chunks in
 proportion to its share of the batch's key tiles, so that the working programs fill the SMs
 once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last program of a
-request's chunks merges them.
+request's chunks merges them; a request of one chunk writes its output at once. Chunks past a
+request's own count (the grid has the largest count for every request) launch last and leave.
 """
 
 from __future__ import annotations
@@ -58,12 +59,14 @@ PARTIAL_VEC = 8
 # A request of one chunk writes its output at once (True), with no partial, ticket or merge; its
 # bits are the merge's, which rounds the one partial to the output's dtype as this does. H100,
 # bs 96 / 128 x 1k: 49.5 / 60.9 us a layer merged, 47.5 / 57.2 written at once (two alternating
-# rounds, benchmarks/results/h100-2026-11-27-mla-spares, call 2); fewer chunks unchanged.
+# rounds, benchmarks/results/h100-h200-2026-11-27-mla-spares, call 2; H200 38.2 / 44.7 against
+# 35.1 / 41.2, call 6); fewer chunks unchanged.
 ONE_CHUNK_DIRECT = True
 # Spare chunks (the grid's, past a request's own count) launched first (True) or last (False):
 # last was 0.1-1.6 us a layer shorter at every shape, bs 17-128 x 1k and bs 16 x 8k (three
-# alternating rounds, H100, same folder, call 3). First, the spares took the SMs before the
-# working chunks and delayed their start by about 0.9 us.
+# alternating rounds, H100, same folder, call 3); on the H200 0.2-1.0 us shorter at bs 17-32, 96
+# and 128, 0.3 longer at bs 48 (call 6). First, the spares took the SMs before the working
+# chunks and delayed their start by about 0.9 us.
 SPARES_FIRST = False
 
 if gluon is not None:

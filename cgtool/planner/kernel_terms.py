@@ -35,7 +35,9 @@ FLOPs leans one way on each GPU; the longer of the two instead was 24-50% off at
 MLA decode on Hopper, the build as shipped (2026-11-27, benchmarks/bench_mla_floor.py;
 gluon_mla's stage 1 at bs 1-16 and 256: h100-2026-11-27-gluon-mla/call18-h100 and
 h200-h100-2026-11-27-gluon-mla/call2-h200; gluon_mla_wgmma's at bs 17-128:
-h100-2026-11-27-mla-shipped and h200-h100-2026-11-27-mla-tail/call8-h200-final): the latent
+h100-2026-11-27-mla-shipped and h200-h100-2026-11-27-mla-tail/call8-h200-final; checked again
+after one-chunk requests were written at once and spare chunks launched last,
+h100-h200-2026-11-27-mla-spares calls 5 and 6, where bs 96-128 x 1k ran 1-8% below it): the latent
 rows read at 0.86 of the datasheet bandwidth, the kernel's floor, 4.4 us a layer where
 gluon_mla_wgmma serves (the last program's ticket and merge, about 3.5 us in the programs'
 clock stamps) and a second kernel's floor where the merge is a kernel of its own. From 32 real
