@@ -68,13 +68,16 @@ if gluon is not None:
             g = p * total // programs
             g_end = (p + 1) * total // programs
             r = gl.sum((ends <= g).to(gl.int32), 0)
+            # Only a range's first and last segments can share a request with another program,
+            # so a program merges at most two requests. It does so after its loop: inside it the
+            # merge's registers beside the attention's spilled.
+            merge_first = r - r - 1
+            merge_last = r - r - 1
             while g < g_end:
                 end_r = gl.sum(gl.where(offs == r, ends, 0), 0)
                 start_r = end_r - gl.sum(gl.where(offs == r, tiles, 0), 0)
                 seg_end = gl.minimum(end_r, g_end)
-                # The programs whose ranges hold this request's first and last tiles.
-                first = gl.cdiv((start_r + 1) * programs, total) - 1
-                last = gl.cdiv(end_r * programs, total) - 1
+                first, last = _programs_of(start_r, end_r, programs, total)
                 pool_row = gl.load(req_pool_indices + r)
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 keys_end = gl.minimum((seg_end - start_r) * BLOCK_N, gl.sum(gl.where(offs == r, lens, 0), 0))
@@ -90,16 +93,40 @@ if gluon is not None:
                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
                                      BLOCK_H, PARTIAL_VEC)
                     cta_barrier()
-                    ticket = Tickets + r * gl.num_programs(1) + head_block
-                    drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+                    drawn = gl.atomic_add(Tickets + r * gl.num_programs(1) + head_block, 1, sem="acq_rel", scope="gpu")
                     if drawn == last - first:
-                        gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                        _merge_chunks(MidOut + (first + r) * stride_ms, MidLse + (first + r), O + r * stride_ob, 0,
-                                      head_block, last - first + 1,
-                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, 0, stride_oh,
-                                      NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
+                        if start_r < g:
+                            merge_first = r  # the range began inside this request
+                        else:
+                            merge_last = r
                 g = seg_end
                 r = gl.sum((ends <= g).to(gl.int32), 0)  # the next request with keys
+            if merge_first >= 0:
+                _merge_request(MidOut, MidLse, O, Tickets, merge_first, head_block, offs, ends, tiles, programs,
+                               total, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                               NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
+            if merge_last >= 0:
+                _merge_request(MidOut, MidLse, O, Tickets, merge_last, head_block, offs, ends, tiles, programs,
+                               total, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                               NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
+
+    @gluon.jit
+    def _programs_of(start, end, programs, total):
+        """The first and last programs whose ranges of tiles hold tiles start..end - 1."""
+        return gl.cdiv((start + 1) * programs, total) - 1, gl.cdiv(end * programs, total) - 1
+
+    @gluon.jit
+    def _merge_request(MidOut, MidLse, O, Tickets, r, head_block, offs, ends, tiles, programs, total,
+                       stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                       NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, GROUP: gl.constexpr,
+                       VEC: gl.constexpr):
+        """Request r's segments, slots first + r..last + r, merged into its output; its ticket reset."""
+        end_r = gl.sum(gl.where(offs == r, ends, 0), 0)
+        first, last = _programs_of(end_r - gl.sum(gl.where(offs == r, tiles, 0), 0), end_r, programs, total)
+        gl.atomic_xchg(Tickets + r * gl.num_programs(1) + head_block, 0, sem="relaxed", scope="gpu")
+        _merge_chunks(MidOut + (first + r) * stride_ms, MidLse + (first + r), O + r * stride_ob, 0, head_block,
+                      last - first + 1, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, 0, stride_oh,
+                      NUM_HEADS, RANK, BLOCK_H, GROUP, VEC)
 
 
 def refused() -> bool:
