@@ -73,8 +73,6 @@ VARIANTS = {
     "wgmma_merged": (False, None, {}, {"ONE_CHUNK_DIRECT": False}),
     "wgmma_spares_first": (False, None, {}, {"SPARES_FIRST": True}),
     "wgmma_spares_last": (False, None, {}, {"SPARES_FIRST": False}),
-    "wgmma_stream": (False, None, {"WGMMA_STREAM": True}, {}),
-    "wgmma_chunks": (False, None, {"WGMMA_STREAM": False}, {}),
     "wgmma_cap1": (False, None, {}, {}), "wgmma_cap2": (False, None, {}, {}), "wgmma_cap3": (False, None, {}, {}),
 }
 # Variants that cap a request's chunks below mla_num_kv_splits' count.

@@ -14,7 +14,7 @@ import sys
 
 from triton.compiler.errors import CompilationError
 
-from cgtool.attention import gluon_mla, gluon_mla_stream, gluon_mla_wgmma, triton_decode, triton_extend, triton_mla
+from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_decode, triton_extend, triton_mla
 from cgtool.model import (
     fused_kernels,
     fused_launch,
@@ -134,14 +134,6 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
                  "SPARES_FIRST": spares_first},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-    for batch_block, pdl in ((128, True), (256, False)):
-        found[f"mla decode gluon stream stage 1 batch={batch_block} pdl={pdl}"] = (
-            gluon_mla_stream._mla_decode_stage1_stream,
-            {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-             "NUM_BUF": buffers, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
-             "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block,
-             "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC},
-            warps, 1, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

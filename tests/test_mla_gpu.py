@@ -217,21 +217,6 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     assert_gluon_stage1_matches_reference_and_replays(seq_lens, num_heads, num_kv_splits, wgmma=True)
 
 
-@pytest.mark.parametrize("seq_lens", [MIXED, PADDED, [1024] * 48, [1024] * 96, [30_000] + [5] * 20],
-                         ids=["mixed", "padded", "48x1k", "96x1k", "one-long"])
-def test_mla_decode_on_the_stream_schedule_matches_reference_and_replays(monkeypatch, seq_lens):
-    # gluon_mla_stream: the batch's key tiles divided evenly among the programs across requests
-    # (one request over many programs' ranges, ranges ending mid-request, one-key padding).
-    from cgtool.attention import gluon_mla_stream, triton_mla
-
-    launched = []
-    launch = gluon_mla_stream.launch_stage1
-    monkeypatch.setattr(gluon_mla_stream, "launch_stage1", lambda *a, **k: launched.append(1) or launch(*a, **k))
-    monkeypatch.setattr(triton_mla, "WGMMA_STREAM", True)
-    assert_gluon_stage1_matches_reference_and_replays(seq_lens, 16, 4, wgmma=True)
-    assert launched and not gluon_mla_stream.refused()
-
-
 @pytest.mark.parametrize("setting", ["ONE_CHUNK_DIRECT", "SPARES_FIRST"])
 @pytest.mark.parametrize(("num_kv_splits", "seq_lens"), [(4, MIXED), (5, PADDED), (2, [1024] * 128), (1, [1024] * 40)])
 def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_kv_splits, seq_lens):

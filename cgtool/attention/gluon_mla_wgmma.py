@@ -113,45 +113,22 @@ if gluon is not None:
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
-        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1, in buffers of its own."""
-        kv_bufs, pe_bufs, q_r, q_p, p_smem = _stage_buffers(Kv, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF)
-        return _attend_keys_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh,
-                              stride_kt, kv_bufs, pe_bufs, q_r, q_p, p_smem,
-                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
-
-    @gluon.jit
-    def _stage_buffers(Kv, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                       NUM_BUF: gl.constexpr):
-        """Shared memory for NUM_BUF tiles of rows (rank and rope parts), q, and P^T."""
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
+        loads issued before the first tile's slots, so that their round trips overlap."""
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_H, 16])
+        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
         dtype: gl.constexpr = Kv.dtype.element_ty
         # 128-byte swizzle: the rank and rope parts' rows are whole multiples of 128 bytes.
         rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
         pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK], gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype))
-        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype))
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
-        return kv_bufs, pe_bufs, q_r, q_p, p_smem
-
-    @gluon.jit
-    def _attend_keys_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
-                       kv_bufs, pe_bufs, q_r, q_p, p_smem,
-                       NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                       BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
-        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1 of request b, in
-        the buffers given. Q_FIRST: q's loads issued before the first tile's slots, so that their
-        round trips overlap."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_H, 16])
-        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
         q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
         mask_h = (heads < NUM_HEADS)[:, None]
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
         offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
-        cta_barrier()  # every warp is done with the buffers (a stream program's last segment read them)
         if Q_FIRST:
             q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
@@ -163,8 +140,12 @@ if gluon is not None:
         if not Q_FIRST:
             q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
-        q_r.store(q_r_val)
-        q_p.store(q_p_val)
+        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype), q_r_val)
+        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype), q_p_val)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
 
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention import gluon_mla, gluon_mla_stream, gluon_mla_wgmma
+from cgtool.attention import gluon_mla, gluon_mla_wgmma
 from cgtool.attention.triton_decode import (
     MAX_KV_SPLITS,
     decode_scratch,
@@ -137,9 +137,6 @@ BUFFERED_TILES_COUNT = 2
 # fills the SMs twice (bs 256 x 1k 83.6 against 80.4).
 WGMMA_MIN_BS = 17
 WGMMA_PROGRAMS = 132
-# gluon_mla_wgmma's batches on gluon_mla_stream's schedule, the key tiles divided evenly among
-# WGMMA_PROGRAMS programs across requests (trial).
-WGMMA_STREAM = False
 # Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
 # bs 17-20 x 1k 6-7% faster than at 256, bs 24-32 x 512 15-19%, the same from bs 24 x 1k and
 # at 2k-4k (H200, h200-2026-11-27-wgmma-mla call 7, with a whole number of chunks a request
@@ -471,15 +468,8 @@ def mla_decode_attention(
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     if partial_dtype is None:
         partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
-    head_blocks = cdiv(num_heads, BLOCK_H)
-    if wgmma and WGMMA_STREAM and trace is None and not gluon_mla_stream.refused():
-        slots = gluon_mla_stream.scratch_slots(bs, WGMMA_PROGRAMS)
-        mid_out, mid_lse = decode_scratch(1, num_heads, rank, slots, q.device, scratch, partial_dtype, any_splits=True)
-        if gluon_mla_stream.launch_stage1(q, latent_cache, mid_out, mid_lse, out, tickets(q.device, bs * head_blocks),
-                                          req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                          WGMMA_PROGRAMS):
-            return
     mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
+    head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     lanes = merge_lanes or max(2, next_power_of_2(num_kv_splits))
     slice_d = min(merge_slice or _merge_slice(buffers, fused, lanes), block_r)
