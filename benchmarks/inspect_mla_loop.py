@@ -26,7 +26,7 @@ from pathlib import Path
 
 import triton
 
-from cgtool.runtime.offline_compile import compile_for
+from cgtool.runtime.offline_compile import backend_tool, compile_for
 
 POINTERS = {"Q": "*bf16", "Kv": "*bf16", "MidOut": "*fp32", "MidLse": "*fp32", "O": "*bf16", "Tickets": "*i32",
             "req_to_token": "*i32", "req_pool_indices": "*i32", "seq_lens": "*i32", "Trace": "*fp32"}
@@ -48,17 +48,13 @@ def compile_stage1(module, num_warps: int = 4, num_stages: int = 2, block_n: int
     return compile_for(module._mla_decode_stage1, {**CONSTANTS, "BLOCK_N": block_n}, POINTERS, num_warps, num_stages)
 
 
-def tool(name: str) -> str:
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-
-
 def loop_layout(cubin: bytes) -> dict:
     """Registers, and the MMA loop's length and op positions, from the cubin's SASS."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        sass = subprocess.run([tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+        sass = subprocess.run([backend_tool("cuobjdump"), "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([backend_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
                                check=True).stdout
     code = [(int(m.group(1), 16), m.group(2).strip()) for m in map(INSTRUCTION.match, sass.splitlines()) if m]
     ops = [(addr, re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]) for addr, text in code]

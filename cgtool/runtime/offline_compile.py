@@ -9,6 +9,10 @@ the SASS of one. Both need `@triton.jit` functions the compiler sees, not the in
 from __future__ import annotations
 
 import inspect
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import triton
@@ -55,3 +59,22 @@ def compile_for(
     source = source_type(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def backend_tool(name: str) -> str:
+    """A binary of Triton's NVIDIA backend (ptxas, cuobjdump, nvdisasm)."""
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def resource_usage(compiled: Any) -> dict[str, int]:
+    """Registers a thread and stack bytes a thread (where ptxas spilled registers) of a kernel
+    `compile_for` built, from its cubin by the backend's cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        usage = subprocess.run([backend_tool("cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if found is None:
+        raise RuntimeError(f"cuobjdump gave no resource usage: {usage[-300:]}")
+    return {"registers": int(found.group(1)), "stack_bytes": int(found.group(2))}
