@@ -115,8 +115,8 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "CHAINS": gluon_mla.score_chains(512, merged_here)},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
-        # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC and
-        # ONE_CHUNK_DIRECT.
+        # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC,
+        # ONE_CHUNK_DIRECT and SPARES_FIRST.
         shipped = (gluon_mla_wgmma.Q_FIRST, gluon_mla_wgmma.PARTIAL_VEC, gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                    gluon_mla_wgmma.SPARES_FIRST)
         other = (not gluon_mla_wgmma.Q_FIRST, 12 - gluon_mla_wgmma.PARTIAL_VEC, not gluon_mla_wgmma.ONE_CHUNK_DIRECT,
