@@ -23,6 +23,8 @@
 # FLOOR_FUSED chunk counts merged in the last program, FLOOR_WARPS warps to try there, FLOOR_VARIANTS
 # other settings as --variants takes them, FLOOR_SKIP=1 without the flat read, FLOOR_STORE=1 each layer
 # after the step's store too, with dependent launches and without), in $OUT/mla-floor.json.
+# `kernel-census` (by name only): decode captures with --profile of CENSUS_MODELS at CENSUS_BS, every size's
+# Chrome trace read by benchmarks/kernel_census.py: kernels a forward by family, in $OUT/census.{json,md}.
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
@@ -192,6 +194,19 @@ if [[ " $stages " == *" mla-floor "* ]]; then  # issue 33, by name only: the rea
     ${FLOOR_VARIANTS:+--variants "$FLOOR_VARIANTS"} ${FLOOR_SKIP:+--skip-floor} ${FLOOR_STORE:+--after-store} \
     2>&1 | tee "$OUT/mla-floor.log"
   echo "[$(date +%H:%M:%S)] bench_mla_floor exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" kernel-census "* ]]; then  # issue 33, by name only: kernels a forward by family and size
+  for m in ${CENSUS_MODELS:-deepseek-v2-lite qwen3-30b-a3b}; do
+    bs=${CENSUS_BS:-1,2,4,8,12,16,20,24,33,48,64}; sizes=$(echo "$bs" | sed 's/[0-9]\+/decode:&/g')
+    echo "[$(date +%H:%M:%S)] census capture $m"; mkdir -p "$OUT/census"
+    timeout -k 10 "${CENSUS_TIMEOUT:-240}" cgtool capture --model "$m" --kind decode --bs "$bs" --context-len 1024 \
+      --profile --profile-sizes "$sizes" --out "$OUT/census/$m" >"$OUT/census/$m.log" 2>&1
+    echo "[$(date +%H:%M:%S)] census capture $m exit $?"
+    find "$OUT/census/$m" -type f ! -name report.json ! -name 'trace_decode_*.json' ! -name sizes.csv -delete
+  done
+  python3 benchmarks/kernel_census.py "$OUT"/census/*/ --out "$OUT/census.json" --md "$OUT/census.md"
+  echo "[$(date +%H:%M:%S)] kernel_census exit $?"
+  for t in "$OUT"/census/*/trace_decode_*.json; do xz -9 "$t"; done
 fi
 if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent
   echo "[$(date +%H:%M:%S)] bench_mla_dependent ${DEPENDENT_BS:-}"
