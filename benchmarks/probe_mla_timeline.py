@@ -20,7 +20,8 @@ computes it. A variant named twice in --variants runs twice, so rounds can alter
 triton_mla's stage 1 (`buffers=0`), not gluon_mla's, which has no stamps; the `wgmma` variants
 time gluon_mla_wgmma's stage 1, as shipped, with q loaded first or last (Q_FIRST), with a
 one-chunk request merged or written at once (ONE_CHUNK_DIRECT), and with a request's chunks
-capped at 1-3 (CHUNK_CAPS).
+capped at 1-3 (CHUNK_CAPS), and with its programs mapped to chunks flat or by the grid
+(FLAT_CHUNKS). A case is BSxCONTEXT or a mix such as 19x512+1x8192.
 
     python3 benchmarks/probe_mla_timeline.py --out timeline.json [--cases 64x1024,256x1024]
         [--variants shipped,against,shipped,against --against OLD_triton_mla.py]
@@ -74,6 +75,7 @@ VARIANTS = {
     "wgmma_spares_first": (False, None, {}, {"SPARES_FIRST": True}),
     "wgmma_spares_last": (False, None, {}, {"SPARES_FIRST": False}),
     "wgmma_cap1": (False, None, {}, {}), "wgmma_cap2": (False, None, {}, {}), "wgmma_cap3": (False, None, {}, {}),
+    "wgmma_flat": (False, None, {}, {"FLAT_CHUNKS": True}), "wgmma_grid": (False, None, {}, {"FLAT_CHUNKS": False}),
 }
 # Variants that cap a request's chunks below mla_num_kv_splits' count.
 CHUNK_CAPS = {"wgmma_cap1": 1, "wgmma_cap2": 2, "wgmma_cap3": 3}
@@ -137,9 +139,18 @@ def overridden(module, values: dict):
             setattr(module, name, value)
 
 
-def timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against=None) -> dict:
+def parse_case(text: str) -> list[int]:
+    """A case's lengths: "32x1024" is 32 requests of 1,024 keys; "19x512+1x8192" mixes them."""
+    lens: list[int] = []
+    for part in text.split("+"):
+        count, keys = (int(v) for v in part.split("x"))
+        lens += [keys] * count
+    return lens
+
+
+def timeline_case(lens: list[int], copy_bs: float, variant: str, against=None) -> dict:
     with overridden(triton_mla, VARIANTS[variant][2]), overridden(gluon_mla_wgmma, VARIANTS[variant][3] or {}):
-        return _timeline_case(bs, ctx, copy_bs, variant, against)
+        return _timeline_case(lens, copy_bs, variant, against)
 
 
 def _stage1(variant: str, against):
@@ -152,18 +163,20 @@ def _stage1(variant: str, against):
     return functools.partial(mla_decode_attention, buffers=0)
 
 
-def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> dict:
+def _timeline_case(lens: list[int], copy_bs: float, variant: str, against) -> dict:
     after_op, partial_dtype, _, _ = VARIANTS[variant]
     decode = _stage1(variant, against)
-    layers = 2 if bs * ctx >= 64 * 8192 else LAYERS
-    caches, r2t, rows = latent_setup([ctx] * bs, layers)
-    seq_lens = torch.full((bs,), ctx, dtype=torch.int32, device="cuda")
+    bs, ctx = len(lens), max(lens)
+    layers = 2 if sum(lens) >= 64 * 8192 else LAYERS
+    caches, r2t, rows = latent_setup(lens, layers)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
     q_source = q.clone()
     out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
     splits = CHUNK_CAPS.get(variant) or (
         against.mla_num_kv_splits if variant == "against" else mla_num_kv_splits)(bs, MLA_HEADS)
-    programs = bs * cdiv(MLA_HEADS, 16) * splits
+    # The grid's programs: (bs, head blocks, splits), or gluon_mla_wgmma's flat WGMMA_PROGRAMS + bs.
+    programs = max(bs * cdiv(MLA_HEADS, 16) * splits, triton_mla.WGMMA_PROGRAMS + bs)
     traces = torch.zeros(layers, programs, TRACE_SLOTS, dtype=torch.int64, device="cuda")
 
     def run(traced: bool):
@@ -182,8 +195,9 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
     launches = [launch_summary(traces[i].tolist()) for i in range(layers)]
     gaps = [(launches[i + 1]["first_start_ns"] - launches[i]["last_end_ns"]) / 1e3 for i in range(layers - 1)]
     return {
-        "bs": bs, "context": ctx, "variant": variant, "splits": splits, "programs": programs, "layers": layers,
-        "bound_us": bs * ctx * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6,
+        "bs": bs, "context": ctx, "lens": lens if len(set(lens)) > 1 else None, "variant": variant, "splits": splits,
+        "programs": programs, "layers": layers,
+        "bound_us": sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6,
         "us": plain_us, "traced_us": traced_us, "max_abs_diff_vs_shipped_partials": diff, "gaps_between_launches_us": gaps,
         "clock_step_ns": clock_step_ns(traces[-1].tolist()),
         "launches": launches,
@@ -195,19 +209,20 @@ def _timeline_case(bs: int, ctx: int, copy_bs: float, variant: str, against) -> 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--cases", help="BSxCONTEXT,... (default: all of CASES)")
+    parser.add_argument("--cases", help="BSxCONTEXT,... or mixes such as 19x512+1x8192 (default: all of CASES)")
     parser.add_argument("--variants", default="shipped,after_op,bf16_partials,after_op_bf16_partials",
                         help="of " + ", ".join(VARIANTS))
     parser.add_argument("--against", help="an older triton_mla.py, for the 'against' variant")
     args = parser.parse_args()
     against = load_module(args.against) if args.against else None
-    cases = [tuple(int(v) for v in c.split("x")) for c in args.cases.split(",")] if args.cases else CASES
+    cases = [parse_case(c) for c in args.cases.split(",")] if args.cases else [[ctx] * bs for bs, ctx in CASES]
     copy_bs = copy_bandwidth()
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "against": args.against,
                     "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
-    for (bs, ctx), variant in ((c, v) for c in cases for v in args.variants.split(",")):
-        row = timeline_case(bs, ctx, copy_bs, variant, against)
+    for lens, variant in ((c, v) for c in cases for v in args.variants.split(",")):
+        row = timeline_case(lens, copy_bs, variant, against)
+        bs, ctx = row["bs"], ("mixed " if row["lens"] else "") + str(sum(lens) // len(lens))
         result["cases"].append(row)
         save_results(result, args.out)
         mid = row["launches"][len(row["launches"]) // 2]

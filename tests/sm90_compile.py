@@ -116,23 +116,23 @@ def mla_decode_cases() -> dict[str, tuple]:
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
         # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC,
-        # ONE_CHUNK_DIRECT and SPARES_FIRST.
+        # ONE_CHUNK_DIRECT, SPARES_FIRST and FLAT_CHUNKS.
         shipped = (gluon_mla_wgmma.Q_FIRST, gluon_mla_wgmma.PARTIAL_VEC, gluon_mla_wgmma.ONE_CHUNK_DIRECT,
-                   gluon_mla_wgmma.SPARES_FIRST)
+                   gluon_mla_wgmma.SPARES_FIRST, gluon_mla_wgmma.FLAT_CHUNKS)
         other = (not gluon_mla_wgmma.Q_FIRST, 12 - gluon_mla_wgmma.PARTIAL_VEC, not gluon_mla_wgmma.ONE_CHUNK_DIRECT,
-                 not gluon_mla_wgmma.SPARES_FIRST)
-        for splits, batch_block, pdl, trace, (q_first, vec, direct, spares_first) in (
+                 not gluon_mla_wgmma.SPARES_FIRST, not gluon_mla_wgmma.FLAT_CHUNKS)
+        for splits, batch_block, pdl, trace, (q_first, vec, direct, spares_first, flat) in (
                 (4, 128, True, False, shipped), (15, 128, True, False, shipped), (2, 256, False, False, shipped),
                 (4, 128, True, True, shipped), (6, 128, True, False, other)):
             found[f"mla decode gluon wgmma stage 1 chunks={splits} batch={batch_block} pdl={pdl} trace={trace} "
-                  f"q_first={q_first} vec={vec} direct={direct} spares_first={spares_first}"] = (
+                  f"q_first={q_first} vec={vec} direct={direct} spares_first={spares_first} flat={flat}"] = (
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers,
                  "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
                  "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
-                 "SPARES_FIRST": spares_first},
+                 "SPARES_FIRST": spares_first, "FLAT": flat},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (

@@ -101,13 +101,14 @@ def test_a_triton_that_refuses_the_kernel_gets_triton_mlas_with_one_warning(monk
 
 
 class _RecordingKernel:
-    """Stands for the Gluon kernel: keeps each launch's keyword arguments."""
+    """Stands for the Gluon kernel: keeps each launch's keyword arguments, with its grid and
+    positional arguments under "grid" and "args"."""
 
     def __init__(self) -> None:
         self.launches: list[dict] = []
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append(kwargs)
+        return lambda *args, **kwargs: self.launches.append({**kwargs, "grid": grid, "args": args})
 
 
 @pytest.mark.parametrize("dependent", [True, False])

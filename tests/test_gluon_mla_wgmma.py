@@ -53,6 +53,26 @@ def test_it_is_launched_in_its_chunks_as_a_dependent_where_gluon_runs(monkeypatc
     assert launch["MIN_CHUNK"] == triton_mla.WGMMA_MIN_CHUNK
 
 
+def test_its_programs_are_flat_with_a_partial_slot_each_unless_the_grid_is_asked_for(monkeypatch):
+    # FLAT_CHUNKS: WGMMA_PROGRAMS + bs programs, each finding its (request, chunk), the partials
+    # in one row of that many slots; else the grid (bs, head blocks, chunks) and a row a request.
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", kernel)
+    _decode_on_cpu(20)
+    flat = kernel.launches[-1]
+    assert gluon_mla_wgmma.FLAT_CHUNKS and flat["FLAT"] is True
+    assert flat["grid"] == (triton_mla.WGMMA_PROGRAMS + 20, 1, 1)
+    mid_out, mid_lse = flat["args"][2:4]
+    assert mid_out.shape[:3] == (1, 16, 152) and mid_lse.shape == (1, 16, 152)
+    monkeypatch.setattr(gluon_mla_wgmma, "FLAT_CHUNKS", False)
+    _decode_on_cpu(20)
+    grid = kernel.launches[-1]
+    assert grid["FLAT"] is False and grid["grid"] == (20, 1, 13)
+    assert grid["args"][2].shape[:3] == (20, 16, 13)
+    assert not gluon_mla_wgmma.flat_serves(20) and gluon_mla_wgmma.flat_serves(16) is False  # flag off
+
+
 def test_it_takes_its_settings_at_each_launch_and_stamps_only_when_asked(monkeypatch):
     # benchmarks/probe_mla_timeline.py sets Q_FIRST and PARTIAL_VEC between launches and passes
     # `trace` with wgmma=True; as shipped the kernel is launched with stamps compiled out.

@@ -123,7 +123,7 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits,
     # on the kernel before done), loop end, ticket.
     from test_triton_mla import latent_q
 
-    from cgtool.attention.triton_mla import mla_decode_attention
+    from cgtool.attention.triton_mla import WGMMA_PROGRAMS, mla_decode_attention
     from cgtool.runtime.kernel_trace import TRACE_SLOTS
 
     seq_lens = [(i * 389) % 2000 + 1 for i in range(32)]
@@ -134,7 +134,9 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits,
     plain = torch.empty(32, 16, 512, dtype=torch.bfloat16, device=CUDA)
     kernel = {"wgmma": True} if wgmma else {"buffers": 0}
     mla_decode_attention(q, pool.k_buffers[0], plain, *args, **kernel)
-    trace = torch.zeros(32 * num_kv_splits, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
+    # A program's row each: the grid (32, 1, splits), or gluon_mla_wgmma's flat WGMMA_PROGRAMS + 32.
+    programs = max(32 * num_kv_splits, WGMMA_PROGRAMS + 32) if wgmma else 32 * num_kv_splits
+    trace = torch.zeros(programs, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
     traced = torch.empty_like(plain)
     mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace, **({"wgmma": True} if wgmma else {}))
     torch.testing.assert_close(traced, plain, rtol=0, atol=0)
@@ -205,11 +207,13 @@ def test_mla_decode_with_buffered_stage1_matches_reference_and_replays(num_heads
 
 MIXED = [1, 2, 31, 63, 64, 65, 129, 1000, 9000, 513, 17]
 PADDED = [2000] * 20 + [1] * 30  # 20 requests in a graph of 50, as a replay pads them
+# One long request among short ones: its share of the programs is past the grid's chunk cap.
+SKEWED = [16_000] + [300] * 40
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_splits", "seq_lens"), [
     (16, 1, MIXED), (16, 4, MIXED), (16, 8, MIXED), (16, 16, MIXED), (20, 4, MIXED), (128, 2, MIXED),
-    (16, 5, PADDED)])
+    (16, 5, PADDED), (16, 6, SKEWED)])
 def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, num_kv_splits, seq_lens):
     # gluon_mla_wgmma's stage 1: chunks of whole 64-key tiles shared by the batch's lengths (a
     # 9,000-token request beside short ones, long ones beside padding), a last tile cut short,
@@ -240,6 +244,32 @@ def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_k
         monkeypatch.setattr(gluon_mla_wgmma, setting, value)
         outs[value] = torch.zeros(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
         mla_decode_attention(q, pool.k_buffers[0], outs[value], *args, wgmma=True)
+    assert not gluon_mla_wgmma.refused()
+    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq_lens", [[1024] * 17, [1024] * 32, [700] * 48, [1024] * 128, [2000] * 20 + [1] * 13])
+def test_flat_chunks_keep_the_bits_where_the_grid_did_not_cap_them(monkeypatch, seq_lens):
+    # gluon_mla_wgmma's flat programs ask for the chunks the grid's did, uncapped; at the chunk
+    # counts mla_num_kv_splits gives, equal lengths (and padding) never reach the cap, so every
+    # request gets the same chunks and the merge the same partials in the same order.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("Gluon's stage 1 kernels need Triton's Gluon and a Hopper GPU")
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, mla_num_kv_splits(bs, 16))
+    outs = {}
+    for flat in (True, False):
+        monkeypatch.setattr(gluon_mla_wgmma, "FLAT_CHUNKS", flat)
+        outs[flat] = torch.zeros(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
+        mla_decode_attention(q, pool.k_buffers[0], outs[flat], *args, wgmma=True)
     assert not gluon_mla_wgmma.refused()
     torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
 

@@ -68,6 +68,14 @@ ONE_CHUNK_DIRECT = True
 # and 128, 0.3 longer at bs 48 (call 6). First, the spares took the SMs before the working
 # chunks and delayed their start by about 0.9 us.
 SPARES_FIRST = False
+# The grid's programs mapped to the batch's (request, chunk) pairs in one flat run (True): a
+# grid of WGMMA_PROGRAMS + bs programs, each finding its request from the chunk counts' running
+# sum, a request's partials in consecutive slots of one [1, heads, programs + bs, rank] scratch.
+# Uncapped by num_kv_splits, so a long request among short ones takes the programs its keys ask
+# for; and the spares are at most bs, not bs x num_kv_splits less the working chunks. Else the
+# grid (bs, head blocks, num_kv_splits) as before. A batch of equal lengths gets the same chunks
+# and bits either way.
+FLAT_CHUNKS = True
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -238,6 +246,33 @@ if gluon is not None:
         return gl.maximum(gl.cdiv(gl.cdiv(seq_len, BLOCK_N), chunks) * BLOCK_N, MIN_CHUNK)
 
     @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _flat_chunk(seq_lens, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
+                    PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
+        """(request, its chunk, its chunks, its first slot, keys a chunk) of flat program
+        `program`: _shared_chunk_keys' chunk counts for every request, with no cap, laid end to
+        end in the batch's order. A program past them all gets request `batch` (a spare). At most
+        PROGRAMS + batch chunks: each request asks for at least one and at most its share of
+        PROGRAMS."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = gl.arange(0, BATCH_BLOCK, layout=layout)
+        valid = offs < batch
+        lens = gl.load(seq_lens + offs, mask=valid, other=0)
+        whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
+        asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
+        keys = gl.maximum(gl.cdiv(gl.cdiv(lens, BLOCK_N), asked) * BLOCK_N, MIN_CHUNK)
+        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, keys), 1), 0)
+        ends = gl.associative_scan(chunks, 0, _add)
+        b = gl.sum((ends <= program).to(gl.int32), 0)
+        mine = offs == b
+        first = gl.sum(gl.where(mine, ends - chunks, 0), 0)
+        return (b, program - first, gl.sum(gl.where(mine, chunks, 0), 0), first,
+                gl.sum(gl.where(mine, keys, 0), 0))
+
+    @gluon.jit
     def _mla_decode_stage1_wgmma(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -246,28 +281,41 @@ if gluon is not None:
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
-        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr,
+        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr,
     ):
-        b = gl.program_id(0)
         head_block = gl.program_id(1)
-        # SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past most
-        # requests' own count, go out first and leave at once (before waiting on the store), and
-        # trail no launch. Else in launch order: the working chunks take the SMs first and the
-        # spares leave on SMs that are free or done.
-        split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
         # chunk's keys are known (after the wait on the store), after the loop, after the
         # ticket, after the merge; a spare chunk stamps its start only.
-        program = (b * gl.num_programs(1) + head_block) * gl.num_programs(2) + gl.program_id(2)
+        program = (gl.program_id(0) * gl.num_programs(1) + head_block) * gl.num_programs(2) + gl.program_id(2)
         if TRACE:
-            gluon_trace_store(Trace, program, 0, gluon_sm_id(b))
-            gluon_trace_store(Trace, program, 1, gluon_stamp_after(b))
-        seq_len = gl.load(seq_lens + b)
-        pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
-        keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS,
-                                  BATCH_BLOCK)
-        chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
-        if split < chunks:
+            gluon_trace_store(Trace, program, 0, gluon_sm_id(program))
+            gluon_trace_store(Trace, program, 1, gluon_stamp_after(program))
+        if FLAT:
+            # grid (PROGRAMS + bs,): the partials of request b's chunks in slots first.. of row 0
+            batch = gl.num_programs(0) - PROGRAMS
+            b, split, chunks, first, keys = _flat_chunk(seq_lens, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK,
+                                                        PROGRAMS, BATCH_BLOCK)
+            working = b < batch
+            part_row = 0
+            seq_len = gl.load(seq_lens + b, mask=working, other=0)
+            pool_row = gl.load(req_pool_indices + b, mask=working, other=0, volatile=True)
+        else:
+            b = gl.program_id(0)
+            # SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past most
+            # requests' own count, go out first and leave at once (before waiting on the store),
+            # and trail no launch. Else in launch order: the working chunks take the SMs first
+            # and the spares leave on SMs that are free or done.
+            split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
+            first = 0
+            part_row = b
+            seq_len = gl.load(seq_lens + b)
+            pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
+            keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK,
+                                      PROGRAMS, BATCH_BLOCK)
+            chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
+            working = split < chunks
+        if working:
             if PDL:
                 _wait_for_previous_kernel()
             start = split * keys
@@ -291,7 +339,7 @@ if gluon is not None:
                     _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
                                   PARTIAL_VEC)
                 else:
-                    _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
+                    _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, part_row, head_block, first + split,
                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
                                      BLOCK_H, PARTIAL_VEC)
             if FUSED_MERGE and not direct:
@@ -302,11 +350,23 @@ if gluon is not None:
                     gluon_trace_store(Trace, program, 4, gluon_stamp_after(drawn))
                 if drawn == chunks - 1:
                     gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                    _merge_chunks(MidOut, MidLse, O, b, head_block, chunks,
+                    # The request's first partial, log-sum-exp and output row, as row 0 of each.
+                    _merge_chunks(MidOut + part_row * stride_mb + first * stride_ms,
+                                  MidLse + part_row * stride_lb + first, O + b * stride_ob, 0, head_block, chunks,
                                   stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
                                   NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
                     if TRACE:
                         gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
+
+
+def flat_serves(num_heads: int, block_h: int = BLOCK_H) -> bool:
+    """Whether launch_stage1 maps its programs flat by default (FLAT_CHUNKS, one head block)."""
+    return FLAT_CHUNKS and cdiv(num_heads, block_h) == 1
+
+
+def flat_slots(batch_size: int, programs: int) -> int:
+    """Partial slots a flat launch over `batch_size` requests needs: one a program."""
+    return programs + batch_size
 
 
 def refused() -> bool:
@@ -318,18 +378,26 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
-    trace: torch.Tensor | None = None,
+    trace: torch.Tensor | None = None, flat: bool | None = None,
 ) -> bool:
-    """gluon_mla.launch_stage1's contract (grid, partials, tickets, dependent launch) with
-    WGMMA_TILES, `block_h` BLOCK_H, and at most `num_kv_splits` chunks a request: the batch's
-    key tiles are shared among `programs` programs in proportion to each request's (one an SM).
+    """gluon_mla.launch_stage1's contract (partials, tickets, dependent launch) with
+    WGMMA_TILES and `block_h` BLOCK_H: the batch's key tiles are shared among `programs`
+    programs in proportion to each request's (one an SM). `flat` (default `flat_serves`): a grid
+    of `programs` + bs programs, one head block, partials in `flat_slots` slots of
+    mid_out [1, heads, slots, rank] and mid_lse [1, heads, slots]; else the grid (bs, head
+    blocks, `num_kv_splits`), at most that many chunks a request, partials as gluon_mla's.
     False, having launched nothing, where this Triton refuses to compile the kernel; from then
     on `refused` says so, with one RuntimeWarning. `trace` (int64, TRACE_SLOTS a program of
     the grid) takes the programs' timestamps (benchmarks)."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
-    grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
+    flat = flat_serves(num_heads, block_h) if flat is None else flat
+    if flat:
+        assert cdiv(num_heads, block_h) == 1, "flat chunks serve one head block"
+        assert mid_lse.shape[-1] >= flat_slots(bs, programs), "one partial slot a flat program"
+    grid = (programs + bs, 1, 1) if flat else (bs, cdiv(num_heads, block_h), num_kv_splits)
+    assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     return gluon_mla.launch_or_refuse(
         _mla_decode_stage1_wgmma, grid, _REFUSED, "gluon_mla_wgmma", "gluon_mla",
         q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
@@ -338,6 +406,6 @@ def launch_stage1(
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
-        PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST,
+        PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
         num_warps=num_warps, **dependent_launch(q.device),
     )

@@ -264,15 +264,17 @@ _STAGE2 = CachedKernel(_decode_stage2)
 def decode_scratch(
     batch_size: int, num_heads: int, width: int, num_kv_splits: int, device: torch.device,
     shared: dict[object, Any] | None = None, partial_dtype: torch.dtype = torch.float32,
+    any_splits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Partial outputs (fp32 unless `partial_dtype`) and fp32 log-sum-exps of every chunk.
 
     From `shared` (a forward's workspace, `batch.forward_scratch()`) where it already holds
     a block of this shape: the layers run one after the other, so one block serves them
-    all. Inside a capture it comes from the graph pool.
+    all. Inside a capture it comes from the graph pool. `any_splits`: the caller's merge
+    spans any count (gluon_mla_wgmma's flat slots), so MAX_KV_SPLITS does not bound it.
     """
-    # The merges span a request's chunks in MERGE_LANES lanes or one static loop: any count.
-    assert num_kv_splits <= MAX_KV_SPLITS, "the merge spans at most MAX_KV_SPLITS chunks"
+    # The merge kernels span a request's chunks in MERGE_LANES lanes or one static loop.
+    assert any_splits or num_kv_splits <= MAX_KV_SPLITS, "the merge spans at most MAX_KV_SPLITS chunks"
     key = ("decode_scratch", batch_size, num_heads, width, num_kv_splits, device, partial_dtype)
     found = shared.get(key) if shared is not None else None
     if found is not None:

@@ -468,7 +468,11 @@ def mla_decode_attention(
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     if partial_dtype is None:
         partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
-    mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
+    if wgmma and gluon_mla_wgmma.flat_serves(num_heads, BLOCK_H):
+        mid_out, mid_lse = decode_scratch(1, num_heads, rank, gluon_mla_wgmma.flat_slots(bs, WGMMA_PROGRAMS),
+                                          q.device, scratch, partial_dtype, any_splits=True)
+    else:
+        mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
     head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     lanes = merge_lanes or max(2, next_power_of_2(num_kv_splits))
