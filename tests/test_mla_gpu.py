@@ -123,6 +123,7 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits,
     # on the kernel before done), loop end, ticket.
     from test_triton_mla import latent_q
 
+    from cgtool.attention import gluon_mla_wgmma
     from cgtool.attention.triton_mla import WGMMA_PROGRAMS, mla_decode_attention
     from cgtool.runtime.kernel_trace import TRACE_SLOTS
 
@@ -135,7 +136,7 @@ def test_mla_decode_traced_gives_the_same_bits_and_ordered_stamps(num_kv_splits,
     kernel = {"wgmma": True} if wgmma else {"buffers": 0}
     mla_decode_attention(q, pool.k_buffers[0], plain, *args, **kernel)
     # A program's row each: the grid (32, 1, splits), or gluon_mla_wgmma's flat WGMMA_PROGRAMS + 32.
-    programs = max(32 * num_kv_splits, WGMMA_PROGRAMS + 32) if wgmma else 32 * num_kv_splits
+    programs = WGMMA_PROGRAMS + 32 if wgmma and gluon_mla_wgmma.flat_serves(16) else 32 * num_kv_splits
     trace = torch.zeros(programs, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
     traced = torch.empty_like(plain)
     mla_decode_attention(q, pool.k_buffers[0], traced, *args, trace=trace, **({"wgmma": True} if wgmma else {}))

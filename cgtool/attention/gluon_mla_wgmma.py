@@ -257,20 +257,27 @@ if gluon is not None:
         end in the batch's order. A program past them all gets request `batch` (a spare). At most
         PROGRAMS + batch chunks: each request asks for at least one and at most its share of
         PROGRAMS."""
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
+        # batch spread over the 4 warps each went through shared memory, and the flat launch ran
+        # 0.4-1.0 us a layer longer than the grid's at equal lengths (H200, call 2 of
+        # benchmarks/results/h200-2026-11-27-mla-flat).
+        layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
         offs = gl.arange(0, BATCH_BLOCK, layout=layout)
         valid = offs < batch
         lens = gl.load(seq_lens + offs, mask=valid, other=0)
         whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
         asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
-        keys = gl.maximum(gl.cdiv(gl.cdiv(lens, BLOCK_N), asked) * BLOCK_N, MIN_CHUNK)
-        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, keys), 1), 0)
+        tiles = gl.cdiv(gl.cdiv(lens, BLOCK_N), asked)  # keys a chunk, in tiles
+        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, gl.maximum(tiles * BLOCK_N, MIN_CHUNK)), 1), 0)
         ends = gl.associative_scan(chunks, 0, _add)
         b = gl.sum((ends <= program).to(gl.int32), 0)
-        mine = offs == b
-        first = gl.sum(gl.where(mine, ends - chunks, 0), 0)
-        return (b, program - first, gl.sum(gl.where(mine, chunks, 0), 0), first,
-                gl.sum(gl.where(mine, keys, 0), 0))
+        # One sum gathers request b's first slot, chunks and tiles a chunk, packed in an int64
+        # (each under 2^20: at most PROGRAMS + BATCH_BLOCK slots, and tiles of a 2^26-key request).
+        packed = (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20) | (tiles.to(gl.int64) << 40)
+        mine = gl.sum(gl.where(offs == b, packed, 0), 0)
+        first = (mine & 0xFFFFF).to(gl.int32)
+        keys = gl.maximum((mine >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
+        return b, program - first, ((mine >> 20) & 0xFFFFF).to(gl.int32), first, keys
 
     @gluon.jit
     def _mla_decode_stage1_wgmma(
