@@ -250,34 +250,39 @@ if gluon is not None:
         return a + b
 
     @gluon.jit
-    def _flat_chunk(seq_lens, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
+    def _flat_chunk(seq_lens, req_pool_indices, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
                     PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
-        """(request, its chunk, its chunks, its first slot, keys a chunk) of flat program
-        `program`: _shared_chunk_keys' chunk counts for every request, with no cap, laid end to
-        end in the batch's order. A program past them all gets request `batch` (a spare). At most
-        PROGRAMS + batch chunks: each request asks for at least one and at most its share of
-        PROGRAMS."""
+        """(request, its chunk, its chunks, its first slot, keys a chunk, its length, its pool
+        row) of flat program `program`: _shared_chunk_keys' chunk counts for every request, with
+        no cap, laid end to end in the batch's order. A program past them all gets request
+        `batch` (a spare). At most PROGRAMS + batch chunks: each request asks for at least one
+        and at most its share of PROGRAMS."""
         # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
-        # batch spread over the 4 warps each went through shared memory, and the flat launch ran
-        # 0.4-1.0 us a layer longer than the grid's at equal lengths (H200, call 2 of
+        # batch spread over the 4 warps each went through shared memory. The request's length
+        # and pool row come from the same vectors, loaded together: loaded once the request was
+        # known, they cost a memory round trip more (H200, calls 2-3 of
         # benchmarks/results/h200-2026-11-27-mla-flat).
         layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
         offs = gl.arange(0, BATCH_BLOCK, layout=layout)
         valid = offs < batch
         lens = gl.load(seq_lens + offs, mask=valid, other=0)
+        pool_rows = gl.load(req_pool_indices + offs, mask=valid, other=0)
         whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
         asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
         tiles = gl.cdiv(gl.cdiv(lens, BLOCK_N), asked)  # keys a chunk, in tiles
         chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, gl.maximum(tiles * BLOCK_N, MIN_CHUNK)), 1), 0)
         ends = gl.associative_scan(chunks, 0, _add)
         b = gl.sum((ends <= program).to(gl.int32), 0)
-        # One sum gathers request b's first slot, chunks and tiles a chunk, packed in an int64
-        # (each under 2^20: at most PROGRAMS + BATCH_BLOCK slots, and tiles of a 2^26-key request).
-        packed = (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20) | (tiles.to(gl.int64) << 40)
-        mine = gl.sum(gl.where(offs == b, packed, 0), 0)
-        first = (mine & 0xFFFFF).to(gl.int32)
-        keys = gl.maximum((mine >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
-        return b, program - first, ((mine >> 20) & 0xFFFFF).to(gl.int32), first, keys
+        # Two sums gather request b's fields, packed in int64s: its first slot and chunks (each
+        # at most PROGRAMS + BATCH_BLOCK < 2^20) and tiles a chunk; its length and pool row.
+        mine = offs == b
+        slots = gl.sum(gl.where(mine, (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20)
+                                | (tiles.to(gl.int64) << 40), 0), 0)
+        row = gl.sum(gl.where(mine, lens.to(gl.int64) | (pool_rows.to(gl.int64) << 32), 0), 0)
+        first = (slots & 0xFFFFF).to(gl.int32)
+        keys = gl.maximum((slots >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
+        return (b, program - first, ((slots >> 20) & 0xFFFFF).to(gl.int32), first, keys,
+                (row & 0xFFFFFFFF).to(gl.int32), (row >> 32).to(gl.int32))
 
     @gluon.jit
     def _mla_decode_stage1_wgmma(
@@ -301,12 +306,10 @@ if gluon is not None:
         if FLAT:
             # grid (PROGRAMS + bs,): the partials of request b's chunks in slots first.. of row 0
             batch = gl.num_programs(0) - PROGRAMS
-            b, split, chunks, first, keys = _flat_chunk(seq_lens, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK,
-                                                        PROGRAMS, BATCH_BLOCK)
+            b, split, chunks, first, keys, seq_len, pool_row = _flat_chunk(
+                seq_lens, req_pool_indices, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK)
             working = b < batch
             part_row = 0
-            seq_len = gl.load(seq_lens + b, mask=working, other=0)
-            pool_row = gl.load(req_pool_indices + b, mask=working, other=0, volatile=True)
         else:
             b = gl.program_id(0)
             # SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past most
