@@ -76,6 +76,7 @@ VARIANTS = {
     "wgmma_spares_last": (False, None, {}, {"SPARES_FIRST": False}),
     "wgmma_cap1": (False, None, {}, {}), "wgmma_cap2": (False, None, {}, {}), "wgmma_cap3": (False, None, {}, {}),
     "wgmma_flat": (False, None, {}, {"FLAT_CHUNKS": True}), "wgmma_grid": (False, None, {}, {"FLAT_CHUNKS": False}),
+    "default": (False, None, {}, None),  # mla_decode_attention's own choice untraced; traced, triton_mla's
 }
 # Variants that cap a request's chunks below mla_num_kv_splits' count.
 CHUNK_CAPS = {"wgmma_cap1": 1, "wgmma_cap2": 2, "wgmma_cap3": 3}
@@ -158,6 +159,8 @@ def _stage1(variant: str, against):
     on Hopper, gluon_mla's, takes none), the --against module's, or gluon_mla_wgmma's."""
     if variant == "against":
         return against.mla_decode_attention
+    if variant == "default":
+        return mla_decode_attention
     if VARIANTS[variant][3] is not None:
         return functools.partial(mla_decode_attention, wgmma=True)
     return functools.partial(mla_decode_attention, buffers=0)
