@@ -118,7 +118,7 @@ def mla_decode_cases() -> dict[str, tuple]:
         found["mla decode gluon stage 1 flat"] = (
             gluon_mla._mla_decode_stage1_buffered,
             {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-             "NUM_SPLITS": 16, "MIN_CHUNK": triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
+             "NUM_SPLITS": 16, "MIN_CHUNK": triton_mla.GLUON_FLAT_MIN_CHUNK,
              "NUM_BUF": triton_mla.BUFFERED_TILES_COUNT, "WARPS": warps, "FUSED_MERGE": False,
              "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": True, "CHAINS": gluon_mla.score_chains(512, False),
              "FLAT": True, "PROGRAMS": triton_mla.MLA_TARGET_PROGRAMS, "BATCH_BLOCK": 128},

@@ -290,7 +290,7 @@ if gluon is not None:
         WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
         CHAINS: gl.constexpr, FLAT: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr,
     ):
-        if PDL:
+        if PDL and not FLAT:
             _wait_for_previous_kernel()
         head_block = gl.program_id(1)
         if FLAT:
@@ -300,6 +300,10 @@ if gluon is not None:
             batch = gl.num_programs(0) - PROGRAMS
             b, split, chunks, first, keys, seq_len, pool_row = _flat_chunk(
                 seq_lens, req_pool_indices, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK)
+            # The lengths and pool rows are the host's, read before the wait as gluon_mla_wgmma
+            # reads them; the plan's slots the merge kernel reads after this launch, not before.
+            if PDL:
+                _wait_for_previous_kernel()
             if (split == 0) & (b < batch):
                 gl.store(Tickets + b, first)
                 gl.store(Tickets + batch + b, gl.where(seq_len > 0, chunks, 0))

@@ -145,6 +145,10 @@ WGMMA_MIN_BS = 17
 # columns of a head.
 GLUON_FLAT_CHUNKS = True
 FLAT_MERGE_LANES, FLAT_MERGE_SLICE = 32, 128
+# The least keys a flat chunk of gluon_mla's: with BUFFERED_MERGE_KERNEL_MIN_CHUNK (128) a
+# request got half the chunks the grid gave it at equal lengths, and bs 1-16 x 1k ran 1.7-2.2x
+# slower (H200, call 7 of benchmarks/results/h200-2026-11-27-mla-flat).
+GLUON_FLAT_MIN_CHUNK = 64
 WGMMA_PROGRAMS = 132
 # Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
 # bs 17-20 x 1k 6-7% faster than at 256, bs 24-32 x 512 15-19%, the same from bs 24 x 1k and
@@ -519,15 +523,16 @@ def mla_decode_attention(
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
     least = WGMMA_MIN_CHUNK if wgmma else FUSED_MIN_CHUNK if fused else unfused_min
-    min_keys = least if min_chunk is None else min_chunk
-    assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
     bs, num_heads, _ = q.shape
-    rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
-    if partial_dtype is None:
-        partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
     head_blocks = cdiv(num_heads, BLOCK_H)
     # gluon_mla's stage 1 merged by a kernel apart: its programs shared flat by the batch's keys.
     flat_gluon = bool(buffers) and not wgmma and not fused and GLUON_FLAT_CHUNKS and head_blocks == 1
+    least = max(block_n, GLUON_FLAT_MIN_CHUNK) if flat_gluon else least
+    min_keys = least if min_chunk is None else min_chunk
+    assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
+    rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
+    if partial_dtype is None:
+        partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
     slots = (gluon_mla_wgmma.flat_slots(bs, WGMMA_PROGRAMS) if wgmma and gluon_mla_wgmma.flat_serves(num_heads, BLOCK_H)
              else MLA_TARGET_PROGRAMS + bs if flat_gluon else 0)
     if slots:  # one row of partials, a slot a flat program
