@@ -77,9 +77,6 @@ VARIANTS = {
     "wgmma_cap1": (False, None, {}, {}), "wgmma_cap2": (False, None, {}, {}), "wgmma_cap3": (False, None, {}, {}),
     "wgmma_flat": (False, None, {}, {"FLAT_CHUNKS": True}), "wgmma_grid": (False, None, {}, {"FLAT_CHUNKS": False}),
     "default": (False, None, {}, None),  # mla_decode_attention's own choice untraced; traced, triton_mla's
-    # The default's stage 1 untraced, gluon_mla's at bs 1-16 with its programs flat or by the grid.
-    "gluon_flat": (False, None, {"GLUON_FLAT_CHUNKS": True}, None),
-    "gluon_grid": (False, None, {"GLUON_FLAT_CHUNKS": False}, None),
 }
 # Variants that cap a request's chunks below mla_num_kv_splits' count.
 CHUNK_CAPS = {"wgmma_cap1": 1, "wgmma_cap2": 2, "wgmma_cap3": 3}
@@ -162,7 +159,7 @@ def _stage1(variant: str, against):
     on Hopper, gluon_mla's, takes none), the --against module's, or gluon_mla_wgmma's."""
     if variant == "against":
         return against.mla_decode_attention
-    if variant in ("default", "gluon_flat", "gluon_grid"):
+    if variant == "default":
         return mla_decode_attention
     if VARIANTS[variant][3] is not None:
         return functools.partial(mla_decode_attention, wgmma=True)

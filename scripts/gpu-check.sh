@@ -26,8 +26,7 @@
 # `kernel-census` (by name only): decode captures with --profile of CENSUS_MODELS at CENSUS_BS, every size's
 # Chrome trace read by benchmarks/kernel_census.py: kernels a forward by family, in $OUT/census.{json,md}.
 # `flat-verify` (by name only): `verify` of FLATV_PLAN on FLATV_TRACE (FLATV_FORMAT, FLATV_STEPS) with
-# MLA decode's flat chunks (gluon_mla_wgmma.FLAT_CHUNKS and triton_mla.GLUON_FLAT_CHUNKS) set per
-# FLATV_ORDER ("1 0"), in $OUT/flat-verify.
+# gluon_mla_wgmma.FLAT_CHUNKS set per FLATV_ORDER ("1 0"), in $OUT/flat-verify.
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
@@ -215,8 +214,7 @@ if [[ " $stages " == *" flat-verify "* ]]; then  # issue 33, by name only: verif
   for flat in ${FLATV_ORDER:-1 0}; do
     echo "[$(date +%H:%M:%S)] verify FLAT_CHUNKS=$flat"
     timeout -k 10 "${FLATV_TIMEOUT:-280}" python3 -c "import sys; import cgtool.attention.gluon_mla_wgmma as g; \
-import cgtool.attention.triton_mla as t; g.FLAT_CHUNKS = t.GLUON_FLAT_CHUNKS = sys.argv.pop(1) == '1'; \
-from cgtool.commands.entry import main; sys.exit(main())" "$flat" verify \
+g.FLAT_CHUNKS = sys.argv.pop(1) == '1'; from cgtool.commands.entry import main; sys.exit(main())" "$flat" verify \
       --plan "$FLATV_PLAN" --trace "$FLATV_TRACE" --format "${FLATV_FORMAT:-azure}" --steps "${FLATV_STEPS:-100}" \
       --repeats 2 --out "$OUT/flat-verify/flat$flat" >"$OUT/flat-verify-$flat.log" 2>&1
     echo "[$(date +%H:%M:%S)] verify FLAT_CHUNKS=$flat exit $?"

@@ -112,17 +112,8 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
                  "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
-                 "CHAINS": gluon_mla.score_chains(512, merged_here), "FLAT": False, "PROGRAMS": 0, "BATCH_BLOCK": 128},
+                 "CHAINS": gluon_mla.score_chains(512, merged_here)},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
-        # The flat grid of bs 1-16: MLA_TARGET_PROGRAMS + bs programs, the merge kernel apart.
-        found["mla decode gluon stage 1 flat"] = (
-            gluon_mla._mla_decode_stage1_buffered,
-            {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-             "NUM_SPLITS": 16, "MIN_CHUNK": triton_mla.GLUON_FLAT_MIN_CHUNK,
-             "NUM_BUF": triton_mla.BUFFERED_TILES_COUNT, "WARPS": warps, "FUSED_MERGE": False,
-             "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": True, "CHAINS": gluon_mla.score_chains(512, False),
-             "FLAT": True, "PROGRAMS": triton_mla.MLA_TARGET_PROGRAMS, "BATCH_BLOCK": 128},
-            warps, 1)
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
         # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC,
         # ONE_CHUNK_DIRECT, SPARES_FIRST and FLAT_CHUNKS.
@@ -143,10 +134,6 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
                  "SPARES_FIRST": spares_first, "FLAT": flat},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-    found["mla decode flat merge kernel"] = (
-        triton_mla._mla_merge_flat_kernel,
-        {"RANK": 512, "BLOCK_D": triton_mla.FLAT_MERGE_SLICE, "LANES": triton_mla.FLAT_MERGE_LANES, "PDL": True},
-        4, 1)
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

@@ -133,37 +133,3 @@ def test_four_running_sums_of_scores_only_where_the_last_program_merges(rank, fu
     # Measured faster there and slower on the merge kernel's path; a rank of 64 holds no four
     # 32-wide slices.
     assert gluon_mla.score_chains(rank, fused) == min(chains, gluon_mla.SCORE_CHAINS)
-
-
-@pytest.mark.parametrize("flat", [True, False])
-def test_small_batches_share_the_flat_grid_and_its_merge_kernel_unless_asked_otherwise(monkeypatch, flat):
-    # bs 1-16 at one head block: MLA_TARGET_PROGRAMS + bs programs, partials in one row of that
-    # many slots, the plan (first slot, chunks a request) handed to the flat merge kernel.
-    from test_gluon_mla_wgmma import _RecordingLaunch
-    from test_triton_mla import latent_pool, latent_q
-
-    stage1, flat_merge, merge = _RecordingKernel(), _RecordingLaunch(), _RecordingLaunch()
-    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
-    monkeypatch.setattr(gluon_mla, "_mla_decode_stage1_buffered", stage1)
-    monkeypatch.setattr(triton_mla, "_MLA_MERGE_FLAT", flat_merge)
-    monkeypatch.setattr(triton_mla, "_MLA_MERGE", merge)
-    monkeypatch.setattr(triton_mla, "GLUON_FLAT_CHUNKS", flat)
-    seq_lens = [5, 130, 64, 900, 7, 1, 2000, 33]
-    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float32, "cpu")
-    q = latent_q(8, 16, 576, torch.float32, "cpu").view(8, 16, 576)
-    splits = triton_mla.mla_num_kv_splits(8, 16)
-    out = torch.zeros(8, 16, 512)
-    triton_mla.mla_decode_attention(q, pool.k_buffers[0], out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
-                                    torch.tensor(seq_lens, dtype=torch.int32), 576**-0.5, splits)
-    (launch,) = stage1.launches
-    assert launch["FLAT"] is flat and not launch["FUSED_MERGE"]
-    if flat:
-        slots = triton_mla.MLA_TARGET_PROGRAMS + 8
-        assert launch["grid"] == (slots, 1, 1) and launch["PROGRAMS"] == triton_mla.MLA_TARGET_PROGRAMS
-        mid_out, mid_lse, plan = launch["args"][2], launch["args"][3], launch["args"][5]
-        assert mid_out.shape == (1, 16, slots, 512) and mid_lse.shape == (1, 16, slots)
-        assert plan.dtype == torch.int32 and plan.numel() == 16
-        assert len(flat_merge.launches) == 1 and not merge.launches
-    else:
-        assert launch["grid"] == (8, 1, splits) and launch["args"][2].shape == (8, 16, splits, 512)
-        assert len(merge.launches) == 1 and not flat_merge.launches

@@ -249,17 +249,6 @@ def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_k
     torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("seq_lens", [[9000], [100, 16_000, 3, 700], [8704] + [512] * 15, [2000] * 5 + [1] * 11,
-                                      [1, 2, 31, 33, 64, 65, 1000, 9000, 513, 17]])
-def test_small_batches_on_the_flat_grid_match_reference_and_replay(seq_lens):
-    # gluon_mla's stage 1 at bs 1-16 shares its programs by the batch's keys (a long request
-    # among short ones takes most of them, padding one each), merged by the flat merge kernel.
-    from cgtool.attention import triton_mla
-
-    assert triton_mla.GLUON_FLAT_CHUNKS and not triton_mla.wgmma_serves(len(seq_lens), 16)
-    assert_gluon_stage1_matches_reference_and_replays(seq_lens, 16, triton_mla.mla_num_kv_splits(len(seq_lens), 16))
-
-
 @pytest.mark.parametrize("seq_lens", [[1024] * 17, [1024] * 32, [700] * 48, [1024] * 128, [2000] * 20 + [1] * 13])
 def test_flat_chunks_keep_the_bits_where_the_grid_did_not_cap_them(monkeypatch, seq_lens):
     # gluon_mla_wgmma's flat programs ask for the chunks the grid's did, uncapped; at the chunk

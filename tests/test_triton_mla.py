@@ -6,8 +6,6 @@ pools; bf16 and capture are in test_mla_gpu.py.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -354,31 +352,3 @@ def test_extend_with_heads_as_rows_matches_reference(heads, new_lens, kv_splits)
     TorchAttentionBackend(16, 64).forward(q, ref, 0, batch, pool)
     assert out[sum(new_lens):].eq(0).all() and not out.isnan().any()
     assert_attention_close(out[: sum(new_lens)], ref[: sum(new_lens)], atol=1e-4)
-
-
-@pytest.mark.parametrize("lanes", [4, 32])
-def test_the_flat_merge_kernel_weights_each_requests_slots_by_their_log_sum_exps(lanes):
-    # gluon_mla's flat stage 1 leaves request b's chunks in slots plan[b].. of one row (counts
-    # 3, 70 and 1 here, 70 past any lane count, so groups carry their maximum), and a request
-    # of no keys a count of 0, whose output is zeros.
-    from cgtool.attention import triton_mla as module
-
-    torch.manual_seed(0)
-    heads, rank, firsts, counts = 4, 64, [5, 8, 78, 0], [3, 70, 1, 0]
-    slots = 80
-    mid_out = torch.randn(1, heads, slots, rank)
-    mid_lse = torch.randn(1, heads, slots) * 4
-    plan = torch.tensor(firsts + counts, dtype=torch.int32)
-    out = torch.full((4, heads, rank), float("nan"))
-    module._MLA_MERGE_FLAT.launch(
-        (4, heads, rank // 32), mid_out, mid_lse, out, plan, 4,
-        mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), out.stride(0), out.stride(1),
-        RANK=rank, BLOCK_D=32, LANES=lanes, PDL=False, num_warps=4, num_stages=1,
-    )
-    for b, (first, count) in enumerate(zip(firsts, counts, strict=True)):
-        if count == 0:
-            assert out[b].eq(0).all()
-            continue
-        weights = torch.softmax(mid_lse[0, :, first:first + count] * math.log(2), dim=-1)  # base-2 lse
-        expected = torch.einsum("hs,hsd->hd", weights, mid_out[0, :, first:first + count])
-        torch.testing.assert_close(out[b], expected, rtol=1e-5, atol=1e-5)

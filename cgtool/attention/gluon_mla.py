@@ -35,7 +35,7 @@ else:
     copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 from cgtool.runtime.dependent_launch import dependent_launch
-from cgtool.runtime.triton_launch import cdiv, next_power_of_2
+from cgtool.runtime.triton_launch import cdiv
 
 # The compiler's message once this process's Triton refused the kernel (launch_stage1).
 _REFUSED: list[str] = []
@@ -241,46 +241,6 @@ if gluon is not None:
         gl.store(MidLse + b * stride_lb + heads * stride_lh + split, m_i + gl.log2(l_i), mask=heads < NUM_HEADS)
 
     @gluon.jit
-    def _add(a, b):
-        return a + b
-
-    @gluon.jit
-    def _flat_chunk(seq_lens, req_pool_indices, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
-                    PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
-        """(request, its chunk, its chunks, its first slot, keys a chunk, its length, its pool
-        row) of flat program `program`, for a grid of PROGRAMS + batch programs: each request
-        asks for its share of PROGRAMS by whole BLOCK_N-key tiles, at least one chunk, with no
-        cap but MIN_CHUNK keys a chunk (gluon_mla_wgmma._shared_chunk_keys' counts, uncapped);
-        the chunks lie end to end in the batch's order. A program past them all gets request
-        `batch` (a spare). At most PROGRAMS + batch chunks in all."""
-        # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
-        # batch spread over the 4 warps each went through shared memory. The request's length
-        # and pool row come from the same vectors, loaded together: loaded once the request was
-        # known, they cost a memory round trip more (H200, calls 2-3 of
-        # benchmarks/results/h200-2026-11-27-mla-flat).
-        layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
-        offs = gl.arange(0, BATCH_BLOCK, layout=layout)
-        valid = offs < batch
-        lens = gl.load(seq_lens + offs, mask=valid, other=0)
-        pool_rows = gl.load(req_pool_indices + offs, mask=valid, other=0)
-        whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
-        asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
-        tiles = gl.cdiv(gl.cdiv(lens, BLOCK_N), asked)  # keys a chunk, in tiles
-        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, gl.maximum(tiles * BLOCK_N, MIN_CHUNK)), 1), 0)
-        ends = gl.associative_scan(chunks, 0, _add)
-        b = gl.sum((ends <= program).to(gl.int32), 0)
-        # Two sums gather request b's fields, packed in int64s: its first slot and chunks (each
-        # at most PROGRAMS + BATCH_BLOCK < 2^20) and tiles a chunk; its length and pool row.
-        mine = offs == b
-        slots = gl.sum(gl.where(mine, (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20)
-                                | (tiles.to(gl.int64) << 40), 0), 0)
-        row = gl.sum(gl.where(mine, lens.to(gl.int64) | (pool_rows.to(gl.int64) << 32), 0), 0)
-        first = (slots & 0xFFFFF).to(gl.int32)
-        keys = gl.maximum((slots >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
-        return (b, program - first, ((slots >> 20) & 0xFFFFF).to(gl.int32), first, keys,
-                (row & 0xFFFFFFFF).to(gl.int32), (row >> 32).to(gl.int32))
-
-    @gluon.jit
     def _mla_decode_stage1_buffered(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -288,36 +248,18 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
-        CHAINS: gl.constexpr, FLAT: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr,
+        CHAINS: gl.constexpr,
     ):
-        if PDL and not FLAT:
+        if PDL:
             _wait_for_previous_kernel()
+        b = gl.program_id(0)
         head_block = gl.program_id(1)
-        if FLAT:
-            # grid (PROGRAMS + bs,): request b's partials in slots first.. of row 0, and its plan
-            # for the merge kernel in `Tickets`: first slot, then chunks (none for a request of
-            # no keys, whose one chunk attends nothing).
-            batch = gl.num_programs(0) - PROGRAMS
-            b, split, chunks, first, keys, seq_len, pool_row = _flat_chunk(
-                seq_lens, req_pool_indices, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK)
-            # The lengths and pool rows are the host's, read before the wait as gluon_mla_wgmma
-            # reads them; the plan's slots the merge kernel reads after this launch, not before.
-            if PDL:
-                _wait_for_previous_kernel()
-            if (split == 0) & (b < batch):
-                gl.store(Tickets + b, first)
-                gl.store(Tickets + batch + b, gl.where(seq_len > 0, chunks, 0))
-            part_row = 0
-        else:
-            b = gl.program_id(0)
-            split = gl.program_id(2)
-            first = 0
-            part_row = b
-            seq_len = gl.load(seq_lens + b)
-            # Read beside the length, not after it, since the slots wait on both: volatile, or the
-            # compiler sinks the load into the branch below, one memory round trip later.
-            pool_row = gl.load(req_pool_indices + b, volatile=True)
-            keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
+        split = gl.program_id(2)
+        seq_len = gl.load(seq_lens + b)
+        # Read beside the length, not after it, since the slots wait on both: volatile, or the
+        # compiler sinks the load into the branch below, one memory round trip later.
+        pool_row = gl.load(req_pool_indices + b, volatile=True)
+        keys = _chunk_keys(seq_len, NUM_SPLITS, BLOCK_N, MIN_CHUNK)
         start = split * keys
         end = gl.minimum(start + keys, seq_len)
         if end > start:  # the merge skips empty chunks
@@ -325,12 +267,12 @@ if gluon is not None:
             acc, l_i, m_i = _attend_chunk(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                           stride_qb, stride_qh, stride_kt,
                                           NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, WARPS, CHAINS)
-            _store_partial(MidOut, MidLse, acc, l_i, m_i, part_row, head_block, first + split,
+            _store_partial(MidOut, MidLse, acc, l_i, m_i, b, head_block, split,
                            stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK, BLOCK_H, WARPS)
         # As triton_mla's stage 1: the chunks holding keys (chunk 0 always) take a ticket, and
         # the last of a request's head block merges them.
         chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
-        if FUSED_MERGE and (not FLAT) and split < chunks:
+        if FUSED_MERGE and split < chunks:
             cta_barrier()  # every thread's stores before the release
             ticket = Tickets + b * gl.num_programs(1) + head_block
             drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
@@ -382,15 +324,10 @@ def launch_stage1(
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int,
     block_n: int, num_buf: int, num_warps: int, merge_d: int, chains: int | None = None,
-    flat_plan: torch.Tensor | None = None, programs: int = 0,
 ) -> bool:
     """Stage 1 over grid (bs, head blocks, chunks), its partials in `mid_out`/`mid_lse` as
     triton_mla's stage 1 writes them; with `tickets` (one a request's head block, at zero) the
     last program of a request's chunks merges them into `out`, as triton_mla's fused merge.
-    With `flat_plan` (int32 [2 bs]; one head block, no tickets) a grid of `programs` + bs
-    programs shares the batch's keys in proportion to each request's (`_flat_chunk`), writes
-    the partials to consecutive slots of mid_out [1, heads, slots, rank], and each request's
-    first slot and chunks to `flat_plan` for triton_mla's flat merge kernel.
     Launched as a programmatic dependent where dependent launches run (runtime.dependent_launch):
     in a model the store of the step's new rows (kv_store) releases it at once, and it waits
     for that store before reading anything. `chains`: the running sums of q . k a warp keeps
@@ -401,18 +338,12 @@ def launch_stage1(
     `available` says no and triton_mla's kernel serves, with one RuntimeWarning."""
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
-    flat = flat_plan is not None
-    if flat:
-        assert tickets is None and cdiv(num_heads, block_h) == 1, "flat chunks: one head block, merged apart"
-        assert mid_lse.shape[-1] >= programs + bs and flat_plan.numel() >= 2 * bs, "a slot a program, a plan a request"
-    grid = (programs + bs, 1, 1) if flat else (bs, cdiv(num_heads, block_h), num_kv_splits)
+    grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
     return launch_or_refuse(
         _mla_decode_stage1_buffered, grid, _REFUSED, "gluon_mla", "triton_mla",
-        q, latent_cache, mid_out, mid_lse, out, flat_plan if flat else tickets, req_to_token, req_pool_indices,
-        seq_lens, scale_log2,
+        q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
         FUSED_MERGE=tickets is not None, MERGE_D=merge_d, CHAINS=chains or score_chains(rank, tickets is not None),
-        FLAT=flat, PROGRAMS=programs, BATCH_BLOCK=max(32 * num_warps, next_power_of_2(bs)),
         num_warps=num_warps, **dependent_launch(q.device),
     )

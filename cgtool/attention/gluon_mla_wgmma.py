@@ -86,7 +86,6 @@ if gluon is not None:
 
     from cgtool.attention.gluon_mla import (
         _copy_rows,
-        _flat_chunk,
         _load_slots,
         _wait_for_previous_kernel,
         async_copy,
@@ -245,6 +244,45 @@ if gluon is not None:
         whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
         chunks = gl.minimum(gl.maximum(PROGRAMS * (seq_len // BLOCK_N) // whole, 1), NUM_SPLITS)
         return gl.maximum(gl.cdiv(gl.cdiv(seq_len, BLOCK_N), chunks) * BLOCK_N, MIN_CHUNK)
+
+    @gluon.jit
+    def _add(a, b):
+        return a + b
+
+    @gluon.jit
+    def _flat_chunk(seq_lens, req_pool_indices, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
+                    PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
+        """(request, its chunk, its chunks, its first slot, keys a chunk, its length, its pool
+        row) of flat program `program`: _shared_chunk_keys' chunk counts for every request, with
+        no cap, laid end to end in the batch's order. A program past them all gets request
+        `batch` (a spare). At most PROGRAMS + batch chunks: each request asks for at least one
+        and at most its share of PROGRAMS."""
+        # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
+        # batch spread over the 4 warps each went through shared memory. The request's length
+        # and pool row come from the same vectors, loaded together: loaded once the request was
+        # known, they cost a memory round trip more (H200, calls 2-3 of
+        # benchmarks/results/h200-2026-11-27-mla-flat).
+        layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
+        offs = gl.arange(0, BATCH_BLOCK, layout=layout)
+        valid = offs < batch
+        lens = gl.load(seq_lens + offs, mask=valid, other=0)
+        pool_rows = gl.load(req_pool_indices + offs, mask=valid, other=0)
+        whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
+        asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
+        tiles = gl.cdiv(gl.cdiv(lens, BLOCK_N), asked)  # keys a chunk, in tiles
+        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, gl.maximum(tiles * BLOCK_N, MIN_CHUNK)), 1), 0)
+        ends = gl.associative_scan(chunks, 0, _add)
+        b = gl.sum((ends <= program).to(gl.int32), 0)
+        # Two sums gather request b's fields, packed in int64s: its first slot and chunks (each
+        # at most PROGRAMS + BATCH_BLOCK < 2^20) and tiles a chunk; its length and pool row.
+        mine = offs == b
+        slots = gl.sum(gl.where(mine, (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20)
+                                | (tiles.to(gl.int64) << 40), 0), 0)
+        row = gl.sum(gl.where(mine, lens.to(gl.int64) | (pool_rows.to(gl.int64) << 32), 0), 0)
+        first = (slots & 0xFFFFF).to(gl.int32)
+        keys = gl.maximum((slots >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
+        return (b, program - first, ((slots >> 20) & 0xFFFFF).to(gl.int32), first, keys,
+                (row & 0xFFFFFFFF).to(gl.int32), (row >> 32).to(gl.int32))
 
     @gluon.jit
     def _mla_decode_stage1_wgmma(

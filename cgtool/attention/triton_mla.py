@@ -136,19 +136,6 @@ BUFFERED_TILES_COUNT = 2
 # faster (bs 16 x 1k 11.6 us against 13.2-15.1, H200 calls 2-3); past it one chunk a request
 # fills the SMs twice (bs 256 x 1k 83.6 against 80.4).
 WGMMA_MIN_BS = 17
-# Where gluon_mla's stage 1 is merged by a kernel apart (bs 1-16 at one head block), its
-# MLA_TARGET_PROGRAMS + bs programs share the batch's keys in proportion to each request's
-# (gluon_mla._flat_chunk) instead of cutting every request into num_kv_splits chunks, which
-# left a long request among short ones to set the step (bs 16: 15 x 512 + 1 x 8,704 keys took
-# 42.2 us a layer against 13.0 for 16 x 1,024, H100, benchmarks/results/h200-2026-11-27-mla-flat
-# call 6). The flat merge kernel takes FLAT_MERGE_LANES chunks at a time over FLAT_MERGE_SLICE
-# columns of a head.
-GLUON_FLAT_CHUNKS = True
-FLAT_MERGE_LANES, FLAT_MERGE_SLICE = 32, 128
-# The least keys a flat chunk of gluon_mla's: with BUFFERED_MERGE_KERNEL_MIN_CHUNK (128) a
-# request got half the chunks the grid gave it at equal lengths, and bs 1-16 x 1k ran 1.7-2.2x
-# slower (H200, call 7 of benchmarks/results/h200-2026-11-27-mla-flat).
-GLUON_FLAT_MIN_CHUNK = 64
 WGMMA_PROGRAMS = 132
 # Its chunks hold at least this many keys (FUSED_MIN_CHUNK is gluon_mla's and triton_mla's):
 # bs 17-20 x 1k 6-7% faster than at 256, bs 24-32 x 512 15-19%, the same from bs 24 x 1k and
@@ -386,41 +373,6 @@ def _mla_merge_kernel(
     )
 
 
-@triton.jit
-def _mla_merge_flat_kernel(
-    MidOut, MidLse, O, Plan, bs,
-    stride_mh, stride_ms, stride_lh, stride_ob, stride_oh,
-    RANK: tl.constexpr, BLOCK_D: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
-):
-    """One head's slice of request b from its chunks in gluon_mla's flat slots: Plan[b] the
-    first slot, Plan[bs + b] the chunks (0: a request of no keys, whose output is zeros),
-    LANES chunks at a time with the running maximum carried between groups."""
-    wait_for_previous_kernel(PDL)  # stage 1's partials and plan
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    first = tl.load(Plan + b)
-    count = tl.load(Plan + bs + b)
-    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
-    mask_d = offs_d < RANK
-    lse_max = tl.full([], float("-inf"), tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
-    total = tl.zeros([], tl.float32)
-    for g in range(0, count, LANES):
-        offs_s = g + tl.arange(0, LANES)
-        used = offs_s < count
-        lse = tl.load(MidLse + head * stride_lh + first + offs_s, mask=used, other=float("-inf"))
-        parts = tl.load(MidOut + head * stride_mh + (first + offs_s)[:, None] * stride_ms + offs_d[None, :],
-                        mask=used[:, None] & mask_d[None, :], other=0.0)
-        new_max = tl.maximum(lse_max, tl.max(lse, 0))
-        rescale = tl.exp2(lse_max - new_max)  # 0 before the first group
-        weights = tl.where(used, tl.exp2(lse - new_max), 0.0)
-        acc = acc * rescale + tl.sum(parts * weights[:, None], 0)
-        total = total * rescale + tl.sum(weights, 0)
-        lse_max = new_max
-    merged = acc / tl.where(total > 0, total, 1.0)
-    tl.store(O + b * stride_ob + head * stride_oh + offs_d, merged.to(O.dtype.element_ty), mask=mask_d)
-
-
 def wgmma_serves(batch_size: int, num_heads: int) -> bool:
     """Whether gluon_mla_wgmma's stage 1 is the default for this batch (where Gluon runs)."""
     return cdiv(num_heads, BLOCK_H) == 1 and WGMMA_MIN_BS <= batch_size <= WGMMA_PROGRAMS
@@ -438,19 +390,6 @@ def mla_num_kv_splits(batch_size: int, num_heads: int) -> int:
 
 _MLA_STAGE1 = CachedKernel(_mla_decode_stage1)
 _MLA_MERGE = CachedKernel(_mla_merge_kernel)
-_MLA_MERGE_FLAT = CachedKernel(_mla_merge_flat_kernel)
-
-
-def _flat_plan(bs: int, device: torch.device, scratch: dict[object, Any] | None) -> torch.Tensor:
-    """int32 [2 bs]: each request's first partial slot, then its chunks, as gluon_mla's flat
-    stage 1 writes them for the flat merge kernel; from `scratch` as decode_scratch's blocks."""
-    key = ("mla_flat_plan", bs, device)
-    found = scratch.get(key) if scratch is not None else None
-    if found is None:
-        found = torch.empty(2 * bs, dtype=torch.int32, device=device)
-        if scratch is not None:
-            scratch[key] = found
-    return found
 _MLA_EXTEND = CachedKernel(_mla_extend_kernel)
 
 
@@ -523,23 +462,18 @@ def mla_decode_attention(
         BUFFERED_TILES if buffers else DECODE_TILES_FEW_CHUNKS if few else DECODE_TILES)
     unfused_min = max(block_n, BUFFERED_MERGE_KERNEL_MIN_CHUNK) if buffers else block_n
     least = WGMMA_MIN_CHUNK if wgmma else FUSED_MIN_CHUNK if fused else unfused_min
-    bs, num_heads, _ = q.shape
-    head_blocks = cdiv(num_heads, BLOCK_H)
-    # gluon_mla's stage 1 merged by a kernel apart: its programs shared flat by the batch's keys.
-    flat_gluon = bool(buffers) and not wgmma and not fused and GLUON_FLAT_CHUNKS and head_blocks == 1
-    least = max(block_n, GLUON_FLAT_MIN_CHUNK) if flat_gluon else least
     min_keys = least if min_chunk is None else min_chunk
     assert min_keys % block_n == 0, f"a chunk's minimum ({min_keys} keys) is whole key blocks of {block_n}"
+    bs, num_heads, _ = q.shape
     rank, rope, block_r, block_p = _layout(q, latent_cache, out, req_to_token)
     if partial_dtype is None:
         partial_dtype = PARTIAL_DTYPE_EIGHT_WARPS_FUSED if fused and (num_warps == 8 or buffers) else PARTIAL_DTYPE
-    slots = (gluon_mla_wgmma.flat_slots(bs, WGMMA_PROGRAMS) if wgmma and gluon_mla_wgmma.flat_serves(num_heads, BLOCK_H)
-             else MLA_TARGET_PROGRAMS + bs if flat_gluon else 0)
-    if slots:  # one row of partials, a slot a flat program
-        mid_out, mid_lse = decode_scratch(1, num_heads, rank, slots, q.device, scratch, partial_dtype, any_splits=True)
+    if wgmma and gluon_mla_wgmma.flat_serves(num_heads, BLOCK_H):
+        mid_out, mid_lse = decode_scratch(1, num_heads, rank, gluon_mla_wgmma.flat_slots(bs, WGMMA_PROGRAMS),
+                                          q.device, scratch, partial_dtype, any_splits=True)
     else:
         mid_out, mid_lse = decode_scratch(bs, num_heads, rank, num_kv_splits, q.device, scratch, partial_dtype)
-    plan = _flat_plan(bs, q.device, scratch) if flat_gluon else None
+    head_blocks = cdiv(num_heads, BLOCK_H)
     counters = tickets(q.device, bs * head_blocks) if fused else mid_lse  # unread unless fused
     lanes = merge_lanes or max(2, next_power_of_2(num_kv_splits))
     slice_d = min(merge_slice or _merge_slice(buffers, fused, lanes), block_r)
@@ -557,7 +491,7 @@ def mla_decode_attention(
         if not gluon_mla.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                        req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
                                        num_kv_splits, min_keys, block_n, buffers, num_warps, slice_d,
-                                       score_chains, plan, MLA_TARGET_PROGRAMS):
+                                       score_chains):
             # This Triton refused it: again with this module's stage 1 and its own settings.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
                                  num_kv_splits, scratch, fused_merge=fused_merge, min_chunk=min_chunk,
@@ -576,13 +510,6 @@ def mla_decode_attention(
             num_warps=num_warps, num_stages=num_stages,
         )
     if fused:
-        return
-    if flat_gluon:
-        _MLA_MERGE_FLAT.launch(
-            (bs, num_heads, cdiv(rank, FLAT_MERGE_SLICE)), mid_out, mid_lse, out, plan, bs,
-            mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), out.stride(0), out.stride(1),
-            RANK=rank, BLOCK_D=FLAT_MERGE_SLICE, LANES=FLAT_MERGE_LANES, **merge_launch, num_warps=4, num_stages=1,
-        )
         return
     _MLA_MERGE.launch(
         (bs, num_heads, cdiv(rank, slice_d)), mid_out, mid_lse, out, seq_lens,
