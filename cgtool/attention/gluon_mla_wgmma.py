@@ -20,8 +20,10 @@ Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of ch
 (`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a request gets chunks in
 proportion to its share of the batch's key tiles, so that the working programs fill the SMs
 once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last program of a
-request's chunks merges them; a request of one chunk writes its output at once. Chunks past a
-request's own count (the grid has the largest count for every request) launch last and leave.
+request's chunks merges them; a request of one chunk writes its output at once. The programs
+are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGRAMS + bs of them,
+each finding its own from the chunk counts' running sum, so no request's share is capped; the
+few past the last chunk leave at once.
 """
 
 from __future__ import annotations
@@ -74,7 +76,13 @@ SPARES_FIRST = False
 # Uncapped by num_kv_splits, so a long request among short ones takes the programs its keys ask
 # for; and the spares are at most bs, not bs x num_kv_splits less the working chunks. Else the
 # grid (bs, head blocks, num_kv_splits) as before. A batch of equal lengths gets the same chunks
-# and bits either way.
+# and bits either way. Alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-flat):
+# 40 x 300 keys + 1 x 16,000 took 34.0 us a layer against 77.2 on the H200 (call 5) and 37.0
+# against 76.2 on the H100 (call 6); 30 x 1,024 + 2 x 8,192 26.2 against 36.6 and 32.5 against
+# 38.9. At equal lengths the running sum costs 0.0-0.3 us on the H200 (bs 17-128 x 1k, bs 32 x
+# 8k) and on the H100 0.6-0.7 at bs 32-40 x 1k, 0.7 less at bs 48. deepseek-v2-lite's held-out
+# verify on the H200, whose decode steps are mostly under 17 requests: 6.646 ms against 6.641
+# (call 4).
 FLAT_CHUNKS = True
 
 if gluon is not None:
@@ -260,8 +268,9 @@ if gluon is not None:
         # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
         # batch spread over the 4 warps each went through shared memory. The request's length
         # and pool row come from the same vectors, loaded together: loaded once the request was
-        # known, they cost a memory round trip more (H200, calls 2-3 of
-        # benchmarks/results/h200-2026-11-27-mla-flat).
+        # known, they cost a memory round trip more. At equal lengths, against the grid: 0.4-1.0
+        # us a layer longer as first written, 0.0-0.3 with both (H200, calls 2, 3 and 5 of
+        # benchmarks/results/h200-h100-2026-11-27-mla-flat).
         layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
         offs = gl.arange(0, BATCH_BLOCK, layout=layout)
         valid = offs < batch
