@@ -132,8 +132,10 @@ def test_triton_mla_decode_terms_predict_the_run_they_were_fitted_to(run):
 
 # MLA decode as shipped on Hopper, us a layer from replayed graphs of six layers
 # (benchmarks/bench_mla_floor.py): gluon_mla's stage 1 at bs 1-16 and 256 (the runs that timed
-# it at every batch), gluon_mla_wgmma's at bs 17-132 (the runs of the shipped build: one-chunk
-# requests written at once, spare chunks launched last).
+# it at every batch), gluon_mla_wgmma's at bs 17-132 (one-chunk requests written at once, spare
+# chunks launched last; its programs then a grid, since mapped flat, which at these equal lengths
+# gives the same chunks and ran within 0.7 us a layer of it: benchmarks/results/
+# h200-h100-2026-11-27-mla-flat, calls 5 and 6).
 SHIPPED_MLA = {
     "H100": ("H100-80GB", "h100-2026-11-27-gluon-mla/call18-h100", "h100-h200-2026-11-27-mla-spares/call5-h100-floor"),
     "H200": ("H200", "h200-h100-2026-11-27-gluon-mla/call2-h200",
