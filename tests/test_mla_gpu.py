@@ -222,12 +222,8 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     assert_gluon_stage1_matches_reference_and_replays(seq_lens, num_heads, num_kv_splits, wgmma=True)
 
 
-@pytest.mark.parametrize("setting", ["ONE_CHUNK_DIRECT", "SPARES_FIRST"])
-@pytest.mark.parametrize(("num_kv_splits", "seq_lens"), [(4, MIXED), (5, PADDED), (2, [1024] * 128), (1, [1024] * 40)])
-def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_kv_splits, seq_lens):
-    # ONE_CHUNK_DIRECT skips the partial, ticket and merge of a one-chunk request; the merge of
-    # one chunk rounds that chunk's output once, as the direct store does. SPARES_FIRST orders
-    # the launch only: a chunk's keys and the merge's order do not depend on it.
+def assert_wgmma_setting_keeps_the_bits(monkeypatch, setting: str, num_kv_splits: int, seq_lens: list[int]) -> None:
+    """gluon_mla_wgmma's output with the module constant `setting` on and off: the same bits."""
     from test_triton_mla import latent_q
 
     from cgtool.attention import gluon_mla, gluon_mla_wgmma
@@ -249,30 +245,23 @@ def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_k
     torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("setting", ["ONE_CHUNK_DIRECT", "SPARES_FIRST"])
+@pytest.mark.parametrize(("num_kv_splits", "seq_lens"), [(4, MIXED), (5, PADDED), (2, [1024] * 128), (1, [1024] * 40)])
+def test_wgmma_settings_that_keep_the_bits_keep_them(monkeypatch, setting, num_kv_splits, seq_lens):
+    # ONE_CHUNK_DIRECT skips the partial, ticket and merge of a one-chunk request; the merge of
+    # one chunk rounds that chunk's output once, as the direct store does. SPARES_FIRST orders
+    # the grid's launch only: a chunk's keys and the merge's order do not depend on it.
+    assert_wgmma_setting_keeps_the_bits(monkeypatch, setting, num_kv_splits, seq_lens)
+
+
 @pytest.mark.parametrize("seq_lens", [[1024] * 17, [1024] * 32, [700] * 48, [1024] * 128, [2000] * 20 + [1] * 13])
 def test_flat_chunks_keep_the_bits_where_the_grid_did_not_cap_them(monkeypatch, seq_lens):
     # gluon_mla_wgmma's flat programs ask for the chunks the grid's did, uncapped; at the chunk
     # counts mla_num_kv_splits gives, equal lengths (and padding) never reach the cap, so every
     # request gets the same chunks and the merge the same partials in the same order.
-    from test_triton_mla import latent_q
+    from cgtool.attention.triton_mla import mla_num_kv_splits
 
-    from cgtool.attention import gluon_mla, gluon_mla_wgmma
-    from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
-
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("Gluon's stage 1 kernels need Triton's Gluon and a Hopper GPU")
-    bs = len(seq_lens)
-    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
-    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
-    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
-            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, mla_num_kv_splits(bs, 16))
-    outs = {}
-    for flat in (True, False):
-        monkeypatch.setattr(gluon_mla_wgmma, "FLAT_CHUNKS", flat)
-        outs[flat] = torch.zeros(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
-        mla_decode_attention(q, pool.k_buffers[0], outs[flat], *args, wgmma=True)
-    assert not gluon_mla_wgmma.refused()
-    torch.testing.assert_close(outs[True], outs[False], rtol=0, atol=0)
+    assert_wgmma_setting_keeps_the_bits(monkeypatch, "FLAT_CHUNKS", mla_num_kv_splits(len(seq_lens), 16), seq_lens)
 
 
 @pytest.mark.parametrize("num_kv_splits", [4, 16])
