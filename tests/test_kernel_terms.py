@@ -330,3 +330,38 @@ def test_moe_layer_terms_hold_at_every_small_decode_batch():
         rows = _moe_rows(run, "moe-mla.json", model, [1, 2, 3, 4, 6, 8, 12, 16, 24, 32])
         for row in rows:
             assert abs(_layer_error(row["layer_us"], cfg, "H100-80GB", row["tokens"])) <= 0.10, (model, row["tokens"])
+
+
+CENSUS = RESULTS / "h200-h100-2026-11-27-mla-flat/call1-h200-census/census.json"
+MOE_FAMILIES = ("_router_route_kernel", "_router_kernel", "_route_kernel", "_align_one_program", "_grouped_gemm_kernel",
+                "_combine_kernel")
+
+
+@pytest.mark.parametrize("model", ["deepseek-v2-lite", "qwen3-30b-a3b"])
+def test_the_kernels_priced_apart_are_the_ones_a_captured_forward_launches(model):
+    # A census of every kernel in captured decode forwards at bs 1-64 (H200, 2026-11-27,
+    # benchmarks/kernel_census.py): each MoE layer launches the kernels the terms count for it
+    # (MOE_KERNELS_ONE_TOKEN at one token, MOE_KERNELS_SMALL past it), and MLA's merge is a
+    # kernel of its own exactly where mla_decode_fixed_ms prices a second kernel's floor (fewer
+    # than MLA_FUSED_MERGE_ROWS rows, gluon_mla_wgmma's bs range apart).
+    from cgtool.planner.kernel_terms import (
+        MLA_FUSED_MERGE_ROWS,
+        MLA_WGMMA_MAX_BS,
+        MLA_WGMMA_MIN_BS,
+        MOE_KERNELS_ONE_TOKEN,
+        MOE_KERNELS_SMALL,
+        MOE_ONE_TOKEN_PATH,
+    )
+
+    (run,) = [r for r in json.loads(CENSUS.read_text()) if r["model"] == model]
+    cfg = load_model_config(model)
+    assert len(run["sizes"]) == 11
+    for bs, size in ((int(k), v) for k, v in run["sizes"].items()):
+        assert size["kernels"] == size["report_kernels_per_forward"]  # the trace holds the report's count
+        families = size["families"]
+        moe = sum(families.get(name, [0])[0] for name in MOE_FAMILIES)
+        per_layer = MOE_KERNELS_ONE_TOKEN if bs <= MOE_ONE_TOKEN_PATH else MOE_KERNELS_SMALL
+        assert moe == cfg.num_moe_layers * per_layer, bs
+        if cfg.mla is not None:  # 16 heads: one program's rows a request
+            merge_apart = bs < MLA_FUSED_MERGE_ROWS and not MLA_WGMMA_MIN_BS <= bs <= MLA_WGMMA_MAX_BS
+            assert families.get("_mla_merge_kernel", [0])[0] == (cfg.num_layers if merge_apart else 0), bs
