@@ -68,7 +68,8 @@ ONE_CHUNK_DIRECT = True
 # last was 0.1-1.6 us a layer shorter at every shape, bs 17-128 x 1k and bs 16 x 8k (three
 # alternating rounds, H100, same folder, call 3); on the H200 0.2-1.0 us shorter at bs 17-32, 96
 # and 128, 0.3 longer at bs 48 (call 6). First, the spares took the SMs before the working
-# chunks and delayed their start by about 0.9 us.
+# chunks and delayed their start by about 0.9 us. Only the grid mapping has them: with
+# FLAT_CHUNKS the few programs past the last chunk come last in the launch anyway.
 SPARES_FIRST = False
 # The grid's programs mapped to the batch's (request, chunk) pairs in one flat run (True): a
 # grid of WGMMA_PROGRAMS + bs programs, each finding its request from the chunk counts' running
