@@ -111,6 +111,12 @@ MLA_WGMMA_TAIL_MS = 4.4e-3
 MLA_TRITON_REQUEST_MS = 0.6e-3
 MLA_TRITON_FIXED_MS = 16e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.20
+# Copies an MLA layer launches from two rows on (a transposed view is contiguous at one row):
+# the census of deepseek-v2-lite's captured forwards counts 54 more `elementwise_kernel`s from
+# bs 2 than at bs 1, 2.1-2.9 us each, the only kernels that moved uncounted (H200, 2026-11-27,
+# benchmarks/results/h200-h100-2026-11-27-mla-flat/call1-h200-census). Priced at
+# OTHER_KERNEL_FLOOR_MS, as the other kernels outside the MoE layers.
+MLA_COPIES_FROM_TWO_ROWS = 2
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
 
@@ -145,6 +151,12 @@ def kernel_floor_ms(cfg: ModelConfig, kernels: int) -> float:
     if cfg.moe is None and cfg.mla is None:
         return 0.0
     return kernels * OTHER_KERNEL_FLOOR_MS
+
+
+def mla_row_copies_ms(num_layers: int, rows: np.ndarray) -> np.ndarray:
+    """MLA_COPIES_FROM_TWO_ROWS copies a layer wherever a forward holds two rows or more."""
+    rows = np.asarray(rows, dtype=np.float64)
+    return np.where(rows >= 2, num_layers * MLA_COPIES_FROM_TWO_ROWS * OTHER_KERNEL_FLOOR_MS, 0.0)
 
 
 def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
