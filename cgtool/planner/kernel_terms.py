@@ -111,7 +111,8 @@ MLA_WGMMA_TAIL_MS = 4.4e-3
 MLA_TRITON_REQUEST_MS = 0.6e-3
 MLA_TRITON_FIXED_MS = 16e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.20
-# Copies an MLA layer launches from two rows on (a transposed view is contiguous at one row):
+# Copies an MLA layer launches from two rows on, of views that are contiguous at one row (in
+# cgtool.model.mla, the latent's slice before its norm and the value output's transpose):
 # the census of deepseek-v2-lite's captured forwards counts 54 more `elementwise_kernel`s from
 # bs 2 than at bs 1, 2.1-2.9 us each, the only kernels that moved uncounted (H200, 2026-11-27,
 # benchmarks/results/h200-h100-2026-11-27-mla-flat/call1-h200-census). Priced at
