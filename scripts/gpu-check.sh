@@ -26,7 +26,10 @@
 # `kernel-census` (by name only): decode captures with --profile of CENSUS_MODELS at CENSUS_BS, every size's
 # Chrome trace read by benchmarks/kernel_census.py: kernels a forward by family, in $OUT/census.{json,md}.
 # `flat-verify` (by name only): `verify` of FLATV_PLAN on FLATV_TRACE (FLATV_FORMAT, FLATV_STEPS) with
-# gluon_mla_wgmma.FLAT_CHUNKS set per FLATV_ORDER ("1 0"), in $OUT/flat-verify.
+# a module's flag (FLATV_SETTING, MODULE:NAME, default cgtool.attention.gluon_mla_wgmma:FLAT_CHUNKS) set per
+# FLATV_ORDER ("1 0"), in $OUT/flat-verify.
+# `mla-projection` (by name only): benchmarks/probe_mla_projection.py, MLA decode's merge in the value
+# projection against the two apart (PROJ_CASES, PROJ_ROUNDS), in $OUT/mla-projection.json.
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
@@ -213,13 +216,20 @@ fi
 if [[ " $stages " == *" flat-verify "* ]]; then  # issue 33, by name only: verify with MLA decode's flat chunks on and off
   for flat in ${FLATV_ORDER:-1 0}; do
     echo "[$(date +%H:%M:%S)] verify FLAT_CHUNKS=$flat"
-    timeout -k 10 "${FLATV_TIMEOUT:-280}" python3 -c "import sys; import cgtool.attention.gluon_mla_wgmma as g; \
-g.FLAT_CHUNKS = sys.argv.pop(1) == '1'; from cgtool.commands.entry import main; sys.exit(main())" "$flat" verify \
+    timeout -k 10 "${FLATV_TIMEOUT:-280}" python3 -c "import importlib, sys; \
+m, n = sys.argv.pop(1).split(':'); setattr(importlib.import_module(m), n, sys.argv.pop(1) == '1'); \
+from cgtool.commands.entry import main; sys.exit(main())" "${FLATV_SETTING:-cgtool.attention.gluon_mla_wgmma:FLAT_CHUNKS}" "$flat" verify \
       --plan "$FLATV_PLAN" --trace "$FLATV_TRACE" --format "${FLATV_FORMAT:-azure}" --steps "${FLATV_STEPS:-100}" \
       --repeats 2 --out "$OUT/flat-verify/flat$flat" >"$OUT/flat-verify-$flat.log" 2>&1
     echo "[$(date +%H:%M:%S)] verify FLAT_CHUNKS=$flat exit $?"
     rm -rf "$OUT/flat-verify/flat$flat/"*.png "$OUT/flat-verify/flat$flat/"*.html
   done
+fi
+if [[ " $stages " == *" mla-projection "* ]]; then  # issue 33, by name only: the merge in the value projection
+  echo "[$(date +%H:%M:%S)] probe_mla_projection ${PROJ_CASES:-}"
+  timeout -k 10 "${PROJ_TIMEOUT:-300}" python3 benchmarks/probe_mla_projection.py --out "$OUT/mla-projection.json" \
+    ${PROJ_CASES:+--cases "$PROJ_CASES"} ${PROJ_ROUNDS:+--rounds "$PROJ_ROUNDS"} 2>&1 | tee "$OUT/mla-projection.log"
+  echo "[$(date +%H:%M:%S)] probe_mla_projection exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent
   echo "[$(date +%H:%M:%S)] bench_mla_dependent ${DEPENDENT_BS:-}"

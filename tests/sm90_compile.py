@@ -14,7 +14,14 @@ import sys
 
 from triton.compiler.errors import CompilationError
 
-from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_decode, triton_extend, triton_mla
+from cgtool.attention import (
+    gluon_mla,
+    gluon_mla_wgmma,
+    mla_merge_projection,
+    triton_decode,
+    triton_extend,
+    triton_mla,
+)
 from cgtool.model import (
     fused_kernels,
     fused_launch,
@@ -132,8 +139,23 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
                  "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
-                 "SPARES_FIRST": spares_first, "FLAT": flat},
+                 "SPARES_FIRST": spares_first, "FLAT": flat, "PLAN": False},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
+        # Unmerged, its plan written for the merge in the value projection, which it releases.
+        found["mla decode gluon wgmma stage 1 flat, plan for the projection's merge"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
+             "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
+             "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
+             "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
+             "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
+             "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+    for pdl in (True, False):
+        found[f"mla decode merge in the value projection pdl={pdl}"] = (
+            mla_merge_projection._merge_project_kernel,
+            {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
+             "BLOCK_V": mla_merge_projection.BLOCK_V, "PDL": pdl}, 4, 2, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

@@ -311,3 +311,42 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
         graph.replay()
         for out in outs:
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 128, [300] * 17])
+def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(seq_lens):
+    # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
+    # projection loads them (bs 17-132). Against the torch reference's attention times each
+    # head's up-projection, against the separate merge and product, and over 10 replays of a
+    # graph, the same bits each time. One chunk a request at bs 128, padding, one long request.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.mla_merge_projection import decode_projected
+    from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    bs, heads, v = len(seq_lens), 16, 128
+    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
+    _, ref = run_decode(pool, rows, seq_lens, heads)
+    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
+    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5)
+    fused = torch.empty(bs, heads * v, dtype=torch.bfloat16, device=CUDA)
+    assert decode_projected(q, pool.k_buffers[0], w_uv, fused, *args)
+    want = torch.einsum("bhr,hvr->bhv", ref.view(bs, heads, 512).float(), w_uv.float()).reshape(bs, -1)
+    torch.testing.assert_close(fused.float(), want, rtol=2e-2, atol=2e-2)
+    apart = torch.empty(bs, heads, 512, dtype=torch.bfloat16, device=CUDA)
+    mla_decode_attention(q, pool.k_buffers[0], apart, *args, mla_num_kv_splits(bs, heads))
+    product = torch.einsum("bhr,hvr->bhv", apart.float(), w_uv.float()).reshape(bs, -1)
+    torch.testing.assert_close(fused.float(), product, rtol=2e-2, atol=2e-2)
+    out = torch.empty_like(fused)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode_projected(q, pool.k_buffers[0], w_uv, out, *args)
+    for _ in range(10):
+        out.zero_()
+        graph.replay()
+        torch.testing.assert_close(out, fused, rtol=0, atol=0)

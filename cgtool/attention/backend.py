@@ -30,6 +30,15 @@ class HeadsBackend(ABC):
         else:
             self._extend(q, out, layer_id, batch, kv_pool)
 
+    def forward_projected(
+        self, q: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch,
+        kv_pool: KVPool,
+    ) -> bool:
+        """Attention over a latent pool with the heads' value projection in the same kernels:
+        q [tokens, heads * head_dim], w_uv [heads, v, value_dim], out [tokens, heads * v].
+        False, having launched nothing, where this backend has no such path for the batch."""
+        return False
+
     @abstractmethod
     def _decode(
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool

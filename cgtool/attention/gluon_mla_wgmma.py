@@ -104,6 +104,13 @@ if gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
+    def _release_next_kernel():
+        """griddepcontrol.launch_dependents: the next kernel (a programmatic dependent) may be
+        scheduled; it still waits for this one to finish before reading its results."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+    @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
                        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
         """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
@@ -303,7 +310,8 @@ if gluon is not None:
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
-        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr,
+        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Plan,
+        PLAN: gl.constexpr,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -348,6 +356,10 @@ if gluon is not None:
                 direct = chunks < 0  # never
             if TRACE:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
+            if PLAN:
+                if split == 0:  # for the merge in the value projection (mla_merge_projection)
+                    gl.store(Plan + 2 * b, first)
+                    gl.store(Plan + 2 * b + 1, gl.where(seq_len > 0, chunks, 0))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
@@ -355,6 +367,8 @@ if gluon is not None:
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
+                if PDL and PLAN:
+                    _release_next_kernel()  # the merge's programs load their weights meanwhile
                 if direct:
                     _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
                                   PARTIAL_VEC)
@@ -398,7 +412,7 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
-    trace: torch.Tensor | None = None, flat: bool | None = None,
+    trace: torch.Tensor | None = None, flat: bool | None = None, plan: torch.Tensor | None = None,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (partials, tickets, dependent launch) with
     WGMMA_TILES and `block_h` BLOCK_H: the batch's key tiles are shared among `programs`
@@ -408,7 +422,9 @@ def launch_stage1(
     blocks, `num_kv_splits`), at most that many chunks a request, partials as gluon_mla's.
     False, having launched nothing, where this Triton refuses to compile the kernel; from then
     on `refused` says so, with one RuntimeWarning. `trace` (int64, TRACE_SLOTS a program of
-    the grid) takes the programs' timestamps (benchmarks)."""
+    the grid) takes the programs' timestamps (benchmarks). `plan` (int32 [bs, 2], flat and
+    without tickets): each request's first slot and chunk count go there, and nothing merges:
+    mla_merge_projection.merge_project does, released once each program's loop is done."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -416,6 +432,7 @@ def launch_stage1(
     if flat:
         assert cdiv(num_heads, block_h) == 1, "flat chunks serve one head block"
         assert mid_lse.shape[-1] >= flat_slots(bs, programs), "one partial slot a flat program"
+    assert plan is None or (flat and tickets is None and plan.shape == (bs, 2)), "a plan is the flat unmerged launch's"
     grid = (programs + bs, 1, 1) if flat else (bs, cdiv(num_heads, block_h), num_kv_splits)
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     return gluon_mla.launch_or_refuse(
@@ -427,5 +444,5 @@ def launch_stage1(
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
-        num_warps=num_warps, **dependent_launch(q.device),
+        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, num_warps=num_warps, **dependent_launch(q.device),
     )

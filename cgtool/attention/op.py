@@ -21,6 +21,11 @@ class AttentionBackend(Protocol):
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
     ) -> None: ...
 
+    def forward_projected(
+        self, q: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch,
+        kv_pool: KVPool,
+    ) -> bool: ...
+
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
@@ -57,10 +62,32 @@ def attention_impl(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, layer_id: int
 ) -> None:
     ctx = get_forward_context()
+    _store(k, v, layer_id)
+    ctx.backend.forward(q, out, layer_id, ctx.batch, ctx.kv_pool)
+
+
+def latent_attention(
+    q: torch.Tensor, latent: torch.Tensor, out_latent: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor,
+    layer_id: int,
+) -> bool:
+    """`attention(q, latent, latent, out_latent, layer_id)` over a latent pool, eager code only.
+    Where the backend runs the heads' value projection in the same kernels (its
+    `forward_projected`), it writes out [tokens, heads * v] instead, each head's output times
+    w_uv[head] ([heads, v, value_dim]), and returns True; else out_latent, and False."""
+    ctx = get_forward_context()
+    _store(latent, latent, layer_id)
+    if ctx.backend.forward_projected(q, w_uv, out, layer_id, ctx.batch, ctx.kv_pool):
+        return True
+    ctx.backend.forward(q, out_latent, layer_id, ctx.batch, ctx.kv_pool)
+    return False
+
+
+def _store(k: torch.Tensor, v: torch.Tensor, layer_id: int) -> None:
+    """The step's new K/V rows into the pool at the batch's out_cache_loc."""
+    ctx = get_forward_context()
     pool = ctx.kv_pool
     kv_shape = (k.shape[0], *pool.k_buffers[layer_id].shape[1:])
     pool.store(layer_id, ctx.batch.out_cache_loc, k.view(kv_shape), v.view(kv_shape))
-    ctx.backend.forward(q, out, layer_id, ctx.batch, pool)
 
 
 @torch.library.custom_op("cgtool::attention", mutates_args=("out",))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from cgtool.attention.backend import HeadsBackend
+from cgtool.attention.mla_merge_projection import decode_projected
 from cgtool.attention.triton_decode import decode_attention
 from cgtool.attention.triton_extend import extend_attention
 from cgtool.attention.triton_mla import (
@@ -31,16 +32,28 @@ class TritonAttentionBackend(HeadsBackend):
         self.num_kv_splits = num_kv_splits
         self.chunks = chunks
 
+    def forward_projected(
+        self, q: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch,
+        kv_pool: KVPool,
+    ) -> bool:
+        """Decode over a latent pool where mla_merge_projection serves: the chunks merged in the
+        value projection's kernel."""
+        if not (kv_pool.is_latent and batch.forward_mode.is_decode()):
+            return False
+        q = q.view(q.shape[0], self.num_heads, self.head_dim)
+        # Its chunks are gluon_mla_wgmma's flat shares of the batch's keys: num_kv_splits, a
+        # test's override of the grid's count, does not bear on them.
+        return decode_projected(
+            q, kv_pool.k_buffers[layer_id], w_uv, out, kv_pool.req_to_token, batch.req_pool_indices,
+            batch.seq_lens, self.scale, _scratch(q),
+        )
+
     def _decode(
         self, q: torch.Tensor, out: torch.Tensor, layer_id: int, batch: ForwardBatch, kv_pool: KVPool
     ) -> None:
         # Tensors only, no host reads: this runs inside captured decode graphs.
         bs, k_cache = q.shape[0], kv_pool.k_buffers[layer_id]
-        # A forward's layers share the split buffers when eager (an allocation a layer is host
-        # time); a capture keeps allocating per layer, whose blocks the pool reuses at once,
-        # since a block held across the forward grew the pool (92 to 126 MiB, 36 sizes, 8B).
-        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
-        scratch = None if capturing else forward_scratch()
+        scratch = _scratch(q)
         if kv_pool.is_latent:
             splits = self.num_kv_splits or mla_num_kv_splits(bs, self.num_heads)
             mla_decode_attention(
@@ -82,3 +95,11 @@ class TritonAttentionBackend(HeadsBackend):
             q, k_cache, kv_pool.v_buffers[layer_id], out, kv_pool.req_to_token,
             batch.req_pool_indices, *lens, self.scale, max_extend_len, **split,
         )
+
+
+def _scratch(q: torch.Tensor) -> dict[object, object] | None:
+    """The split buffers' workspace: a forward's layers share it when eager (an allocation a
+    layer is host time); a capture keeps allocating per layer, whose blocks the pool reuses at
+    once, since a block held across the forward grew the pool (92 to 126 MiB, 36 sizes, 8B)."""
+    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()
+    return None if capturing else forward_scratch()

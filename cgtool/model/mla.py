@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cgtool.attention.op import attention
+from cgtool.attention.op import attention, latent_attention
 from cgtool.model.layers import RMSNorm, RotaryEmbedding
 from cgtool.specs.config import ModelConfig
 
@@ -49,7 +49,8 @@ class LatentAttention(nn.Module):
             [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1
         )
         compressed, k_pe = self.kv_a_proj_with_mqa(x).split([m.kv_lora_rank, m.qk_rope_head_dim], -1)
-        compressed = self.kv_a_layernorm(compressed.contiguous())
+        # A strided view: the norm reads rows at any stride, so a copy would only add a kernel.
+        compressed = self.kv_a_layernorm(compressed)
         q_pe, k_pe = self.rotary(positions, pairs_to_halves(q_pe), pairs_to_halves(k_pe.view(n, 1, -1)))
         # [heads, nope + v, kv_lora_rank]: each head's key and value up-projections
         w_uk, w_uv = self.kv_b_proj.weight.view(heads, -1, m.kv_lora_rank).split(
@@ -59,7 +60,25 @@ class LatentAttention(nn.Module):
         q = torch.cat([q_latent, q_pe], dim=-1) * self.q_scale  # [n, heads, rank + rope]
         latent = torch.cat([compressed, k_pe.view(n, -1)], dim=-1)  # [n, rank + rope]
         out = q.new_empty(n, heads * m.kv_lora_rank)
-        attention(q.view(n, -1), latent, latent, out, self.layer_id)
-        o_latent = out.view(n, heads, m.kv_lora_rank)
-        o = torch.bmm(o_latent.transpose(0, 1), w_uv.transpose(1, 2))  # [heads, n, v]
-        return self.o_proj(o.transpose(0, 1).reshape(n, heads * m.v_head_dim))
+        o = None if torch.compiler.is_compiling() else q.new_empty(n, heads * m.v_head_dim)
+        if o is None:
+            attention(q.view(n, -1), latent, latent, out, self.layer_id)
+        elif latent_attention(q.view(n, -1), latent, out, w_uv, o, self.layer_id):
+            return self.o_proj(o)  # the value projection ran with the attention's merge
+        o_latent = out.view(n, heads, m.kv_lora_rank).transpose(0, 1)
+        return self.o_proj(value_projection(o_latent, w_uv.transpose(1, 2), o))
+
+
+def value_projection(o_latent: torch.Tensor, w_uv: torch.Tensor, o: torch.Tensor | None = None) -> torch.Tensor:
+    """[tokens, heads * v] from the heads' latent outputs [heads, tokens, rank] and their value
+    up-projections [heads, rank, v]. Eagerly the batched product writes each head's rows
+    straight into the token-major layout o_proj reads (as SGLang's absorbed decode does), where
+    a product and a transpose's copy took two kernels (a census of captured decode forwards,
+    benchmarks/results/h200-h100-2026-11-27-mla-flat). Dynamo refuses an `out=` of that
+    layout, so a compiled graph keeps the copy."""
+    heads, n, v = o_latent.shape[0], o_latent.shape[1], w_uv.shape[-1]
+    if torch.compiler.is_compiling():
+        return torch.bmm(o_latent, w_uv).transpose(0, 1).reshape(n, heads * v)
+    o = o_latent.new_empty(n, heads * v) if o is None else o
+    torch.bmm(o_latent, w_uv, out=o.view(n, heads, v).transpose(0, 1))
+    return o

@@ -116,6 +116,11 @@ class BreakingBackend:
         run = partial(self.inner.forward, q, out, layer_id, batch, kv_pool)
         self.recorder.break_at(q, out, layer_id, run)
 
+    def forward_projected(self, q: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, layer_id: int,
+                          batch: ForwardBatch, kv_pool: KVPool) -> bool:
+        """Never: an attention call is a break, and a break runs `forward` alone."""
+        return False
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 

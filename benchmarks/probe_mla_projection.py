@@ -1,0 +1,105 @@
+"""Issue 33: MLA decode's merge moved into the value projection, timed against the two apart.
+
+gluon_mla_wgmma's last program a request merged the chunks after a ticket (bs 17-132); the
+value projection then ran as torch's batched product. `mla_merge_projection.decode_projected`
+leaves the chunks unmerged and merges them as its own product loads them. Each case times, in
+graphs of LAYERS layers over distinct latent pools, alternating rounds:
+
+- apart: mla_decode_attention (merged in the last program) then mla.value_projection;
+- fused: decode_projected;
+- product: value_projection alone, the projection's own cost;
+- attention: mla_decode_attention alone, what the kernel targets timed so far.
+
+The attention's share of its latent read is given both ways: `attention` alone, and `fused`
+less `product` (the merge charged to the attention, the projection's own time not).
+
+    python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
+        [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+from bench_moe_mla import DTYPE, LAYERS, MLA_HEADS, RANK, ROPE, copy_bandwidth, graph_us, latent_setup, log, save_results
+from probe_mla_timeline import parse_case
+
+from cgtool.attention.mla_merge_projection import decode_projected, serves
+from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.model.mla import value_projection
+
+CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,96x1024,128x1024,32x8192,40x300+1x16000"
+V = 128  # deepseek-v2-lite's v_head_dim
+VARIANTS = ("apart", "fused", "product", "attention")
+
+
+def time_case(lens: list[int], copy_bs: float, rounds: int) -> dict:
+    bs = len(lens)
+    caches, r2t, rows = latent_setup(lens, LAYERS)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
+    # kv_b_proj's rows for a head: 128 of the key's, then the value's 128
+    w_uv = (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
+    latent_out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
+    o = torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE)
+    splits = mla_num_kv_splits(bs, MLA_HEADS)
+    assert serves(q, w_uv), f"bs {bs}: decode_projected does not serve here"
+
+    def attention(cache) -> None:
+        mla_decode_attention(q, cache, latent_out, r2t, rows, seq_lens, 0.07, splits, None)
+
+    def product() -> None:
+        value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
+
+    runs = {
+        "apart": lambda: [(attention(c), product()) for c in caches],
+        "fused": lambda: [decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07) for c in caches],
+        "product": lambda: [product() for _ in caches],
+        "attention": lambda: [attention(c) for c in caches],
+    }
+    attention(caches[0])
+    product()
+    apart = o.clone()
+    decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
+    diff = (o.float() - apart.float()).abs().max().item()
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for _ in range(rounds):
+        for name in VARIANTS:
+            times[name].append(graph_us(runs[name]) / LAYERS)
+    us = {name: statistics.mean(values) for name, values in times.items()}
+    bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
+    return {
+        "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
+        "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff,
+        "share_attention_alone": bound / us["attention"],
+        "share_fused_less_product": bound / (us["fused"] - us["product"]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--cases", default=CASES, help="BSxCONTEXT,... or mixes such as 40x300+1x16000")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    copy_bs = copy_bandwidth()
+    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": LAYERS, "cases": []}
+    log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
+    for case in args.cases.split(","):
+        row = time_case(parse_case(case), copy_bs, args.rounds)
+        result["cases"].append(row)
+        save_results(result, args.out)
+        us = row["us"]
+        log(f"{case}: apart {us['apart']:.1f} us a layer, fused {us['fused']:.1f}, product {us['product']:.1f}, "
+            f"attention {us['attention']:.1f}; bound {row['bound_us']:.1f}; share {row['share_attention_alone']:.0%} "
+            f"alone, {row['share_fused_less_product']:.0%} fused less product; |fused - apart| "
+            f"{row['max_abs_diff_fused_vs_apart']:.3g}")
+        torch.cuda.empty_cache()
+    log("done")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

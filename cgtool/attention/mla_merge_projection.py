@@ -1,0 +1,167 @@
+"""MLA decode's merge of a request's chunks, done inside its value projection.
+
+gluon_mla_wgmma's stage 1 splits a request's keys into chunks, one program each; the last
+program to finish merged the chunks' partial outputs, after a ticket (an atomic round trip
+that waits for the partials' stores) and two more round trips to L2 for the log-sum-exps and
+the partials. On the H200 at bs 17-64 x 1k those took 3.6-4.6 us of a 15-27 us launch
+(`probe_mla_timeline.py`, benchmarks/results/h200-h100-2026-11-27-mla-flat, call 5), one
+program a request doing them while the other SMs idled. The model's next step is the value
+projection, a batched product of each head's latent output [tokens, rank] with its up-projection
+[rank, v]; this kernel merges the partials as it loads that product's left operand, spread over
+all its programs, and writes the token-major rows o_proj reads, so the merge, the ticket and the
+product's transpose copy leave the step (merge is linear, so each head's rows are merged before
+the product as the separate merge did).
+
+Stage 1 writes `plan` [bs, 2] (a request's first partial slot and its chunk count); the
+partials are its flat slots [heads, slots, rank] and base-2 log-sum-exps [heads, slots].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
+from cgtool.attention.triton_decode import decode_scratch
+from cgtool.attention.triton_softmax import LOG2_E
+from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_kernel
+from cgtool.runtime.triton_launch import CachedKernel, cdiv
+
+# Rows (requests) and value columns a program: 16 rows is the least tl.dot takes; 32 columns
+# spread a 16-head, 128-wide projection over 64 programs a 16-row block.
+BLOCK_M, BLOCK_V = 16, 32
+# Whether decode merges in the projection where it can (`serves`); off, gluon_mla_wgmma's last
+# program merges and the projection is torch's product (benchmarks time both).
+MERGE_IN_PROJECTION = True
+
+
+@triton.jit
+def _merge_project_kernel(
+    MidOut, MidLse, Plan, W, Out, batch,
+    stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
+    RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+):
+    head = tl.program_id(0)
+    offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, RANK)
+    # The weights do not depend on stage 1: loaded while it finishes.
+    w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
+    wait_for_previous_kernel(PDL)
+    in_batch = rows < batch
+    first = tl.load(Plan + 2 * rows, mask=in_batch, other=0)
+    chunks = tl.load(Plan + 2 * rows + 1, mask=in_batch, other=0)
+    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for c in range(tl.max(chunks, 0)):
+        used = c < chunks
+        lse = tl.load(MidLse + head * stride_lh + first + c, mask=used, other=float("-inf"), cache_modifier=".cg")
+        lse_max = tl.maximum(lse_max, lse)
+    lse_max = tl.where(chunks > 0, lse_max, 0.0)
+    acc = tl.zeros([BLOCK_M, RANK], tl.float32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    for c in range(tl.max(chunks, 0)):
+        used = c < chunks
+        lse = tl.load(MidLse + head * stride_lh + first + c, mask=used, other=float("-inf"), cache_modifier=".cg")
+        weight = tl.where(used, tl.exp2(lse - lse_max), 0.0)
+        part = tl.load(MidOut + head * stride_mh + (first + c)[:, None] * stride_ms + offs_r[None, :],
+                       mask=used[:, None], other=0.0, cache_modifier=".cg")
+        acc += part.to(tl.float32) * weight[:, None]
+        total += weight
+    # Rounded to the weights' dtype where the separate merge rounded its output.
+    merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
+    o = tl.dot(merged, w)
+    tl.store(Out + rows[:, None] * stride_ot + head * V + offs_v[None, :], o.to(Out.dtype.element_ty),
+             mask=in_batch[:, None])
+
+
+_MERGE_PROJECT = CachedKernel(_merge_project_kernel)
+
+
+def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tensor, w_uv: torch.Tensor,
+                  out: torch.Tensor) -> None:
+    """out [bs, heads * v] = each head's merged latent output [bs, rank] times w_uv[head]
+    ([heads, v, rank], rows at any stride): the partials `mid_out` [1, heads, slots, rank] and
+    `mid_lse` [1, heads, slots] of the requests' chunks, `plan` [bs, 2] int32 (first slot,
+    chunks; a request of no chunks gets zeros). Launched as a programmatic dependent of stage 1
+    where dependent launches run."""
+    heads, v, rank = w_uv.shape
+    bs = plan.shape[0]
+    assert mid_out.shape[1] == heads and mid_out.shape[-1] == rank and mid_out.stride(-1) == 1
+    assert w_uv.stride(-1) == 1 and out.shape == (bs, heads * v) and out.stride(-1) == 1
+    assert v % BLOCK_V == 0 and plan.is_contiguous()
+    _MERGE_PROJECT.launch(
+        (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, plan, w_uv, out, bs,
+        mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
+        RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, **dependent_launch(out.device),
+        num_warps=4, num_stages=2,
+    )
+
+
+def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tensor,
+                      w_uv: torch.Tensor) -> torch.Tensor:
+    """`merge_project` in torch, fp32 throughout, rounded to w_uv's dtype at the end."""
+    heads, v, rank = w_uv.shape
+    rows = []
+    for first, chunks in plan.tolist():
+        if chunks == 0:
+            rows.append(torch.zeros(heads, rank, device=w_uv.device))
+            continue
+        lse = mid_lse[0, :, first:first + chunks].float()  # [heads, chunks]
+        weight = torch.softmax(lse * torch.log(torch.tensor(2.0)), dim=-1)
+        rows.append((mid_out[0, :, first:first + chunks].float() * weight[..., None]).sum(1))
+    merged = torch.stack(rows, 1)  # [heads, bs, rank]
+    o = torch.bmm(merged, w_uv.float().transpose(1, 2))  # [heads, bs, v]
+    return o.transpose(0, 1).reshape(len(rows), heads * v).to(w_uv.dtype)
+
+
+def serves(q: torch.Tensor, w_uv: torch.Tensor) -> bool:
+    """Whether `decode_projected` runs for this decode batch: where gluon_mla_wgmma's stage 1
+    is the default and maps its chunks flat (bs 17-132, one head block, Gluon on Hopper)."""
+    bs, num_heads, _ = q.shape
+    return (MERGE_IN_PROJECTION and q.is_cuda and triton_mla.wgmma_serves(bs, num_heads)
+            and gluon_mla_wgmma.flat_serves(num_heads) and not gluon_mla_wgmma.refused()
+            and gluon_mla.available(q.device) and gluon_mla.supports(w_uv.shape[-1], q.shape[-1] - w_uv.shape[-1])
+            and w_uv.shape[1] % BLOCK_V == 0)
+
+
+def decode_projected(
+    q: torch.Tensor, latent_cache: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
+    scratch: dict[object, Any] | None = None, trace: torch.Tensor | None = None,
+) -> bool:
+    """MLA decode attention and the heads' value projection: q [bs, heads, rank + rope] over
+    the latent pool, out [bs, heads * v] = each head's attention output times w_uv[head]
+    ([heads, v, rank]). gluon_mla_wgmma's stage 1 leaves its chunks unmerged with a plan, and
+    `merge_project` merges them as it multiplies. False, having launched nothing, where it does
+    not serve (`serves`) or this Triton refuses the stage 1: the caller runs the attention and
+    its product apart."""
+    if not serves(q, w_uv):
+        return False
+    bs, num_heads, _ = q.shape
+    rank = w_uv.shape[-1]
+    slots = gluon_mla_wgmma.flat_slots(bs, triton_mla.WGMMA_PROGRAMS)
+    mid_out, mid_lse = decode_scratch(1, num_heads, rank, slots, q.device, scratch,
+                                      triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED, any_splits=True)
+    plan = _plan_scratch(bs, q.device, scratch)
+    # Unmerged, stage 1 writes no output row: its `out` only names the rank.
+    if not gluon_mla_wgmma.launch_stage1(
+            q, latent_cache, mid_out, mid_lse, mid_out[0], None, req_to_token, req_pool_indices, seq_lens,
+            sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
+            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
+        return False
+    merge_project(mid_out, mid_lse, plan, w_uv, out)
+    return True
+
+
+def _plan_scratch(bs: int, device: torch.device, shared: dict[object, Any] | None) -> torch.Tensor:
+    """Each request's (first slot, chunks), from a forward's shared workspace as decode_scratch's."""
+    key = ("mla_merge_plan", bs, device)
+    found = shared.get(key) if shared is not None else None
+    if found is None:
+        found = torch.empty(bs, 2, dtype=torch.int32, device=device)
+        if shared is not None:
+            shared[key] = found
+    return found
