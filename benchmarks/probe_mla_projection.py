@@ -14,7 +14,7 @@ The attention's share of its latent read is given both ways: `attention` alone, 
 less `product` (the merge charged to the attention, the projection's own time not).
 
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
-        [--rounds 3]
+        [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8"]
 """
 
 from __future__ import annotations
@@ -24,19 +24,41 @@ import statistics
 import sys
 
 import torch
-from bench_moe_mla import DTYPE, LAYERS, MLA_HEADS, RANK, ROPE, copy_bandwidth, graph_us, latent_setup, log, save_results
-from probe_mla_timeline import parse_case
+from bench_moe_mla import (
+    DTYPE,
+    LAYERS,
+    MLA_HEADS,
+    RANK,
+    ROPE,
+    copy_bandwidth,
+    graph_us,
+    latent_setup,
+    log,
+    save_results,
+)
+from probe_mla_timeline import overridden, parse_case
 
+from cgtool.attention import mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
 
-CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,96x1024,128x1024,32x8192,40x300+1x16000"
+CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,16x2048+1x1024,32x8192,40x300+1x16000"
 V = 128  # deepseek-v2-lite's v_head_dim
 VARIANTS = ("apart", "fused", "product", "attention")
 
 
-def time_case(lens: list[int], copy_bs: float, rounds: int) -> dict:
+def parse_settings(text: str) -> dict[str, dict[str, int]]:
+    """"m32:BLOCK_M=32;g8:MERGE_GROUP=8" -> {"fused_m32": {"BLOCK_M": 32}, ...}: more fused
+    variants, with mla_merge_projection's constants set so."""
+    found = {}
+    for item in filter(None, text.split(";")):
+        name, values = item.split(":")
+        found[f"fused_{name}"] = {k: int(v) for k, v in (pair.split("=") for pair in values.split(","))}
+    return found
+
+
+def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]]) -> dict:
     bs = len(lens)
     caches, r2t, rows = latent_setup(lens, LAYERS)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
@@ -54,21 +76,29 @@ def time_case(lens: list[int], copy_bs: float, rounds: int) -> dict:
     def product() -> None:
         value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
 
+    def fused(values: dict[str, int]):
+        def run() -> None:
+            with overridden(mla_merge_projection, values):
+                for c in caches:
+                    assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
+        return run
+
     runs = {
         "apart": lambda: [(attention(c), product()) for c in caches],
-        "fused": lambda: [decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07) for c in caches],
+        "fused": fused({}),
         "product": lambda: [product() for _ in caches],
         "attention": lambda: [attention(c) for c in caches],
+        **{name: fused(values) for name, values in settings.items()},
     }
     attention(caches[0])
     product()
     apart = o.clone()
     decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
     diff = (o.float() - apart.float()).abs().max().item()
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
-        for name in VARIANTS:
-            times[name].append(graph_us(runs[name]) / LAYERS)
+        for name, run in runs.items():
+            times[name].append(graph_us(run) / LAYERS)
     us = {name: statistics.mean(values) for name, values in times.items()}
     bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     return {
@@ -84,19 +114,22 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--cases", default=CASES, help="BSxCONTEXT,... or mixes such as 40x300+1x16000")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settings", default="", help="more fused variants: NAME:CONST=V[,CONST=V];...")
     args = parser.parse_args()
+    settings = parse_settings(args.settings)
     copy_bs = copy_bandwidth()
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": LAYERS, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for case in args.cases.split(","):
-        row = time_case(parse_case(case), copy_bs, args.rounds)
+        row = time_case(parse_case(case), copy_bs, args.rounds, settings)
         result["cases"].append(row)
         save_results(result, args.out)
         us = row["us"]
         log(f"{case}: apart {us['apart']:.1f} us a layer, fused {us['fused']:.1f}, product {us['product']:.1f}, "
             f"attention {us['attention']:.1f}; bound {row['bound_us']:.1f}; share {row['share_attention_alone']:.0%} "
             f"alone, {row['share_fused_less_product']:.0%} fused less product; |fused - apart| "
-            f"{row['max_abs_diff_fused_vs_apart']:.3g}")
+            f"{row['max_abs_diff_fused_vs_apart']:.3g}"
+            + "".join(f"; {name} {us[name]:.1f}" for name in settings))
         torch.cuda.empty_cache()
     log("done")
 

@@ -29,7 +29,8 @@
 # a module's flag (FLATV_SETTING, MODULE:NAME, default cgtool.attention.gluon_mla_wgmma:FLAT_CHUNKS) set per
 # FLATV_ORDER ("1 0"), in $OUT/flat-verify.
 # `mla-projection` (by name only): benchmarks/probe_mla_projection.py, MLA decode's merge in the value
-# projection against the two apart (PROJ_CASES, PROJ_ROUNDS), in $OUT/mla-projection.json.
+# projection against the two apart (PROJ_CASES, PROJ_ROUNDS; PROJ_SETTINGS more settings of its kernel), in
+# $OUT/mla-projection.json.
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
@@ -228,7 +229,8 @@ fi
 if [[ " $stages " == *" mla-projection "* ]]; then  # issue 33, by name only: the merge in the value projection
   echo "[$(date +%H:%M:%S)] probe_mla_projection ${PROJ_CASES:-}"
   timeout -k 10 "${PROJ_TIMEOUT:-300}" python3 benchmarks/probe_mla_projection.py --out "$OUT/mla-projection.json" \
-    ${PROJ_CASES:+--cases "$PROJ_CASES"} ${PROJ_ROUNDS:+--rounds "$PROJ_ROUNDS"} 2>&1 | tee "$OUT/mla-projection.log"
+    ${PROJ_CASES:+--cases "$PROJ_CASES"} ${PROJ_ROUNDS:+--rounds "$PROJ_ROUNDS"} ${PROJ_SETTINGS:+--settings "$PROJ_SETTINGS"} \
+    2>&1 | tee "$OUT/mla-projection.log"
   echo "[$(date +%H:%M:%S)] probe_mla_projection exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent

@@ -155,7 +155,8 @@ def mla_decode_cases() -> dict[str, tuple]:
         found[f"mla decode merge in the value projection pdl={pdl}"] = (
             mla_merge_projection._merge_project_kernel,
             {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
-             "BLOCK_V": mla_merge_projection.BLOCK_V, "PDL": pdl}, 4, 2, {"MidOut": "*bf16"})
+             "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl},
+            mla_merge_projection.WARPS, 1, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

@@ -31,23 +31,32 @@ from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_
 from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
 # Rows (requests) and value columns a program: 16 rows is the least tl.dot takes; 32 columns
-# spread a 16-head, 128-wide projection over 64 programs a 16-row block.
-BLOCK_M, BLOCK_V = 16, 32
+# spread a 16-head, 128-wide projection over 64 programs a 16-row block. Chunks merged a step
+# (MERGE_GROUP), and warps.
+BLOCK_M, BLOCK_V, MERGE_GROUP, WARPS = 16, 32, 4, 8
 # Whether decode merges in the projection where it can (`serves`); off, gluon_mla_wgmma's last
 # program merges and the projection is torch's product (benchmarks time both).
 MERGE_IN_PROJECTION = True
+# It serves up to this many requests: a request of 1k keys or more then has 2 chunks or more.
+# Past it most requests are one chunk, which gluon_mla_wgmma writes at once with no merge to
+# save, and this kernel was slower than torch's product: bs 96 / 128 x 1k 40.3 / 50.8 us a
+# layer against 38.9 / 46.1 apart (H200, call 1 of
+# benchmarks/results/h200-2026-11-27-mla-projection, the kernel's first form).
+MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 
 
 @triton.jit
 def _merge_project_kernel(
     MidOut, MidLse, Plan, W, Out, batch,
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
-    RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, PDL: tl.constexpr,
+    RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     head = tl.program_id(0)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, RANK)
+    offs_g = tl.arange(0, GROUP)
     # The weights do not depend on stage 1: loaded while it finishes.
     w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
     wait_for_previous_kernel(PDL)
@@ -55,21 +64,28 @@ def _merge_project_kernel(
     first = tl.load(Plan + 2 * rows, mask=in_batch, other=0)
     chunks = tl.load(Plan + 2 * rows + 1, mask=in_batch, other=0)
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for c in range(tl.max(chunks, 0)):
-        used = c < chunks
-        lse = tl.load(MidLse + head * stride_lh + first + c, mask=used, other=float("-inf"), cache_modifier=".cg")
-        lse_max = tl.maximum(lse_max, lse)
-    lse_max = tl.where(chunks > 0, lse_max, 0.0)
     acc = tl.zeros([BLOCK_M, RANK], tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
-    for c in range(tl.max(chunks, 0)):
-        used = c < chunks
-        lse = tl.load(MidLse + head * stride_lh + first + c, mask=used, other=float("-inf"), cache_modifier=".cg")
-        weight = tl.where(used, tl.exp2(lse - lse_max), 0.0)
-        part = tl.load(MidOut + head * stride_mh + (first + c)[:, None] * stride_ms + offs_r[None, :],
-                       mask=used[:, None], other=0.0, cache_modifier=".cg")
-        acc += part.to(tl.float32) * weight[:, None]
-        total += weight
+    # GROUP chunks a step, their loads issued together: one round trip to L2 a group, where a
+    # chunk at a time took one each for its log-sum-exp and its partial (6-7 us a launch at bs
+    # 17-64 against the batched product's 3.4). Up to GROUP chunks this is the separate merge's
+    # arithmetic (the maximum first, then weights), so the same bits.
+    for c0 in range(0, tl.max(chunks, 0), GROUP):
+        used = (c0 + offs_g)[None, :] < chunks[:, None]  # [BLOCK_M, GROUP]
+        lse = tl.load(MidLse + head * stride_lh + first[:, None] + c0 + offs_g[None, :], mask=used,
+                      other=float("-inf"), cache_modifier=".cg")
+        new_max = tl.maximum(lse_max, tl.max(lse, 1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(lse_max - safe_max)
+        acc = acc * rescale[:, None]
+        weights = tl.where(used, tl.exp2(lse - safe_max[:, None]), 0.0)
+        total = total * rescale + tl.sum(weights, 1)
+        lse_max = new_max
+        for j in tl.static_range(GROUP):
+            part = tl.load(MidOut + head * stride_mh + (first + c0 + j)[:, None] * stride_ms + offs_r[None, :],
+                           mask=(c0 + j < chunks)[:, None], other=0.0, cache_modifier=".cg")
+            weight = tl.sum(tl.where(offs_g[None, :] == j, weights, 0.0), 1)
+            acc += part.to(tl.float32) * weight[:, None]
     # Rounded to the weights' dtype where the separate merge rounded its output.
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
     o = tl.dot(merged, w)
@@ -95,8 +111,8 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tens
     _MERGE_PROJECT.launch(
         (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, plan, w_uv, out, bs,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
-        RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, **dependent_launch(out.device),
-        num_warps=4, num_stages=2,
+        RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, **dependent_launch(out.device),
+        num_warps=WARPS, num_stages=1,
     )
 
 
@@ -119,9 +135,10 @@ def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.
 
 def serves(q: torch.Tensor, w_uv: torch.Tensor) -> bool:
     """Whether `decode_projected` runs for this decode batch: where gluon_mla_wgmma's stage 1
-    is the default and maps its chunks flat (bs 17-132, one head block, Gluon on Hopper)."""
+    is the default and maps its chunks flat (from bs 17, one head block, Gluon on Hopper), up
+    to MAX_BS requests."""
     bs, num_heads, _ = q.shape
-    return (MERGE_IN_PROJECTION and q.is_cuda and triton_mla.wgmma_serves(bs, num_heads)
+    return (MERGE_IN_PROJECTION and q.is_cuda and bs <= MAX_BS and triton_mla.wgmma_serves(bs, num_heads)
             and gluon_mla_wgmma.flat_serves(num_heads) and not gluon_mla_wgmma.refused()
             and gluon_mla.available(q.device) and gluon_mla.supports(w_uv.shape[-1], q.shape[-1] - w_uv.shape[-1])
             and w_uv.shape[1] % BLOCK_V == 0)
