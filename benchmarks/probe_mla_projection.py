@@ -6,6 +6,7 @@ leaves the chunks unmerged and merges them as its own product loads them. Each c
 graphs of LAYERS layers over distinct latent pools, alternating rounds:
 
 - apart: mla_decode_attention (merged in the last program) then mla.value_projection;
+- unmerged: decode_projected's stage 1 alone;
 - fused: decode_projected;
 - product: value_projection alone, the projection's own cost;
 - attention: mla_decode_attention alone, what the kernel targets timed so far.
@@ -45,7 +46,6 @@ from cgtool.model.mla import value_projection
 
 CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,16x2048+1x1024,32x8192,40x300+1x16000"
 V = 128  # deepseek-v2-lite's v_head_dim
-VARIANTS = ("apart", "fused", "product", "attention")
 
 
 def parse_settings(text: str) -> dict[str, dict[str, int]]:
@@ -83,8 +83,14 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
                     assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run
 
+    def unmerged() -> None:  # stage 1 alone, as decode_projected launches it
+        with overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
+            for c in caches:
+                assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
+
     runs = {
         "apart": lambda: [(attention(c), product()) for c in caches],
+        "unmerged": unmerged,
         "fused": fused({}),
         "product": lambda: [product() for _ in caches],
         "attention": lambda: [attention(c) for c in caches],
@@ -128,7 +134,7 @@ def main() -> None:
         log(f"{case}: apart {us['apart']:.1f} us a layer, fused {us['fused']:.1f}, product {us['product']:.1f}, "
             f"attention {us['attention']:.1f}; bound {row['bound_us']:.1f}; share {row['share_attention_alone']:.0%} "
             f"alone, {row['share_fused_less_product']:.0%} fused less product; |fused - apart| "
-            f"{row['max_abs_diff_fused_vs_apart']:.3g}"
+            f"{row['max_abs_diff_fused_vs_apart']:.3g}; stage 1 unmerged {us['unmerged']:.1f}"
             + "".join(f"; {name} {us[name]:.1f}" for name in settings))
         torch.cuda.empty_cache()
     log("done")

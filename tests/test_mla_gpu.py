@@ -313,12 +313,12 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
             torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 128, [300] * 17])
+@pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17])
 def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(seq_lens):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
-    # projection loads them (bs 17-132). Against the torch reference's attention times each
+    # projection loads them (bs 17-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
-    # graph, the same bits each time. One chunk a request at bs 128, padding, one long request.
+    # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
     from test_triton_mla import latent_q
 
     from cgtool.attention import gluon_mla
@@ -350,3 +350,15 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
         out.zero_()
         graph.replay()
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
+
+
+def test_merge_in_the_value_projection_serves_from_17_to_66_requests():
+    # Past 66 requests a request of 1k keys has one chunk, written at once with no merge to save.
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.mla_merge_projection import serves
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16, device=CUDA)
+    served = [bs for bs in range(1, 140) if serves(torch.empty(bs, 16, 576, device=CUDA), w_uv)]
+    assert served == list(range(17, 67))

@@ -30,10 +30,13 @@ from cgtool.attention.triton_softmax import LOG2_E
 from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_kernel
 from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
-# Rows (requests) and value columns a program: 16 rows is the least tl.dot takes; 32 columns
-# spread a 16-head, 128-wide projection over 64 programs a 16-row block. Chunks merged a step
-# (MERGE_GROUP), and warps.
-BLOCK_M, BLOCK_V, MERGE_GROUP, WARPS = 16, 32, 4, 8
+# Rows (requests) and value columns a program, chunks merged a step, warps. 16 rows is the least
+# tl.dot takes. 64 columns (two programs a head and 16-row block) against 32, H200, three
+# alternating rounds (call 2 of benchmarks/results/h200-2026-11-27-mla-projection): 0.6-1.6 us a
+# layer shorter at bs 17-64 x 1k and with one 16k request among 40 of 300; 32 rows 0.2-1.3
+# shorter there but 5 us longer in the skewed batch; 8 chunks a step 0.1-1.3 longer, 4 warps
+# within 0.4 us.
+BLOCK_M, BLOCK_V, MERGE_GROUP, WARPS = 16, 64, 4, 8
 # Whether decode merges in the projection where it can (`serves`); off, gluon_mla_wgmma's last
 # program merges and the projection is torch's product (benchmarks time both).
 MERGE_IN_PROJECTION = True

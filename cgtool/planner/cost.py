@@ -20,7 +20,7 @@ from cgtool.planner.kernel_terms import (
     MLA_EXTEND_FLOPS_EFFICIENCY,
     kernel_floor_ms,
     mla_decode_fixed_ms,
-    mla_row_copies_ms,
+    mla_extend_copies_ms,
     moe_layers_ms,
 )
 from cgtool.planner.memory_terms import (
@@ -208,9 +208,8 @@ def roofline_cost(
     # MLA decode's fixed cost beyond its latent read (programs' start, merge), layer by layer.
     floor_ms = kernel_floor_ms(cfg, _kernels_outside_moe(cfg, kernels))
     mla_fixed_ms = mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs, gpu.hopper) if cfg.mla else 0.0
-    decode_copies_ms = mla_row_copies_ms(shard.num_layers, bs) if cfg.mla else 0.0
-    extend_copies_ms = mla_row_copies_ms(shard.num_layers, tokens) if cfg.mla else 0.0
-    decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + mla_fixed_ms + decode_copies_ms
+    extend_copies_ms = mla_extend_copies_ms(shard.num_layers, tokens) if cfg.mla else 0.0
+    decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + mla_fixed_ms
     extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm + floor_ms + extend_copies_ms
     # Piecewise replay still launches the split ops eagerly between pieces: attention, and
     # under tensor parallelism the all-reduces (SGLang splits at inplace_all_reduce too).

@@ -106,18 +106,26 @@ MLA_HEADS_PER_PROGRAM = 16  # cgtool.attention.triton_mla.BLOCK_H
 # WGMMA_PROGRAMS); that tail costs MLA_WGMMA_TAIL_MS a layer.
 MLA_WGMMA_MIN_BS, MLA_WGMMA_MAX_BS = 17, 132
 MLA_WGMMA_TAIL_MS = 4.4e-3
+# Up to this many requests the merge runs in the value projection's kernel instead
+# (cgtool.attention.mla_merge_projection.MAX_BS), which saves the ticket and the last program's
+# merge: 1.4-2.5 us a layer, 2.0 on average, at bs 17-64 x 1k against the merge and product
+# apart (H200, call 2 of benchmarks/results/h200-2026-11-27-mla-projection).
+MLA_PROJECTION_MERGE_MAX_BS = 66
+MLA_PROJECTION_MERGE_TAIL_MS = MLA_WGMMA_TAIL_MS - 2.0e-3
 # triton_mla's stage 1 (where Gluon does not run): a fixed part a layer of 0.6 us a request up
 # to 16 us, fitted to the H200 call8 run.
 MLA_TRITON_REQUEST_MS = 0.6e-3
 MLA_TRITON_FIXED_MS = 16e-3
 MLA_EXTEND_FLOPS_EFFICIENCY = 0.20
-# Copies an MLA layer launches from two rows on, of views that are contiguous at one row (in
-# cgtool.model.mla, the latent's slice before its norm and the value output's transpose):
-# the census of deepseek-v2-lite's captured forwards counts 54 more `elementwise_kernel`s from
-# bs 2 than at bs 1, 2.1-2.9 us each, the only kernels that moved uncounted (H200, 2026-11-27,
-# benchmarks/results/h200-h100-2026-11-27-mla-flat/call1-h200-census). Priced at
-# OTHER_KERNEL_FLOOR_MS, as the other kernels outside the MoE layers.
-MLA_COPIES_FROM_TWO_ROWS = 2
+# Copies an MLA layer launches in extend from two rows on, of views that are contiguous at one
+# row: the latent's slice before its norm and the value output's transpose. A census of
+# deepseek-v2-lite's captured decode forwards counted them, 54 `elementwise_kernel`s from bs 2,
+# 2.1-2.9 us each (H200, 2026-11-27, benchmarks/results/h200-h100-2026-11-27-mla-flat/
+# call1-h200-census); eager code (decode's graphs) no longer launches them (cgtool.model.mla),
+# the census of benchmarks/results/h200-2026-11-27-mla-projection finds none. Extend's
+# compiled pieces keep the product's transpose, and the slice goes to the norm as a custom op's
+# argument: neither was counted there, so extend keeps both priced, at OTHER_KERNEL_FLOOR_MS.
+MLA_EXTEND_COPIES_FROM_TWO_ROWS = 2
 GQA_EXTEND_FLOPS_EFFICIENCY = 0.33
 
 
@@ -154,21 +162,23 @@ def kernel_floor_ms(cfg: ModelConfig, kernels: int) -> float:
     return kernels * OTHER_KERNEL_FLOOR_MS
 
 
-def mla_row_copies_ms(num_layers: int, rows: np.ndarray) -> np.ndarray:
-    """MLA_COPIES_FROM_TWO_ROWS copies a layer wherever a forward holds two rows or more."""
-    rows = np.asarray(rows, dtype=np.float64)
-    return np.where(rows >= 2, num_layers * MLA_COPIES_FROM_TWO_ROWS * OTHER_KERNEL_FLOOR_MS, 0.0)
+def mla_extend_copies_ms(num_layers: int, tokens: np.ndarray) -> np.ndarray:
+    """MLA_EXTEND_COPIES_FROM_TWO_ROWS copies a layer wherever an extend holds two tokens or more."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    return np.where(tokens >= 2, num_layers * MLA_EXTEND_COPIES_FROM_TWO_ROWS * OTHER_KERNEL_FLOOR_MS, 0.0)
 
 
 def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
     """MLA decode attention's cost beyond its latent read, all layers, for each batch size:
-    on Hopper the warpgroup-MMA stage 1's merge in its last program where it serves; elsewhere
+    on Hopper the warpgroup-MMA stage 1's merge where it serves (in its last program, or in the
+    value projection up to MLA_PROJECTION_MERGE_MAX_BS requests); elsewhere
     triton_mla's fixed part; and the merge kernel's floor where the merge is a kernel apart."""
     bs = np.asarray(bs, dtype=np.float64)
     rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
     wgmma = hopper & (rows == bs) & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS)
     if hopper:
-        per_layer = np.where(wgmma, MLA_WGMMA_TAIL_MS, 0.0)
+        tail = np.where(bs <= MLA_PROJECTION_MERGE_MAX_BS, MLA_PROJECTION_MERGE_TAIL_MS, MLA_WGMMA_TAIL_MS)
+        per_layer = np.where(wgmma, tail, 0.0)
     else:
         per_layer = np.minimum(bs * MLA_TRITON_REQUEST_MS, MLA_TRITON_FIXED_MS)
     separate = (rows < MLA_FUSED_MERGE_ROWS) & ~wgmma
