@@ -32,7 +32,7 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
 # Rows (requests) and value columns a program, chunks merged a step, warps. 16 rows is the least
 # tl.dot takes. 64 columns (two programs a head and 16-row block) against 32, H200, three
-# alternating rounds (call 2 of benchmarks/results/h200-2026-11-27-mla-projection): 0.6-1.6 us a
+# alternating rounds (call 2 of benchmarks/results/h200-h100-2026-11-27-mla-projection): 0.6-1.6 us a
 # layer shorter at bs 17-64 x 1k and with one 16k request among 40 of 300; 32 rows 0.2-1.3
 # shorter there but 5 us longer in the skewed batch; 8 chunks a step 0.1-1.3 longer, 4 warps
 # within 0.4 us.
@@ -44,7 +44,7 @@ MERGE_IN_PROJECTION = True
 # Past it most requests are one chunk, which gluon_mla_wgmma writes at once with no merge to
 # save, and this kernel was slower than torch's product: bs 96 / 128 x 1k 40.3 / 50.8 us a
 # layer against 38.9 / 46.1 apart (H200, call 1 of
-# benchmarks/results/h200-2026-11-27-mla-projection, the kernel's first form).
+# benchmarks/results/h200-h100-2026-11-27-mla-projection, the kernel's first form).
 MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 
 
