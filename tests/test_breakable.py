@@ -135,3 +135,19 @@ def test_breakable_eager_fallback_above_the_largest_size(gpu_runner):
     count = gpu_runner.replay_count
     assert not gpu_runner.can_run(batch)
     assert gpu_runner.forward(batch).shape[0] == 600 and gpu_runner.replay_count == count
+
+
+def test_a_breaking_backend_never_fuses_the_value_projection():
+    # An MLA layer asks for attention and its value projection in one call (op.latent_attention);
+    # while a size records, attention must stay a break, so the wrapper declines and never
+    # reaches the backend it wraps.
+    class Refusing:
+        name = "inner"
+
+        def forward_projected(self, *args):
+            raise AssertionError("the wrapped backend was asked to fuse")
+
+    recorder = SegmentRecorder(lambda: LoggedSegment([]))
+    breaking = BreakingBackend(Refusing(), recorder)
+    assert breaking.forward_projected(*[None] * 6) is False
+    assert recorder.breaks == []

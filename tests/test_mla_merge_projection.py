@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests; on a GPU, test_mla_gpu.py runs the kernel"
 )
 
-from cgtool.attention.mla_merge_projection import BLOCK_M, merge_project, merge_project_ref
+from cgtool.attention.mla_merge_projection import BLOCK_M, BLOCK_V, merge_project, merge_project_ref
 
 
 def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
@@ -33,9 +33,9 @@ def test_merge_in_the_projection_matches_the_reference(chunks):
     # One chunk, uneven counts, more requests than one row block, and a request of no chunks
     # (a zero length), whose row is zeros.
     gen = torch.Generator().manual_seed(len(chunks))
-    heads, rank, v = 2, 16, 32
+    heads, rank, v = 2, 16, BLOCK_V
     mid_out, mid_lse, plan = partials(chunks, heads, rank, gen)
-    w_uv = torch.randn(heads, 48, rank, generator=gen)[:, 16:]  # rows at kv_b_proj's stride
+    w_uv = torch.randn(heads, 16 + v, rank, generator=gen)[:, 16:]  # rows at kv_b_proj's stride
     out = torch.full((len(chunks), heads * v), float("nan"))
     merge_project(mid_out, mid_lse, plan, w_uv, out)
     want = merge_project_ref(mid_out, mid_lse, plan, w_uv)

@@ -110,7 +110,8 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tens
     bs = plan.shape[0]
     assert mid_out.shape[1] == heads and mid_out.shape[-1] == rank and mid_out.stride(-1) == 1
     assert w_uv.stride(-1) == 1 and out.shape == (bs, heads * v) and out.stride(-1) == 1
-    assert v % BLOCK_V == 0 and plan.is_contiguous()
+    assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
+    assert plan.is_contiguous()
     _MERGE_PROJECT.launch(
         (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, plan, w_uv, out, bs,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
