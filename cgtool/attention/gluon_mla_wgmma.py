@@ -302,6 +302,45 @@ if gluon is not None:
                 (row & 0xFFFFFFFF).to(gl.int32), (row >> 32).to(gl.int32))
 
     @gluon.jit
+    def _grid_chunk(seq_lens, req_pool_indices, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                    MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr,
+                    SPARES_FIRST: gl.constexpr):
+        """`_flat_chunk`'s fields for a program of the grid (bs, head blocks, NUM_SPLITS): its
+        request is the grid's row, its chunk the grid's column, the partials in its request's row
+        from slot 0. SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past
+        most requests' own count, go out first and leave at once (before waiting on the store),
+        and trail no launch. Else in launch order: the working chunks take the SMs first and the
+        spares leave on SMs that are free or done."""
+        b = gl.program_id(0)
+        split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
+        seq_len = gl.load(seq_lens + b)
+        pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
+        keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK,
+                                  PROGRAMS, BATCH_BLOCK)
+        chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
+        return b, split, chunks, 0, keys, seq_len, pool_row
+
+    @gluon.jit
+    def _ticket_then_merge(MidOut, MidLse, O, Tickets, b, head_block, chunks,
+                           stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                           NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr,
+                           MERGE_GROUP: gl.constexpr, PARTIAL_VEC: gl.constexpr, Trace, program,
+                           TRACE: gl.constexpr):
+        """Request b's ticket, once this chunk's partial is stored; its last chunk to draw one
+        merges the `chunks` partials from MidOut / MidLse (the request's first) into O (its row)."""
+        cta_barrier()
+        ticket = Tickets + b * gl.num_programs(1) + head_block
+        drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
+        if TRACE:
+            gluon_trace_store(Trace, program, 4, gluon_stamp_after(drawn))
+        if drawn == chunks - 1:
+            gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
+            _merge_chunks(MidOut, MidLse, O, 0, head_block, chunks, stride_mb, stride_mh, stride_ms, stride_lb,
+                          stride_lh, stride_ob, stride_oh, NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
+            if TRACE:
+                gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
+
+    @gluon.jit
     def _mla_decode_stage1_wgmma(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -329,20 +368,10 @@ if gluon is not None:
             working = b < batch
             part_row = 0
         else:
-            b = gl.program_id(0)
-            # SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past most
-            # requests' own count, go out first and leave at once (before waiting on the store),
-            # and trail no launch. Else in launch order: the working chunks take the SMs first
-            # and the spares leave on SMs that are free or done.
-            split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
-            first = 0
-            part_row = b
-            seq_len = gl.load(seq_lens + b)
-            pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
-            keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK,
-                                      PROGRAMS, BATCH_BLOCK)
-            chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
+            b, split, chunks, first, keys, seq_len, pool_row = _grid_chunk(
+                seq_lens, req_pool_indices, NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK, SPARES_FIRST)
             working = split < chunks
+            part_row = b
         if working:
             if PDL:
                 _wait_for_previous_kernel()
@@ -356,7 +385,7 @@ if gluon is not None:
                 direct = chunks < 0  # never
             if TRACE:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
-            if PLAN:
+            if PLAN:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
                 if split == 0:  # for the merge in the value projection (mla_merge_projection)
                     gl.store(Plan + 2 * b, first)
                     gl.store(Plan + 2 * b + 1, gl.where(seq_len > 0, chunks, 0))
@@ -377,20 +406,12 @@ if gluon is not None:
                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
                                      BLOCK_H, PARTIAL_VEC)
             if FUSED_MERGE and not direct:
-                cta_barrier()
-                ticket = Tickets + b * gl.num_programs(1) + head_block
-                drawn = gl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu")
-                if TRACE:
-                    gluon_trace_store(Trace, program, 4, gluon_stamp_after(drawn))
-                if drawn == chunks - 1:
-                    gl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                    # The request's first partial, log-sum-exp and output row, as row 0 of each.
-                    _merge_chunks(MidOut + part_row * stride_mb + first * stride_ms,
-                                  MidLse + part_row * stride_lb + first, O + b * stride_ob, 0, head_block, chunks,
-                                  stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
-                                  NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC)
-                    if TRACE:
-                        gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
+                # The request's first partial, log-sum-exp and output row, as row 0 of each.
+                _ticket_then_merge(MidOut + part_row * stride_mb + first * stride_ms,
+                                   MidLse + part_row * stride_lb + first, O + b * stride_ob,
+                                   Tickets, b, head_block, chunks,
+                                   stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+                                   NUM_HEADS, RANK, BLOCK_H, MERGE_GROUP, PARTIAL_VEC, Trace, program, TRACE)
 
 
 def flat_serves(num_heads: int, block_h: int = BLOCK_H) -> bool:
