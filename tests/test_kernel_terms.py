@@ -280,9 +280,9 @@ def test_the_planners_copy_of_the_mla_merge_rule_matches_the_kernels():
     from cgtool.planner.kernel_terms import (
         KERNEL_FLOOR_MS,
         MLA_HEADS_PER_PROGRAM,
-        MLA_TRITON_FIXED_MS,
         MLA_PROJECTION_MERGE_MAX_BS,
         MLA_PROJECTION_MERGE_TAIL_MS,
+        MLA_TRITON_FIXED_MS,
         MLA_TRITON_REQUEST_MS,
         MLA_WGMMA_TAIL_MS,
         mla_decode_fixed_ms,
