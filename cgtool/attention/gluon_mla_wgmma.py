@@ -23,7 +23,9 @@ once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last p
 request's chunks merges them; a request of one chunk writes its output at once. The programs
 are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGRAMS + bs of them,
 each finding its own from the chunk counts' running sum, so no request's share is capped; the
-few past the last chunk leave at once.
+few past the last chunk leave at once. Up to mla_merge_projection.MAX_BS requests nothing here
+merges: each request's first slot and chunk count go to a plan, and the value projection's
+kernel, released after the loop, merges the partials as it loads them.
 """
 
 from __future__ import annotations
