@@ -1,7 +1,8 @@
-"""The merge of MLA decode's chunks inside the value projection, against its torch reference.
+"""The merge of MLA decode's chunks inside the value projection: the kernel against its torch
+reference, and how decode_projected launches it after gluon_mla_wgmma's stage 1.
 
-Runs in Triton's interpreter without a GPU (conftest sets TRITON_INTERPRET); on the GPU,
-test_mla_gpu.py runs it after the stage 1 that writes its plan.
+Runs in Triton's interpreter without a GPU (conftest sets TRITON_INTERPRET), the Gluon stage 1
+stood in for; on the GPU, test_mla_gpu.py runs both kernels.
 """
 
 from __future__ import annotations
@@ -51,3 +52,75 @@ def test_reference_merges_by_base_two_log_sum_exps():
     plan = torch.tensor([[0, 2]], dtype=torch.int32)
     w_uv = torch.ones(1, 1, 1)
     assert merge_project_ref(mid_out, mid_lse, plan, w_uv).item() == pytest.approx(5.0)
+
+
+def _decode_projected_on_cpu(monkeypatch, bs: int, stage1) -> tuple[bool, list]:
+    """decode_projected over a CPU latent pool, its checks passed and its kernels stood in for:
+    `stage1` for gluon_mla_wgmma's, a recorder for the projection's. (True/False, its launches)."""
+    from test_triton_mla import latent_pool, latent_q
+
+    from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
+
+    launches: list = []
+
+    class Recording:
+        def launch(self, grid, *args, **kwargs):
+            launches.append({**kwargs, "grid": grid, "args": args})
+
+    monkeypatch.setattr(mla_merge_projection, "serves", lambda q, w_uv: True)
+    monkeypatch.setattr(gluon_mla_wgmma, "_mla_decode_stage1_wgmma", stage1)
+    monkeypatch.setattr(mla_merge_projection, "_MERGE_PROJECT", Recording())
+    monkeypatch.setattr(gluon_mla_wgmma, "_REFUSED", [])
+    seq_lens = [40 + 9 * i for i in range(bs)]
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.float32, "cpu")
+    q = latent_q(bs, 16, 576, torch.float32, "cpu").view(bs, 16, 576)
+    w_uv = torch.randn(16, 256, 512)[:, 128:]
+    out = torch.empty(bs, 16 * 128)
+    done = mla_merge_projection.decode_projected(
+        q, pool.k_buffers[0], w_uv, out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32), 576**-0.5)
+    return done, launches
+
+
+def test_stage1_leaves_its_chunks_to_the_projection_with_a_plan(monkeypatch):
+    # The flat stage 1 without tickets, its plan [bs, 2] handed to the projection, which runs a
+    # 16-row block of every head and 64-column block once stage 1 is launched.
+    from test_gluon_mla import _RecordingKernel
+
+    from cgtool.attention import triton_mla
+
+    stage1 = _RecordingKernel()
+    done, projection = _decode_projected_on_cpu(monkeypatch, 20, stage1)
+    (launch,) = stage1.launches
+    assert done and launch["PLAN"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
+    assert launch["grid"] == (triton_mla.WGMMA_PROGRAMS + 20, 1, 1)
+    plan = launch["Plan"]
+    assert plan.shape == (20, 2) and plan.dtype == torch.int32
+    (merge,) = projection
+    assert merge["grid"] == (16, 128 // BLOCK_V, 2) and merge["args"][2] is plan
+    assert merge["args"][0] is launch["args"][2] and merge["args"][1] is launch["args"][3]  # its partials
+
+
+def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):
+    from test_gluon_mla import _RefusingKernel
+
+    with pytest.warns(RuntimeWarning, match="refused gluon_mla_wgmma"):
+        done, projection = _decode_projected_on_cpu(monkeypatch, 20, _RefusingKernel())
+    assert done is False and projection == []
+
+
+def test_it_serves_no_cpu_batch_and_no_extend():
+    # The path needs Gluon on a Hopper GPU; a backend asked for it in extend declines at once.
+    from test_triton_mla import latent_pool, latent_q
+
+    from cgtool.attention.mla_merge_projection import serves
+    from cgtool.attention.triton_backend import TritonAttentionBackend
+    from cgtool.runtime.engine import extend_batch
+
+    q = latent_q(20, 16, 576, torch.float32, "cpu").view(20, 16, 576)
+    assert not serves(q, torch.empty(16, 128, 512))
+    pool, rows = latent_pool([8], 16, 512, 64, torch.float32, "cpu")
+    batch = extend_batch(pool, rows, [0], [[0] * 8])
+    backend = TritonAttentionBackend(16, 576)
+    assert backend.forward_projected(torch.empty(8, 16 * 576), torch.empty(16, 128, 512),
+                                     torch.empty(8, 16 * 128), 0, batch, pool) is False
