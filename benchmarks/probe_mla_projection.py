@@ -15,7 +15,9 @@ The attention's share of its latent read is given both ways: `attention` alone, 
 less `product` (the merge charged to the attention, the projection's own time not).
 
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
-        [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8"]
+        [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;l2:wg.L2_AHEAD_TILES=4"]
+
+A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import contextmanager
 
 import torch
 from bench_moe_mla import (
@@ -39,7 +42,7 @@ from bench_moe_mla import (
 )
 from probe_mla_timeline import overridden, parse_case
 
-from cgtool.attention import mla_merge_projection
+from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
@@ -56,6 +59,16 @@ def parse_settings(text: str) -> dict[str, dict[str, int]]:
         name, values = item.split(":")
         found[f"fused_{name}"] = {k: int(v) for k, v in (pair.split("=") for pair in values.split(","))}
     return found
+
+
+@contextmanager
+def set_to(values: dict[str, int]):
+    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, others
+    mla_merge_projection's."""
+    stage1 = {k.removeprefix("wg."): v for k, v in values.items() if k.startswith("wg.")}
+    projection = {k: v for k, v in values.items() if not k.startswith("wg.")}
+    with overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1):
+        yield
 
 
 def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]]) -> dict:
@@ -78,7 +91,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
 
     def fused(values: dict[str, int]):
         def run() -> None:
-            with overridden(mla_merge_projection, values):
+            with set_to(values):
                 for c in caches:
                     assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run
@@ -101,6 +114,12 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     apart = o.clone()
     decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
     diff = (o.float() - apart.float()).abs().max().item()
+    shipped = o.clone()
+    equal_bits = {}
+    for name, values in settings.items():  # each setting's output against the shipped kernels'
+        with set_to(values):
+            decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
+        equal_bits[name] = bool(torch.equal(o, shipped))
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -109,7 +128,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     return {
         "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
-        "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff,
+        "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff, "settings_equal_bits": equal_bits,
         "share_attention_alone": bound / us["attention"],
         "share_fused_less_product": bound / (us["fused"] - us["product"]),
     }
@@ -135,7 +154,8 @@ def main() -> None:
             f"attention {us['attention']:.1f}; bound {row['bound_us']:.1f}; share {row['share_attention_alone']:.0%} "
             f"alone, {row['share_fused_less_product']:.0%} fused less product; |fused - apart| "
             f"{row['max_abs_diff_fused_vs_apart']:.3g}; stage 1 unmerged {us['unmerged']:.1f}"
-            + "".join(f"; {name} {us[name]:.1f}" for name in settings))
+            + "".join(f"; {name} {us[name]:.1f} (bits {'equal' if row['settings_equal_bits'][name] else 'DIFFER'})"
+                      for name in settings))
         torch.cuda.empty_cache()
     log("done")
 
