@@ -347,15 +347,18 @@ def test_recorded_verify_runs_are_predicted_within_15_percent_per_set_and_kind(f
 @pytest.mark.parametrize(("folder", "traces"), [("h200-h100-2026-11-27-mla-tail/call2-h200-verify/memory", 2),
                                                ("h200-h100-2026-11-27-mla-tail/call5-h100-verify/memory", 2),
                                                ("h200-h100-2026-11-27-mla-projection/call5/memory", 2),
-                                               ("h200-h100-2026-11-27-mla-projection/call7/memory", 1)],
-                         ids=["H200-mla-tail", "H100-mla-tail", "H200", "H100"])
+                                               ("h200-h100-2026-11-27-mla-projection/call7/memory", 1),
+                                               ("h200-h100-2026-11-27-stage1-settings/call2-h200/memory", 1),
+                                               ("h200-h100-2026-11-27-stage1-settings/call3-h100/memory", 1)],
+                         ids=["H200-mla-tail", "H100-mla-tail", "H200", "H100", "H200-held-out", "H100-held-out"])
 def test_mla_as_shipped_verify_runs_are_predicted_within_8_percent_decode_and_5_extend(folder, traces):
     # deepseek-v2-lite, predicted with the terms refitted to MLA decode's kernels and MLA extend
     # at 0.20 of peak (at 0.22 the Mooncake extend was 10% slower than predicted). As shipped
     # (the merge in the value projection, no copies in decode; H200 on both traces, H100 on the
-    # Azure example): decode +1.5% to +5.2%, extend +0.0% to +2.2%. The build before, whose decode
-    # still launched two copies a layer that the terms no longer price: decode +2.9% to +7.3%,
-    # extend +0.7% to +3.7%.
+    # Azure example): decode +1.5% to +5.2%, extend +0.0% to +2.2%; on the held-out slice (Azure
+    # requests 10,001-11,000, which no fit has seen) decode +1.8% to +3.4%, extend +0.8% to
+    # +1.4%. The build before, whose decode still launched two copies a layer that the terms no
+    # longer price: decode +2.9% to +7.3%, extend +0.7% to +3.7%.
     rows = _repredicted(folder)
     assert len(rows) == 4 * traces
     for name, graph_set, kind, measured, _, now in rows:

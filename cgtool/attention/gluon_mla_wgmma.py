@@ -53,7 +53,9 @@ MERGE_GROUP = 4
 # but on the H100 0.2-0.4 us longer at bs 32-40 x 1k, where the target is closest, and 0.5 us
 # shorter at bs 48 (three alternating rounds each, benchmarks/results/h200-h100-2026-11-27-mla-tail,
 # calls 3-4). The merge in one pass (a group's log-sum-exps loaded beside its partials, one
-# round trip to L2 instead of two) was no faster (call 1).
+# round trip to L2 instead of two) was no faster (call 1). With the merge in the value
+# projection, ahead was 0.1-0.3 us longer on both GPUs at bs 24-64 x 1k (five rounds,
+# benchmarks/results/h200-h100-2026-11-27-stage1-settings, calls 2-3).
 Q_FIRST = False
 # Partial outputs' values a thread stores and the merge loads at once: 8 (16-byte accesses in
 # bf16) against 4, three alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-tail,
@@ -87,10 +89,6 @@ SPARES_FIRST = False
 # verify on the H200, whose decode steps are mostly under 17 requests: 6.646 ms against 6.641
 # (call 4).
 FLAT_CHUNKS = True
-# Key tiles past the first two whose rows a program asks L2 for before its loop
-# (`cp.async.bulk.prefetch.L2`, one bulk request a row), so that more of its chunk is in flight
-# than the two tiles shared memory holds. 0: none.
-L2_AHEAD_TILES = 0
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -115,17 +113,6 @@ if gluon is not None:
         scheduled; it still waits for this one to finish before reading its results."""
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-
-    @gluon.jit
-    def _ask_l2_for_rows(Kv, slots, start_n, end, stride_kt, ROW_BYTES: gl.constexpr, KEYS: gl.constexpr,
-                         layout: gl.constexpr):
-        """A bulk prefetch into L2 of each row of keys start_n.. before `end` (KEYS of them): one
-        request a row, no shared memory, nothing to wait for."""
-        offs_n = start_n + gl.arange(0, KEYS, layout=layout)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-            "=r,l,r,r", [Kv + slots * stride_kt, (offs_n < end).to(gl.int32), gl.full([KEYS], ROW_BYTES, gl.int32, layout)],
-            dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
@@ -153,12 +140,9 @@ if gluon is not None:
     @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
-                        L2_AHEAD: gl.constexpr):
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
-        loads issued before the first tile's slots, so that their round trips overlap. L2_AHEAD
-        (0, or a power of two from 2): the tiles after the first NUM_BUF asked into L2 before the
-        loop, rows of 16-bit values."""
+        loads issued before the first tile's slots, so that their round trips overlap."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_H, 16])
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -181,10 +165,6 @@ if gluon is not None:
             _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
         next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-        ahead_keys: gl.constexpr = L2_AHEAD * BLOCK_N  # at least 128 (4 warps' threads) when not 0
-        if L2_AHEAD > 0:  # their slots now, so that the round trip overlaps q's
-            ahead_slots = _load_slots(token_row, start + NUM_BUF * BLOCK_N, end, ahead_keys,
-                                      gl.BlockedLayout([ahead_keys // 128], [32], [4], [0]))
         if not Q_FIRST:
             q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
@@ -194,9 +174,6 @@ if gluon is not None:
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype), q_p_val)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
-        if L2_AHEAD > 0:
-            _ask_l2_for_rows(Kv, ahead_slots, start + NUM_BUF * BLOCK_N, end, stride_kt, (RANK + ROPE) * 2,
-                             ahead_keys, gl.BlockedLayout([ahead_keys // 128], [32], [4], [0]))
 
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
@@ -377,7 +354,7 @@ if gluon is not None:
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Plan,
-        PLAN: gl.constexpr, L2_AHEAD: gl.constexpr,
+        PLAN: gl.constexpr,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -420,8 +397,7 @@ if gluon is not None:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                                   stride_qb, stride_qh, stride_kt,
-                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                  L2_AHEAD)
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and PLAN:
@@ -493,5 +469,5 @@ def launch_stage1(
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
-        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, L2_AHEAD=L2_AHEAD_TILES, num_warps=num_warps, **dependent_launch(q.device),
+        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, num_warps=num_warps, **dependent_launch(q.device),
     )

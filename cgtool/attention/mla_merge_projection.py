@@ -35,7 +35,8 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv
 # alternating rounds (call 2 of benchmarks/results/h200-h100-2026-11-27-mla-projection): 0.6-1.6 us a
 # layer shorter at bs 17-64 x 1k and with one 16k request among 40 of 300; 32 rows 0.2-1.3
 # shorter there but 5 us longer in the skewed batch; 8 chunks a step 0.1-1.3 longer, 4 warps
-# within 0.4 us.
+# within 0.4 us; one chunk a step 0.3-4.7 longer, at 4 warps -0.2 to +3.4 (call 1 of
+# benchmarks/results/h200-h100-2026-11-27-stage1-settings).
 BLOCK_M, BLOCK_V, MERGE_GROUP, WARPS = 16, 64, 4, 8
 # Whether decode merges in the projection where it can (`serves`); off, gluon_mla_wgmma's last
 # program merges and the projection is torch's product (benchmarks time both).
