@@ -139,21 +139,18 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
                  "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
-                 "SPARES_FIRST": spares_first, "FLAT": flat, "PLAN": False,
-                 "L2_ROLL": gluon_mla_wgmma.L2_ROLL},
+                 "SPARES_FIRST": spares_first, "FLAT": flat, "PLAN": False},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-        # Unmerged, its plan written for the merge in the value projection, which it releases;
-        # and so with each L2 request of L2_ROLL.
-        for roll in (0, 1, 2):
-            found[f"mla decode gluon wgmma stage 1 flat, plan for the projection's merge, L2 roll {roll}"] = (
-                gluon_mla_wgmma._mla_decode_stage1_wgmma,
-                {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-                 "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
-                 "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
-                 "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
-                 "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
-                 "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True, "L2_ROLL": roll},
-                warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # Unmerged, its plan written for the merge in the value projection, which it releases.
+        found["mla decode gluon wgmma stage 1 flat, plan for the projection's merge"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
+             "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
+             "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
+             "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
+             "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
+             "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
     for pdl in (True, False):
         found[f"mla decode merge in the value projection pdl={pdl}"] = (
             mla_merge_projection._merge_project_kernel,

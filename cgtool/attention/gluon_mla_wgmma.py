@@ -89,10 +89,6 @@ SPARES_FIRST = False
 # verify on the H200, whose decode steps are mostly under 17 requests: 6.646 ms against 6.641
 # (call 4).
 FLAT_CHUNKS = True
-# Each tile's rows asked into L2 a step before its copies are issued, so that a program has two
-# tiles on their way as it computes one where shared memory holds two: 0 off, 1 a bulk request a
-# row (`cp.async.bulk.prefetch.L2`), 2 a request a 128-byte line (`prefetch.global.L2`).
-L2_ROLL = 0
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -117,28 +113,6 @@ if gluon is not None:
         scheduled; it still waits for this one to finish before reading its results."""
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-
-    @gluon.jit
-    def _ask_l2_for_rows(Kv, slots, start_n, end, stride_kt, ROW_BYTES: gl.constexpr, BLOCK_N: gl.constexpr,
-                         KIND: gl.constexpr):
-        """Asks L2 for the rows of keys start_n.. before `end` (`slots`, in `_attend_chunk_t`'s l2_layout):
-        KIND 1 a bulk prefetch a row, 2 a prefetch a 128-byte line. Nothing waits for them."""
-        layout: gl.constexpr = slots.type.layout
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=layout)
-        live = offs_n < end
-        if KIND == 1:
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-                "=r,l,r,r", [Kv + slots * stride_kt, live.to(gl.int32), gl.full([BLOCK_N], ROW_BYTES, gl.int32, layout)],
-                dtype=gl.int32, is_pure=False, pack=1)
-        else:
-            lines: gl.constexpr = layout.parent
-            offs_l = gl.arange(0, 16, layout=gl.SliceLayout(0, lines))
-            ptrs = Kv + slots[:, None] * stride_kt + offs_l[None, :] * 64  # 64 bf16s a line
-            wanted = live[:, None] & (offs_l[None, :] * 128 < ROW_BYTES)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                "=r,l,r", [ptrs, wanted.to(gl.int32)], dtype=gl.int32, is_pure=False, pack=1)
 
     @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
@@ -166,11 +140,9 @@ if gluon is not None:
     @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
-                        L2_ROLL: gl.constexpr):
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
-        loads issued before the first tile's slots, so that their round trips overlap. L2_ROLL:
-        each tile's rows asked into L2 a step before its copies (L2_ROLL's comment)."""
+        loads issued before the first tile's slots, so that their round trips overlap."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_H, 16])
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -193,11 +165,6 @@ if gluon is not None:
             _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
         next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-        # L2_ROLL 1: a row a thread; 2: [rows, 16 lines]
-        l2_layout: gl.constexpr = (gl.BlockedLayout([1], [32], [4], [0]) if L2_ROLL == 1 else
-                                   gl.SliceLayout(1, gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])))
-        if L2_ROLL > 0:
-            far_slots = _load_slots(token_row, start + NUM_BUF * BLOCK_N, end, BLOCK_N, l2_layout)
         if not Q_FIRST:
             q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
@@ -207,9 +174,6 @@ if gluon is not None:
                                         gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE], dtype), q_p_val)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
-        if L2_ROLL > 0:
-            _ask_l2_for_rows(Kv, far_slots, start + NUM_BUF * BLOCK_N, end, stride_kt, (RANK + ROPE) * 2, BLOCK_N,
-                             L2_ROLL)
 
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
@@ -221,8 +185,6 @@ if gluon is not None:
             _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
             next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-            if L2_ROLL > 0:  # the tile whose copies the step after next issues, asked for after this one's products
-                far_slots = _load_slots(token_row, ahead + NUM_BUF * BLOCK_N, end, BLOCK_N, l2_layout)
             async_copy.wait_group(NUM_BUF - 1)
             # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
             fence_async_shared()
@@ -230,9 +192,6 @@ if gluon is not None:
             acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
                                              pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
                                              scale_log2, BLOCK_H, BLOCK_N, mma)
-            if L2_ROLL > 0:
-                _ask_l2_for_rows(Kv, far_slots, ahead + NUM_BUF * BLOCK_N, end, stride_kt, (RANK + ROPE) * 2,
-                                 BLOCK_N, L2_ROLL)
         async_copy.wait_group(0)
         return acc_t, gl.sum(l_t, 0), m_i
 
@@ -395,7 +354,7 @@ if gluon is not None:
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Plan,
-        PLAN: gl.constexpr, L2_ROLL: gl.constexpr,
+        PLAN: gl.constexpr,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -438,8 +397,7 @@ if gluon is not None:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                                   stride_qb, stride_qh, stride_kt,
-                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                  L2_ROLL)
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and PLAN:
@@ -511,5 +469,5 @@ def launch_stage1(
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
-        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, L2_ROLL=L2_ROLL, num_warps=num_warps, **dependent_launch(q.device),
+        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, num_warps=num_warps, **dependent_launch(q.device),
     )
