@@ -31,7 +31,7 @@ from cgtool.model import (
     moe_triton,
 )
 from cgtool.runtime import kv_store
-from cgtool.runtime.offline_compile import compile_for, resource_usage
+from cgtool.runtime.offline_compile import MULTIPLE_OF_16, compile_for, resource_usage
 
 # Pointer arguments by name; compile_for takes other integers as i32.
 POINTERS = {
@@ -236,7 +236,8 @@ def expert_gemm_cases() -> dict[str, tuple]:
             # gate/up writes bf16 activations; down writes fp32 rows, one token's summed into bf16
             pointers = {"C": "*bf16", "Out": "*bf16", "Tickets": "*bf16"} if gated else {
                 "C": "*fp32", "Out": "*bf16" if summed else "*fp32", "Tickets": "*i32" if summed else "*fp32"}
-            pointers["K"] = "i32"  # the GEMMs' depth, where attention's K is the key cache
+            # the GEMMs' sizes, multiples of 16 at every preset's shapes (attention's K is the key cache)
+            pointers.update(K=MULTIPLE_OF_16, N=MULTIPLE_OF_16)
             name = f"experts {'gate/up' if gated else 'down'}, {'one token' if direct else f'{block_m}-row blocks'}"
             found[name] = (moe_triton._grouped_gemm_kernel, constants, tiles.num_warps, tiles.num_stages, pointers)
     found["top-k sum"] = (moe_triton._combine_kernel, {"TOP_K": TOP_K, "BLOCK": 1024}, 4, DEFAULT_STAGES)
@@ -272,7 +273,8 @@ def grouped_path_cases() -> dict[str, tuple]:
         constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
                      "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False}
         types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
-                 "Weights": "*fp32", "Order": "*i32", "K": "i32"}
+                 "Weights": "*fp32", "Order": "*i32", "K": MULTIPLE_OF_16, "n_out": MULTIPLE_OF_16,
+                 "b_rows_per_expert": MULTIPLE_OF_16}
         if gather:
             constants["a_desc"] = constants["a_tail_desc"] = None
         else:

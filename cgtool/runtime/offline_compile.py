@@ -21,21 +21,26 @@ from triton.compiler import ASTSource
 
 # Scalar arguments of the kernels that are floats, by name; every other scalar is an integer.
 FLOAT_ARGUMENTS = frozenset({"scale_log2", "scale", "eps"})
+# `launch_signature`'s type of an i32 argument that launches pass as a multiple of 16.
+MULTIPLE_OF_16 = "i32 multiple of 16"
 
 
 def launch_signature(kernel: Any, constants: dict[str, object], types: dict[str, str]) -> tuple[dict, dict, dict]:
     """(signature, constexprs, attrs) of `kernel` as a launch would give them: `constants` the
     constexprs, `types` the Triton types of arguments by name (pointers, "*...", 16-byte
-    aligned); arguments named in neither are fp32 if in FLOAT_ARGUMENTS, else i32, those named
-    stride_* multiples of 16 (as Triton specializes them)."""
+    aligned; MULTIPLE_OF_16, an i32 whose launches pass multiples of 16, such as a GEMM's
+    depth); arguments named in neither are fp32 if in FLOAT_ARGUMENTS, else i32, those named
+    stride_* multiples of 16. A launch specializes an integer that is a multiple of 16 so, and
+    the compiler vectorizes loads it bounds only then."""
     params = list(inspect.signature(kernel.fn).parameters)
     signature, attrs = {}, {}
     for i, name in enumerate(params):
         if name in constants:
             signature[name] = "constexpr"
         elif name in types:
-            signature[name] = types[name]
-            if types[name].startswith("*"):
+            multiple = types[name] == MULTIPLE_OF_16
+            signature[name] = "i32" if multiple else types[name]
+            if multiple or types[name].startswith("*"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif name in FLOAT_ARGUMENTS:
             signature[name] = "fp32"
