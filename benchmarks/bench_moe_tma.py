@@ -53,6 +53,10 @@ SWEEP_GATED = [(128, 128, 8, 3, False, False, False), (128, 128, 8, 4, False, Fa
 SWEEP_GATHERING = [(128, 128, 8, stages, False, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 SWEEP_PLAIN = [(128, 256, 8, stages, True, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 SWEEP_WS_GATHERING = [(128, 128, 8, stages, False, False, False, True) for stages in (3, 4)]
+# The gathering form with its whole tiles' loop flattened (the next tile's loads issued before
+# this one's epilogue), which call 1 swept on sorted rows only (`--flatten-gathering`).
+SWEEP_FLAT_GATHERING = [(128, 128, 8, stages, True, *tail) for tail in ((False, False), (True, True))
+                        for stages in (3, 4)]
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
@@ -86,7 +90,7 @@ def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float) -> l
     return out
 
 
-def case(layers: MoeLayers, n: int, peak: float) -> dict:
+def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -107,7 +111,7 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
                                                          offs=sorts[i][2]) for i in range(LAYERS)]) / LAYERS
     row["sort_us_by_chunk"] = {}
     default = moe_grouped._CHUNK
-    for chunk in (256, 512, 1024, 2048):
+    for chunk in () if gathering_only else (256, 512, 1024, 2048):
         moe_grouped._CHUNK = chunk
         row["sort_us_by_chunk"][chunk] = graph_us(lambda: [sort_pairs(ids, E) for _, ids in routed]) / LAYERS
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
@@ -117,13 +121,14 @@ def case(layers: MoeLayers, n: int, peak: float) -> dict:
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
-    row["gathering_gated"] = swept(SWEEP_GATHERING + SWEEP_WS_GATHERING, lambda ids, opts: [tma_grouped_mm(
+    sweep = SWEEP_GATHERING + (SWEEP_FLAT_GATHERING if flatten else []) + ([] if gathering_only else SWEEP_WS_GATHERING)
+    row["gathering_gated"] = swept(sweep, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
         **opts) for j in ids], up_ref, up_flops)
-    row["gated"] = swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
+    row["gated"] = [] if gathering_only else swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
-    row["down"] = swept(SWEEP_PLAIN + SWEEP_WS_PLAIN, lambda ids, opts: [tma_grouped_mm(
+    row["down"] = [] if gathering_only else swept(SWEEP_PLAIN + SWEEP_WS_PLAIN, lambda ids, opts: [tma_grouped_mm(
         acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops)
     best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
     best_d = min((r for r in row["down"] if "us" in r), key=lambda r: r["us"], default=None)
@@ -142,6 +147,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--flatten-gathering", action="store_true", help="add SWEEP_FLAT_GATHERING")
+    parser.add_argument("--gathering-only", action="store_true",
+                        help="time the gathering gate/up GEMM's settings alone (no sort chunks, down or sorted rows)")
     args = parser.parse_args()
     peak = mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -151,7 +159,7 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, peak)
+            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering)
             result["moe"][name].append(row)
             g, d = row["best_gated"] or {}, row["best_down"] or {}
             log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "

@@ -42,7 +42,8 @@
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
 # grouped GEMM against the Triton path (GROUPED_TOKENS picks sizes), in $OUT/moe-grouped.json.
 # `moe-tma` (by name only): benchmarks/bench_moe_tma.py, the extend GEMMs on cgtool's TMA grouped
-# GEMM against torch's, over a sweep of launch settings (TMA_TOKENS picks sizes), in $OUT/moe-tma.json.
+# GEMM against torch's, over a sweep of launch settings (TMA_TOKENS picks sizes; TMA_ARGS more of
+# its flags), in $OUT/moe-tma.json.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -253,7 +254,7 @@ fi
 if [[ " $stages " == *" moe-tma "* ]]; then  # issue 33, by name only: extend GEMMs on TMA tiles
   echo "[$(date +%H:%M:%S)] bench_moe_tma"
   timeout -k 10 500 python3 benchmarks/bench_moe_tma.py --out "$OUT/moe-tma.json" \
-    ${TMA_TOKENS:+--tokens "$TMA_TOKENS"} 2>&1 | tee "$OUT/moe-tma.log"
+    ${TMA_TOKENS:+--tokens "$TMA_TOKENS"} ${TMA_ARGS:-} 2>&1 | tee "$OUT/moe-tma.log"
   echo "[$(date +%H:%M:%S)] bench_moe_tma exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" moe-grouped "* ]]; then  # issue 33, by name only: extend MoE on the grouped GEMM
