@@ -15,6 +15,7 @@ equal).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -76,21 +77,25 @@ def checked(fn, reference: torch.Tensor) -> dict:
             "equal": bool(torch.equal(out, reference))}
 
 
-def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float) -> list[dict]:
-    """Each launch setting's result against `reference` (layer 0) and its time over the layers;
+def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float, rounds: int = 1) -> list[dict]:
+    """Each launch setting's result against `reference` (layer 0) and its time over the layers,
+    the median of `rounds` rounds, each round timing every setting in turn (`rounds_us`);
     `run(layer_ids, opts)` returns the layers' outputs."""
-    out = []
-    for config in configs:
-        opts = setting(*config)
-        res = checked(lambda opts=opts: run([0], opts)[0], reference)
+    settings = [setting(*config) for config in configs]
+    out = [{**opts, **checked(lambda opts=opts: run([0], opts)[0], reference), "rounds_us": []} for opts in settings]
+    for _ in range(rounds):
+        for opts, res in zip(settings, out):
+            if "error" not in res:
+                res["rounds_us"].append(graph_us(lambda opts=opts: run(range(LAYERS), opts)) / LAYERS)
+    for res in out:
         if "error" not in res:
-            res["us"] = graph_us(lambda opts=opts: run(range(LAYERS), opts)) / LAYERS
+            res["us"] = statistics.median(res["rounds_us"])
             res["tflops"] = flops / res["us"] / 1e6
-        out.append({**opts, **res})
     return out
 
 
-def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False) -> dict:
+def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False,
+         rounds: int = 1) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -124,7 +129,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
     sweep = SWEEP_GATHERING + (SWEEP_FLAT_GATHERING if flatten else []) + ([] if gathering_only else SWEEP_WS_GATHERING)
     row["gathering_gated"] = swept(sweep, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
-        **opts) for j in ids], up_ref, up_flops)
+        **opts) for j in ids], up_ref, up_flops, rounds)
     row["gated"] = [] if gathering_only else swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
@@ -148,6 +153,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--flatten-gathering", action="store_true", help="add SWEEP_FLAT_GATHERING")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the gathering sweep (median kept)")
     parser.add_argument("--gathering-only", action="store_true",
                         help="time the gathering gate/up GEMM's settings alone (no sort chunks, down or sorted rows)")
     args = parser.parse_args()
@@ -159,7 +165,7 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering)
+            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds)
             result["moe"][name].append(row)
             g, d = row["best_gated"] or {}, row["best_down"] or {}
             log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "
