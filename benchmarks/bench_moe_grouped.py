@@ -15,6 +15,7 @@ at the copy bandwidth or the pairs' FLOPs at one 8192^3 torch.mm, whichever is l
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -47,7 +48,9 @@ from cgtool.model.moe_triton import experts_config, fused_experts
 TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CHECK_TOKENS = 256
 TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False}, "half": {"tail": True, "narrow_tail": False},
-                 "narrow": {"tail": True, "narrow_tail": True}}
+                 "narrow": {"tail": True, "narrow_tail": True},
+                 "none_3_stages": {"tail": False, "narrow_tail": False, "num_stages": 3},
+                 "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3}}
 
 
 def argsort_pairs(ids: torch.Tensor, num_experts: int):
@@ -79,7 +82,7 @@ def peak_bytes(fn) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
+def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -121,18 +124,26 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float) -> dict:
                                                       gather_top_k=k, **gated_tiles) for i in range(LAYERS)])
     row["tma_down_us"] = per(lambda: [tma_grouped_mm(act, layers.down[i], sorts[i][2], **down_tiles)
                                       for i in range(LAYERS)])
-    # the whole grouped path again with each kind of tail in the gate/up GEMM, whatever this
-    # GPU's settings: none, half-height, narrow (at most 32 rows in transposed 32-wide tiles)
-    for name, extra in TAIL_VARIANTS.items():
-        tiles = {**gated_tiles, **extra}
-        moe_grouped.launch_tiles = lambda index, tiles=tiles: (tiles, down_tiles)
+    # the whole grouped path again with each kind of tail in the gate/up GEMM (and depth),
+    # whatever this GPU's settings: none, half-height, narrow (at most 32 rows in transposed
+    # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
+    def with_tiles(extra: dict, fn):
+        moe_grouped.launch_tiles = lambda index: ({**gated_tiles, **extra}, down_tiles)
         try:
-            row[f"grouped_{name}_layer_us"] = row["routing_us"] + per(lambda: [grouped_mm_experts(
-                x, layers.gate_up[i], layers.down[i], *routed[i]) for i in range(LAYERS)])
-            row[f"grouped_{name}_equals_default"] = bool(torch.equal(
-                grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0]), eager_default))
+            return fn()
         finally:
             moe_grouped.launch_tiles = launch_tiles
+
+    layer = lambda: [grouped_mm_experts(x, layers.gate_up[i], layers.down[i], *routed[i]) for i in range(LAYERS)]
+    timed: dict[str, list[float]] = {name: [] for name in TAIL_VARIANTS}
+    for _ in range(rounds):
+        for name, extra in TAIL_VARIANTS.items():
+            timed[name].append(row["routing_us"] + with_tiles(extra, lambda: per(layer)))
+    for name, extra in TAIL_VARIANTS.items():
+        row[f"grouped_{name}_layer_us"] = statistics.median(timed[name])
+        row[f"grouped_{name}_rounds_us"] = timed[name]
+        row[f"grouped_{name}_equals_default"] = bool(torch.equal(with_tiles(extra, lambda: grouped_mm_experts(
+            x, layers.gate_up[0], layers.down[0], *routed[0])), eager_default))
     row["tma_gated_tflops"] = pairs * 2 * H * I * 2 / row["tma_gated_us"] / 1e6
     row["tma_down_tflops"] = pairs * H * I * 2 / row["tma_down_us"] / 1e6
     row["up_mm_tflops"] = pairs * 2 * H * I * 2 / row["up_mm_us"] / 1e6
@@ -166,6 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the tail variants' layers (median kept)")
     args = parser.parse_args()
     copy_bs, peak = copy_bandwidth(), mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -177,7 +189,7 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, copy_bs, peak)
+            row = case(layers, n, copy_bs, peak, args.rounds)
             result["moe"][name].append(row)
             log(f"{name} n={n}: triton {row['triton_layer_us']:.1f} us ({100 * row['triton_share_of_bound']:.0f}% "
                 f"of bound, {100 * row['triton_share_of_mm_peak']:.0f}% of mm), grouped {row['grouped_layer_us']:.1f} us "

@@ -40,7 +40,8 @@
 # `gemm-stages` (by name only): benchmarks/bench_gemm_stages.py, the grouped MoE GEMMs and a plain
 # Triton GEMM at 1-5 pipeline stages, in $OUT/gemm-stages.json.
 # `moe-grouped` (by name only): benchmarks/bench_moe_grouped.py, MoE experts at extend sizes on torch's
-# grouped GEMM against the Triton path (GROUPED_TOKENS picks sizes), in $OUT/moe-grouped.json.
+# grouped GEMM against the Triton path (GROUPED_TOKENS picks sizes; GROUPED_ARGS more of its flags), in
+# $OUT/moe-grouped.json.
 # `moe-tma` (by name only): benchmarks/bench_moe_tma.py, the extend GEMMs on cgtool's TMA grouped
 # GEMM against torch's, over a sweep of launch settings (TMA_TOKENS picks sizes; TMA_ARGS more of
 # its flags), in $OUT/moe-tma.json.
@@ -260,7 +261,7 @@ fi
 if [[ " $stages " == *" moe-grouped "* ]]; then  # issue 33, by name only: extend MoE on the grouped GEMM
   echo "[$(date +%H:%M:%S)] bench_moe_grouped"
   timeout -k 10 300 python3 benchmarks/bench_moe_grouped.py --out "$OUT/moe-grouped.json" \
-    ${GROUPED_TOKENS:+--tokens "$GROUPED_TOKENS"} 2>&1 | tee "$OUT/moe-grouped.log"
+    ${GROUPED_TOKENS:+--tokens "$GROUPED_TOKENS"} ${GROUPED_ARGS:-} 2>&1 | tee "$OUT/moe-grouped.log"
   echo "[$(date +%H:%M:%S)] bench_moe_grouped exit ${PIPESTATUS[0]}"
 fi
 if want decode; then
