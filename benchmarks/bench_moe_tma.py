@@ -55,7 +55,8 @@ SWEEP_GATHERING = [(128, 128, 8, stages, False, *tail) for tail in TAIL_KINDS fo
 SWEEP_PLAIN = [(128, 256, 8, stages, True, *tail) for tail in TAIL_KINDS for stages in (3, 4)]
 SWEEP_WS_GATHERING = [(128, 128, 8, stages, False, False, False, True) for stages in (3, 4)]
 # The gathering form with its whole tiles' loop flattened (the next tile's loads issued before
-# this one's epilogue), which call 1 swept on sorted rows only (`--flatten-gathering`).
+# this one's epilogue), which call 1 swept on sorted rows only (`--flatten-gathering`): 13-58%
+# slower at 2k-8k tokens (H200, benchmarks/results/h200-2026-11-27-moe-tiles, call 1).
 SWEEP_FLAT_GATHERING = [(128, 128, 8, stages, True, *tail) for tail in ((False, False), (True, True))
                         for stages in (3, 4)]
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]

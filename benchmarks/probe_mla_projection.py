@@ -15,7 +15,7 @@ The attention's share of its latent read is given both ways: `attention` alone, 
 less `product` (the merge charged to the attention, the projection's own time not).
 
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
-        [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;l2:wg.L2_AHEAD_TILES=4"]
+        [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
 A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
 """
