@@ -50,7 +50,13 @@ CHECK_TOKENS = 256
 TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False}, "half": {"tail": True, "narrow_tail": False},
                  "narrow": {"tail": True, "narrow_tail": True},
                  "none_3_stages": {"tail": False, "narrow_tail": False, "num_stages": 3},
-                 "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3}}
+                 "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3},
+                 # the tiles in expert-major order (`moe_tma_gemm._expert_major_tile`), both GEMMs
+                 "narrow_expert_major": {"tail": True, "narrow_tail": True, "tile_order": 1, "down": {"tile_order": 1}},
+                 "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2, "down": {"tile_order": 1}},
+                 "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1,
+                                       "down": {"tile_order": 1}}}
+DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 
 def argsort_pairs(ids: torch.Tensor, num_experts: int):
@@ -82,7 +88,8 @@ def peak_bytes(fn) -> int:
     return torch.cuda.max_memory_allocated() - before
 
 
-def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1) -> dict:
+def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1,
+         variants: tuple[str, ...] = tuple(DEFAULT_VARIANTS.split(","))) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -128,18 +135,20 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # whatever this GPU's settings: none, half-height, narrow (at most 32 rows in transposed
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
-        moe_grouped.launch_tiles = lambda index: ({**gated_tiles, **extra}, down_tiles)
+        gated = {key: value for key, value in extra.items() if key != "down"}
+        moe_grouped.launch_tiles = lambda index: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()
         finally:
             moe_grouped.launch_tiles = launch_tiles
 
     layer = lambda: [grouped_mm_experts(x, layers.gate_up[i], layers.down[i], *routed[i]) for i in range(LAYERS)]
-    timed: dict[str, list[float]] = {name: [] for name in TAIL_VARIANTS}
+    chosen = {name: TAIL_VARIANTS[name] for name in variants}
+    timed: dict[str, list[float]] = {name: [] for name in chosen}
     for _ in range(rounds):
-        for name, extra in TAIL_VARIANTS.items():
+        for name, extra in chosen.items():
             timed[name].append(row["routing_us"] + with_tiles(extra, lambda: per(layer)))
-    for name, extra in TAIL_VARIANTS.items():
+    for name, extra in chosen.items():
         row[f"grouped_{name}_layer_us"] = statistics.median(timed[name])
         row[f"grouped_{name}_rounds_us"] = timed[name]
         row[f"grouped_{name}_equals_default"] = bool(torch.equal(with_tiles(extra, lambda: grouped_mm_experts(
@@ -178,7 +187,12 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the tail variants' layers (median kept)")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS,
+                        help=f"the layer's launch variants to time, of {','.join(TAIL_VARIANTS)}")
     args = parser.parse_args()
+    variants = tuple(args.variants.split(","))
+    if unknown := set(variants) - set(TAIL_VARIANTS):
+        parser.error(f"--variants: no variant {sorted(unknown)}; known: {','.join(TAIL_VARIANTS)}")
     copy_bs, peak = copy_bandwidth(), mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                     "torch": torch.__version__, "copy_bytes_s": copy_bs, "mm_flops": peak,
@@ -189,14 +203,14 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, copy_bs, peak, args.rounds)
+            row = case(layers, n, copy_bs, peak, args.rounds, variants)
             result["moe"][name].append(row)
             log(f"{name} n={n}: triton {row['triton_layer_us']:.1f} us ({100 * row['triton_share_of_bound']:.0f}% "
                 f"of bound, {100 * row['triton_share_of_mm_peak']:.0f}% of mm), grouped {row['grouped_layer_us']:.1f} us "
                 f"({100 * row['grouped_share_of_bound']:.0f}%, {100 * row['grouped_share_of_mm_peak']:.0f}%), "
                 + "".join(f"{v} tails {row[f'grouped_{v}_layer_us']:.1f} us "
                           f"({100 * row['bound_us'] / row[f'grouped_{v}_layer_us']:.0f}%, "
-                          f"same bits {row[f'grouped_{v}_equals_default']}), " for v in TAIL_VARIANTS)
+                          f"same bits {row[f'grouped_{v}_equals_default']}), " for v in variants)
                 + "; "
                 f"parts: sort {row['sort_us']:.1f} (torch.sort {row['torch_sort_us']:.1f}, argsort {row['argsort_us']:.1f}) gather {row['gather_us']:.1f} "
                 f"(index_select {row['index_select_us']:.1f}) up {row['up_mm_us']:.1f} "

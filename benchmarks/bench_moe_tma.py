@@ -59,13 +59,25 @@ SWEEP_WS_GATHERING = [(128, 128, 8, stages, False, False, False, True) for stage
 # slower at 2k-8k tokens (H200, benchmarks/results/h200-2026-11-27-moe-tiles, call 1).
 SWEEP_FLAT_GATHERING = [(128, 128, 8, stages, True, *tail) for tail in ((False, False), (True, True))
                         for stages in (3, 4)]
+# The tiles' order (`--orders`): block-major as shipped, expert-major (an expert's row blocks of
+# one column side by side, so programs running at once share the weights' tile in L2), and
+# expert-major with the tails beside their expert's blocks; the last field 0 points every
+# expert at expert 0's weights, whose 6-9 MB L2 keeps: the time with the experts' weights
+# never read from HBM again, a bound (its output is not the reference's).
+SWEEP_ORDER_GATHERING = ([(128, 128, 8, 4, False, True, True, False, order) for order in (0, 1, 2)]
+                         + [(128, 128, 8, 3, False, False, False, False, order) for order in (0, 1)]
+                         + [(128, 128, 8, 4, False, True, True, False, 0, 0),
+                            (128, 128, 8, 3, False, False, False, False, 1, 0)])
+SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
+                     + [(128, 256, 8, 3, True, False, False, False, 0, 0)])
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
 def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
-            ws: bool = False) -> dict:
-    return {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws}
+            ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None) -> dict:
+    opts = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
+            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order}
+    return opts if b_rows_per_expert is None else {**opts, "b_rows_per_expert": b_rows_per_expert}
 
 
 def checked(fn, reference: torch.Tensor) -> dict:
@@ -96,7 +108,7 @@ def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float, roun
 
 
 def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False,
-         rounds: int = 1) -> dict:
+         rounds: int = 1, orders: bool = False) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -117,7 +129,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
                                                          offs=sorts[i][2]) for i in range(LAYERS)]) / LAYERS
     row["sort_us_by_chunk"] = {}
     default = moe_grouped._CHUNK
-    for chunk in () if gathering_only else (256, 512, 1024, 2048):
+    for chunk in () if gathering_only or orders else (256, 512, 1024, 2048):
         moe_grouped._CHUNK = chunk
         row["sort_us_by_chunk"][chunk] = graph_us(lambda: [sort_pairs(ids, E) for _, ids in routed]) / LAYERS
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
@@ -128,14 +140,17 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
     sweep = SWEEP_GATHERING + (SWEEP_FLAT_GATHERING if flatten else []) + ([] if gathering_only else SWEEP_WS_GATHERING)
+    if orders:
+        sweep = SWEEP_ORDER_GATHERING
     row["gathering_gated"] = swept(sweep, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
         **opts) for j in ids], up_ref, up_flops, rounds)
-    row["gated"] = [] if gathering_only else swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
+    row["gated"] = [] if gathering_only or orders else swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
-    row["down"] = [] if gathering_only else swept(SWEEP_PLAIN + SWEEP_WS_PLAIN, lambda ids, opts: [tma_grouped_mm(
-        acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops)
+    row["down"] = [] if gathering_only else swept(SWEEP_ORDER_PLAIN if orders else SWEEP_PLAIN + SWEEP_WS_PLAIN,
+                                                  lambda ids, opts: [tma_grouped_mm(
+        acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops, rounds if orders else 1)
     best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
     best_d = min((r for r in row["down"] if "us" in r), key=lambda r: r["us"], default=None)
     row["torch_up_tflops"] = up_flops / row["torch_up_silu_us"] / 1e6
@@ -145,8 +160,8 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
 
 
 def brief(settings: list[dict]) -> list[tuple]:
-    return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], round(r.get("us", -1), 1),
-             r.get("equal")) for r in settings]
+    return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], r["tile_order"],
+             r.get("b_rows_per_expert"), round(r.get("us", -1), 1), r.get("equal")) for r in settings]
 
 
 def main() -> None:
@@ -157,6 +172,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="rounds of the gathering sweep (median kept)")
     parser.add_argument("--gathering-only", action="store_true",
                         help="time the gathering gate/up GEMM's settings alone (no sort chunks, down or sorted rows)")
+    parser.add_argument("--orders", action="store_true",
+                        help="time the tiles' orders (SWEEP_ORDER_*), `--rounds` rounds for both GEMMs")
     args = parser.parse_args()
     peak = mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -166,7 +183,7 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds)
+            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds, args.orders)
             result["moe"][name].append(row)
             g, d = row["best_gated"] or {}, row["best_down"] or {}
             log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "
@@ -176,7 +193,7 @@ def main() -> None:
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
             log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated (stages, flatten, tail, "
-                f"narrow, warp-specialized, us, equal) {brief(row['gathering_gated'])}")
+                f"narrow, warp-specialized, order, b rows, us, equal) {brief(row['gathering_gated'])}")
             log(f"  down {brief(row['down'])}")
             errors = {r.get("error") for r in row["gated"] + row["gathering_gated"] + row["down"] if "error" in r}
             if errors:

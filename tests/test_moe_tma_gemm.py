@@ -37,12 +37,14 @@ def _per_expert(rows, weights, ends):
 @pytest.mark.parametrize("num_programs,block_m", [(1, 128), (3, 128), (3, 64)])
 @pytest.mark.parametrize("tail", TAILS)
 @pytest.mark.parametrize("warp_specialize", [False, True])
-def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail, warp_specialize):
+@pytest.mark.parametrize("tile_order", [0, 1, 2])
+def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail, warp_specialize, tile_order):
     # N = 40 over 32-column tiles reads the next expert's rows, K = 48 over 32 past the tensor;
     # with tails, 130 rows are a 128-row block and a 2-row tail (and 5, 17, 1, 40 tails alone)
     rows, weights, ends = _groups(COUNTS, 48, 40)
     out = tma_grouped_mm(rows, weights, ends, block_m=block_m, block_n=32, block_k=32, flatten=flatten,
-                         num_programs=num_programs, warp_specialize=warp_specialize, **TAILS[tail])
+                         num_programs=num_programs, warp_specialize=warp_specialize, tile_order=tile_order,
+                         **TAILS[tail])
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
@@ -69,7 +71,8 @@ def test_tma_is_for_the_gpu_with_whole_weights():
 
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("tail", TAILS)
-def test_gathering_reads_each_sorted_pairs_token_row(gated, tail):
+@pytest.mark.parametrize("tile_order", [0, 2])
+def test_gathering_reads_each_sorted_pairs_token_row(gated, tail, tile_order):
     # 3 slots a token; pairs sorted by expert: the kernel reads token order[r] // 3 for row r
     gen = torch.Generator().manual_seed(4)
     tokens = torch.randn(60, 40, generator=gen)
@@ -79,7 +82,7 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated, tail):
     ends = torch.tensor(counts).cumsum(0).int()
     pair_weights = torch.rand(180, generator=gen)
     opts = {"gated": gated, "pair_weights": pair_weights, "order": order, "block_n": 16, "block_k": 32,
-            "num_programs": 2, **TAILS[tail]}
+            "num_programs": 2, "tile_order": tile_order, **TAILS[tail]}
     out = tma_grouped_mm(tokens, weights, ends, gather_top_k=3, **opts)
     expected = tma_grouped_mm(tokens[order.long() // 3], weights, ends, **opts)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)

@@ -139,29 +139,68 @@ def _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row
 
 
 @triton.jit
+def _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr):
+    # Tile t in block-major order: a row block's column tiles one after another.
+    block = t // n_tiles
+    expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
+    mine = e_ids == expert
+    row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), (t % n_tiles), False
+
+
+@triton.jit
+def _expert_major_tile(t, e_ids, starts, ends, units, cum_units, blocks, n_tiles, BM: tl.constexpr):
+    # Tile t in expert-major order: an expert's tiles together, column after column, one
+    # column's row blocks (and its tail, last) side by side, so programs that run at once read
+    # the same weights' tile and HBM serves it once. Returns whether the tile is the tail.
+    expert = tl.sum((cum_units * n_tiles <= t).to(tl.int32), 0)
+    mine = e_ids == expert
+    n_units = tl.sum(tl.where(mine, units, 0), 0)
+    local = t - tl.sum(tl.where(mine, cum_units - units, 0), 0) * n_tiles
+    unit = local % n_units
+    row0 = tl.sum(tl.where(mine, starts, 0), 0) + unit * BM
+    is_tail = unit >= tl.sum(tl.where(mine, blocks, 0), 0)
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), local // n_units, is_tail
+
+
+@triton.jit
 def _grouped_gemm_tma_kernel(
     a_desc, a_tail_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
-    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
-    # every whole block.
+    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`): after
+    # every whole block (ORDER 0 and 1), or beside its expert's blocks (ORDER 2).
+    # ORDER 0: tiles block-major; 1 and 2: expert-major (`_expert_major_tile`).
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
-    for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
-        block = t // n_tiles
-        expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
-        mine = e_ids == expert
-        row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
-        row_end = tl.sum(tl.where(mine, ends, 0), 0)
-        col0 = (t % n_tiles) * BN
-        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
-    if TAIL:
+    inline_tails: tl.constexpr = TAIL and ORDER == 2
+    units = blocks + tails if inline_tails else blocks
+    cum_units = cum + cum_tails if inline_tails else cum
+    for t in tl.range(tl.program_id(0), tl.sum(units, 0) * n_tiles, num_programs, flatten=FLATTEN):
+        if ORDER == 0:
+            expert, row0, row_end, col_tile, is_tail = _block_major_tile(t, e_ids, starts, ends, blocks, cum,
+                                                                         n_tiles, BM)
+        else:
+            expert, row0, row_end, col_tile, is_tail = _expert_major_tile(t, e_ids, starts, ends, units,
+                                                                          cum_units, blocks, n_tiles, BM)
+        col0 = col_tile * BN
+        b_row = expert * b_rows_per_expert + col0
+        if inline_tails:
+            if is_tail:
+                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                           stride_x, stride_out, GATED, GATHER_TOP_K, NARROW, BM, BN, BK)
+            else:
+                _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
+                           stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
+        else:
+            _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+                       stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
+    if TAIL and not inline_tails:
         for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
             expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
             mine = e_ids == expert
@@ -231,6 +270,8 @@ def tma_grouped_mm(
     narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
+    tile_order: int = 0,  # tiles: 0 block-major, 1 expert-major, 2 expert-major with tails beside
+    b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
@@ -249,9 +290,10 @@ def tma_grouped_mm(
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
         a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
-        order if order is not None else dummy, num_experts, n_out, b_rows, k, rows.stride(0), out.stride(0),
+        order if order is not None else dummy, num_experts, n_out,
+        b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, num_warps=num_warps, num_stages=num_stages,
     )
     return out
