@@ -51,11 +51,15 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False}, "half": {"tail":
                  "narrow": {"tail": True, "narrow_tail": True},
                  "none_3_stages": {"tail": False, "narrow_tail": False, "num_stages": 3},
                  "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3},
-                 # the tiles in expert-major order (`moe_tma_gemm._expert_major_tile`), both GEMMs
-                 "narrow_expert_major": {"tail": True, "narrow_tail": True, "tile_order": 1, "down": {"tile_order": 1}},
-                 "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2, "down": {"tile_order": 1}},
-                 "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1,
-                                       "down": {"tile_order": 1}}}
+                 # the gate/up GEMM's tiles in expert-major order (`moe_tma_gemm._expert_major_tile`);
+                 # "down" names the down GEMM's settings
+                 "narrow_expert_major": {"tail": True, "narrow_tail": True, "tile_order": 1},
+                 "half_expert_major": {"tail": True, "narrow_tail": False, "tile_order": 1},
+                 "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1},
+                 "none_3_expert_major": {"tail": False, "narrow_tail": False, "num_stages": 3, "tile_order": 1},
+                 "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2},
+                 "none_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1,
+                                            "down": {"tile_order": 1}}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 

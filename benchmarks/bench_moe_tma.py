@@ -64,10 +64,13 @@ SWEEP_FLAT_GATHERING = [(128, 128, 8, stages, True, *tail) for tail in ((False, 
 # expert-major with the tails beside their expert's blocks; the last field 0 points every
 # expert at expert 0's weights, whose 6-9 MB L2 keeps: the time with the experts' weights
 # never read from HBM again, a bound (its output is not the reference's).
-SWEEP_ORDER_GATHERING = ([(128, 128, 8, 4, False, True, True, False, order) for order in (0, 1, 2)]
-                         + [(128, 128, 8, 3, False, False, False, False, order) for order in (0, 1)]
-                         + [(128, 128, 8, 4, False, True, True, False, 0, 0),
-                            (128, 128, 8, 3, False, False, False, False, 1, 0)])
+SWEEP_ORDER_GATHERING = [(128, 128, 8, stages, False, tail, narrow, False, order)
+                         for order in (0, 1) for stages, tail, narrow in ((4, True, True), (3, False, False),
+                                                                          (4, False, False), (4, True, False),
+                                                                          (3, True, True))]
+SWEEP_ORDER_GATHERING += [(128, 128, 8, 4, False, True, True, False, 2),
+                          (128, 128, 8, 4, False, True, True, False, 1, 0),
+                          (128, 128, 8, 3, False, False, False, False, 1, 0)]
 SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
                      + [(128, 256, 8, 3, True, False, False, False, 0, 0)])
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
