@@ -47,10 +47,11 @@ from cgtool.model.moe_triton import experts_config, fused_experts
 
 TOKENS = [256, 512, 1024, 2048, 4096, 8192, 16384]
 CHECK_TOKENS = 256
-TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False}, "half": {"tail": True, "narrow_tail": False},
-                 "narrow": {"tail": True, "narrow_tail": True},
-                 "none_3_stages": {"tail": False, "narrow_tail": False, "num_stages": 3},
-                 "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3},
+TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
+                 "half": {"tail": True, "narrow_tail": False, "tile_order": 0},
+                 "narrow": {"tail": True, "narrow_tail": True, "tile_order": 0},
+                 "none_3_stages": {"tail": False, "narrow_tail": False, "num_stages": 3, "tile_order": 0},
+                 "narrow_3_stages": {"tail": True, "narrow_tail": True, "num_stages": 3, "tile_order": 0},
                  # the gate/up GEMM's tiles in expert-major order (`moe_tma_gemm._expert_major_tile`);
                  # "down" names the down GEMM's settings
                  "narrow_expert_major": {"tail": True, "narrow_tail": True, "tile_order": 1},

@@ -265,13 +265,14 @@ def grouped_path_cases() -> dict[str, tuple]:
     bm, bk = 128, 64
     for name, tiles, gather, tail, stages in (
         ("gate/up gathering, narrow tails", gated, TOP_K, True, gated["num_stages"]),
-        ("gate/up gathering, whole tiles", gated, TOP_K, False, gated["num_stages"]),
+        ("gate/up gathering, whole tiles (shipped)", gated, TOP_K, False, gated["num_stages"]),
         ("gate/up over sorted rows, tails", gated, 0, True, gated["num_stages"]),
         ("down", down, 0, False, 3),
     ):
         bn = tiles["block_n"]
         constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
-                     "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False}
+                     "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False,
+                     "ORDER": tiles.get("tile_order", 0)}
         types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
                  "Weights": "*fp32", "Order": "*i32", "K": MULTIPLE_OF_16, "n_out": MULTIPLE_OF_16,
                  "b_rows_per_expert": MULTIPLE_OF_16}

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from cgtool.model.moe_grouped import silu_mul_weight
-from cgtool.model.moe_tma_gemm import tma_grouped_mm, tma_usable
+from cgtool.model.moe_tma_gemm import _expert_blocks, _expert_major_tile, tma_grouped_mm, tma_usable
 
 # rows per expert: empty experts first, between and last; a group longer than one 128-row block;
 # last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block)
@@ -88,10 +90,10 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated, tail, tile_order):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name,tails,down_stages", [("NVIDIA H100 80GB HBM3", False, 4), ("NVIDIA H200", True, 3)])
-def test_launch_settings_follow_the_gpu_class_measured(monkeypatch, name, tails, down_stages):
-    # the H200 runs the gate/up GEMM's short last rows in narrow tails; the H100 keeps whole
-    # tiles and a fourth stage in the down GEMM (docs/moe-mla.md, section 2)
+@pytest.mark.parametrize("name,down_stages", [("NVIDIA H100 80GB HBM3", 4), ("NVIDIA H200", 3)])
+def test_launch_settings_follow_the_gpu_class_measured(monkeypatch, name, down_stages):
+    # the gate/up GEMM: whole tiles in expert-major order on both GPU classes; the H100 keeps a
+    # fourth stage in the down GEMM (docs/moe-mla.md, section 2)
     from cgtool.model import moe_tma_gemm
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: name)
@@ -100,9 +102,39 @@ def test_launch_settings_follow_the_gpu_class_measured(monkeypatch, name, tails,
         gated, down = moe_tma_gemm.launch_tiles(0)
     finally:
         moe_tma_gemm.launch_tiles.cache_clear()
-    assert (gated["tail"], gated["narrow_tail"]) == (tails, tails)
-    assert not down["tail"] and down["num_stages"] == down_stages
+    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"]) == (False, False, 1)
+    assert not down["tail"] and down.get("tile_order", 0) == 0 and down["num_stages"] == down_stages
     assert (gated["block_n"], down["block_n"]) == (128, 256)
+
+
+@triton.jit
+def _expert_major_tiles(Ends, Out, num_experts, n_tiles, n_total, E_POW2: tl.constexpr, BM: tl.constexpr):
+    # each tile's (expert, first row, column tile, tail) as the TMA kernel computes them
+    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, True)
+    for t in range(n_total):
+        expert, row0, _, col, is_tail = _expert_major_tile(t, e_ids, starts, ends, blocks + tails, cum + cum_tails,
+                                                           blocks, n_tiles, BM)
+        tl.store(Out + 4 * t, expert)
+        tl.store(Out + 4 * t + 1, row0)
+        tl.store(Out + 4 * t + 2, col)
+        tl.store(Out + 4 * t + 3, is_tail.to(tl.int32))
+
+
+def test_expert_major_order_puts_one_columns_row_blocks_side_by_side():
+    # against the order written out: expert after expert, column after column, the row blocks
+    # then the tail (so tiles that run at once share a tile of the weights)
+    counts, bm, n_tiles = [0, 300, 20, 0, 256, 100], 128, 3
+    expected, start = [], 0
+    for e, count in enumerate(counts):
+        whole, rest = divmod(count, bm)
+        blocks = whole + (rest > bm // 2)
+        units = [(start + b * bm, False) for b in range(blocks)] + ([(start + blocks * bm, True)] if 0 < rest <= bm // 2 else [])
+        expected += [(e, row0, col, tail) for col in range(n_tiles) for row0, tail in units]
+        start += count
+    ends = torch.tensor(counts).cumsum(0).int()
+    out = torch.zeros(len(expected), 4, dtype=torch.int32)
+    _expert_major_tiles[(1,)](ends, out, len(counts), n_tiles, len(expected), E_POW2=8, BM=bm)
+    assert [(e, r, c, bool(t)) for e, r, c, t in out.tolist()] == expected
 
 
 @pytest.mark.gpu

@@ -216,16 +216,17 @@ def _grouped_gemm_tma_kernel(
 # h100-2026-11-26-moe-tma/call3); the gate/up GEMM's column tile is 128 wide (two accumulators),
 # the down GEMM's 256, its tiles in one flattened loop. The gate/up GEMM, reading the tokens'
 # rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 2-8% faster than 3 at
-# 2k-8k tokens, but for qwen3-30b-a3b's 4k on the H200). An expert's short last rows in tiles
-# of their own ("tail") pay on the H200 (call 12: qwen3-30b-a3b's 4k-token gate/up 583 -> 547
-# us, deepseek-v2-lite's 679 -> 655), best as narrow tails (h200-2026-11-26-pdl-tails/call5,
-# the layer at 512-8k tokens: at 5 of 8 sizes as fast as half-height tails or faster, by up to
-# 10%; the rest within the 6% two timings of one setting differed by), and
-# not on the H100 (call 14: 2k tokens 399 -> 468 and 424 -> 481; narrow tails no better,
-# h100-2026-11-26-pdl-tails/call3), and never for the down GEMM. The down GEMM's depth is the
-# GPU's: the H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token
-# down GEMM 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
-_GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4}
+# 2k-8k tokens). Its tiles go expert-major (`_expert_major_tile`), whole tiles: with the
+# experts' weights never read from HBM again (every expert pointed at expert 0's) the GEMM at
+# 4k tokens took 430-440 us against 497-511 as it ran, so side-by-side tiles of one column
+# share its weights' tile; expert-major whole tiles made the layer 2-5% faster at 2k-8k tokens
+# but for qwen3-30b-a3b's 4k (within 1.5% either way) on the H200, against the narrow tails it
+# had shipped (benchmarks/results/h200-h100-2026-11-27-moe-order). The down GEMM stays
+# block-major (expert-major 1-7% slower) and never takes tails; its depth is the GPU's: the
+# H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
+# 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
+_GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
+                "narrow_tail": False, "tile_order": 1}
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
 
@@ -233,8 +234,7 @@ _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 def launch_tiles(device_index: int) -> tuple[dict, dict]:
     """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU."""
     h100 = "H100" in torch.cuda.get_device_name(device_index)
-    gated = {**_GATED_TILES, "tail": not h100, "narrow_tail": not h100}
-    return gated, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
+    return dict(_GATED_TILES), {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
 
 
 def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
