@@ -128,7 +128,7 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
                                      for i in range(LAYERS)])
     y = _GROUPED_MM(act, layers.down[0].transpose(1, 2), offs=sorts[0][2])
     row["sum_us"] = per(lambda: [sum_sorted_rows(y, sorts[i][1], k, DTYPE) for i in range(LAYERS)])
-    gated_tiles, down_tiles = launch_tiles(x.device.index)
+    gated_tiles, down_tiles = launch_tiles(x.device.index, pairs / E)
     eager_default = grouped_mm_experts(x, layers.gate_up[0], layers.down[0], *routed[0])
     # the path's gate/up GEMM reads its rows from the tokens (no gather)
     row["tma_gated_us"] = per(lambda: [tma_grouped_mm(x, layers.gate_up[i], sorts[i][2], gated=True,
@@ -141,7 +141,7 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
         gated = {key: value for key, value in extra.items() if key != "down"}
-        moe_grouped.launch_tiles = lambda index: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
+        moe_grouped.launch_tiles = lambda index, mean_rows: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()
         finally:

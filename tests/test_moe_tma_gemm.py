@@ -90,19 +90,23 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated, tail, tile_order):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name,down_stages", [("NVIDIA H100 80GB HBM3", 4), ("NVIDIA H200", 3)])
-def test_launch_settings_follow_the_gpu_class_measured(monkeypatch, name, down_stages):
-    # the gate/up GEMM: whole tiles in expert-major order on both GPU classes; the H100 keeps a
-    # fourth stage in the down GEMM (docs/moe-mla.md, section 2)
+@pytest.mark.parametrize(("name", "mean_rows", "narrow", "down_stages"), [
+    ("NVIDIA H100 80GB HBM3", 32, False, 4), ("NVIDIA H100 80GB HBM3", 256, False, 4),
+    ("NVIDIA H200", 32, True, 3), ("NVIDIA H200", 63.9, True, 3), ("NVIDIA H200", 64, False, 3),
+    ("NVIDIA H200", 256, False, 3)])
+def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch, name, mean_rows, narrow, down_stages):
+    # the gate/up GEMM: whole tiles in expert-major order, but for the H200's narrow tails where
+    # an expert has under 64 rows; the H100 keeps a fourth stage in the down GEMM (docs/moe-mla.md)
     from cgtool.model import moe_tma_gemm
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: name)
-    moe_tma_gemm.launch_tiles.cache_clear()
+    moe_tma_gemm._is_h100.cache_clear()
     try:
-        gated, down = moe_tma_gemm.launch_tiles(0)
+        gated, down = moe_tma_gemm.launch_tiles(0, mean_rows)
     finally:
-        moe_tma_gemm.launch_tiles.cache_clear()
-    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"]) == (False, False, 1)
+        moe_tma_gemm._is_h100.cache_clear()
+    expected = (True, True, 0) if narrow else (False, False, 1)
+    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"]) == expected
     assert not down["tail"] and down.get("tile_order", 0) == 0 and down["num_stages"] == down_stages
     assert (gated["block_n"], down["block_n"]) == (128, 256)
 

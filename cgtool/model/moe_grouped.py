@@ -239,7 +239,7 @@ def grouped_mm_experts(
     order, inverse, ends = sort_pairs(ids, gate_up.shape[0])
     flat_weights = weights.float().reshape(-1).contiguous()
     if tma_usable(x, gate_up, down):
-        gated_tiles, down_tiles = launch_tiles(x.device.index)
+        gated_tiles, down_tiles = launch_tiles(x.device.index, order.numel() / gate_up.shape[0])
         # the gate/up GEMM reads each pair's token row itself: no [pairs, hidden] copy
         act = tma_grouped_mm(x, gate_up, ends, gated=True, pair_weights=flat_weights, order=order,
                              gather_top_k=top_k, **gated_tiles)

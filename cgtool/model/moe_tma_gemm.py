@@ -218,23 +218,34 @@ def _grouped_gemm_tma_kernel(
 # rows itself, runs 4 pipeline stages deep (H200 call 12, H100 call 14: 2-8% faster than 3 at
 # 2k-8k tokens). Its tiles go expert-major (`_expert_major_tile`), whole tiles: with the
 # experts' weights never read from HBM again (every expert pointed at expert 0's) the GEMM at
-# 4k tokens took 430-440 us against 497-511 as it ran, so side-by-side tiles of one column
-# share its weights' tile; expert-major whole tiles made the layer 2-5% faster at 2k-8k tokens
-# but for qwen3-30b-a3b's 4k (within 1.5% either way) on the H200, against the narrow tails it
-# had shipped (benchmarks/results/h200-h100-2026-11-27-moe-order). The down GEMM stays
-# block-major (expert-major 1-7% slower) and never takes tails; its depth is the GPU's: the
+# 4k tokens took 11-14% less than block-major, so side-by-side tiles of one column share its
+# weights' tile. Expert-major whole tiles made the layer 0.1-5.6% faster at 2k-16k tokens on
+# both GPUs, but for qwen3-30b-a3b's 4k on the H200 (within 2% either way over three calls;
+# benchmarks/results/h200-h100-2026-11-27-moe-order). Where an expert has under 64 rows on
+# average, the H200 keeps the narrow tails it shipped before: an expert's last rows, if at most
+# 32, in a transposed tile 32 wide (at 512 tokens 4-8% faster than whole tiles; no different at
+# 1k). On the H100 tails were slower (h100-2026-11-26-pdl-tails/call3). The down GEMM stays
+# block-major (expert-major up to 7% slower) and never takes tails; its depth is the GPU's: the
 # H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
 # 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
                 "narrow_tail": False, "tile_order": 1}
+_NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0}
+NARROW_TAILS_BELOW_ROWS = 64  # an expert's mean rows under which the H200 takes narrow tails
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
 
 @cache
-def launch_tiles(device_index: int) -> tuple[dict, dict]:
-    """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU."""
-    h100 = "H100" in torch.cuda.get_device_name(device_index)
-    return dict(_GATED_TILES), {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
+def _is_h100(device_index: int) -> bool:
+    return "H100" in torch.cuda.get_device_name(device_index)
+
+
+def launch_tiles(device_index: int, mean_rows: float) -> tuple[dict, dict]:
+    """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU, for GEMMs whose experts
+    have `mean_rows` rows on average."""
+    h100 = _is_h100(device_index)
+    gated = {**_GATED_TILES, **(_NARROW_TAILS if not h100 and mean_rows < NARROW_TAILS_BELOW_ROWS else {})}
+    return gated, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
 
 
 def tma_usable(x: torch.Tensor, *weights: torch.Tensor) -> bool:
