@@ -13,7 +13,9 @@ silu(gate) * up * the pair's routing weight, rounded as `moe_grouped.silu_mul_we
 the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches memory. The
 gathering form reads A's rows from the tokens through the sort's order (no [pairs, K] copy).
 With tails, an expert's last rows, when at most half a tile, take a half-height tile of their
-own after the rest.
+own after the rest. The persistent programs take tiles block-major (a row block's columns one
+after another) or expert-major (one column's row blocks side by side, so tiles that run at once
+read the same tile of the weights).
 """
 
 from __future__ import annotations
