@@ -59,6 +59,10 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                  "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1},
                  "none_3_expert_major": {"tail": False, "narrow_tail": False, "num_stages": 3, "tile_order": 1},
                  "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2},
+                 # a program a tile, both GEMMs (the persistent loop runs once a program)
+                 "none_expert_major_all_programs": {"tail": False, "narrow_tail": False, "tile_order": 1,
+                                                    "num_programs": 1 << 24,
+                                                    "down": {"num_programs": 1 << 24, "flatten": False}},
                  "none_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1,
                                             "down": {"tile_order": 1}}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"

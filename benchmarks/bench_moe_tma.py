@@ -71,15 +71,24 @@ SWEEP_ORDER_GATHERING = [(128, 128, 8, stages, False, tail, narrow, False, order
 SWEEP_ORDER_GATHERING += [(128, 128, 8, 4, False, True, True, False, 2),
                           (128, 128, 8, 4, False, True, True, False, 1, 0),
                           (128, 128, 8, 3, False, False, False, False, 1, 0)]
+# A program a tile (`--orders`, last field): tiles that start together stay side by side,
+# where persistent programs drift apart; the launch fills SMs as programs end.
+ONE_PROGRAM_A_TILE = 1 << 24
+SWEEP_ORDER_GATHERING += [(128, 128, 8, 4, False, False, False, False, order, None, ONE_PROGRAM_A_TILE)
+                          for order in (0, 1)]
 SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
-                     + [(128, 256, 8, 3, True, False, False, False, 0, 0)])
+                     + [(128, 256, 8, 3, True, False, False, False, 0, 0),
+                        (128, 256, 8, 3, False, False, False, False, 0, None, ONE_PROGRAM_A_TILE)])
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
 def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
-            ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None) -> dict:
+            ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None,
+            num_programs: int | None = None) -> dict:
     opts = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
             "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order}
+    if num_programs is not None:
+        opts["num_programs"] = num_programs
     return opts if b_rows_per_expert is None else {**opts, "b_rows_per_expert": b_rows_per_expert}
 
 
@@ -164,7 +173,8 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
 
 def brief(settings: list[dict]) -> list[tuple]:
     return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], r["tile_order"],
-             r.get("b_rows_per_expert"), round(r.get("us", -1), 1), r.get("equal")) for r in settings]
+             r.get("b_rows_per_expert"), r.get("num_programs"), round(r.get("us", -1), 1), r.get("equal"))
+            for r in settings]
 
 
 def main() -> None:
@@ -196,7 +206,7 @@ def main() -> None:
                 f"({d.get('tflops', float('nan')):.0f}) {d}")
             log(f"  sort us by chunk: {row['sort_us_by_chunk']}")
             log(f"  gather then gated {row['gather_then_gated_us']:.1f} us; gathering gated (stages, flatten, tail, "
-                f"narrow, warp-specialized, order, b rows, us, equal) {brief(row['gathering_gated'])}")
+                f"narrow, warp-specialized, order, b rows, programs, us, equal) {brief(row['gathering_gated'])}")
             log(f"  down {brief(row['down'])}")
             errors = {r.get("error") for r in row["gated"] + row["gathering_gated"] + row["down"] if "error" in r}
             if errors:
