@@ -59,6 +59,11 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                  "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1},
                  "none_3_expert_major": {"tail": False, "narrow_tail": False, "num_stages": 3, "tile_order": 1},
                  "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2},
+                 # 256-row tiles 64 columns wide in the gate/up GEMM (bench_moe_tma --tall-tiles)
+                 "tall_expert_major": {"block_m": 256, "block_n": 64, "tail": False, "narrow_tail": False,
+                                       "tile_order": 1},
+                 "tall_narrow_expert_major": {"block_m": 256, "block_n": 64, "tail": True, "narrow_tail": True,
+                                              "tile_order": 1},
                  # a program a tile, both GEMMs (the persistent loop runs once a program)
                  "none_expert_major_all_programs": {"tail": False, "narrow_tail": False, "tile_order": 1,
                                                     "num_programs": 1 << 24,

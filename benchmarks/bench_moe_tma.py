@@ -76,6 +76,11 @@ SWEEP_ORDER_GATHERING += [(128, 128, 8, 4, False, True, True, False, 2),
 ONE_PROGRAM_A_TILE = 1 << 24
 SWEEP_ORDER_GATHERING += [(128, 128, 8, 4, False, False, False, False, order, None, ONE_PROGRAM_A_TILE)
                           for order in (0, 1)]
+# 256-row tiles 64 columns wide (`--tall-tiles`, with `--orders`): the same accumulator registers
+# as 128 x 128, an expert's weights' tile read once for 256 rows (at 4k tokens an expert's rows).
+SWEEP_TALL = [(256, 64, 8, stages, False, tail, tail, False, 1) for stages in (3, 4) for tail in (False, True)]
+SWEEP_TALL += [(128, 128, 8, 4, False, False, False, False, 1), (128, 128, 8, 4, False, True, True, False, 0),
+               (256, 64, 8, 4, False, False, False, False, 1, 0)]
 SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
                      + [(128, 256, 8, 3, True, False, False, False, 0, 0),
                         (128, 256, 8, 3, False, False, False, False, 0, None, ONE_PROGRAM_A_TILE)])
@@ -120,7 +125,7 @@ def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float, roun
 
 
 def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False,
-         rounds: int = 1, orders: bool = False) -> dict:
+         rounds: int = 1, orders: bool = False, tall: bool = False) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -153,7 +158,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
     sweep = SWEEP_GATHERING + (SWEEP_FLAT_GATHERING if flatten else []) + ([] if gathering_only else SWEEP_WS_GATHERING)
     if orders:
-        sweep = SWEEP_ORDER_GATHERING
+        sweep = SWEEP_TALL if tall else SWEEP_ORDER_GATHERING
     row["gathering_gated"] = swept(sweep, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
         **opts) for j in ids], up_ref, up_flops, rounds)
@@ -187,6 +192,7 @@ def main() -> None:
                         help="time the gathering gate/up GEMM's settings alone (no sort chunks, down or sorted rows)")
     parser.add_argument("--orders", action="store_true",
                         help="time the tiles' orders (SWEEP_ORDER_*), `--rounds` rounds for both GEMMs")
+    parser.add_argument("--tall-tiles", action="store_true", help="with --orders: SWEEP_TALL's gate/up settings")
     args = parser.parse_args()
     peak = mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -196,7 +202,7 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds, args.orders)
+            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds, args.orders, args.tall_tiles)
             result["moe"][name].append(row)
             g, d = row["best_gated"] or {}, row["best_down"] or {}
             log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "
