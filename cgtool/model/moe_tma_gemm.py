@@ -222,7 +222,7 @@ def _grouped_gemm_tma_kernel(
 # experts' weights never read from HBM again (every expert pointed at expert 0's) the GEMM at
 # 4k tokens took 11-14% less than block-major, so side-by-side tiles of one column share its
 # weights' tile. Expert-major whole tiles made the layer 0.1-5.6% faster at 2k-16k tokens on
-# both GPUs, but for qwen3-30b-a3b's 4k on the H200 (within 2% either way over three calls;
+# both GPUs, but for qwen3-30b-a3b's 4k on the H200 (-6.0% to +2.1% over five calls;
 # benchmarks/results/h200-h100-2026-11-27-moe-order). Where an expert has under 64 rows on
 # average, the H200 keeps the narrow tails it shipped before: an expert's last rows, if at most
 # 32, in a transposed tile 32 wide (at 512 tokens 4-8% faster than whole tiles; no different at
