@@ -58,7 +58,6 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                  "half_expert_major": {"tail": True, "narrow_tail": False, "tile_order": 1},
                  "none_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1},
                  "none_3_expert_major": {"tail": False, "narrow_tail": False, "num_stages": 3, "tile_order": 1},
-                 "narrow_inline": {"tail": True, "narrow_tail": True, "tile_order": 2},
                  # 256-row tiles 64 columns wide in the gate/up GEMM (bench_moe_tma --tall-tiles)
                  "tall_expert_major": {"block_m": 256, "block_n": 64, "tail": False, "narrow_tail": False,
                                        "tile_order": 1},

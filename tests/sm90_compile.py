@@ -264,7 +264,8 @@ def grouped_path_cases() -> dict[str, tuple]:
     gated, down = moe_tma_gemm._GATED_TILES, moe_tma_gemm._DOWN_TILES
     bm, bk = 128, 64
     for name, tiles, gather, tail, stages in (
-        ("gate/up gathering, narrow tails", gated, TOP_K, True, gated["num_stages"]),
+        ("gate/up gathering, narrow tails (shipped under 64 rows)", {**gated, **moe_tma_gemm._NARROW_TAILS}, TOP_K, True,
+         gated["num_stages"]),
         ("gate/up gathering, whole tiles (shipped)", gated, TOP_K, False, gated["num_stages"]),
         ("gate/up over sorted rows, tails", gated, 0, True, gated["num_stages"]),
         ("down", down, 0, False, 3),

@@ -147,22 +147,20 @@ def _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.const
     expert = tl.sum((cum <= block).to(tl.int32), 0)  # cum is ascending: experts wholly before
     mine = e_ids == expert
     row0 = tl.sum(tl.where(mine, starts + (block - cum + blocks) * BM, 0), 0)
-    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), (t % n_tiles), False
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), t % n_tiles
 
 
 @triton.jit
-def _expert_major_tile(t, e_ids, starts, ends, units, cum_units, blocks, n_tiles, BM: tl.constexpr):
+def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr):
     # Tile t in expert-major order: an expert's tiles together, column after column, one
-    # column's row blocks (and its tail, last) side by side, so programs that run at once read
-    # the same weights' tile and HBM serves it once. Returns whether the tile is the tail.
-    expert = tl.sum((cum_units * n_tiles <= t).to(tl.int32), 0)
+    # column's row blocks side by side, so programs that run at once read the same weights'
+    # tile and HBM serves it once.
+    expert = tl.sum((cum * n_tiles <= t).to(tl.int32), 0)
     mine = e_ids == expert
-    n_units = tl.sum(tl.where(mine, units, 0), 0)
-    local = t - tl.sum(tl.where(mine, cum_units - units, 0), 0) * n_tiles
-    unit = local % n_units
-    row0 = tl.sum(tl.where(mine, starts, 0), 0) + unit * BM
-    is_tail = unit >= tl.sum(tl.where(mine, blocks, 0), 0)
-    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), local // n_units, is_tail
+    n_blocks = tl.sum(tl.where(mine, blocks, 0), 0)
+    local = t - tl.sum(tl.where(mine, cum - blocks, 0), 0) * n_tiles
+    row0 = tl.sum(tl.where(mine, starts, 0), 0) + (local % n_blocks) * BM
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), local // n_blocks
 
 
 @triton.jit
@@ -175,34 +173,19 @@ def _grouped_gemm_tma_kernel(
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
-    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`): after
-    # every whole block (ORDER 0 and 1), or beside its expert's blocks (ORDER 2).
-    # ORDER 0: tiles block-major; 1 and 2: expert-major (`_expert_major_tile`).
+    # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
+    # every whole block. ORDER: the whole blocks' tiles block-major (0) or expert-major (1).
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
-    inline_tails: tl.constexpr = TAIL and ORDER == 2
-    units = blocks + tails if inline_tails else blocks
-    cum_units = cum + cum_tails if inline_tails else cum
-    for t in tl.range(tl.program_id(0), tl.sum(units, 0) * n_tiles, num_programs, flatten=FLATTEN):
+    for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
         if ORDER == 0:
-            expert, row0, row_end, col_tile, is_tail = _block_major_tile(t, e_ids, starts, ends, blocks, cum,
-                                                                         n_tiles, BM)
+            expert, row0, row_end, col_tile = _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         else:
-            expert, row0, row_end, col_tile, is_tail = _expert_major_tile(t, e_ids, starts, ends, units,
-                                                                          cum_units, blocks, n_tiles, BM)
+            expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         col0 = col_tile * BN
-        b_row = expert * b_rows_per_expert + col0
-        if inline_tails:
-            if is_tail:
-                _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
-                           stride_x, stride_out, GATED, GATHER_TOP_K, NARROW, BM, BN, BK)
-            else:
-                _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K,
-                           stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
-        else:
-            _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
-                       stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
-    if TAIL and not inline_tails:
+        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
+    if TAIL:
         for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
             expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
             mine = e_ids == expert
@@ -283,7 +266,7 @@ def tma_grouped_mm(
     narrow_tail: bool = False,  # with tail: tails of at most block_m / 4 rows in transposed tiles
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
-    tile_order: int = 0,  # tiles: 0 block-major, 1 expert-major, 2 expert-major with tails beside
+    tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
