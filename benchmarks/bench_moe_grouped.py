@@ -68,7 +68,14 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                                                     "num_programs": 1 << 24,
                                                     "down": {"num_programs": 1 << 24, "flatten": False}},
                  "none_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1,
-                                            "down": {"tile_order": 1}}}
+                                            "down": {"tile_order": 1}},
+                 # an expert's last rows, at most 32 past a whole block, riding on its K loop
+                 # (`tma_grouped_mm(ride=True)`): in the gate/up GEMM, and in both GEMMs
+                 "ride_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": True},
+                 "ride_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": True,
+                                            "down": {"ride": True}},
+                 "none_expert_major_ride_down": {"tail": False, "narrow_tail": False, "tile_order": 1,
+                                                 "down": {"ride": True}}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 

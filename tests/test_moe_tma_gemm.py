@@ -16,10 +16,12 @@ from cgtool.model.moe_grouped import silu_mul_weight
 from cgtool.model.moe_tma_gemm import _expert_blocks, _expert_major_tile, tma_grouped_mm, tma_usable
 
 # rows per expert: empty experts first, between and last; a group longer than one 128-row block;
-# last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block)
-COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 0]
-# tail settings: none, half-height tiles, and half-height or narrow transposed ones
-TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}}
+# last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block); at
+# 64-row blocks, last rows past a whole block that ride on it (130) and that do not (84)
+COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 84, 0]
+# tail settings: none, half-height tiles, half-height or narrow transposed ones, and last rows
+# riding on their expert's last whole block
+TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}, "ride": {"ride": True}}
 
 
 def _groups(counts, k, n, seed=0):
@@ -50,7 +52,8 @@ def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow")])
+@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow"),
+                                          (False, "ride")])
 def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]
@@ -170,3 +173,27 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
     options = {"gated": True, "pair_weights": pair_weights, "order": order, "gather_top_k": 8, **TAILS[tail]}
     block_major = tma_grouped_mm(tokens, gate_up, ends, tile_order=0, **options)
     assert torch.equal(tma_grouped_mm(tokens, gate_up, ends, tile_order=1, **options), block_major)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("gated", [False, True])
+def test_riding_rows_give_the_whole_tiles_bits(gated):
+    # bf16 at qwen3-30b-a3b's 4k-token shape, about 256 rows an expert: many experts' last rows
+    # ride on their last whole block (transposed products), and must not change a bit
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    counts = torch.randint(200, 313, (128,), generator=gen, device="cuda")
+    ends = counts.cumsum(0).int()
+    pairs = int(ends[-1])
+    if gated:
+        tokens = torch.randn(pairs // 8 + 1, 2048, generator=gen, device="cuda").bfloat16()
+        order = torch.randperm(pairs, generator=gen, device="cuda").int()
+        weights = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
+        options = {"gated": True, "pair_weights": torch.rand(pairs, generator=gen, device="cuda"), "order": order,
+                   "gather_top_k": 8, "tile_order": 1}
+    else:
+        tokens = torch.randn(pairs, 768, generator=gen, device="cuda").bfloat16()
+        weights = (torch.randn(128, 2048, 768, generator=gen, device="cuda") * 768**-0.5).bfloat16()
+        options = {"block_n": 256, "flatten": True, "num_stages": 3}
+    whole = tma_grouped_mm(tokens, weights, ends, **options)
+    assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=True, **options), whole)

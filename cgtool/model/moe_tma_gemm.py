@@ -35,9 +35,11 @@ except ImportError:  # pragma: no cover - older Triton: the grouped path keeps t
 
 
 @triton.jit
-def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr):
+def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr,
+                   RIDE: tl.constexpr = False):
     # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert;
-    # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart.
+    # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart;
+    # with RIDE, last rows of at most BM / 4 past a whole block ride on that block (`_ride_tile`).
     e = tl.arange(0, E_POW2)
     valid = e < num_experts
     ends = tl.load(Ends + e, mask=valid, other=0)
@@ -47,6 +49,11 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TA
         rest = count % BM
         blocks = count // BM + (rest > BM // 2).to(tl.int32)
         tails = ((rest > 0) & (rest <= BM // 2)).to(tl.int32)
+    elif RIDE:
+        whole = count // BM
+        rest = count % BM
+        blocks = whole + ((rest > BM // 4) | ((whole == 0) & (rest > 0))).to(tl.int32)
+        tails = tl.zeros_like(count)
     else:
         blocks = (count + BM - 1) // BM
         tails = tl.zeros_like(count)
@@ -96,16 +103,8 @@ def _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, str
 
 
 @triton.jit
-def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
-               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr = False):
-    # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
-    # computed, not stored), columns from col0 of the weights' rows from b_row.
-    acc, acc_up = _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED,
-                                 GATHER_TOP_K, SWAP, BM, BN, BK, WS)
-    rows = row0 + tl.arange(0, BM)
-    cols = col0 + tl.arange(0, BN)
-    keep = rows < row_end
+def _store_tile(Out, Weights, Order, acc, acc_up, rows, keep, cols, n_out, stride_out, GATED: tl.constexpr):
+    # The tile's rows that belong to its expert (`keep`); gated: silu(gate) * up * the routing weight.
     dtype = Out.dtype.element_ty
     if GATED:
         # as silu_mul_weight rounds the grouped GEMM's bf16 [gate | up] output
@@ -120,6 +119,64 @@ def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
         out = acc.to(dtype)
     mask = keep[:, None] & (cols < n_out)[None, :]
     tl.store(Out + rows[:, None].to(tl.int64) * stride_out + cols[None, :], out, mask=mask)
+
+
+@triton.jit
+def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, SWAP: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, WS: tl.constexpr = False):
+    # One BM x BN tile of one expert: rows [row0, row_end) of the sorted pairs (rows past it are
+    # computed, not stored), columns from col0 of the weights' rows from b_row.
+    acc, acc_up = _tile_products(a_desc, X, b_desc, Order, row0, row_end, b_row, n_out, K, stride_x, GATED,
+                                 GATHER_TOP_K, SWAP, BM, BN, BK, WS)
+    rows = row0 + tl.arange(0, BM)
+    _store_tile(Out, Weights, Order, acc, acc_up, rows, rows < row_end, col0 + tl.arange(0, BN), n_out,
+                stride_out, GATED)
+
+
+@triton.jit
+def _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
+               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr):
+    # A whole block [row0, row0 + BM) and its expert's last rows past it, [row0 + BM, row_end), at
+    # most BM / 4: those ride on the block's K loop transposed (the weights' tile as the MMA's
+    # tall side, as `_tile_products`' SWAP), so each weights' tile loaded once serves both and the
+    # last rows cost a quarter of a block's products, not a block of their own.
+    RW: tl.constexpr = BM // 4
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    ride = tl.zeros((BN, RW), dtype=tl.float32)
+    ride_up = tl.zeros((BN, RW), dtype=tl.float32)
+    offs_k = tl.arange(0, BK)
+    a_rows = row0 + tl.arange(0, BM)
+    r_rows = row0 + BM + tl.arange(0, RW)
+    r_in = r_rows < row_end
+    if GATHER_TOP_K > 0:
+        a_src = tl.load(Order + a_rows) // GATHER_TOP_K
+        r_src = tl.load(Order + r_rows, mask=r_in, other=0) // GATHER_TOP_K
+    else:
+        a_src = a_rows
+        r_src = tl.where(r_in, r_rows, 0)
+    a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+    r_ptrs = X + r_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+    for k0 in range(0, K, BK):
+        k_in = (k0 + offs_k)[None, :] < K
+        if GATHER_TOP_K > 0:
+            a = tl.load(a_ptrs + k0, mask=k_in, other=0.0)
+        else:
+            a = a_desc.load([row0, k0])
+        r = tl.load(r_ptrs + k0, mask=r_in[:, None] & k_in, other=0.0)
+        b = b_desc.load([b_row, k0])
+        acc = tl.dot(a, b.T, acc)
+        ride = tl.dot(b, r.T, ride)
+        if GATED:
+            b_up = b_desc.load([b_row + n_out, k0])
+            acc_up = tl.dot(a, b_up.T, acc_up)
+            ride_up = tl.dot(b_up, r.T, ride_up)
+    cols = col0 + tl.arange(0, BN)
+    _store_tile(Out, Weights, Order, acc, acc_up, a_rows, a_rows < row_end, cols, n_out, stride_out, GATED)
+    _store_tile(Out, Weights, Order, tl.trans(ride), tl.trans(ride_up), r_rows, r_in, cols, n_out, stride_out,
+                GATED)
 
 
 @triton.jit
@@ -169,13 +226,14 @@ def _grouped_gemm_tma_kernel(
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr, ORDER: tl.constexpr = 0,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = False,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
     # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
     # every whole block. ORDER: the whole blocks' tiles block-major (0) or expert-major (1).
-    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
+    # RIDE: an expert's last rows, if at most BM / 4 past a whole block, ride on it (`_ride_tile`).
+    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL, RIDE)
     n_tiles = tl.cdiv(n_out, BN)
     for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
         if ORDER == 0:
@@ -183,8 +241,12 @@ def _grouped_gemm_tma_kernel(
         else:
             expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         col0 = col_tile * BN
-        _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                   col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
+        if RIDE and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // 4):  # its expert's last block
+            _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK)
+        else:
+            _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
+                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
     if TAIL:
         for t in tl.range(tl.program_id(0), tl.sum(tails, 0) * n_tiles, num_programs):
             expert = tl.sum((cum_tails <= t // n_tiles).to(tl.int32), 0)
@@ -267,11 +329,13 @@ def tma_grouped_mm(
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
     tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
+    ride: bool = False,  # an expert's last rows, at most block_m / 4, on its last whole block's loop
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
     assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
+    assert not (ride and tail) and (not ride or block_m >= 64), "riding rows are no tails, at least 16 wide"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -290,6 +354,6 @@ def tma_grouped_mm(
         b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, ORDER=tile_order, num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, RIDE=ride, num_warps=num_warps, num_stages=num_stages,
     )
     return out
