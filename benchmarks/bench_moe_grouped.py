@@ -71,11 +71,11 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                                             "down": {"tile_order": 1}},
                  # an expert's last rows, at most 32 past a whole block, riding on its K loop
                  # (`tma_grouped_mm(ride=True)`): in the gate/up GEMM, and in both GEMMs
-                 "ride_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": True},
-                 "ride_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": True,
-                                            "down": {"ride": True}},
+                 "ride_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": 1},
+                 "ride_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": 1,
+                                            "down": {"ride": 1}},
                  "none_expert_major_ride_down": {"tail": False, "narrow_tail": False, "tile_order": 1,
-                                                 "down": {"ride": True}}}
+                                                 "down": {"ride": 1}}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 

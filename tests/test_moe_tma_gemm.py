@@ -21,7 +21,8 @@ from cgtool.model.moe_tma_gemm import _expert_blocks, _expert_major_tile, tma_gr
 COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 84, 0]
 # tail settings: none, half-height tiles, half-height or narrow transposed ones, and last rows
 # riding on their expert's last whole block
-TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}, "ride": {"ride": True}}
+TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}, "ride": {"ride": 1},
+         "ride_half": {"ride": 2}}
 
 
 def _groups(counts, k, n, seed=0):
@@ -53,7 +54,7 @@ def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail
 
 
 @pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow"),
-                                          (False, "ride")])
+                                          (False, "ride"), (False, "ride_half")])
 def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]
@@ -178,7 +179,8 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("gated", [False, True])
-def test_riding_rows_give_the_whole_tiles_bits(gated):
+@pytest.mark.parametrize("ride", [1, 2])
+def test_riding_rows_give_the_whole_tiles_bits(gated, ride):
     # bf16 at qwen3-30b-a3b's 4k-token shape, about 256 rows an expert: many experts' last rows
     # ride on their last whole block (transposed products), and must not change a bit
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -196,4 +198,4 @@ def test_riding_rows_give_the_whole_tiles_bits(gated):
         weights = (torch.randn(128, 2048, 768, generator=gen, device="cuda") * 768**-0.5).bfloat16()
         options = {"block_n": 256, "flatten": True, "num_stages": 3}
     whole = tma_grouped_mm(tokens, weights, ends, **options)
-    assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=True, **options), whole)
+    assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=ride, **options), whole)

@@ -36,10 +36,11 @@ except ImportError:  # pragma: no cover - older Triton: the grouped path keeps t
 
 @triton.jit
 def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr,
-                   RIDE: tl.constexpr = False):
+                   RIDE: tl.constexpr = 0):
     # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert;
     # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart;
-    # with RIDE, last rows of at most BM / 4 past a whole block ride on that block (`_ride_tile`).
+    # with RIDE, last rows of at most BM / 4 (RIDE 1) or BM / 2 (2) past a whole block ride on
+    # that block (`_ride_tile`).
     e = tl.arange(0, E_POW2)
     valid = e < num_experts
     ends = tl.load(Ends + e, mask=valid, other=0)
@@ -49,10 +50,10 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TA
         rest = count % BM
         blocks = count // BM + (rest > BM // 2).to(tl.int32)
         tails = ((rest > 0) & (rest <= BM // 2)).to(tl.int32)
-    elif RIDE:
+    elif RIDE > 0:
         whole = count // BM
         rest = count % BM
-        blocks = whole + ((rest > BM // 4) | ((whole == 0) & (rest > 0))).to(tl.int32)
+        blocks = whole + ((rest > BM // (4 if RIDE == 1 else 2)) | ((whole == 0) & (rest > 0))).to(tl.int32)
         tails = tl.zeros_like(count)
     else:
         blocks = (count + BM - 1) // BM
@@ -137,16 +138,20 @@ def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
 @triton.jit
 def _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
                stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr):
-    # A whole block [row0, row0 + BM) and its expert's last rows past it, [row0 + BM, row_end), at
-    # most BM / 4: those ride on the block's K loop transposed (the weights' tile as the MMA's
-    # tall side, as `_tile_products`' SWAP), so each weights' tile loaded once serves both and the
-    # last rows cost a quarter of a block's products, not a block of their own.
-    RW: tl.constexpr = BM // 4
+               BK: tl.constexpr, RIDE: tl.constexpr):
+    # A whole block [row0, row0 + BM) and its expert's last rows past it, [row0 + BM, row_end),
+    # riding on the block's K loop, so each weights' tile loaded once serves both: RIDE 1, at
+    # most BM / 4 rows, transposed (the weights' tile as the MMA's tall side, as
+    # `_tile_products`' SWAP); RIDE 2, at most BM / 2, as rows of their own MMA.
+    RW: tl.constexpr = BM // 4 if RIDE == 1 else BM // 2
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-    ride = tl.zeros((BN, RW), dtype=tl.float32)
-    ride_up = tl.zeros((BN, RW), dtype=tl.float32)
+    if RIDE == 1:
+        ride = tl.zeros((BN, RW), dtype=tl.float32)
+        ride_up = tl.zeros((BN, RW), dtype=tl.float32)
+    else:
+        ride = tl.zeros((RW, BN), dtype=tl.float32)
+        ride_up = tl.zeros((RW, BN), dtype=tl.float32)
     offs_k = tl.arange(0, BK)
     a_rows = row0 + tl.arange(0, BM)
     r_rows = row0 + BM + tl.arange(0, RW)
@@ -168,15 +173,16 @@ def _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
         r = tl.load(r_ptrs + k0, mask=r_in[:, None] & k_in, other=0.0)
         b = b_desc.load([b_row, k0])
         acc = tl.dot(a, b.T, acc)
-        ride = tl.dot(b, r.T, ride)
+        ride = tl.dot(b, r.T, ride) if RIDE == 1 else tl.dot(r, b.T, ride)
         if GATED:
             b_up = b_desc.load([b_row + n_out, k0])
             acc_up = tl.dot(a, b_up.T, acc_up)
-            ride_up = tl.dot(b_up, r.T, ride_up)
+            ride_up = tl.dot(b_up, r.T, ride_up) if RIDE == 1 else tl.dot(r, b_up.T, ride_up)
     cols = col0 + tl.arange(0, BN)
     _store_tile(Out, Weights, Order, acc, acc_up, a_rows, a_rows < row_end, cols, n_out, stride_out, GATED)
-    _store_tile(Out, Weights, Order, tl.trans(ride), tl.trans(ride_up), r_rows, r_in, cols, n_out, stride_out,
-                GATED)
+    if RIDE == 1:
+        ride, ride_up = tl.trans(ride), tl.trans(ride_up)
+    _store_tile(Out, Weights, Order, ride, ride_up, r_rows, r_in, cols, n_out, stride_out, GATED)
 
 
 @triton.jit
@@ -226,13 +232,14 @@ def _grouped_gemm_tma_kernel(
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = False,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = 0,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
     # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
     # every whole block. ORDER: the whole blocks' tiles block-major (0) or expert-major (1).
-    # RIDE: an expert's last rows, if at most BM / 4 past a whole block, ride on it (`_ride_tile`).
+    # RIDE: an expert's last rows, if at most BM / 4 (1) or BM / 2 (2) past a whole block, ride on
+    # it (`_ride_tile`).
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL, RIDE)
     n_tiles = tl.cdiv(n_out, BN)
     for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
@@ -241,9 +248,10 @@ def _grouped_gemm_tma_kernel(
         else:
             expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         col0 = col_tile * BN
-        if RIDE and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // 4):  # its expert's last block
+        if RIDE > 0 and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // (4 if RIDE == 1 else 2)):
+            # its expert's last block, with rows riding on it
             _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK)
+                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK, RIDE)
         else:
             _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
                        col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
@@ -329,13 +337,13 @@ def tma_grouped_mm(
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
     tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
-    ride: bool = False,  # an expert's last rows, at most block_m / 4, on its last whole block's loop
+    ride: int = 0,  # an expert's last rows on its last whole block's loop: 1 up to block_m / 4, 2 up to half
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
     assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
-    assert not (ride and tail) and (not ride or block_m >= 64), "riding rows are no tails, at least 16 wide"
+    assert not (ride and tail) and (not ride or block_m >= 64) and ride in (0, 1, 2), "riding rows are no tails"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -354,6 +362,6 @@ def tma_grouped_mm(
         b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, ORDER=tile_order, RIDE=ride, num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, RIDE=int(ride), num_warps=num_warps, num_stages=num_stages,
     )
     return out
