@@ -3,7 +3,7 @@
 The gate/up GEMM (gathering, qwen3-30b-a3b's shape: 128 experts, K 2,048, width 768) with every
 expert given the same rows: 256 (two whole blocks, nothing rides), 256 + r (r rows ride on the
 second block, up to 32 transposed or 64 as rows, or a third whole block without riding) and 384
-(three whole blocks). Each a
+(three whole blocks); and experts of rows drawn within 16 of 256 and of 512. Each a
 replayed CUDA graph of six GEMMs over distinct weights, us a GEMM, alternating rounds.
 
     python3 benchmarks/probe_moe_ride.py --out ride.json
@@ -25,12 +25,22 @@ SETTINGS = {"whole": {}, "whole_3_stages": {"num_stages": 3}, "ride": {"ride": 1
             "ride_3_stages": {"ride": 1, "num_stages": 3}, "ride_half_3_stages": {"ride": 2, "num_stages": 3}}
 
 
-def gemms(rows_each: int, opts: dict, weights: list[torch.Tensor], gen: torch.Generator):
-    pairs = rows_each * EXPERTS
-    ends = torch.full((EXPERTS,), rows_each, dtype=torch.int32, device="cuda").cumsum(0).int()
+def inputs(rows: str, gen: torch.Generator) -> tuple:
+    """(ends, tokens, order, pair weights) for `rows` rows an expert, or with "~" (as "~256")
+    rows drawn uniformly within 16 of it."""
+    if rows.startswith("~"):
+        counts = torch.randint(int(rows[1:]) - 16, int(rows[1:]) + 17, (EXPERTS,), generator=gen, device="cuda")
+    else:
+        counts = torch.full((EXPERTS,), int(rows), device="cuda")
+    ends = counts.cumsum(0).int()
+    pairs = int(ends[-1])
     tokens = torch.randn(pairs // TOP_K + 1, HIDDEN, generator=gen, device="cuda").bfloat16()
     order = torch.randperm(pairs, generator=gen, device="cuda").int()
-    pair_weights = torch.rand(pairs, generator=gen, device="cuda")
+    return ends, tokens, order, torch.rand(pairs, generator=gen, device="cuda")
+
+
+def gemms(data: tuple, opts: dict, weights: list[torch.Tensor]):
+    ends, tokens, order, pair_weights = data
     return lambda: [tma_grouped_mm(tokens, w, ends, gated=True, pair_weights=pair_weights, order=order,
                                    gather_top_k=TOP_K, tile_order=1, **opts) for w in weights]
 
@@ -38,15 +48,16 @@ def gemms(rows_each: int, opts: dict, weights: list[torch.Tensor], gen: torch.Ge
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rows", default="256,264,288,320,384")
+    parser.add_argument("--rows", default="256,264,288,320,384,~256,~512")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = [(torch.randn(EXPERTS, 2 * WIDTH, HIDDEN, generator=gen, device="cuda") * HIDDEN**-0.5).bfloat16()
                for _ in range(LAYERS)]
     result = {"device": torch.cuda.get_device_name(), "rows": {}}
-    for rows_each in map(int, args.rows.split(",")):
-        fns = {name: gemms(rows_each, opts, weights, gen) for name, opts in SETTINGS.items()}
+    for rows_each in args.rows.split(","):
+        data = inputs(rows_each, gen)
+        fns = {name: gemms(data, opts, weights) for name, opts in SETTINGS.items()}
         same = all(torch.equal(fn()[0], fns["whole"]()[0]) for fn in fns.values())
         timed = {name: [] for name in fns}
         for _ in range(args.rounds):

@@ -116,28 +116,35 @@ def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch,
 
 
 @triton.jit
-def _expert_major_tiles(Ends, Out, num_experts, n_tiles, n_total, E_POW2: tl.constexpr, BM: tl.constexpr):
+def _expert_major_tiles(Ends, Out, num_experts, n_tiles, n_total, E_POW2: tl.constexpr, BM: tl.constexpr,
+                        RIDE: tl.constexpr = 0):
     # each tile's (expert, first row, column tile) as the TMA kernel computes them
-    e_ids, starts, ends, blocks, cum, _, _ = _expert_blocks(Ends, num_experts, E_POW2, BM, False)
+    e_ids, starts, ends, blocks, cum, _, _ = _expert_blocks(Ends, num_experts, E_POW2, BM, False, RIDE)
     for t in range(n_total):
-        expert, row0, _, col = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
+        expert, row0, _, col = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM, RIDE > 0)
         tl.store(Out + 3 * t, expert)
         tl.store(Out + 3 * t + 1, row0)
         tl.store(Out + 3 * t + 2, col)
 
 
-def test_expert_major_order_puts_one_columns_row_blocks_side_by_side():
+@pytest.mark.parametrize("ride", [0, 1, 2])
+def test_expert_major_order_puts_one_columns_row_blocks_side_by_side(ride):
     # against the order written out: expert after expert, column after column, the row blocks
-    # side by side (so tiles that run at once share a tile of the weights)
-    counts, bm, n_tiles = [0, 300, 20, 0, 256, 100], 128, 3
+    # side by side (so tiles that run at once share a tile of the weights). With riding rows an
+    # expert's last rows past a whole block, up to a quarter (1) or half (2) block, are no block
+    # of their own, and odd columns take the blocks last to first.
+    counts, bm, n_tiles = [0, 300, 20, 0, 256, 100, 280, 160, 129], 128, 3
     expected, start = [], 0
     for e, count in enumerate(counts):
-        blocks = -(-count // bm)
-        expected += [(e, start + b * bm, col) for col in range(n_tiles) for b in range(blocks)]
+        rides = ride and count > bm and 0 < count % bm <= bm // (4 if ride == 1 else 2)
+        blocks = count // bm if rides else -(-count // bm)
+        for col in range(n_tiles):
+            order = range(blocks - 1, -1, -1) if ride and col % 2 else range(blocks)
+            expected += [(e, start + b * bm, col) for b in order]
         start += count
     ends = torch.tensor(counts).cumsum(0).int()
     out = torch.zeros(len(expected), 3, dtype=torch.int32)
-    _expert_major_tiles[(1,)](ends, out, len(counts), n_tiles, len(expected), E_POW2=8, BM=bm)
+    _expert_major_tiles[(1,)](ends, out, len(counts), n_tiles, len(expected), E_POW2=16, BM=bm, RIDE=ride)
     assert [tuple(row) for row in out.tolist()] == expected
 
 

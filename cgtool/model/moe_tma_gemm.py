@@ -214,16 +214,23 @@ def _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.const
 
 
 @triton.jit
-def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr):
+def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr,
+                       ALTERNATE: tl.constexpr = False):
     # Tile t in expert-major order: an expert's tiles together, column after column, one
     # column's row blocks side by side, so programs that run at once read the same weights'
-    # tile and HBM serves it once.
+    # tile and HBM serves it once. ALTERNATE: odd columns take the blocks last to first, so that
+    # a costlier last block does not fall to the programs of one parity column after column
+    # (an expert's tile count is even wherever its column count is).
     expert = tl.sum((cum * n_tiles <= t).to(tl.int32), 0)
     mine = e_ids == expert
     n_blocks = tl.sum(tl.where(mine, blocks, 0), 0)
     local = t - tl.sum(tl.where(mine, cum - blocks, 0), 0) * n_tiles
-    row0 = tl.sum(tl.where(mine, starts, 0), 0) + (local % n_blocks) * BM
-    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), local // n_blocks
+    block = local % n_blocks
+    col = local // n_blocks
+    if ALTERNATE:
+        block = tl.where(col % 2 == 1, n_blocks - 1 - block, block)
+    row0 = tl.sum(tl.where(mine, starts, 0), 0) + block * BM
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), col
 
 
 @triton.jit
@@ -246,7 +253,8 @@ def _grouped_gemm_tma_kernel(
         if ORDER == 0:
             expert, row0, row_end, col_tile = _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         else:
-            expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
+            expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM,
+                                                                 RIDE > 0)
         col0 = col_tile * BN
         if RIDE > 0 and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // (4 if RIDE == 1 else 2)):
             # its expert's last block, with rows riding on it
