@@ -75,7 +75,11 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                  "ride_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": 1,
                                             "down": {"ride": 1}},
                  "none_expert_major_ride_down": {"tail": False, "narrow_tail": False, "tile_order": 1,
-                                                 "down": {"ride": 1}}}
+                                                 "down": {"ride": 1}},
+                 # the gate's and the up's weights in one box and one product (`pair=True`)
+                 "pair_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True},
+                 "pair_3_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True,
+                                         "num_stages": 3}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 

@@ -22,7 +22,8 @@ from cgtool.model.moe_tma_gemm import tma_grouped_mm
 
 EXPERTS, HIDDEN, WIDTH, TOP_K, LAYERS = 128, 2048, 768, 8, 6
 SETTINGS = {"whole": {}, "whole_3_stages": {"num_stages": 3}, "ride": {"ride": 1},
-            "ride_3_stages": {"ride": 1, "num_stages": 3}, "ride_half_3_stages": {"ride": 2, "num_stages": 3}}
+            "ride_3_stages": {"ride": 1, "num_stages": 3}, "ride_half_3_stages": {"ride": 2, "num_stages": 3},
+            "pair": {"pair": True}, "pair_3_stages": {"pair": True, "num_stages": 3}}
 
 
 def inputs(rows: str, gen: torch.Generator) -> tuple:

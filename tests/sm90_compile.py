@@ -269,6 +269,7 @@ def grouped_path_cases() -> dict[str, tuple]:
         ("gate/up gathering, whole tiles (shipped)", gated, TOP_K, False, gated["num_stages"]),
         ("gate/up gathering, riding rows", {**gated, "ride": 1}, TOP_K, False, gated["num_stages"]),
         ("gate/up gathering, riding half rows", {**gated, "ride": 2}, TOP_K, False, 3),
+        ("gate/up gathering, pairs", {**gated, "pair": True}, TOP_K, False, gated["num_stages"]),
         ("gate/up over sorted rows, tails", gated, 0, True, gated["num_stages"]),
         ("down", down, 0, False, 3),
         ("down, riding rows", {**down, "ride": 1}, 0, False, 3),
@@ -277,10 +278,15 @@ def grouped_path_cases() -> dict[str, tuple]:
         bn = tiles["block_n"]
         constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
                      "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False,
-                     "ORDER": tiles.get("tile_order", 0), "RIDE": tiles.get("ride", 0)}
+                     "ORDER": tiles.get("tile_order", 0), "RIDE": tiles.get("ride", 0),
+                     "PAIR": tiles.get("pair", False)}
         types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
                  "Weights": "*fp32", "Order": "*i32", "K": MULTIPLE_OF_16, "n_out": MULTIPLE_OF_16,
                  "b_rows_per_expert": MULTIPLE_OF_16}
+        if tiles.get("pair"):
+            types["b_pair_desc"] = f"tensordesc<bf16[1,2,{bn},{bk}]>"
+        else:
+            constants["b_pair_desc"] = None
         if gather:
             constants["a_desc"] = constants["a_tail_desc"] = None
         else:

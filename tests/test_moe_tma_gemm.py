@@ -186,10 +186,11 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("ride", [1, 2])
-def test_riding_rows_give_the_whole_tiles_bits(gated, ride):
+@pytest.mark.parametrize("ride", [1, 2, "pair"])
+def test_riding_rows_and_pairs_give_the_whole_tiles_bits(gated, ride):
     # bf16 at qwen3-30b-a3b's 4k-token shape, about 256 rows an expert: many experts' last rows
-    # ride on their last whole block (transposed products), and must not change a bit
+    # ride on their last whole block (transposed products), or the gate's and the up's weights go
+    # in one product, and neither may change a bit
     gen = torch.Generator(device="cuda").manual_seed(2)
     counts = torch.randint(200, 313, (128,), generator=gen, device="cuda")
     ends = counts.cumsum(0).int()
@@ -205,4 +206,25 @@ def test_riding_rows_give_the_whole_tiles_bits(gated, ride):
         weights = (torch.randn(128, 2048, 768, generator=gen, device="cuda") * 768**-0.5).bfloat16()
         options = {"block_n": 256, "flatten": True, "num_stages": 3}
     whole = tma_grouped_mm(tokens, weights, ends, **options)
-    assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=ride, **options), whole)
+    if ride == "pair":  # the gate's and the up's weights in one product (gated only)
+        if not gated:
+            pytest.skip("pairs are the gated GEMM's")
+        assert torch.equal(tma_grouped_mm(tokens, weights, ends, pair=True, **options), whole)
+    else:
+        assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=ride, **options), whole)
+
+
+@pytest.mark.parametrize("tile_order", [0, 1])
+def test_pairs_take_gate_and_up_in_one_product(tile_order):
+    # the gate's and the up's weights' rows in one box of the [experts, 2, I, K] view: the same
+    # output as two products; I = 24 over 16-column tiles leaves the box's last rows past I
+    gen = torch.Generator().manual_seed(5)
+    tokens = torch.randn(60, 40, generator=gen)
+    order = torch.randperm(180, generator=gen).int()
+    counts = [0, 50, 0, 129, 1, 0]
+    weights = torch.randn(len(counts), 2 * 24, 40, generator=gen) * 40**-0.5
+    ends = torch.tensor(counts).cumsum(0).int()
+    opts = {"gated": True, "pair_weights": torch.rand(180, generator=gen), "order": order, "block_n": 16,
+            "block_k": 32, "num_programs": 2, "tile_order": tile_order, "gather_top_k": 3}
+    paired = tma_grouped_mm(tokens, weights, ends, pair=True, **opts)
+    torch.testing.assert_close(paired, tma_grouped_mm(tokens, weights, ends, **opts), rtol=1e-6, atol=1e-6)

@@ -136,6 +136,26 @@ def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
 
 
 @triton.jit
+def _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, b_expert, col0, n_out, K, stride_x,
+               stride_out, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    # The gated tile with the gate's and the up's BN weights' rows in one TMA box of the
+    # [experts, 2, I, K] view and one [BM, 2 * BN] product: each MMA reads the tile's A rows
+    # from shared memory once for both halves, not once a half.
+    acc = tl.zeros((BM, 2 * BN), dtype=tl.float32)
+    offs_k = tl.arange(0, BK)
+    rows = row0 + tl.arange(0, BM)
+    keep = rows < row_end
+    a_src = tl.load(Order + rows, mask=keep, other=0) // GATHER_TOP_K
+    a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptrs + k0, mask=keep[:, None] & ((k0 + offs_k)[None, :] < K), other=0.0)
+        b = b_pair_desc.load([b_expert, 0, col0, k0]).reshape(2 * BN, BK)
+        acc = tl.dot(a, b.T, acc)
+    gate, up = tl.split(acc.reshape(BM, 2, BN).permute(0, 2, 1))
+    _store_tile(Out, Weights, Order, gate, up, rows, keep, col0 + tl.arange(0, BN), n_out, stride_out, True)
+
+
+@triton.jit
 def _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
                stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, RIDE: tl.constexpr):
@@ -235,11 +255,11 @@ def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.cons
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    a_desc, a_tail_desc, X, b_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
+    a_desc, a_tail_desc, X, b_desc, b_pair_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = 0,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = 0, PAIR: tl.constexpr = False,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
@@ -256,7 +276,10 @@ def _grouped_gemm_tma_kernel(
             expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM,
                                                                  RIDE > 0)
         col0 = col_tile * BN
-        if RIDE > 0 and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // (4 if RIDE == 1 else 2)):
+        if PAIR:  # gathering and gated, whole tiles
+            _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, expert * (b_rows_per_expert > 0), col0,
+                       n_out, K, stride_x, stride_out, GATHER_TOP_K, BM, BN, BK)
+        elif RIDE > 0 and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // (4 if RIDE == 1 else 2)):
             # its expert's last block, with rows riding on it
             _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
                        col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK, RIDE)
@@ -346,6 +369,7 @@ def tma_grouped_mm(
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
     tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
     ride: int = 0,  # an expert's last rows on its last whole block's loop: 1 up to block_m / 4, 2 up to half
+    pair: bool = False,  # gathering gated whole tiles: the gate's and up's weights in one box, one product
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
@@ -359,17 +383,20 @@ def tma_grouped_mm(
     a_desc = None if gather_top_k else TensorDescriptor.from_tensor(rows, [block_m, block_k])
     a_tail_desc = TensorDescriptor.from_tensor(rows, [block_m // 2, block_k]) if tail and not gather_top_k else None
     b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
+    assert not pair or (gated and gather_top_k and not tail and not ride), "pairs: gathering gated whole tiles"
+    b_pair_desc = (TensorDescriptor.from_tensor(weights.view(num_experts, 2, n_out, k), [1, 2, block_n, block_k])
+                   if pair else None)
     max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
     if num_programs is None:
         num_programs = _num_sms(rows.device.index) if rows.device.type == "cuda" else 4
     grid = (max(1, min(num_programs, max_tiles)),)
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
-        a_desc, a_tail_desc, rows, b_desc, out, ends, pair_weights if gated else dummy,
+        a_desc, a_tail_desc, rows, b_desc, b_pair_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out,
         b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, ORDER=tile_order, RIDE=int(ride), num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, RIDE=int(ride), PAIR=pair, num_warps=num_warps, num_stages=num_stages,
     )
     return out
