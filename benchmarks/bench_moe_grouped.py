@@ -160,6 +160,8 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
         gated = {key: value for key, value in extra.items() if key != "down"}
+        if gated.get("tail") or gated.get("ride"):  # pairs are whole tiles' alone
+            gated = {"pair": False, **gated}
         moe_grouped.launch_tiles = lambda index, mean_rows: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()

@@ -160,7 +160,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
     moe_grouped._CHUNK = default
     # the gate/up GEMM reading its rows from the tokens, against the gather then the GEMM
-    gated_tiles = launch_tiles(x.device.index, pairs / E)[0]
+    gated_tiles = {**launch_tiles(x.device.index, pairs / E)[0], "pair": False}  # pairs gather their rows
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS

@@ -99,8 +99,9 @@ def test_gathering_reads_each_sorted_pairs_token_row(gated, tail, tile_order):
     ("NVIDIA H200", 32, True, 3), ("NVIDIA H200", 63.9, True, 3), ("NVIDIA H200", 64, False, 3),
     ("NVIDIA H200", 256, False, 3)])
 def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch, name, mean_rows, narrow, down_stages):
-    # the gate/up GEMM: whole tiles in expert-major order, but for the H200's narrow tails where
-    # an expert has under 64 rows; the H100 keeps a fourth stage in the down GEMM (docs/moe-mla.md)
+    # the gate/up GEMM: whole tiles in expert-major order, gate and up in one product, but for
+    # the H200's narrow tails where an expert has under 64 rows; the H100 keeps a fourth stage in
+    # the down GEMM (docs/moe-mla.md)
     from cgtool.model import moe_tma_gemm
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: name)
@@ -109,8 +110,8 @@ def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch,
         gated, down = moe_tma_gemm.launch_tiles(0, mean_rows)
     finally:
         moe_tma_gemm._is_h100.cache_clear()
-    expected = (True, True, 0) if narrow else (False, False, 1)
-    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"]) == expected
+    expected = (True, True, 0, False) if narrow else (False, False, 1, True)
+    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"], gated["pair"]) == expected
     assert not down["tail"] and down.get("tile_order", 0) == 0 and down["num_stages"] == down_stages
     assert (gated["block_n"], down["block_n"]) == (128, 256)
 

@@ -313,10 +313,15 @@ def _grouped_gemm_tma_kernel(
 # 1k). On the H100 tails were slower (h100-2026-11-26-pdl-tails/call3). The down GEMM stays
 # block-major (expert-major up to 7% slower) and never takes tails; its depth is the GPU's: the
 # H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
-# 419-421 against 438-456 us), the H200 three (call 1: 417 against 428).
+# 419-421 against 438-456 us), the H200 three (call 1: 417 against 428). The gate/up whole tiles
+# take their gate's and up's weights in one box and one 128x256 product (`_pair_tile`), so each
+# MMA reads the tile's token rows once, not twice: the layer 0.4-3.4% faster on the H100 at
+# 1k-8k tokens and on the H200 by up to 5.2% (all but qwen3-30b-a3b's 8k, even), the output the
+# same bits (benchmarks/results/h200-h100-2026-11-27-moe-pairs, calls 5-6). An expert's last
+# rows riding on its last whole block's loop (`_ride_tile`) were 6-28% slower there.
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
-                "narrow_tail": False, "tile_order": 1}
-_NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0}
+                "narrow_tail": False, "tile_order": 1, "pair": True}
+_NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0, "pair": False}
 NARROW_TAILS_BELOW_ROWS = 64  # an expert's mean rows under which the H200 takes narrow tails
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
