@@ -69,14 +69,8 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                                                     "down": {"num_programs": 1 << 24, "flatten": False}},
                  "none_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1,
                                             "down": {"tile_order": 1}},
-                 # an expert's last rows, at most 32 past a whole block, riding on its K loop
-                 # (`tma_grouped_mm(ride=True)`): in the gate/up GEMM, and in both GEMMs
-                 "ride_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": 1},
-                 "ride_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "ride": 1,
-                                            "down": {"ride": 1}},
-                 "none_expert_major_ride_down": {"tail": False, "narrow_tail": False, "tile_order": 1,
-                                                 "down": {"ride": 1}},
-                 # the gate's and the up's weights in one box and one product (`pair=True`)
+                 # the gate's and the up's weights in one box and one product (`pair=True`); until
+                 # 2b652db also riding rows (`ride_expert_major*`, slower)
                  "pair_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True},
                  "pair_3_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True,
                                          "num_stages": 3}}
@@ -160,8 +154,7 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
         gated = {key: value for key, value in extra.items() if key != "down"}
-        if gated.get("tail") or gated.get("ride"):  # pairs are whole tiles' alone
-            gated = {"pair": False, **gated}
+        gated = {"pair": False, **gated}  # two products unless the variant names pairs
         moe_grouped.launch_tiles = lambda index, mean_rows: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()

@@ -83,23 +83,18 @@ SWEEP_TALL += [(128, 128, 8, 4, False, False, False, False, 1), (128, 128, 8, 4,
 SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
                      + [(128, 256, 8, 3, True, False, False, False, 0, 0),
                         (128, 256, 8, 3, False, False, False, False, 0, None, ONE_PROGRAM_A_TILE)])
-# An expert's last rows, at most a quarter block past a whole block, riding on its K loop
-# (`ride`, last field): whole tiles expert-major at 4 and 3 stages; the down GEMM block-major.
-SWEEP_ORDER_GATHERING += [(128, 128, 8, stages, False, False, False, False, 1, None, None, True) for stages in (4, 3)]
-# The gate's and the up's weights in one box and one product (`pair`, the last field).
-SWEEP_ORDER_GATHERING += [(128, 128, 8, stages, False, False, False, False, order, None, None, 0, True)
+# The gate's and the up's weights in one box and one product (`pair`, the last field); until
+# 2b652db also an expert's last rows riding on its last whole block (slower).
+SWEEP_ORDER_GATHERING += [(128, 128, 8, stages, False, False, False, False, order, None, None, True)
                           for stages in (4, 3) for order in (1, 0)]
-SWEEP_ORDER_PLAIN += [(128, 256, 8, stages, flat, False, False, False, 0, None, None, True)
-                      for stages, flat in ((3, True), (4, True), (3, False))]
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
 def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
             ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None,
-            num_programs: int | None = None, ride: int = 0, pair: bool = False) -> dict:
+            num_programs: int | None = None, pair: bool = False) -> dict:
     opts = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "ride": ride,
-            "pair": pair}
+            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "pair": pair}
     if num_programs is not None:
         opts["num_programs"] = num_programs
     return opts if b_rows_per_expert is None else {**opts, "b_rows_per_expert": b_rows_per_expert}
@@ -186,7 +181,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
 
 def brief(settings: list[dict]) -> list[tuple]:
     return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], r["tile_order"],
-             r.get("b_rows_per_expert"), r.get("num_programs"), r["ride"], r["pair"], round(r.get("us", -1), 1), r.get("equal"))
+             r.get("b_rows_per_expert"), r.get("num_programs"), r["pair"], round(r.get("us", -1), 1), r.get("equal"))
             for r in settings]
 
 

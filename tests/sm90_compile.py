@@ -268,18 +268,13 @@ def grouped_path_cases() -> dict[str, tuple]:
          gated["num_stages"]),
         ("gate/up gathering, whole tiles (shipped)", gated, TOP_K, False, gated["num_stages"]),
         ("gate/up gathering, two products", {**gated, "pair": False}, TOP_K, False, gated["num_stages"]),
-        ("gate/up gathering, riding rows", {**gated, "ride": 1, "pair": False}, TOP_K, False, gated["num_stages"]),
-        ("gate/up gathering, riding half rows", {**gated, "ride": 2, "pair": False}, TOP_K, False, 3),
         ("gate/up over sorted rows, tails", {**gated, "pair": False}, 0, True, gated["num_stages"]),
         ("down", down, 0, False, 3),
-        ("down, riding rows", {**down, "ride": 1}, 0, False, 3),
-        ("down, riding half rows", {**down, "ride": 2}, 0, False, 3),
     ):
         bn = tiles["block_n"]
         constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
                      "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False,
-                     "ORDER": tiles.get("tile_order", 0), "RIDE": tiles.get("ride", 0),
-                     "PAIR": tiles.get("pair", False)}
+                     "ORDER": tiles.get("tile_order", 0), "PAIR": tiles.get("pair", False)}
         types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
                  "Weights": "*fp32", "Order": "*i32", "K": MULTIPLE_OF_16, "n_out": MULTIPLE_OF_16,
                  "b_rows_per_expert": MULTIPLE_OF_16}

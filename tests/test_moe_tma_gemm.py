@@ -16,13 +16,10 @@ from cgtool.model.moe_grouped import silu_mul_weight
 from cgtool.model.moe_tma_gemm import _expert_blocks, _expert_major_tile, tma_grouped_mm, tma_usable
 
 # rows per expert: empty experts first, between and last; a group longer than one 128-row block;
-# last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block); at
-# 64-row blocks, last rows past a whole block that ride on it (130) and that do not (84)
-COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 84, 0]
-# tail settings: none, half-height tiles, half-height or narrow transposed ones, and last rows
-# riding on their expert's last whole block
-TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}, "ride": {"ride": 1},
-         "ride_half": {"ride": 2}}
+# last rows of every tail kind at 64- and 128-row blocks (narrow: at most a quarter block)
+COUNTS = [0, 5, 130, 0, 17, 1, 0, 40, 0]
+# tail settings: none, half-height tiles, and half-height or narrow transposed ones
+TAILS = {"none": {}, "half": {"tail": True}, "narrow": {"tail": True, "narrow_tail": True}}
 
 
 def _groups(counts, k, n, seed=0):
@@ -53,8 +50,7 @@ def test_each_row_times_its_experts_weights(flatten, num_programs, block_m, tail
     torch.testing.assert_close(out, _per_expert(rows, weights, ends), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow"),
-                                          (False, "ride"), (False, "ride_half")])
+@pytest.mark.parametrize("flatten,tail", [(False, "none"), (True, "none"), (False, "half"), (False, "narrow")])
 def test_gated_writes_silu_gate_times_up_times_the_routing_weight(flatten, tail):
     rows, gate_up, ends = _groups(COUNTS, 32, 2 * 24, seed=1)
     pairs = rows.shape[0]
@@ -117,35 +113,28 @@ def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch,
 
 
 @triton.jit
-def _expert_major_tiles(Ends, Out, num_experts, n_tiles, n_total, E_POW2: tl.constexpr, BM: tl.constexpr,
-                        RIDE: tl.constexpr = 0):
+def _expert_major_tiles(Ends, Out, num_experts, n_tiles, n_total, E_POW2: tl.constexpr, BM: tl.constexpr):
     # each tile's (expert, first row, column tile) as the TMA kernel computes them
-    e_ids, starts, ends, blocks, cum, _, _ = _expert_blocks(Ends, num_experts, E_POW2, BM, False, RIDE)
+    e_ids, starts, ends, blocks, cum, _, _ = _expert_blocks(Ends, num_experts, E_POW2, BM, False)
     for t in range(n_total):
-        expert, row0, _, col = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM, RIDE > 0)
+        expert, row0, _, col = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         tl.store(Out + 3 * t, expert)
         tl.store(Out + 3 * t + 1, row0)
         tl.store(Out + 3 * t + 2, col)
 
 
-@pytest.mark.parametrize("ride", [0, 1, 2])
-def test_expert_major_order_puts_one_columns_row_blocks_side_by_side(ride):
+def test_expert_major_order_puts_one_columns_row_blocks_side_by_side():
     # against the order written out: expert after expert, column after column, the row blocks
-    # side by side (so tiles that run at once share a tile of the weights). With riding rows an
-    # expert's last rows past a whole block, up to a quarter (1) or half (2) block, are no block
-    # of their own, and odd columns take the blocks last to first.
-    counts, bm, n_tiles = [0, 300, 20, 0, 256, 100, 280, 160, 129], 128, 3
+    # side by side (so tiles that run at once share a tile of the weights)
+    counts, bm, n_tiles = [0, 300, 20, 0, 256, 100], 128, 3
     expected, start = [], 0
     for e, count in enumerate(counts):
-        rides = ride and count > bm and 0 < count % bm <= bm // (4 if ride == 1 else 2)
-        blocks = count // bm if rides else -(-count // bm)
-        for col in range(n_tiles):
-            order = range(blocks - 1, -1, -1) if ride and col % 2 else range(blocks)
-            expected += [(e, start + b * bm, col) for b in order]
+        blocks = -(-count // bm)
+        expected += [(e, start + b * bm, col) for col in range(n_tiles) for b in range(blocks)]
         start += count
     ends = torch.tensor(counts).cumsum(0).int()
     out = torch.zeros(len(expected), 3, dtype=torch.int32)
-    _expert_major_tiles[(1,)](ends, out, len(counts), n_tiles, len(expected), E_POW2=16, BM=bm, RIDE=ride)
+    _expert_major_tiles[(1,)](ends, out, len(counts), n_tiles, len(expected), E_POW2=8, BM=bm)
     assert [tuple(row) for row in out.tolist()] == expected
 
 
@@ -186,39 +175,26 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("gated", [False, True])
-@pytest.mark.parametrize("ride", [1, 2, "pair"])
-def test_riding_rows_and_pairs_give_the_whole_tiles_bits(gated, ride):
-    # bf16 at qwen3-30b-a3b's 4k-token shape, about 256 rows an expert: many experts' last rows
-    # ride on their last whole block (transposed products), or the gate's and the up's weights go
-    # in one product, and neither may change a bit
+@pytest.mark.parametrize("tile_order", [0, 1])
+def test_pairs_give_two_products_bits(tile_order):
+    # bf16 gathering gate/up GEMM at qwen3-30b-a3b's 4k-token shape (about 256 rows an expert):
+    # the gate's and the up's weights in one 128x256 product must not change a bit
     gen = torch.Generator(device="cuda").manual_seed(2)
     counts = torch.randint(200, 313, (128,), generator=gen, device="cuda")
     ends = counts.cumsum(0).int()
     pairs = int(ends[-1])
-    if gated:
-        tokens = torch.randn(pairs // 8 + 1, 2048, generator=gen, device="cuda").bfloat16()
-        order = torch.randperm(pairs, generator=gen, device="cuda").int()
-        weights = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
-        options = {"gated": True, "pair_weights": torch.rand(pairs, generator=gen, device="cuda"), "order": order,
-                   "gather_top_k": 8, "tile_order": 1}
-    else:
-        tokens = torch.randn(pairs, 768, generator=gen, device="cuda").bfloat16()
-        weights = (torch.randn(128, 2048, 768, generator=gen, device="cuda") * 768**-0.5).bfloat16()
-        options = {"block_n": 256, "flatten": True, "num_stages": 3}
-    whole = tma_grouped_mm(tokens, weights, ends, **options)
-    if ride == "pair":  # the gate's and the up's weights in one product (gated only)
-        if not gated:
-            pytest.skip("pairs are the gated GEMM's")
-        assert torch.equal(tma_grouped_mm(tokens, weights, ends, pair=True, **options), whole)
-    else:
-        assert torch.equal(tma_grouped_mm(tokens, weights, ends, ride=ride, **options), whole)
-
+    tokens = torch.randn(pairs // 8 + 1, 2048, generator=gen, device="cuda").bfloat16()
+    weights = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
+    options = {"gated": True, "pair_weights": torch.rand(pairs, generator=gen, device="cuda"), "gather_top_k": 8,
+               "order": torch.randperm(pairs, generator=gen, device="cuda").int(), "tile_order": tile_order}
+    two = tma_grouped_mm(tokens, weights, ends, pair=False, **options)
+    assert torch.equal(tma_grouped_mm(tokens, weights, ends, pair=True, **options), two)
 
 @pytest.mark.parametrize("tile_order", [0, 1])
 def test_pairs_take_gate_and_up_in_one_product(tile_order):
     # the gate's and the up's weights' rows in one box of the [experts, 2, I, K] view: the same
     # output as two products; I = 24 over 16-column tiles leaves the box's last rows past I
+    # (interpreter, fp32)
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randn(60, 40, generator=gen)
     order = torch.randperm(180, generator=gen).int()

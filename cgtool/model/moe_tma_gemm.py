@@ -35,12 +35,9 @@ except ImportError:  # pragma: no cover - older Triton: the grouped path keeps t
 
 
 @triton.jit
-def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr,
-                   RIDE: tl.constexpr = 0):
+def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TAIL: tl.constexpr):
     # Each expert's rows [starts, ends) cut into BM-row blocks, numbered expert after expert;
-    # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart;
-    # with RIDE, last rows of at most BM / 4 (RIDE 1) or BM / 2 (2) past a whole block ride on
-    # that block (`_ride_tile`).
+    # with TAIL, a last block of at most BM / 2 rows is a tail of its own instead, numbered apart.
     e = tl.arange(0, E_POW2)
     valid = e < num_experts
     ends = tl.load(Ends + e, mask=valid, other=0)
@@ -50,11 +47,6 @@ def _expert_blocks(Ends, num_experts, E_POW2: tl.constexpr, BM: tl.constexpr, TA
         rest = count % BM
         blocks = count // BM + (rest > BM // 2).to(tl.int32)
         tails = ((rest > 0) & (rest <= BM // 2)).to(tl.int32)
-    elif RIDE > 0:
-        whole = count // BM
-        rest = count % BM
-        blocks = whole + ((rest > BM // (4 if RIDE == 1 else 2)) | ((whole == 0) & (rest > 0))).to(tl.int32)
-        tails = tl.zeros_like(count)
     else:
         blocks = (count + BM - 1) // BM
         tails = tl.zeros_like(count)
@@ -156,56 +148,6 @@ def _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, b_expert, col
 
 
 @triton.jit
-def _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
-               stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, RIDE: tl.constexpr):
-    # A whole block [row0, row0 + BM) and its expert's last rows past it, [row0 + BM, row_end),
-    # riding on the block's K loop, so each weights' tile loaded once serves both: RIDE 1, at
-    # most BM / 4 rows, transposed (the weights' tile as the MMA's tall side, as
-    # `_tile_products`' SWAP); RIDE 2, at most BM / 2, as rows of their own MMA.
-    RW: tl.constexpr = BM // 4 if RIDE == 1 else BM // 2
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
-    if RIDE == 1:
-        ride = tl.zeros((BN, RW), dtype=tl.float32)
-        ride_up = tl.zeros((BN, RW), dtype=tl.float32)
-    else:
-        ride = tl.zeros((RW, BN), dtype=tl.float32)
-        ride_up = tl.zeros((RW, BN), dtype=tl.float32)
-    offs_k = tl.arange(0, BK)
-    a_rows = row0 + tl.arange(0, BM)
-    r_rows = row0 + BM + tl.arange(0, RW)
-    r_in = r_rows < row_end
-    if GATHER_TOP_K > 0:
-        a_src = tl.load(Order + a_rows) // GATHER_TOP_K
-        r_src = tl.load(Order + r_rows, mask=r_in, other=0) // GATHER_TOP_K
-    else:
-        a_src = a_rows
-        r_src = tl.where(r_in, r_rows, 0)
-    a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-    r_ptrs = X + r_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-    for k0 in range(0, K, BK):
-        k_in = (k0 + offs_k)[None, :] < K
-        if GATHER_TOP_K > 0:
-            a = tl.load(a_ptrs + k0, mask=k_in, other=0.0)
-        else:
-            a = a_desc.load([row0, k0])
-        r = tl.load(r_ptrs + k0, mask=r_in[:, None] & k_in, other=0.0)
-        b = b_desc.load([b_row, k0])
-        acc = tl.dot(a, b.T, acc)
-        ride = tl.dot(b, r.T, ride) if RIDE == 1 else tl.dot(r, b.T, ride)
-        if GATED:
-            b_up = b_desc.load([b_row + n_out, k0])
-            acc_up = tl.dot(a, b_up.T, acc_up)
-            ride_up = tl.dot(b_up, r.T, ride_up) if RIDE == 1 else tl.dot(r, b_up.T, ride_up)
-    cols = col0 + tl.arange(0, BN)
-    _store_tile(Out, Weights, Order, acc, acc_up, a_rows, a_rows < row_end, cols, n_out, stride_out, GATED)
-    if RIDE == 1:
-        ride, ride_up = tl.trans(ride), tl.trans(ride_up)
-    _store_tile(Out, Weights, Order, ride, ride_up, r_rows, r_in, cols, n_out, stride_out, GATED)
-
-
-@triton.jit
 def _tail_tile(a_tail_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col0, n_out, K, stride_x,
                stride_out, GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, NARROW: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr):
@@ -234,23 +176,16 @@ def _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.const
 
 
 @triton.jit
-def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr,
-                       ALTERNATE: tl.constexpr = False):
+def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.constexpr):
     # Tile t in expert-major order: an expert's tiles together, column after column, one
     # column's row blocks side by side, so programs that run at once read the same weights'
-    # tile and HBM serves it once. ALTERNATE: odd columns take the blocks last to first, so that
-    # a costlier last block does not fall to the programs of one parity column after column
-    # (an expert's tile count is even wherever its column count is).
+    # tile and HBM serves it once.
     expert = tl.sum((cum * n_tiles <= t).to(tl.int32), 0)
     mine = e_ids == expert
     n_blocks = tl.sum(tl.where(mine, blocks, 0), 0)
     local = t - tl.sum(tl.where(mine, cum - blocks, 0), 0) * n_tiles
-    block = local % n_blocks
-    col = local // n_blocks
-    if ALTERNATE:
-        block = tl.where(col % 2 == 1, n_blocks - 1 - block, block)
-    row0 = tl.sum(tl.where(mine, starts, 0), 0) + block * BM
-    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), col
+    row0 = tl.sum(tl.where(mine, starts, 0), 0) + (local % n_blocks) * BM
+    return expert, row0, tl.sum(tl.where(mine, ends, 0), 0), local // n_blocks
 
 
 @triton.jit
@@ -259,30 +194,24 @@ def _grouped_gemm_tma_kernel(
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr, ORDER: tl.constexpr = 0, RIDE: tl.constexpr = 0, PAIR: tl.constexpr = False,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0, PAIR: tl.constexpr = False,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
     # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
     # every whole block. ORDER: the whole blocks' tiles block-major (0) or expert-major (1).
-    # RIDE: an expert's last rows, if at most BM / 4 (1) or BM / 2 (2) past a whole block, ride on
-    # it (`_ride_tile`).
-    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL, RIDE)
+    # PAIR: the gated whole tiles' gate and up weights in one box and one product (`_pair_tile`).
+    e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
     for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
         if ORDER == 0:
             expert, row0, row_end, col_tile = _block_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         else:
-            expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM,
-                                                                 RIDE > 0)
+            expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         col0 = col_tile * BN
         if PAIR:  # gathering and gated, whole tiles
             _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, expert * (b_rows_per_expert > 0), col0,
                        n_out, K, stride_x, stride_out, GATHER_TOP_K, BM, BN, BK)
-        elif RIDE > 0 and (row_end - row0 > BM) and (row_end - row0 <= BM + BM // (4 if RIDE == 1 else 2)):
-            # its expert's last block, with rows riding on it
-            _ride_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
-                       col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, BM, BN, BK, RIDE)
         else:
             _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
                        col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
@@ -318,7 +247,7 @@ def _grouped_gemm_tma_kernel(
 # MMA reads the tile's token rows once, not twice: the layer 0.4-3.4% faster on the H100 at
 # 1k-8k tokens and on the H200 by up to 5.2% (all but qwen3-30b-a3b's 8k, even), the output the
 # same bits (benchmarks/results/h200-h100-2026-11-27-moe-pairs, calls 5-6). An expert's last
-# rows riding on its last whole block's loop (`_ride_tile`) were 6-28% slower there.
+# rows riding on its last whole block's loop, transposed, were slower (code in 2b652db).
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
                 "narrow_tail": False, "tile_order": 1, "pair": True}
 _NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0, "pair": False}
@@ -373,14 +302,12 @@ def tma_grouped_mm(
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
     tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
-    ride: int = 0,  # an expert's last rows on its last whole block's loop: 1 up to block_m / 4, 2 up to half
     pair: bool = False,  # gathering gated whole tiles: the gate's and up's weights in one box, one product
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
     silu(gate) * up * the pair's routing weight."""
     assert not narrow_tail or (tail and block_m >= 64), "narrow tails are tails, at least 16 rows wide"
-    assert not (ride and tail) and (not ride or block_m >= 64) and ride in (0, 1, 2), "riding rows are no tails"
     pairs, k = (order.numel(), rows.shape[1]) if gather_top_k else rows.shape
     num_experts, b_rows = weights.shape[0], weights.shape[1]
     n_out = b_rows // 2 if gated else b_rows
@@ -388,7 +315,7 @@ def tma_grouped_mm(
     a_desc = None if gather_top_k else TensorDescriptor.from_tensor(rows, [block_m, block_k])
     a_tail_desc = TensorDescriptor.from_tensor(rows, [block_m // 2, block_k]) if tail and not gather_top_k else None
     b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
-    assert not pair or (gated and gather_top_k and not tail and not ride), "pairs: gathering gated whole tiles"
+    assert not pair or (gated and gather_top_k and not tail), "pairs: gathering gated whole tiles"
     b_pair_desc = (TensorDescriptor.from_tensor(weights.view(num_experts, 2, n_out, k), [1, 2, block_n, block_k])
                    if pair else None)
     max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
@@ -402,6 +329,6 @@ def tma_grouped_mm(
         b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, ORDER=tile_order, RIDE=int(ride), PAIR=pair, num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, PAIR=pair, num_warps=num_warps, num_stages=num_stages,
     )
     return out

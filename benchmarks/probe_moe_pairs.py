@@ -1,12 +1,14 @@
-"""Issue 33: what a tile with riding rows costs (`tma_grouped_mm(ride=True)`), on equal experts.
+"""Issue 33: the gate/up GEMM's whole tiles as two products or as pairs (`tma_grouped_mm(pair=True)`).
 
 The gate/up GEMM (gathering, qwen3-30b-a3b's shape: 128 experts, K 2,048, width 768) with every
-expert given the same rows: 256 (two whole blocks, nothing rides), 256 + r (r rows ride on the
-second block, up to 32 transposed or 64 as rows, or a third whole block without riding) and 384
-(three whole blocks); and experts of rows drawn within 16 of 256 and of 512. Each a
-replayed CUDA graph of six GEMMs over distinct weights, us a GEMM, alternating rounds.
+expert given the same rows, 256 (two whole blocks), 264 (three, the last nearly empty) and 384
+(three), and with rows drawn within 16 of 256 and of 512. Each a replayed CUDA graph of six
+GEMMs over distinct weights, us a GEMM, alternating rounds; `same bits` compares every setting's
+output with the first's. Until 2b652db (as probe_moe_ride.py) it also timed an expert's last
+rows riding on its last whole block (`ride`): calls 2-6 of
+benchmarks/results/h200-h100-2026-11-27-moe-pairs.
 
-    python3 benchmarks/probe_moe_ride.py --out ride.json
+    python3 benchmarks/probe_moe_pairs.py --out pairs.json
 """
 
 from __future__ import annotations
@@ -21,9 +23,8 @@ from bench_moe_mla import graph_us, log  # benchmarks/ is the script's path
 from cgtool.model.moe_tma_gemm import tma_grouped_mm
 
 EXPERTS, HIDDEN, WIDTH, TOP_K, LAYERS = 128, 2048, 768, 8, 6
-SETTINGS = {"whole": {}, "whole_3_stages": {"num_stages": 3}, "ride": {"ride": 1},
-            "ride_3_stages": {"ride": 1, "num_stages": 3}, "ride_half_3_stages": {"ride": 2, "num_stages": 3},
-            "pair": {"pair": True}, "pair_3_stages": {"pair": True, "num_stages": 3}}
+SETTINGS = {"whole": {"pair": False}, "whole_3_stages": {"pair": False, "num_stages": 3}, "pair": {"pair": True},
+            "pair_3_stages": {"pair": True, "num_stages": 3}}
 
 
 def inputs(rows: str, gen: torch.Generator) -> tuple:
@@ -49,7 +50,7 @@ def gemms(data: tuple, opts: dict, weights: list[torch.Tensor]):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--rows", default="256,264,288,320,384,~256,~512")
+    parser.add_argument("--rows", default="256,264,384,~256,~512")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
