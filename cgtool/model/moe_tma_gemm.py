@@ -247,7 +247,8 @@ def _grouped_gemm_tma_kernel(
 # MMA reads the tile's token rows once, not twice: the layer 0.4-3.4% faster on the H100 at
 # 1k-8k tokens and on the H200 by up to 5.2% (all but qwen3-30b-a3b's 8k, even), the output the
 # same bits (benchmarks/results/h200-h100-2026-11-27-moe-pairs, calls 5-6). An expert's last
-# rows riding on its last whole block's loop, transposed, were slower (code in 2b652db).
+# rows, up to 32, riding on its last whole block's loop transposed: the gate/up GEMM 8-17% slower
+# at 4k-8k tokens on the H200, 5-10% faster only at qwen3-30b-a3b's 2k (call 1; code in 2b652db).
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
                 "narrow_tail": False, "tile_order": 1, "pair": True}
 _NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0, "pair": False}
