@@ -69,11 +69,12 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                                                     "down": {"num_programs": 1 << 24, "flatten": False}},
                  "none_expert_major_both": {"tail": False, "narrow_tail": False, "tile_order": 1,
                                             "down": {"tile_order": 1}},
-                 # the gate's and the up's weights in one box and one product (`pair=True`); until
-                 # 2b652db also riding rows (`ride_expert_major*`, slower)
-                 "pair_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True},
-                 "pair_3_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "pair": True,
-                                         "num_stages": 3}}
+                 # the gate's and the up's weights in one box and one product (`joint_gate_up`;
+                 # named pair_* in benchmarks/results/h200-h100-2026-11-27-moe-joint); until 2b652db
+                 # also riding rows (`ride_expert_major*`, slower)
+                 "joint_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True},
+                 "joint_3_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True,
+                                          "num_stages": 3}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 
@@ -154,7 +155,7 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
         gated = {key: value for key, value in extra.items() if key != "down"}
-        gated = {"pair": False, **gated}  # two products unless the variant names pairs
+        gated = {"joint_gate_up": False, **gated}  # two products unless the variant names the joint form
         moe_grouped.launch_tiles = lambda index, mean_rows: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()

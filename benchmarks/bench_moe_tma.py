@@ -83,7 +83,7 @@ SWEEP_TALL += [(128, 128, 8, 4, False, False, False, False, 1), (128, 128, 8, 4,
 SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) for stages in (3, 4) for order in (0, 1)]
                      + [(128, 256, 8, 3, True, False, False, False, 0, 0),
                         (128, 256, 8, 3, False, False, False, False, 0, None, ONE_PROGRAM_A_TILE)])
-# The gate's and the up's weights in one box and one product (`pair`, the last field); until
+# The gate's and the up's weights in one box and one product (`joint_gate_up`, the last field); until
 # 2b652db also an expert's last rows riding on its last whole block (slower).
 SWEEP_ORDER_GATHERING += [(128, 128, 8, stages, False, False, False, False, order, None, None, True)
                           for stages in (4, 3) for order in (1, 0)]
@@ -92,9 +92,9 @@ SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in 
 
 def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
             ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None,
-            num_programs: int | None = None, pair: bool = False) -> dict:
+            num_programs: int | None = None, joint: bool = False) -> dict:
     opts = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "pair": pair}
+            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "joint_gate_up": joint}
     if num_programs is not None:
         opts["num_programs"] = num_programs
     return opts if b_rows_per_expert is None else {**opts, "b_rows_per_expert": b_rows_per_expert}
@@ -155,7 +155,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
         assert all(torch.equal(a, b) for a, b in zip(sort_pairs(routed[0][1], E), sorts[0]))
     moe_grouped._CHUNK = default
     # the gate/up GEMM reading its rows from the tokens, against the gather then the GEMM
-    gated_tiles = {**launch_tiles(x.device.index, pairs / E)[0], "pair": False}  # pairs gather their rows
+    gated_tiles = {**launch_tiles(x.device.index, pairs / E)[0], "joint_gate_up": False}  # only gathering
     row["gather_then_gated_us"] = graph_us(lambda: [tma_grouped_mm(
         gather_rows(x, sorts[i][0], k), layers.gate_up[i], sorts[i][2], gated=True, pair_weights=flat_w[i],
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
@@ -181,7 +181,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
 
 def brief(settings: list[dict]) -> list[tuple]:
     return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], r["tile_order"],
-             r.get("b_rows_per_expert"), r.get("num_programs"), r["pair"], round(r.get("us", -1), 1), r.get("equal"))
+             r.get("b_rows_per_expert"), r.get("num_programs"), r["joint_gate_up"], round(r.get("us", -1), 1), r.get("equal"))
             for r in settings]
 
 

@@ -267,21 +267,21 @@ def grouped_path_cases() -> dict[str, tuple]:
         ("gate/up gathering, narrow tails (shipped under 64 rows)", {**gated, **moe_tma_gemm._NARROW_TAILS}, TOP_K, True,
          gated["num_stages"]),
         ("gate/up gathering, whole tiles (shipped)", gated, TOP_K, False, gated["num_stages"]),
-        ("gate/up gathering, two products", {**gated, "pair": False}, TOP_K, False, gated["num_stages"]),
-        ("gate/up over sorted rows, tails", {**gated, "pair": False}, 0, True, gated["num_stages"]),
+        ("gate/up gathering, two products", {**gated, "joint_gate_up": False}, TOP_K, False, gated["num_stages"]),
+        ("gate/up over sorted rows, tails", {**gated, "joint_gate_up": False}, 0, True, gated["num_stages"]),
         ("down", down, 0, False, 3),
     ):
         bn = tiles["block_n"]
         constants = {"GATED": name.startswith("gate"), "GATHER_TOP_K": gather, "E_POW2": EXPERTS, "BM": bm,
                      "BN": bn, "BK": bk, "FLATTEN": tiles["flatten"], "TAIL": tail, "NARROW": tail, "WS": False,
-                     "ORDER": tiles.get("tile_order", 0), "PAIR": tiles.get("pair", False)}
+                     "ORDER": tiles.get("tile_order", 0), "JOINT": tiles.get("joint_gate_up", False)}
         types = {"b_desc": f"tensordesc<bf16[{bn},{bk}]>", "X": "*bf16", "Out": "*bf16", "Ends": "*i32",
                  "Weights": "*fp32", "Order": "*i32", "K": MULTIPLE_OF_16, "n_out": MULTIPLE_OF_16,
                  "b_rows_per_expert": MULTIPLE_OF_16}
-        if tiles.get("pair"):
-            types["b_pair_desc"] = f"tensordesc<bf16[1,2,{bn},{bk}]>"
+        if tiles.get("joint_gate_up"):
+            types["b_joint_desc"] = f"tensordesc<bf16[1,2,{bn},{bk}]>"
         else:
-            constants["b_pair_desc"] = None
+            constants["b_joint_desc"] = None
         if gather:
             constants["a_desc"] = constants["a_tail_desc"] = None
         else:

@@ -107,7 +107,7 @@ def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch,
     finally:
         moe_tma_gemm._is_h100.cache_clear()
     expected = (True, True, 0, False) if narrow else (False, False, 1, True)
-    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"], gated["pair"]) == expected
+    assert (gated["tail"], gated["narrow_tail"], gated["tile_order"], gated["joint_gate_up"]) == expected
     assert not down["tail"] and down.get("tile_order", 0) == 0 and down["num_stages"] == down_stages
     assert (gated["block_n"], down["block_n"]) == (128, 256)
 
@@ -176,7 +176,7 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("tile_order", [0, 1])
-def test_pairs_give_two_products_bits(tile_order):
+def test_joint_gate_up_gives_two_products_bits(tile_order):
     # bf16 gathering gate/up GEMM at qwen3-30b-a3b's 4k-token shape (about 256 rows an expert):
     # the gate's and the up's weights in one 128x256 product must not change a bit
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -187,11 +187,11 @@ def test_pairs_give_two_products_bits(tile_order):
     weights = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
     options = {"gated": True, "pair_weights": torch.rand(pairs, generator=gen, device="cuda"), "gather_top_k": 8,
                "order": torch.randperm(pairs, generator=gen, device="cuda").int(), "tile_order": tile_order}
-    two = tma_grouped_mm(tokens, weights, ends, pair=False, **options)
-    assert torch.equal(tma_grouped_mm(tokens, weights, ends, pair=True, **options), two)
+    two = tma_grouped_mm(tokens, weights, ends, joint_gate_up=False, **options)
+    assert torch.equal(tma_grouped_mm(tokens, weights, ends, joint_gate_up=True, **options), two)
 
 @pytest.mark.parametrize("tile_order", [0, 1])
-def test_pairs_take_gate_and_up_in_one_product(tile_order):
+def test_joint_gate_up_takes_gate_and_up_in_one_product(tile_order):
     # the gate's and the up's weights' rows in one box of the [experts, 2, I, K] view: the same
     # output as two products; I = 24 over 16-column tiles leaves the box's last rows past I
     # (interpreter, fp32)
@@ -203,5 +203,5 @@ def test_pairs_take_gate_and_up_in_one_product(tile_order):
     ends = torch.tensor(counts).cumsum(0).int()
     opts = {"gated": True, "pair_weights": torch.rand(180, generator=gen), "order": order, "block_n": 16,
             "block_k": 32, "num_programs": 2, "tile_order": tile_order, "gather_top_k": 3}
-    paired = tma_grouped_mm(tokens, weights, ends, pair=True, **opts)
-    torch.testing.assert_close(paired, tma_grouped_mm(tokens, weights, ends, **opts), rtol=1e-6, atol=1e-6)
+    joint = tma_grouped_mm(tokens, weights, ends, joint_gate_up=True, **opts)
+    torch.testing.assert_close(joint, tma_grouped_mm(tokens, weights, ends, **opts), rtol=1e-6, atol=1e-6)

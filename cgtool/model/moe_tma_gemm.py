@@ -13,7 +13,8 @@ silu(gate) * up * the pair's routing weight, rounded as `moe_grouped.silu_mul_we
 the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches memory. The
 gathering form reads A's rows from the tokens through the sort's order (no [pairs, K] copy).
 With tails, an expert's last rows, when at most half a tile, take a half-height tile of their
-own after the rest. The persistent programs take tiles block-major (a row block's columns one
+own after the rest. The joint form loads a whole tile's gate and up weights' rows in one box of
+the [E, 2, I, K] view and multiplies them in one product twice as wide. The persistent programs take tiles block-major (a row block's columns one
 after another) or expert-major (one column's row blocks side by side, so tiles that run at once
 read the same tile of the weights).
 """
@@ -128,8 +129,9 @@ def _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, b_row, col
 
 
 @triton.jit
-def _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, b_expert, col0, n_out, K, stride_x,
-               stride_out, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+def _joint_gate_up_tile(b_joint_desc, X, Out, Weights, Order, row0, row_end, b_expert, col0, n_out, K, stride_x,
+                        stride_out, GATHER_TOP_K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr):
     # The gated tile with the gate's and the up's BN weights' rows in one TMA box of the
     # [experts, 2, I, K] view and one [BM, 2 * BN] product: each MMA reads the tile's A rows
     # from shared memory once for both halves, not once a half.
@@ -141,7 +143,7 @@ def _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, b_expert, col
     a_ptrs = X + a_src.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
     for k0 in range(0, K, BK):
         a = tl.load(a_ptrs + k0, mask=keep[:, None] & ((k0 + offs_k)[None, :] < K), other=0.0)
-        b = b_pair_desc.load([b_expert, 0, col0, k0]).reshape(2 * BN, BK)
+        b = b_joint_desc.load([b_expert, 0, col0, k0]).reshape(2 * BN, BK)
         acc = tl.dot(a, b.T, acc)
     gate, up = tl.split(acc.reshape(BM, 2, BN).permute(0, 2, 1))
     _store_tile(Out, Weights, Order, gate, up, rows, keep, col0 + tl.arange(0, BN), n_out, stride_out, True)
@@ -190,17 +192,17 @@ def _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM: tl.cons
 
 @triton.jit
 def _grouped_gemm_tma_kernel(
-    a_desc, a_tail_desc, X, b_desc, b_pair_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
+    a_desc, a_tail_desc, X, b_desc, b_joint_desc, Out, Ends, Weights, Order, num_experts, n_out, b_rows_per_expert, K,
     stride_x, stride_out, num_programs,
     GATED: tl.constexpr, GATHER_TOP_K: tl.constexpr, E_POW2: tl.constexpr, BM: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, FLATTEN: tl.constexpr, TAIL: tl.constexpr, NARROW: tl.constexpr,
-    WS: tl.constexpr, ORDER: tl.constexpr = 0, PAIR: tl.constexpr = False,
+    WS: tl.constexpr, ORDER: tl.constexpr = 0, JOINT: tl.constexpr = False,
 ):
     # GATHER_TOP_K > 0: A's rows are read from X, each sorted pair's token (no TMA gather on
     # Hopper: plain loads, which Triton pipelines through shared memory as it does TMA's).
     # TAIL: an expert's last rows, if at most BM / 2, take a smaller tile (`_tail_tile`) after
     # every whole block. ORDER: the whole blocks' tiles block-major (0) or expert-major (1).
-    # PAIR: the gated whole tiles' gate and up weights in one box and one product (`_pair_tile`).
+    # JOINT: the gated whole tiles' gate and up weights in one box, one product (`_joint_gate_up_tile`).
     e_ids, starts, ends, blocks, cum, tails, cum_tails = _expert_blocks(Ends, num_experts, E_POW2, BM, TAIL)
     n_tiles = tl.cdiv(n_out, BN)
     for t in tl.range(tl.program_id(0), tl.sum(blocks, 0) * n_tiles, num_programs, flatten=FLATTEN):
@@ -209,9 +211,10 @@ def _grouped_gemm_tma_kernel(
         else:
             expert, row0, row_end, col_tile = _expert_major_tile(t, e_ids, starts, ends, blocks, cum, n_tiles, BM)
         col0 = col_tile * BN
-        if PAIR:  # gathering and gated, whole tiles
-            _pair_tile(b_pair_desc, X, Out, Weights, Order, row0, row_end, expert * (b_rows_per_expert > 0), col0,
-                       n_out, K, stride_x, stride_out, GATHER_TOP_K, BM, BN, BK)
+        if JOINT:  # gathering and gated, whole tiles
+            _joint_gate_up_tile(b_joint_desc, X, Out, Weights, Order, row0, row_end,
+                                expert * (b_rows_per_expert > 0), col0, n_out, K, stride_x, stride_out, GATHER_TOP_K,
+                                BM, BN, BK)
         else:
             _gemm_tile(a_desc, X, b_desc, Out, Weights, Order, row0, row_end, expert * b_rows_per_expert + col0,
                        col0, n_out, K, stride_x, stride_out, GATED, GATHER_TOP_K, False, BM, BN, BK, WS)
@@ -243,15 +246,15 @@ def _grouped_gemm_tma_kernel(
 # block-major (expert-major up to 7% slower) and never takes tails; its depth is the GPU's: the
 # H100's slower memory wants a fourth stage (calls 4-6: qwen3-30b-a3b's 8k-token down GEMM
 # 419-421 against 438-456 us), the H200 three (call 1: 417 against 428). The gate/up whole tiles
-# take their gate's and up's weights in one box and one 128x256 product (`_pair_tile`), so each
-# MMA reads the tile's token rows once, not twice: the layer 0.4-3.4% faster on the H100 at
-# 1k-8k tokens and on the H200 by up to 5.2% (all but qwen3-30b-a3b's 8k, even), the output the
-# same bits (benchmarks/results/h200-h100-2026-11-27-moe-pairs, calls 5-6). An expert's last
-# rows, up to 32, riding on its last whole block's loop transposed: the gate/up GEMM 8-17% slower
-# at 4k-8k tokens on the H200, 5-10% faster only at qwen3-30b-a3b's 2k (call 1; code in 2b652db).
+# take their gate's and up's weights in one box and one 128x256 product (`_joint_gate_up_tile`),
+# so each MMA reads the tile's token rows once, not twice: the layer 0.4-3.4% faster on the H100
+# at 1k-8k tokens and on the H200 by up to 5.2% (all but qwen3-30b-a3b's 8k, even), the same
+# bits (benchmarks/results/h200-h100-2026-11-27-moe-joint, calls 5-6). An expert's last rows,
+# up to 32, riding on its last whole block's loop transposed: the gate/up GEMM 8-17% slower at
+# 4k-8k tokens on the H200, 5-10% faster only at qwen3-30b-a3b's 2k (call 1; code in 2b652db).
 _GATED_TILES = {"block_n": 128, "num_warps": 8, "flatten": False, "num_stages": 4, "tail": False,
-                "narrow_tail": False, "tile_order": 1, "pair": True}
-_NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0, "pair": False}
+                "narrow_tail": False, "tile_order": 1, "joint_gate_up": True}
+_NARROW_TAILS = {"tail": True, "narrow_tail": True, "tile_order": 0, "joint_gate_up": False}
 NARROW_TAILS_BELOW_ROWS = 64  # an expert's mean rows under which the H200 takes narrow tails
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
@@ -303,7 +306,7 @@ def tma_grouped_mm(
     num_programs: int | None = None,
     warp_specialize: bool = False,  # whole blocks' K loops in Triton's warp-specialized form
     tile_order: int = 0,  # whole blocks' tiles: 0 block-major, 1 expert-major
-    pair: bool = False,  # gathering gated whole tiles: the gate's and up's weights in one box, one product
+    joint_gate_up: bool = False,  # gathering gated whole tiles: gate and up weights in one box, one product
     b_rows_per_expert: int | None = None,  # probes only: 0 points every expert at expert 0's weights
 ) -> torch.Tensor:
     """[pairs, N] = each row times its expert's weights transposed; gated: [pairs, I] =
@@ -316,20 +319,20 @@ def tma_grouped_mm(
     a_desc = None if gather_top_k else TensorDescriptor.from_tensor(rows, [block_m, block_k])
     a_tail_desc = TensorDescriptor.from_tensor(rows, [block_m // 2, block_k]) if tail and not gather_top_k else None
     b_desc = TensorDescriptor.from_tensor(weights.reshape(num_experts * b_rows, k), [block_n, block_k])
-    assert not pair or (gated and gather_top_k and not tail), "pairs: gathering gated whole tiles"
-    b_pair_desc = (TensorDescriptor.from_tensor(weights.view(num_experts, 2, n_out, k), [1, 2, block_n, block_k])
-                   if pair else None)
+    assert not joint_gate_up or (gated and gather_top_k and not tail), "joint gate/up: gathering, gated, whole"
+    b_joint_desc = (TensorDescriptor.from_tensor(weights.view(num_experts, 2, n_out, k), [1, 2, block_n, block_k])
+                   if joint_gate_up else None)
     max_tiles = (cdiv(pairs, block_m) + num_experts) * cdiv(n_out, block_n)
     if num_programs is None:
         num_programs = _num_sms(rows.device.index) if rows.device.type == "cuda" else 4
     grid = (max(1, min(num_programs, max_tiles)),)
     dummy = ends  # the plain form reads no routing weights
     _grouped_gemm_tma_kernel[grid](
-        a_desc, a_tail_desc, rows, b_desc, b_pair_desc, out, ends, pair_weights if gated else dummy,
+        a_desc, a_tail_desc, rows, b_desc, b_joint_desc, out, ends, pair_weights if gated else dummy,
         order if order is not None else dummy, num_experts, n_out,
         b_rows if b_rows_per_expert is None else b_rows_per_expert, k, rows.stride(0), out.stride(0),
         grid[0], GATED=gated, GATHER_TOP_K=gather_top_k, E_POW2=next_power_of_2(num_experts), BM=block_m,
         BN=block_n, BK=block_k, TAIL=tail, NARROW=narrow_tail, WS=warp_specialize,
-        FLATTEN=flatten, ORDER=tile_order, PAIR=pair, num_warps=num_warps, num_stages=num_stages,
+        FLATTEN=flatten, ORDER=tile_order, JOINT=joint_gate_up, num_warps=num_warps, num_stages=num_stages,
     )
     return out

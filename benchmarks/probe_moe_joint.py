@@ -1,14 +1,14 @@
-"""Issue 33: the gate/up GEMM's whole tiles as two products or as pairs (`tma_grouped_mm(pair=True)`).
+"""Issue 33: the gate/up GEMM's whole tiles as two products or one (`tma_grouped_mm(joint_gate_up=True)`).
 
 The gate/up GEMM (gathering, qwen3-30b-a3b's shape: 128 experts, K 2,048, width 768) with every
 expert given the same rows, 256 (two whole blocks), 264 (three, the last nearly empty) and 384
 (three), and with rows drawn within 16 of 256 and of 512. Each a replayed CUDA graph of six
 GEMMs over distinct weights, us a GEMM, alternating rounds; `same bits` compares every setting's
-output with the first's. Until 2b652db (as probe_moe_ride.py) it also timed an expert's last
-rows riding on its last whole block (`ride`): calls 2-6 of
-benchmarks/results/h200-h100-2026-11-27-moe-pairs.
+output with the first's. In calls 2-6 of benchmarks/results/h200-h100-2026-11-27-moe-joint it
+was probe_moe_ride.py (to 2b652db) and its joint settings were named pair*; it also timed an
+expert's last rows riding on its last whole block (`ride`).
 
-    python3 benchmarks/probe_moe_pairs.py --out pairs.json
+    python3 benchmarks/probe_moe_joint.py --out joint.json
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from bench_moe_mla import graph_us, log  # benchmarks/ is the script's path
 from cgtool.model.moe_tma_gemm import tma_grouped_mm
 
 EXPERTS, HIDDEN, WIDTH, TOP_K, LAYERS = 128, 2048, 768, 8, 6
-SETTINGS = {"whole": {"pair": False}, "whole_3_stages": {"pair": False, "num_stages": 3}, "pair": {"pair": True},
-            "pair_3_stages": {"pair": True, "num_stages": 3}}
+SETTINGS = {"whole": {"joint_gate_up": False}, "whole_3_stages": {"joint_gate_up": False, "num_stages": 3},
+            "joint": {"joint_gate_up": True}, "joint_3_stages": {"joint_gate_up": True, "num_stages": 3}}
 
 
 def inputs(rows: str, gen: torch.Generator) -> tuple:
