@@ -74,7 +74,14 @@ TAIL_VARIANTS = {"none": {"tail": False, "narrow_tail": False, "tile_order": 0},
                  # also riding rows (`ride_expert_major*`, slower)
                  "joint_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True},
                  "joint_3_expert_major": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True,
-                                          "num_stages": 3}}
+                                          "num_stages": 3},
+                 # K steps of 128 at 2 stages: in the gate/up GEMM, the down GEMM, or both
+                 "joint_bk128": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True,
+                                 "block_k": 128, "num_stages": 2},
+                 "joint_down_bk128": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True,
+                                      "down": {"block_k": 128, "num_stages": 2}},
+                 "joint_bk128_both": {"tail": False, "narrow_tail": False, "tile_order": 1, "joint_gate_up": True,
+                                      "block_k": 128, "num_stages": 2, "down": {"block_k": 128, "num_stages": 2}}}
 DEFAULT_VARIANTS = "none,half,narrow,none_3_stages,narrow_3_stages"
 
 

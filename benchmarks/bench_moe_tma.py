@@ -87,14 +87,21 @@ SWEEP_ORDER_PLAIN = ([(128, 256, 8, stages, True, False, False, False, order) fo
 # 2b652db also an expert's last rows riding on its last whole block (slower).
 SWEEP_ORDER_GATHERING += [(128, 128, 8, stages, False, False, False, False, order, None, None, True)
                           for stages in (4, 3) for order in (1, 0)]
+# K steps of 128 (`--block-k`, the last field) at 2 stages, the most that fit, against the shipped
+# 64 at 4 (gate/up) and 3 (down) stages.
+SWEEP_BK_GATHERING = [(128, 128, 8, stages, False, False, False, False, 1, None, None, True, bk)
+                      for stages, bk in ((4, 64), (3, 64), (2, 128))]
+SWEEP_BK_PLAIN = [(128, 256, 8, stages, flat, False, False, False, 0, None, None, False, bk)
+                  for stages, flat, bk in ((3, True, 64), (2, True, 128), (2, False, 128))]
 SWEEP_WS_PLAIN = [(128, 256, 8, stages, flat, False, False, True) for stages in (3, 4) for flat in (True, False)]
 
 
 def setting(block_m: int, block_n: int, warps: int, stages: int, flatten: bool, tail: bool, narrow: bool,
             ws: bool = False, tile_order: int = 0, b_rows_per_expert: int | None = None,
-            num_programs: int | None = None, joint: bool = False) -> dict:
+            num_programs: int | None = None, joint: bool = False, block_k: int = 64) -> dict:
     opts = {"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, "flatten": flatten,
-            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "joint_gate_up": joint}
+            "tail": tail, "narrow_tail": narrow, "warp_specialize": ws, "tile_order": tile_order, "joint_gate_up": joint,
+            "block_k": block_k}
     if num_programs is not None:
         opts["num_programs"] = num_programs
     return opts if b_rows_per_expert is None else {**opts, "b_rows_per_expert": b_rows_per_expert}
@@ -128,7 +135,7 @@ def swept(configs: list[tuple], run, reference: torch.Tensor, flops: float, roun
 
 
 def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, flatten: bool = False,
-         rounds: int = 1, orders: bool = False, tall: bool = False) -> dict:
+         rounds: int = 1, orders: bool = False, tall: bool = False, block_k: bool = False) -> dict:
     x, _, routed = layers.batch(n)
     E, k, H, I = layers.E, layers.k, layers.H, layers.I
     pairs = n * k
@@ -161,14 +168,14 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
         order=sorts[i][0], **gated_tiles) for i in range(LAYERS)]) / LAYERS
     sweep = SWEEP_GATHERING + (SWEEP_FLAT_GATHERING if flatten else []) + ([] if gathering_only else SWEEP_WS_GATHERING)
     if orders:
-        sweep = SWEEP_TALL if tall else SWEEP_ORDER_GATHERING
+        sweep = SWEEP_BK_GATHERING if block_k else SWEEP_TALL if tall else SWEEP_ORDER_GATHERING
     row["gathering_gated"] = swept(sweep, lambda ids, opts: [tma_grouped_mm(
         x, layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], gather_top_k=k,
         **opts) for j in ids], up_ref, up_flops, rounds)
     row["gated"] = [] if gathering_only or orders else swept(SWEEP_GATED, lambda ids, opts: [tma_grouped_mm(
         rows[j], layers.gate_up[j], sorts[j][2], gated=True, pair_weights=flat_w[j], order=sorts[j][0], **opts)
         for j in ids], up_ref, up_flops)
-    row["down"] = [] if gathering_only else swept(SWEEP_ORDER_PLAIN if orders else SWEEP_PLAIN + SWEEP_WS_PLAIN,
+    row["down"] = [] if gathering_only else swept((SWEEP_BK_PLAIN if block_k else SWEEP_ORDER_PLAIN) if orders else SWEEP_PLAIN + SWEEP_WS_PLAIN,
                                                   lambda ids, opts: [tma_grouped_mm(
         acts[j], layers.down[j], sorts[j][2], **opts) for j in ids], down_ref, down_flops, rounds if orders else 1)
     best_g = min((r for r in row["gated"] if "us" in r), key=lambda r: r["us"], default=None)
@@ -181,7 +188,7 @@ def case(layers: MoeLayers, n: int, peak: float, gathering_only: bool = False, f
 
 def brief(settings: list[dict]) -> list[tuple]:
     return [(r["num_stages"], r["flatten"], r["tail"], r["narrow_tail"], r["warp_specialize"], r["tile_order"],
-             r.get("b_rows_per_expert"), r.get("num_programs"), r["joint_gate_up"], round(r.get("us", -1), 1), r.get("equal"))
+             r.get("b_rows_per_expert"), r.get("num_programs"), r["joint_gate_up"], r["block_k"], round(r.get("us", -1), 1), r.get("equal"))
             for r in settings]
 
 
@@ -196,6 +203,7 @@ def main() -> None:
     parser.add_argument("--orders", action="store_true",
                         help="time the tiles' orders (SWEEP_ORDER_*), `--rounds` rounds for both GEMMs")
     parser.add_argument("--tall-tiles", action="store_true", help="with --orders: SWEEP_TALL's gate/up settings")
+    parser.add_argument("--block-k", action="store_true", help="with --orders: SWEEP_BK_* (K steps of 128)")
     args = parser.parse_args()
     peak = mm_flops()
     result: dict = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -205,7 +213,8 @@ def main() -> None:
         layers = MoeLayers(name)
         result["moe"][name] = []
         for n in map(int, args.tokens.split(",")):
-            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds, args.orders, args.tall_tiles)
+            row = case(layers, n, peak, args.gathering_only, args.flatten_gathering, args.rounds, args.orders, args.tall_tiles,
+                       args.block_k)
             result["moe"][name].append(row)
             g, d = row["best_gated"] or {}, row["best_down"] or {}
             log(f"{name} n={n}: gate/up+silu torch {row['torch_up_silu_us']:.1f} us "
