@@ -154,13 +154,10 @@ def test_warp_specialized_k_loop_gives_the_ordinary_loops_bits(flatten):
     assert torch.equal(tma_grouped_mm(rows, weights, ends, warp_specialize=True, **options), ordinary)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("tail", ["none", "narrow"])
-def test_expert_major_tiles_give_the_block_major_bits(tail):
-    # bf16 gathering gate/up GEMM at qwen3-30b-a3b's 4k-token shape (about 256 rows an expert,
-    # the order's case): the order of the tiles must not change a bit
-    gen = torch.Generator(device="cuda").manual_seed(1)
+def _gate_up_at_4k(seed: int) -> tuple:
+    """(tokens, gate/up weights, ends, gathering options) in bf16 on the GPU at qwen3-30b-a3b's
+    4k-token shape: about 256 rows an expert, so an expert's rows fill two or three blocks."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
     counts = torch.randint(200, 313, (128,), generator=gen, device="cuda")
     ends = counts.cumsum(0).int()
     pairs = int(ends[-1])
@@ -168,27 +165,28 @@ def test_expert_major_tiles_give_the_block_major_bits(tail):
     order = torch.randperm(pairs, generator=gen, device="cuda").int()
     pair_weights = torch.rand(pairs, generator=gen, device="cuda")
     gate_up = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
-    options = {"gated": True, "pair_weights": pair_weights, "order": order, "gather_top_k": 8, **TAILS[tail]}
-    block_major = tma_grouped_mm(tokens, gate_up, ends, tile_order=0, **options)
-    assert torch.equal(tma_grouped_mm(tokens, gate_up, ends, tile_order=1, **options), block_major)
+    return tokens, gate_up, ends, {"gated": True, "pair_weights": pair_weights, "order": order, "gather_top_k": 8}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("tail", ["none", "narrow"])
+def test_expert_major_tiles_give_the_block_major_bits(tail):
+    # the order of the tiles must not change a bit
+    tokens, gate_up, ends, options = _gate_up_at_4k(1)
+    block_major = tma_grouped_mm(tokens, gate_up, ends, tile_order=0, **options, **TAILS[tail])
+    assert torch.equal(tma_grouped_mm(tokens, gate_up, ends, tile_order=1, **options, **TAILS[tail]), block_major)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("tile_order", [0, 1])
 def test_joint_gate_up_gives_two_products_bits(tile_order):
-    # bf16 gathering gate/up GEMM at qwen3-30b-a3b's 4k-token shape (about 256 rows an expert):
     # the gate's and the up's weights in one 128x256 product must not change a bit
-    gen = torch.Generator(device="cuda").manual_seed(2)
-    counts = torch.randint(200, 313, (128,), generator=gen, device="cuda")
-    ends = counts.cumsum(0).int()
-    pairs = int(ends[-1])
-    tokens = torch.randn(pairs // 8 + 1, 2048, generator=gen, device="cuda").bfloat16()
-    weights = (torch.randn(128, 2 * 768, 2048, generator=gen, device="cuda") * 2048**-0.5).bfloat16()
-    options = {"gated": True, "pair_weights": torch.rand(pairs, generator=gen, device="cuda"), "gather_top_k": 8,
-               "order": torch.randperm(pairs, generator=gen, device="cuda").int(), "tile_order": tile_order}
-    two = tma_grouped_mm(tokens, weights, ends, joint_gate_up=False, **options)
-    assert torch.equal(tma_grouped_mm(tokens, weights, ends, joint_gate_up=True, **options), two)
+    tokens, gate_up, ends, options = _gate_up_at_4k(2)
+    two = tma_grouped_mm(tokens, gate_up, ends, joint_gate_up=False, tile_order=tile_order, **options)
+    assert torch.equal(tma_grouped_mm(tokens, gate_up, ends, joint_gate_up=True, tile_order=tile_order, **options),
+                       two)
 
 @pytest.mark.parametrize("tile_order", [0, 1])
 def test_joint_gate_up_takes_gate_and_up_in_one_product(tile_order):
