@@ -18,6 +18,9 @@ less `product` (the merge charged to the attention, the projection's own time no
         [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
 A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
+With --with-store each layer's fused, unmerged and settings' runs first store the batch's newest
+rows (kv_store, which releases stage 1 at its start, as in a model's step), and `store` times
+the stores alone; shares then take the store's time out as they take the product's.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
+from cgtool.runtime import kv_store
 
 CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,16x2048+1x1024,32x8192,40x300+1x16000"
 V = 128  # deepseek-v2-lite's v_head_dim
@@ -71,9 +75,17 @@ def set_to(values: dict[str, int]):
         yield
 
 
-def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]]) -> dict:
+def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]],
+              with_store: bool = False) -> dict:
     bs = len(lens)
     caches, r2t, rows = latent_setup(lens, LAYERS)
+    # each request's newest key: the step's store writes its row before the attention reads it
+    newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
+    new_rows = torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE)
+
+    def store(c) -> None:
+        if with_store:
+            kv_store.store_kv(c, None, newest, new_rows, None)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
     # kv_b_proj's rows for a head: 128 of the key's, then the value's 128
@@ -93,12 +105,14 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         def run() -> None:
             with set_to(values):
                 for c in caches:
+                    store(c)
                     assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run
 
     def unmerged() -> None:  # stage 1 alone, as decode_projected launches it
         with overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
             for c in caches:
+                store(c)
                 assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
 
     runs = {
@@ -107,8 +121,11 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         "fused": fused({}),
         "product": lambda: [product() for _ in caches],
         "attention": lambda: [attention(c) for c in caches],
+        **({"store": lambda: [store(c) for c in caches]} if with_store else {}),
         **{name: fused(values) for name, values in settings.items()},
     }
+    for c in caches:  # the newest rows as every run leaves them
+        store(c)
     attention(caches[0])
     product()
     apart = o.clone()
@@ -126,11 +143,13 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
             times[name].append(graph_us(run) / LAYERS)
     us = {name: statistics.mean(values) for name, values in times.items()}
     bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
+    less = us["product"] + us.get("store", 0.0)
     return {
         "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
         "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff, "settings_equal_bits": equal_bits,
         "share_attention_alone": bound / us["attention"],
-        "share_fused_less_product": bound / (us["fused"] - us["product"]),
+        "share_fused_less_product": bound / (us["fused"] - less), "with_store": with_store,
+        **{f"share_{name}_less_product": bound / (us[name] - less) for name in settings},
     }
 
 
@@ -140,13 +159,14 @@ def main() -> None:
     parser.add_argument("--cases", default=CASES, help="BSxCONTEXT,... or mixes such as 40x300+1x16000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settings", default="", help="more fused variants: NAME:CONST=V[,CONST=V];...")
+    parser.add_argument("--with-store", action="store_true", help="each layer's newest rows stored first")
     args = parser.parse_args()
     settings = parse_settings(args.settings)
     copy_bs = copy_bandwidth()
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": LAYERS, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for case in args.cases.split(","):
-        row = time_case(parse_case(case), copy_bs, args.rounds, settings)
+        row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store)
         result["cases"].append(row)
         save_results(result, args.out)
         us = row["us"]
@@ -154,8 +174,9 @@ def main() -> None:
             f"attention {us['attention']:.1f}; bound {row['bound_us']:.1f}; share {row['share_attention_alone']:.0%} "
             f"alone, {row['share_fused_less_product']:.0%} fused less product; |fused - apart| "
             f"{row['max_abs_diff_fused_vs_apart']:.3g}; stage 1 unmerged {us['unmerged']:.1f}"
-            + "".join(f"; {name} {us[name]:.1f} (bits {'equal' if row['settings_equal_bits'][name] else 'DIFFER'})"
-                      for name in settings))
+            + (f"; store {us['store']:.1f}" if args.with_store else "")
+            + "".join(f"; {name} {us[name]:.1f} ({row[f'share_{name}_less_product']:.0%}, bits "
+                      f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'})" for name in settings))
         torch.cuda.empty_cache()
     log("done")
 

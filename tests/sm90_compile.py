@@ -149,7 +149,14 @@ def mla_decode_cases() -> dict[str, tuple]:
              "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
              "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
              "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
-             "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True},
+             "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True,
+             "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # The same with the other setting of EARLY_COPIES (the first tile's copies before the wait).
+        found["mla decode gluon wgmma stage 1 flat, plan, early copies other"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {**found["mla decode gluon wgmma stage 1 flat, plan for the projection's merge"][1],
+             "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
     for pdl in (True, False):
         found[f"mla decode merge in the value projection pdl={pdl}"] = (

@@ -264,18 +264,26 @@ def test_flat_chunks_keep_the_bits_where_the_grid_did_not_cap_them(monkeypatch, 
     assert_wgmma_setting_keeps_the_bits(monkeypatch, "FLAT_CHUNKS", mla_num_kv_splits(len(seq_lens), 16), seq_lens)
 
 
-@pytest.mark.parametrize("num_kv_splits", [4, 16])
-def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
+# Lengths around the 64-key tile: a first tile that holds the newest key and one that does not.
+STORED = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
+
+
+@pytest.mark.parametrize(("num_kv_splits", "seq_lens", "early"), [
+    (4, STORED, False), (16, STORED, False),
+    # gluon_mla_wgmma (17 requests on), its first tile's copies before or after the wait
+    (4, STORED + [1024] * 10, False), (4, STORED + [1024] * 10, True), (4, STORED + [65] * 36, True)])
+def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_splits, seq_lens, early):
     # As a layer runs it: each request's new row stored, then attended by a stage 1 that the
     # store releases at once (a dependent launch where they run). Before each store the new
     # rows' slots hold NaN, so a row read before the store wrote it shows. Eight such layers
     # in a graph, 20 replays, each the bits of the attention run alone.
     from test_triton_mla import latent_q
 
+    from cgtool.attention import gluon_mla_wgmma
     from cgtool.attention.triton_mla import mla_decode_attention
     from cgtool.runtime.kv_store import store_kv
 
-    seq_lens = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
+    monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
     bs = len(seq_lens)
     pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
     cache, r2t = pool.k_buffers[0], pool.req_to_token
@@ -298,6 +306,56 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(num_kv_splits):
             cache.index_fill_(0, loc, float("nan"))
             store_kv(cache, None, loc, new_rows, None)
             mla_decode_attention(q, cache, out, *args)
+
+    layers()
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    for _ in range(20):
+        for out in outs:
+            out.zero_()
+        graph.replay()
+        for out in outs:
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36])
+def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early):
+    # The store, then stage 1 unmerged and the value projection that merges (bs 17-66), the new
+    # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
+    # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention.mla_merge_projection import decode_projected
+    from cgtool.runtime.kv_store import store_kv
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
+    bs, heads = len(seq_lens), 16
+    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
+    cache, r2t = pool.k_buffers[0], pool.req_to_token
+    pool_rows = torch.tensor(rows, dtype=torch.int32, device=CUDA)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    loc = r2t[pool_rows.long(), lens.long() - 1].long()
+    new_rows = torch.randn(bs, 1, 576, device=CUDA).to(torch.bfloat16)
+    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
+    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+    cache[loc] = new_rows
+    expected = torch.empty(bs, heads * 128, dtype=torch.bfloat16, device=CUDA)
+    assert decode_projected(q, cache, w_uv, expected, r2t, pool_rows, lens, 576**-0.5)
+    assert not expected.isnan().any()
+    outs = [torch.empty_like(expected) for _ in range(8)]
+
+    def layers() -> None:
+        for out in outs:
+            cache.index_fill_(0, loc, float("nan"))
+            store_kv(cache, None, loc, new_rows, None)
+            decode_projected(q, cache, w_uv, out, r2t, pool_rows, lens, 576**-0.5)
 
     layers()
     for out in outs:

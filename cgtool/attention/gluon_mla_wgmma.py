@@ -89,6 +89,10 @@ SPARES_FIRST = False
 # verify on the H200, whose decode steps are mostly under 17 requests: 6.646 ms against 6.641
 # (call 4).
 FLAT_CHUNKS = True
+# The first tile's slots and copies issued before the wait on the step's store (True), which
+# releases this kernel at its start: only the request's newest key is the store's, so a chunk
+# whose first tile ends before it need not wait to start reading. False: the wait comes first.
+EARLY_COPIES = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -140,9 +144,15 @@ if gluon is not None:
     @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr):
+                        BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
+                        WAIT: gl.constexpr = False, seq_len=0):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
-        loads issued before the first tile's slots, so that their round trips overlap."""
+        loads issued before the first tile's slots, so that their round trips overlap. WAIT:
+        this waits on the kernel before (the store of each request's newest key, seq_len - 1):
+        after the first tile's copies where that tile ends before the newest key, else first."""
+        if WAIT:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
+            if start + BLOCK_N >= seq_len:
+                _wait_for_previous_kernel()
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_H, 16])
         copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
@@ -165,6 +175,9 @@ if gluon is not None:
             _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
         next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+        if WAIT:  # noqa: SIM102 (as above)
+            if start + BLOCK_N < seq_len:
+                _wait_for_previous_kernel()
         if not Q_FIRST:
             q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
@@ -354,7 +367,7 @@ if gluon is not None:
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Plan,
-        PLAN: gl.constexpr,
+        PLAN: gl.constexpr, EARLY_COPIES: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -377,10 +390,11 @@ if gluon is not None:
             working = split < chunks
             part_row = b
         if working:
-            if PDL:
-                _wait_for_previous_kernel()
             start = split * keys
             end = gl.minimum(start + keys, seq_len)
+            if PDL:  # noqa: SIM102 (a constexpr alone, as below)
+                if not EARLY_COPIES or end <= start:  # else _attend_chunk_t waits
+                    _wait_for_previous_kernel()
             # An empty chunk (a zero length) still takes the ticket path, as before. Triton 3.6
             # failed to lower the mask with a false constexpr folded into it, hence two branches.
             if ONE_CHUNK_DIRECT and FUSED_MERGE:
@@ -397,7 +411,8 @@ if gluon is not None:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                                   stride_qb, stride_qh, stride_kt,
-                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST)
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
+                                                  PDL and EARLY_COPIES, seq_len)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and PLAN:
@@ -469,5 +484,6 @@ def launch_stage1(
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
-        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, num_warps=num_warps, **dependent_launch(q.device),
+        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, EARLY_COPIES=EARLY_COPIES, num_warps=num_warps,
+        **dependent_launch(q.device),
     )
