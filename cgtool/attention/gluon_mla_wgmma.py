@@ -91,7 +91,10 @@ SPARES_FIRST = False
 FLAT_CHUNKS = True
 # The first tile's slots and copies issued before the wait on the step's store (True), which
 # releases this kernel at its start: only the request's newest key is the store's, so a chunk
-# whose first tile ends before it need not wait to start reading. False: the wait comes first.
+# whose first tile ends before it need not wait to start reading. False, as shipped: the wait
+# comes first. Early copies were 0.3-0.7 us a layer slower at bs 17-64 x 1k and bs 32 x 8k, with
+# the same bits (H200, five alternating rounds, the store in the graph;
+# benchmarks/results/h200-2026-11-27-mla-early-copies).
 EARLY_COPIES = False
 
 if gluon is not None:
