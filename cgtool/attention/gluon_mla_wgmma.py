@@ -395,8 +395,12 @@ if gluon is not None:
         if working:
             start = split * keys
             end = gl.minimum(start + keys, seq_len)
-            if PDL:  # noqa: SIM102 (a constexpr alone, as below)
-                if not EARLY_COPIES or end <= start:  # else _attend_chunk_t waits
+            # Constexprs tested alone: Triton 3.9 refused a constexpr or'd with a runtime test.
+            if PDL:
+                if EARLY_COPIES:
+                    if end <= start:  # else _attend_chunk_t waits
+                        _wait_for_previous_kernel()
+                else:
                     _wait_for_previous_kernel()
             # An empty chunk (a zero length) still takes the ticket path, as before. Triton 3.6
             # failed to lower the mask with a false constexpr folded into it, hence two branches.
