@@ -264,6 +264,23 @@ def test_flat_chunks_keep_the_bits_where_the_grid_did_not_cap_them(monkeypatch, 
     assert_wgmma_setting_keeps_the_bits(monkeypatch, "FLAT_CHUNKS", mla_num_kv_splits(len(seq_lens), 16), seq_lens)
 
 
+def assert_store_then_attention_replays(layers, outs: list[torch.Tensor], expected: torch.Tensor) -> None:
+    """`layers` (each a store then an attention into one of `outs`) run eagerly, then captured in
+    a graph and replayed 20 times: every output the bits of `expected` each time."""
+    layers()
+    for out in outs:
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    for _ in range(20):
+        for out in outs:
+            out.zero_()
+        graph.replay()
+        for out in outs:
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 # Lengths around the 64-key tile: a first tile that holds the newest key and one that does not.
 STORED = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
 
@@ -307,18 +324,7 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
             store_kv(cache, None, loc, new_rows, None)
             mla_decode_attention(q, cache, out, *args)
 
-    layers()
-    for out in outs:
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
-    for _ in range(20):
-        for out in outs:
-            out.zero_()
-        graph.replay()
-        for out in outs:
-            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert_store_then_attention_replays(layers, outs, expected)
 
 
 @pytest.mark.parametrize("early", [False, True])
@@ -357,18 +363,7 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
             store_kv(cache, None, loc, new_rows, None)
             decode_projected(q, cache, w_uv, out, r2t, pool_rows, lens, 576**-0.5)
 
-    layers()
-    for out in outs:
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        layers()
-    for _ in range(20):
-        for out in outs:
-            out.zero_()
-        graph.replay()
-        for out in outs:
-            torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert_store_then_attention_replays(layers, outs, expected)
 
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17])
