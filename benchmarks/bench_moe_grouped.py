@@ -161,8 +161,8 @@ def case(layers: MoeLayers, n: int, copy_bs: float, peak: float, rounds: int = 1
     # whatever this GPU's settings: none, half-height, narrow (at most 32 rows in transposed
     # 32-wide tiles); `rounds` rounds, each timing every variant in turn, the median kept
     def with_tiles(extra: dict, fn):
-        gated = {key: value for key, value in extra.items() if key != "down"}
-        gated = {"joint_gate_up": False, **gated}  # two products unless the variant names the joint form
+        # two products unless the variant names the joint form
+        gated = {"joint_gate_up": False, **{key: value for key, value in extra.items() if key != "down"}}
         moe_grouped.launch_tiles = lambda index, mean_rows: ({**gated_tiles, **gated}, {**down_tiles, **extra.get("down", {})})
         try:
             return fn()

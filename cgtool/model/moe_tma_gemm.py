@@ -14,9 +14,9 @@ the grouped GEMM's bf16 output: the [pairs, 2 * I] intermediate never reaches me
 gathering form reads A's rows from the tokens through the sort's order (no [pairs, K] copy).
 With tails, an expert's last rows, when at most half a tile, take a half-height tile of their
 own after the rest. The joint form loads a whole tile's gate and up weights' rows in one box of
-the [E, 2, I, K] view and multiplies them in one product twice as wide. The persistent programs take tiles block-major (a row block's columns one
-after another) or expert-major (one column's row blocks side by side, so tiles that run at once
-read the same tile of the weights).
+the [E, 2, I, K] view and multiplies them in one product twice as wide. The persistent programs
+take tiles block-major (a row block's columns one after another) or expert-major (one column's
+row blocks side by side, so tiles that run at once read the same tile of the weights).
 """
 
 from __future__ import annotations
