@@ -3,7 +3,7 @@
 gluon_mla_wgmma's last program a request merged the chunks after a ticket (bs 17-132); the
 value projection then ran as torch's batched product. `mla_merge_projection.decode_projected`
 leaves the chunks unmerged and merges them as its own product loads them. Each case times, in
-graphs of LAYERS layers over distinct latent pools, alternating rounds:
+graphs of LAYERS layers (--layers) over distinct latent pools, alternating rounds:
 
 - apart: mla_decode_attention (merged in the last program) then mla.value_projection;
 - unmerged: decode_projected's stage 1 alone;
@@ -18,6 +18,10 @@ less `product` (the merge charged to the attention, the projection's own time no
         [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
 A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
+Each fused run is one forward: its layers share one flat plan (mla_flat_plan), planned by the
+first. With --before DIR, `before` times decode_projected of an earlier build's
+gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR (no plan kernel there), in the same
+rounds, and its bits are compared with this build's.
 With --with-store each layer's fused, unmerged and settings' runs first store the batch's newest
 rows (kv_store, which releases stage 1 at its start, as in a model's step), and `store` times
 the stores alone; shares then take the store's time out as they take the product's.
@@ -26,9 +30,11 @@ the stores alone; shares then take the store's time out as they take the product
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 from bench_moe_mla import (
@@ -45,6 +51,7 @@ from bench_moe_mla import (
 )
 from probe_mla_timeline import overridden, parse_case
 
+import cgtool.attention
 from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
@@ -53,6 +60,21 @@ from cgtool.runtime import kv_store
 
 CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,16x2048+1x1024,32x8192,40x300+1x16000"
 V = 128  # deepseek-v2-lite's v_head_dim
+
+
+def earlier_build(folder: Path):
+    """decode_projected of the gluon_mla_wgmma.py and mla_merge_projection.py in `folder`, loaded
+    as modules of their own beside this build's (the projection's import of the stage 1 module
+    names the earlier one)."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"earlier_{name}", folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    stage1 = load("gluon_mla_wgmma")
+    with overridden(cgtool.attention, {"gluon_mla_wgmma": stage1}):
+        return load("mla_merge_projection").decode_projected
 
 
 def parse_settings(text: str) -> dict[str, dict[str, int]]:
@@ -76,9 +98,9 @@ def set_to(values: dict[str, int]):
 
 
 def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]],
-              with_store: bool = False) -> dict:
+              with_store: bool = False, before=None, layers: int = LAYERS) -> dict:
     bs = len(lens)
-    caches, r2t, rows = latent_setup(lens, LAYERS)
+    caches, r2t, rows = latent_setup(lens, layers)
     # each request's newest key: the step's store writes its row before the attention reads it
     newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
     new_rows = torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE)
@@ -101,19 +123,24 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     def product() -> None:
         value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
 
-    def fused(values: dict[str, int]):
+    def fused(values: dict[str, int], projected=None):
         def run() -> None:
+            memo: dict = {}
             with set_to(values):
                 for c in caches:
                     store(c)
-                    assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
+                    if projected is None:
+                        assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+                    else:
+                        assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run
 
     def unmerged() -> None:  # stage 1 alone, as decode_projected launches it
+        memo: dict = {}
         with overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
             for c in caches:
                 store(c)
-                assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
+                assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
 
     runs = {
         "apart": lambda: [(attention(c), product()) for c in caches],
@@ -123,6 +150,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         "attention": lambda: [attention(c) for c in caches],
         **({"store": lambda: [store(c) for c in caches]} if with_store else {}),
         **{name: fused(values) for name, values in settings.items()},
+        **({"before": fused({}, before)} if before else {}),
     }
     for c in caches:  # the newest rows as every run leaves them
         store(c)
@@ -137,10 +165,13 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         with set_to(values):
             decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
         equal_bits[name] = bool(torch.equal(o, shipped))
+    if before:
+        assert before(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
+        equal_bits["before"] = bool(torch.equal(o, shipped))
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(rounds):
         for name, run in runs.items():
-            times[name].append(graph_us(run) / LAYERS)
+            times[name].append(graph_us(run) / layers)
     us = {name: statistics.mean(values) for name, values in times.items()}
     bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
     less = us["product"] + us.get("store", 0.0)
@@ -149,7 +180,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff, "settings_equal_bits": equal_bits,
         "share_attention_alone": bound / us["attention"],
         "share_fused_less_product": bound / (us["fused"] - less), "with_store": with_store,
-        **{f"share_{name}_less_product": bound / (us[name] - less) for name in settings},
+        **{f"share_{name}_less_product": bound / (us[name] - less) for name in [*settings, *us.keys() & {"before"}]},
     }
 
 
@@ -160,13 +191,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--settings", default="", help="more fused variants: NAME:CONST=V[,CONST=V];...")
     parser.add_argument("--with-store", action="store_true", help="each layer's newest rows stored first")
+    parser.add_argument("--layers", type=int, default=LAYERS, help="layers a graph (deepseek-v2-lite has 27)")
+    parser.add_argument("--before", type=Path, help="a folder holding an earlier build's two modules")
     args = parser.parse_args()
     settings = parse_settings(args.settings)
+    before = earlier_build(args.before) if args.before else None
     copy_bs = copy_bandwidth()
-    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": LAYERS, "cases": []}
+    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": args.layers, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for case in args.cases.split(","):
-        row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store)
+        row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store, before, args.layers)
         result["cases"].append(row)
         save_results(result, args.out)
         us = row["us"]
@@ -176,7 +210,8 @@ def main() -> None:
             f"{row['max_abs_diff_fused_vs_apart']:.3g}; stage 1 unmerged {us['unmerged']:.1f}"
             + (f"; store {us['store']:.1f}" if args.with_store else "")
             + "".join(f"; {name} {us[name]:.1f} ({row[f'share_{name}_less_product']:.0%}, bits "
-                      f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'})" for name in settings))
+                      f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'})"
+                      for name in [*settings, *us.keys() & {"before"}]))
         torch.cuda.empty_cache()
     log("done")
 

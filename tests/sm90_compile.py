@@ -17,6 +17,7 @@ from triton.compiler.errors import CompilationError
 from cgtool.attention import (
     gluon_mla,
     gluon_mla_wgmma,
+    mla_flat_plan,
     mla_merge_projection,
     triton_decode,
     triton_extend,
@@ -43,7 +44,7 @@ POINTERS = {
     "Logits": "*fp32", "Weights": "*fp32", "Ids": "*i32", "Counts": "*i32", "Cursor": "*i32",
     "SortedPairIds": "*i32", "BlockExperts": "*i32", "NumPadded": "*i32", "Y": "*fp32",
     "A": "*bf16", "B": "*bf16", "C": "*bf16", "sorted_pair_ids": "*i32", "block_experts": "*i32",
-    "num_padded": "*i32", "pair_weights": "*fp32",
+    "num_padded": "*i32", "pair_weights": "*fp32", "Entries": "*i32", "Requests": "*i32",
 }
 # qwen3-30b-a3b's experts: 128 of width 768 over a hidden size of 2,048, 8 a token
 EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
@@ -139,25 +140,34 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
                  "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
-                 "SPARES_FIRST": spares_first, "FLAT": flat, "PLAN": False},
+                 "SPARES_FIRST": spares_first, "FLAT": flat, "ENTRY": mla_flat_plan.ENTRY,
+                 "ENTRY_AFTER_WAIT": False, "UNMERGED": False},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-        # Unmerged, its plan written for the merge in the value projection, which it releases.
-        found["mla decode gluon wgmma stage 1 flat, plan for the projection's merge"] = (
-            gluon_mla_wgmma._mla_decode_stage1_wgmma,
-            {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
-             "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
-             "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
-             "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
-             "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
-             "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "PLAN": True,
-             "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES},
-            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # Unmerged for the merge in the value projection, which it releases; its entries read
+        # after the wait where the plan kernel was launched just before it, else before.
+        for after_wait in (False, True):
+            found[f"mla decode gluon wgmma stage 1 flat, unmerged for the projection, entry after wait={after_wait}"] = (
+                gluon_mla_wgmma._mla_decode_stage1_wgmma,
+                {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
+                 "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
+                 "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
+                 "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
+                 "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
+                 "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
+                 "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES},
+                warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The same with the other setting of EARLY_COPIES (the first tile's copies before the wait).
-        found["mla decode gluon wgmma stage 1 flat, plan, early copies other"] = (
+        shipped_flat = "mla decode gluon wgmma stage 1 flat, unmerged for the projection, entry after wait=False"
+        found["mla decode gluon wgmma stage 1 flat, unmerged, early copies other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
-            {**found["mla decode gluon wgmma stage 1 flat, plan for the projection's merge"][1],
-             "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
+            {**found[shipped_flat][1], "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+    found["mla decode flat plan"] = (
+        mla_flat_plan._flat_plan_kernel,
+        {"BLOCK_N": gluon_mla_wgmma.WGMMA_TILES[0], "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK,
+         "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
+         "ENTRY_INTS": mla_flat_plan.ENTRY, "PDL": True},
+        4, 1)
     for pdl in (True, False):
         found[f"mla decode merge in the value projection pdl={pdl}"] = (
             mla_merge_projection._merge_project_kernel,

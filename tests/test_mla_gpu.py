@@ -319,10 +319,11 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
     outs = [torch.empty_like(expected) for _ in range(8)]
 
     def layers() -> None:
+        memo: dict = {}  # one forward's: its first layer plans the flat chunks, the rest read them
         for out in outs:
             cache.index_fill_(0, loc, float("nan"))
             store_kv(cache, None, loc, new_rows, None)
-            mla_decode_attention(q, cache, out, *args)
+            mla_decode_attention(q, cache, out, *args, memo=memo)
 
     assert_store_then_attention_replays(layers, outs, expected)
 
@@ -358,10 +359,11 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
     outs = [torch.empty_like(expected) for _ in range(8)]
 
     def layers() -> None:
+        memo: dict = {}  # one forward's: its first layer plans the flat chunks, the rest read them
         for out in outs:
             cache.index_fill_(0, loc, float("nan"))
             store_kv(cache, None, loc, new_rows, None)
-            decode_projected(q, cache, w_uv, out, r2t, pool_rows, lens, 576**-0.5)
+            decode_projected(q, cache, w_uv, out, r2t, pool_rows, lens, 576**-0.5, memo=memo)
 
     assert_store_then_attention_replays(layers, outs, expected)
 
@@ -403,6 +405,46 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
         out.zero_()
         graph.replay()
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9])
+def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
+    # Four layers of decode_projected in a graph share one plan of the flat chunks (the first
+    # plans, the rest read it before their wait). Replayed with other lengths written into the
+    # same tensor, each layer's output is the bits of an eager call at those lengths.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla
+    from cgtool.attention.mla_merge_projection import decode_projected
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    bs, heads = len(seq_lens), 16
+    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
+    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA), lens, 576**-0.5)
+    outs = [torch.empty(bs, heads * 128, dtype=torch.bfloat16, device=CUDA) for _ in range(4)]
+
+    def layers() -> None:
+        memo: dict = {}
+        for out in outs:
+            assert decode_projected(q, pool.k_buffers[0], w_uv, out, *args, memo=memo)
+
+    layers()  # compiles
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        layers()
+    for new_lens in (seq_lens, [max(1, n // 3) for n in seq_lens], [n - (i % 5) * 60 for i, n in enumerate(seq_lens)]):
+        lens.copy_(torch.tensor([max(1, n) for n in new_lens], dtype=torch.int32))
+        expected = torch.empty_like(outs[0])
+        assert decode_projected(q, pool.k_buffers[0], w_uv, expected, *args)
+        for out in outs:
+            out.zero_()
+        graph.replay()
+        for out in outs:
+            torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
 def test_merge_in_the_value_projection_serves_from_17_to_66_requests():

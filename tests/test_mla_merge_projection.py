@@ -20,7 +20,7 @@ from cgtool.attention.mla_merge_projection import BLOCK_M, BLOCK_V, merge_projec
 
 def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
     """Flat partial slots for requests of `chunks` chunks (laid end to end, two spare slots
-    of garbage between runs no request names) and the plan naming them."""
+    of garbage past them that no request names) and the requests' (first slot, chunks)."""
     slots = sum(chunks) + 2
     mid_out = torch.randn(1, heads, slots, rank, generator=gen)
     mid_lse = torch.randn(1, heads, slots, generator=gen) * 4
@@ -54,8 +54,10 @@ def test_reference_merges_by_base_two_log_sum_exps():
     assert merge_project_ref(mid_out, mid_lse, plan, w_uv).item() == pytest.approx(5.0)
 
 
-def _decode_projected_on_cpu(monkeypatch, bs: int, stage1) -> tuple[bool, list]:
-    """decode_projected over a CPU latent pool, its checks passed and its kernels stood in for:
+def _decode_projected_on_cpu(monkeypatch, bs: int, stage1, memo: dict | None = None,
+                             layers: int = 1) -> tuple[bool, list]:
+    """decode_projected over a CPU latent pool, `layers` times over the same batch, its checks
+    passed and its kernels stood in for (the step's plan is computed, in the interpreter):
     `stage1` for gluon_mla_wgmma's, a recorder for the projection's. (True/False, its launches)."""
     from test_triton_mla import latent_pool, latent_q
 
@@ -76,29 +78,54 @@ def _decode_projected_on_cpu(monkeypatch, bs: int, stage1) -> tuple[bool, list]:
     q = latent_q(bs, 16, 576, torch.float32, "cpu").view(bs, 16, 576)
     w_uv = torch.randn(16, 256, 512)[:, 128:]
     out = torch.empty(bs, 16 * 128)
-    done = mla_merge_projection.decode_projected(
-        q, pool.k_buffers[0], w_uv, out, pool.req_to_token, torch.tensor(rows, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), 576**-0.5)
-    return done, launches
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32))
+    done = [mla_merge_projection.decode_projected(q, pool.k_buffers[0], w_uv, out, *args, 576**-0.5, memo=memo)
+            for _ in range(layers)]
+    return all(done), launches
 
 
-def test_stage1_leaves_its_chunks_to_the_projection_with_a_plan(monkeypatch):
-    # The flat stage 1 without tickets, its plan [bs, 2] handed to the projection, which runs a
-    # 16-row block of every head and 64-column block once stage 1 is launched.
+def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch):
+    # The flat stage 1 without tickets, released for the projection, which runs a 16-row block
+    # of every head and 64-column block over its partials; both read one plan of the step.
     from test_gluon_mla import _RecordingKernel
 
-    from cgtool.attention import triton_mla
+    from cgtool.attention import gluon_mla_wgmma, triton_mla
+    from cgtool.attention.mla_flat_plan import flat_plan_ref
 
     stage1 = _RecordingKernel()
     done, projection = _decode_projected_on_cpu(monkeypatch, 20, stage1)
     (launch,) = stage1.launches
-    assert done and launch["PLAN"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
+    assert done and launch["UNMERGED"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
     assert launch["grid"] == (triton_mla.WGMMA_PROGRAMS + 20, 1, 1)
-    plan = launch["Plan"]
-    assert plan.shape == (20, 2) and plan.dtype == torch.int32
     (merge,) = projection
-    assert merge["grid"] == (16, 128 // BLOCK_V, 2) and merge["args"][2] is plan
+    assert merge["grid"] == (16, 128 // BLOCK_V, 2)
     assert merge["args"][0] is launch["args"][2] and merge["args"][1] is launch["args"][3]  # its partials
+    entries, requests = launch["Entries"], merge["args"][2]
+    assert entries.shape == (triton_mla.WGMMA_PROGRAMS + 20, 8) and requests.shape == (20, 2)
+    assert entries.untyped_storage().data_ptr() == requests.untyped_storage().data_ptr()  # one plan
+    want_entries, want_requests = flat_plan_ref(
+        [40 + 9 * i for i in range(20)], launch["args"][7].tolist(), triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
+        gluon_mla_wgmma.WGMMA_TILES[0])
+    assert [tuple(r) for r in requests.tolist()] == want_requests
+    assert [tuple(e[:7]) for e in entries.tolist()][:20] == want_entries[:20]
+    # Planned by this call, just before stage 1: stage 1 reads it after its wait.
+    assert launch["ENTRY_AFTER_WAIT"] is True
+
+
+@pytest.mark.parametrize("memo", [{}, None])
+def test_a_later_layer_reads_the_plan_the_first_planned_before_its_wait(monkeypatch, memo):
+    # With the forward's memo the first layer plans and the rest read its plan before their wait;
+    # without one each layer plans again and reads it after.
+    from test_gluon_mla import _RecordingKernel
+
+    stage1 = _RecordingKernel()
+    _decode_projected_on_cpu(monkeypatch, 20, stage1, memo, layers=3)
+    entries = [launch["Entries"] for launch in stage1.launches]
+    after_wait = [launch["ENTRY_AFTER_WAIT"] for launch in stage1.launches]
+    if memo is None:
+        assert after_wait == [True] * 3 and len({e.data_ptr() for e in entries}) == 3
+    else:
+        assert after_wait == [True, False, False] and len({e.data_ptr() for e in entries}) == 1 and len(memo) == 1
 
 
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):

@@ -22,18 +22,22 @@ proportion to its share of the batch's key tiles, so that the working programs f
 once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last program of a
 request's chunks merges them; a request of one chunk writes its output at once. The programs
 are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGRAMS + bs of them,
-each finding its own from the chunk counts' running sum, so no request's share is capped; the
-few past the last chunk leave at once. Up to mla_merge_projection.MAX_BS requests nothing here
-merges: each request's first slot and chunk count go to a plan, and the value projection's
-kernel, released after the loop, merges the partials as it loads them.
+each reading its own from the step's plan (mla_flat_plan, one kernel a forward), so no
+request's share is capped; the few past the last chunk leave at once. Up to
+mla_merge_projection.MAX_BS requests nothing here merges: the value projection's kernel,
+released after the loop, reads each request's first slot and chunk count from the same plan
+and merges the partials as it loads them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
 
 from cgtool.attention import gluon_mla
+from cgtool.attention.mla_flat_plan import ENTRY, FlatPlan, flat_plan
 from cgtool.runtime.dependent_launch import dependent_launch
 from cgtool.runtime.triton_launch import cdiv
 
@@ -286,46 +290,21 @@ if gluon is not None:
         return a + b
 
     @gluon.jit
-    def _flat_chunk(seq_lens, req_pool_indices, program, batch, BLOCK_N: gl.constexpr, MIN_CHUNK: gl.constexpr,
-                    PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
+    def _flat_entry(Entries, program, ENTRY: gl.constexpr):
         """(request, its chunk, its chunks, its first slot, keys a chunk, its length, its pool
-        row) of flat program `program`: _shared_chunk_keys' chunk counts for every request, with
-        no cap, laid end to end in the batch's order. A program past them all gets request
-        `batch` (a spare). At most PROGRAMS + batch chunks: each request asks for at least one
-        and at most its share of PROGRAMS."""
-        # Every warp holds the whole batch, so the sums and the scan stay within a warp: with the
-        # batch spread over the 4 warps each went through shared memory. The request's length
-        # and pool row come from the same vectors, loaded together: loaded once the request was
-        # known, they cost a memory round trip more. At equal lengths, against the grid: 0.4-1.0
-        # us a layer longer as first written, 0.0-0.3 with both (H200, calls 2, 3 and 5 of
-        # benchmarks/results/h200-h100-2026-11-27-mla-flat).
-        layout: gl.constexpr = gl.BlockedLayout([BATCH_BLOCK // 32], [32], [4], [0])
-        offs = gl.arange(0, BATCH_BLOCK, layout=layout)
-        valid = offs < batch
-        lens = gl.load(seq_lens + offs, mask=valid, other=0)
-        pool_rows = gl.load(req_pool_indices + offs, mask=valid, other=0)
-        whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
-        asked = gl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
-        tiles = gl.cdiv(gl.cdiv(lens, BLOCK_N), asked)  # keys a chunk, in tiles
-        chunks = gl.where(valid, gl.maximum(gl.cdiv(lens, gl.maximum(tiles * BLOCK_N, MIN_CHUNK)), 1), 0)
-        ends = gl.associative_scan(chunks, 0, _add)
-        b = gl.sum((ends <= program).to(gl.int32), 0)
-        # Two sums gather request b's fields, packed in int64s: its first slot and chunks (each
-        # at most PROGRAMS + BATCH_BLOCK < 2^20) and tiles a chunk; its length and pool row.
-        mine = offs == b
-        slots = gl.sum(gl.where(mine, (ends - chunks).to(gl.int64) | (chunks.to(gl.int64) << 20)
-                                | (tiles.to(gl.int64) << 40), 0), 0)
-        row = gl.sum(gl.where(mine, lens.to(gl.int64) | (pool_rows.to(gl.int64) << 32), 0), 0)
-        first = (slots & 0xFFFFF).to(gl.int32)
-        keys = gl.maximum((slots >> 40).to(gl.int32) * BLOCK_N, MIN_CHUNK)
-        return (b, program - first, ((slots >> 20) & 0xFFFFF).to(gl.int32), first, keys,
-                (row & 0xFFFFFFFF).to(gl.int32), (row >> 32).to(gl.int32))
+        row) of flat program `program`, from the step's plan (mla_flat_plan); a spare's request
+        is the batch's size. Volatile, so that the seven loads are issued together and none is
+        sunk into a branch below, one memory round trip later."""
+        row = Entries + program * ENTRY
+        return (gl.load(row, volatile=True), gl.load(row + 1, volatile=True), gl.load(row + 2, volatile=True),
+                gl.load(row + 3, volatile=True), gl.load(row + 4, volatile=True), gl.load(row + 5, volatile=True),
+                gl.load(row + 6, volatile=True))
 
     @gluon.jit
     def _grid_chunk(seq_lens, req_pool_indices, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
                     MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr,
                     SPARES_FIRST: gl.constexpr):
-        """`_flat_chunk`'s fields for a program of the grid (bs, head blocks, NUM_SPLITS): its
+        """`_flat_entry`'s fields for a program of the grid (bs, head blocks, NUM_SPLITS): its
         request is the grid's row, its chunk the grid's column, the partials in its request's row
         from slot 0. SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past
         most requests' own count, go out first and leave at once (before waiting on the store),
@@ -369,8 +348,9 @@ if gluon is not None:
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
-        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Plan,
-        PLAN: gl.constexpr, EARLY_COPIES: gl.constexpr = False,
+        ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
+        ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
+        EARLY_COPIES: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -383,8 +363,10 @@ if gluon is not None:
         if FLAT:
             # grid (PROGRAMS + bs,): the partials of request b's chunks in slots first.. of row 0
             batch = gl.num_programs(0) - PROGRAMS
-            b, split, chunks, first, keys, seq_len, pool_row = _flat_chunk(
-                seq_lens, req_pool_indices, gl.program_id(0), batch, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK)
+            if PDL:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
+                if ENTRY_AFTER_WAIT:  # the plan kernel, just before, is the kernel this one follows
+                    _wait_for_previous_kernel()
+            b, split, chunks, first, keys, seq_len, pool_row = _flat_entry(Entries, gl.program_id(0), ENTRY)
             working = b < batch
             part_row = 0
         else:
@@ -410,10 +392,6 @@ if gluon is not None:
                 direct = chunks < 0  # never
             if TRACE:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
-            if PLAN:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
-                if split == 0:  # for the merge in the value projection (mla_merge_projection)
-                    gl.store(Plan + 2 * b, first)
-                    gl.store(Plan + 2 * b + 1, gl.where(seq_len > 0, chunks, 0))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
@@ -422,8 +400,8 @@ if gluon is not None:
                                                   PDL and EARLY_COPIES, seq_len)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
-                if PDL and PLAN:
-                    _release_next_kernel()  # the merge's programs load their weights meanwhile
+                if PDL and UNMERGED:
+                    _release_next_kernel()  # the projection's programs load their weights meanwhile
                 if direct:
                     _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
                                   PARTIAL_VEC)
@@ -459,19 +437,21 @@ def launch_stage1(
     q: torch.Tensor, latent_cache: torch.Tensor, mid_out: torch.Tensor, mid_lse: torch.Tensor, out: torch.Tensor,
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
-    trace: torch.Tensor | None = None, flat: bool | None = None, plan: torch.Tensor | None = None,
+    trace: torch.Tensor | None = None, flat: bool | None = None, plan: FlatPlan | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (partials, tickets, dependent launch) with
     WGMMA_TILES and `block_h` BLOCK_H: the batch's key tiles are shared among `programs`
     programs in proportion to each request's (one an SM). `flat` (default `flat_serves`): a grid
     of `programs` + bs programs, one head block, partials in `flat_slots` slots of
-    mid_out [1, heads, slots, rank] and mid_lse [1, heads, slots]; else the grid (bs, head
-    blocks, `num_kv_splits`), at most that many chunks a request, partials as gluon_mla's.
-    False, having launched nothing, where this Triton refuses to compile the kernel; from then
-    on `refused` says so, with one RuntimeWarning. `trace` (int64, TRACE_SLOTS a program of
-    the grid) takes the programs' timestamps (benchmarks). `plan` (int32 [bs, 2], flat and
-    without tickets): each request's first slot and chunk count go there, and nothing merges:
-    mla_merge_projection.merge_project does, released once each program's loop is done."""
+    mid_out [1, heads, slots, rank] and mid_lse [1, heads, slots], each program's request and
+    chunk read from the step's `plan` (`mla_flat_plan.flat_plan`, planned here from `memo` when
+    not given); else the grid (bs, head blocks, `num_kv_splits`), at most that many chunks a
+    request, partials as gluon_mla's. False, having launched nothing, where this Triton refuses
+    to compile the kernel; from then on `refused` says so, with one RuntimeWarning. `trace`
+    (int64, TRACE_SLOTS a program of the grid) takes the programs' timestamps (benchmarks).
+    Flat and without tickets nothing merges: mla_merge_projection.merge_project does, from the
+    plan's requests, released once each program's loop is done."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -479,7 +459,8 @@ def launch_stage1(
     if flat:
         assert cdiv(num_heads, block_h) == 1, "flat chunks serve one head block"
         assert mid_lse.shape[-1] >= flat_slots(bs, programs), "one partial slot a flat program"
-    assert plan is None or (flat and tickets is None and plan.shape == (bs, 2)), "a plan is the flat unmerged launch's"
+        plan = plan or flat_plan(seq_lens, req_pool_indices, programs, min_chunk, block_n, memo)
+    assert plan is None or flat, "a plan is the flat launch's"
     grid = (programs + bs, 1, 1) if flat else (bs, cdiv(num_heads, block_h), num_kv_splits)
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     return gluon_mla.launch_or_refuse(
@@ -491,6 +472,7 @@ def launch_stage1(
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
-        Plan=mid_lse if plan is None else plan, PLAN=plan is not None, EARLY_COPIES=EARLY_COPIES, num_warps=num_warps,
+        Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
+        UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES, num_warps=num_warps,
         **dependent_launch(q.device),
     )

@@ -12,8 +12,9 @@ all its programs, and writes the token-major rows o_proj reads, so the merge, th
 product's transpose copy leave the step (merge is linear, so each head's rows are merged before
 the product as the separate merge did).
 
-Stage 1 writes `plan` [bs, 2] (a request's first partial slot and its chunk count); the
-partials are its flat slots [heads, slots, rank] and base-2 log-sum-exps [heads, slots].
+The step's flat plan (mla_flat_plan) holds each request's first partial slot and chunk count,
+read before the wait on stage 1; the partials are stage 1's flat slots [heads, slots, rank] and
+base-2 log-sum-exps [heads, slots].
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import triton
 import triton.language as tl
 
 from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
+from cgtool.attention.mla_flat_plan import flat_plan
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_softmax import LOG2_E
 from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_kernel
@@ -50,8 +52,21 @@ MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 
 
 @triton.jit
+def _partial(MidOutHead, first, chunk, chunks, stride_ms, offs_r):
+    """Each row's partial of its chunk `chunk` [BLOCK_M, RANK] (zeros past its chunks)."""
+    return tl.load(MidOutHead + (first + chunk)[:, None] * stride_ms + offs_r[None, :],
+                   mask=(chunk < chunks)[:, None], other=0.0, cache_modifier=".cg")
+
+
+@triton.jit
+def _column(weights, offs_g, j: tl.constexpr):
+    """weights[:, j] of [BLOCK_M, GROUP] (a sum of one nonzero: exact)."""
+    return tl.sum(tl.where(offs_g[None, :] == j, weights, 0.0), 1)
+
+
+@triton.jit
 def _merge_project_kernel(
-    MidOut, MidLse, Plan, W, Out, batch,
+    MidOut, MidLse, Requests, W, Out, batch,
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr,
@@ -61,20 +76,27 @@ def _merge_project_kernel(
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, RANK)
     offs_g = tl.arange(0, GROUP)
-    # The weights do not depend on stage 1: loaded while it finishes.
+    # Neither the weights nor the step's plan (written before stage 1 ran) depend on stage 1:
+    # loaded while it finishes.
     w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
-    wait_for_previous_kernel(PDL)
     in_batch = rows < batch
-    first = tl.load(Plan + 2 * rows, mask=in_batch, other=0)
-    chunks = tl.load(Plan + 2 * rows + 1, mask=in_batch, other=0)
+    first = tl.load(Requests + 2 * rows, mask=in_batch, other=0)
+    chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
+    wait_for_previous_kernel(PDL)
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK_M, RANK], tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
-    # GROUP chunks a step, their loads issued together: one round trip to L2 a group, where a
-    # chunk at a time took one each for its log-sum-exp and its partial (6-7 us a launch at bs
-    # 17-64 against the batched product's 3.4). Up to GROUP chunks this is the separate merge's
-    # arithmetic (the maximum first, then weights), so the same bits.
+    # GROUP chunks a step, their log-sum-exps and partials loaded together: one round trip to
+    # L2 a group, where loading the partials after the weights made from the log-sum-exps took
+    # two. Four partials of their own, not one [rows, GROUP, RANK] load: Triton 3.9 spilled
+    # that. Up to GROUP chunks this is the separate merge's arithmetic (the maximum first, then
+    # the weights, the partials added in order), so the same bits.
+    tl.static_assert(GROUP == 4, "four partials a step, loaded one by one")
     for c0 in range(0, tl.max(chunks, 0), GROUP):
+        part0 = _partial(MidOut + head * stride_mh, first, c0, chunks, stride_ms, offs_r)
+        part1 = _partial(MidOut + head * stride_mh, first, c0 + 1, chunks, stride_ms, offs_r)
+        part2 = _partial(MidOut + head * stride_mh, first, c0 + 2, chunks, stride_ms, offs_r)
+        part3 = _partial(MidOut + head * stride_mh, first, c0 + 3, chunks, stride_ms, offs_r)
         used = (c0 + offs_g)[None, :] < chunks[:, None]  # [BLOCK_M, GROUP]
         lse = tl.load(MidLse + head * stride_lh + first[:, None] + c0 + offs_g[None, :], mask=used,
                       other=float("-inf"), cache_modifier=".cg")
@@ -85,11 +107,10 @@ def _merge_project_kernel(
         weights = tl.where(used, tl.exp2(lse - safe_max[:, None]), 0.0)
         total = total * rescale + tl.sum(weights, 1)
         lse_max = new_max
-        for j in tl.static_range(GROUP):
-            part = tl.load(MidOut + head * stride_mh + (first + c0 + j)[:, None] * stride_ms + offs_r[None, :],
-                           mask=(c0 + j < chunks)[:, None], other=0.0, cache_modifier=".cg")
-            weight = tl.sum(tl.where(offs_g[None, :] == j, weights, 0.0), 1)
-            acc += part.to(tl.float32) * weight[:, None]
+        acc += part0.to(tl.float32) * _column(weights, offs_g, 0)[:, None]
+        acc += part1.to(tl.float32) * _column(weights, offs_g, 1)[:, None]
+        acc += part2.to(tl.float32) * _column(weights, offs_g, 2)[:, None]
+        acc += part3.to(tl.float32) * _column(weights, offs_g, 3)[:, None]
     # Rounded to the weights' dtype where the separate merge rounded its output.
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
     o = tl.dot(merged, w)
@@ -100,33 +121,33 @@ def _merge_project_kernel(
 _MERGE_PROJECT = CachedKernel(_merge_project_kernel)
 
 
-def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tensor, w_uv: torch.Tensor,
+def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor) -> None:
     """out [bs, heads * v] = each head's merged latent output [bs, rank] times w_uv[head]
     ([heads, v, rank], rows at any stride): the partials `mid_out` [1, heads, slots, rank] and
-    `mid_lse` [1, heads, slots] of the requests' chunks, `plan` [bs, 2] int32 (first slot,
-    chunks; a request of no chunks gets zeros). Launched as a programmatic dependent of stage 1
-    where dependent launches run."""
+    `mid_lse` [1, heads, slots] of the requests' chunks, `requests` [bs, 2] int32 (first slot,
+    chunks; a request of no chunks gets zeros: the step's `FlatPlan.requests`, written before
+    stage 1 ran). Launched as a programmatic dependent of stage 1 where dependent launches run."""
     heads, v, rank = w_uv.shape
-    bs = plan.shape[0]
+    bs = requests.shape[0]
     assert mid_out.shape[1] == heads and mid_out.shape[-1] == rank and mid_out.stride(-1) == 1
     assert w_uv.stride(-1) == 1 and out.shape == (bs, heads * v) and out.stride(-1) == 1
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
-    assert plan.is_contiguous()
+    assert requests.is_contiguous()
     _MERGE_PROJECT.launch(
-        (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, plan, w_uv, out, bs,
+        (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, requests, w_uv, out, bs,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=1,
     )
 
 
-def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, plan: torch.Tensor,
+def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor,
                       w_uv: torch.Tensor) -> torch.Tensor:
     """`merge_project` in torch, fp32 throughout, rounded to w_uv's dtype at the end."""
     heads, v, rank = w_uv.shape
     rows = []
-    for first, chunks in plan.tolist():
+    for first, chunks in requests.tolist():
         if chunks == 0:
             rows.append(torch.zeros(heads, rank, device=w_uv.device))
             continue
@@ -153,13 +174,15 @@ def decode_projected(
     q: torch.Tensor, latent_cache: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
     scratch: dict[object, Any] | None = None, trace: torch.Tensor | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> bool:
     """MLA decode attention and the heads' value projection: q [bs, heads, rank + rope] over
     the latent pool, out [bs, heads * v] = each head's attention output times w_uv[head]
-    ([heads, v, rank]). gluon_mla_wgmma's stage 1 leaves its chunks unmerged with a plan, and
-    `merge_project` merges them as it multiplies. False, having launched nothing, where it does
-    not serve (`serves`) or this Triton refuses the stage 1: the caller runs the attention and
-    its product apart."""
+    ([heads, v, rank]). gluon_mla_wgmma's stage 1 leaves its chunks unmerged, and
+    `merge_project` merges them as it multiplies, both mapped by the step's flat plan (from
+    `memo`, `batch.forward_memo()`, once a layer of this forward has planned it). False,
+    having launched nothing but perhaps the plan, where it does not serve (`serves`) or this
+    Triton refuses the stage 1: the caller runs the attention and its product apart."""
     if not serves(q, w_uv):
         return False
     bs, num_heads, _ = q.shape
@@ -167,23 +190,13 @@ def decode_projected(
     slots = gluon_mla_wgmma.flat_slots(bs, triton_mla.WGMMA_PROGRAMS)
     mid_out, mid_lse = decode_scratch(1, num_heads, rank, slots, q.device, scratch,
                                       triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED, any_splits=True)
-    plan = _plan_scratch(bs, q.device, scratch)
+    plan = flat_plan(seq_lens, req_pool_indices, triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
+                     gluon_mla_wgmma.WGMMA_TILES[0], memo)
     # Unmerged, stage 1 writes no output row: its `out` only names the rank.
     if not gluon_mla_wgmma.launch_stage1(
             q, latent_cache, mid_out, mid_lse, mid_out[0], None, req_to_token, req_pool_indices, seq_lens,
             sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
             triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
         return False
-    merge_project(mid_out, mid_lse, plan, w_uv, out)
+    merge_project(mid_out, mid_lse, plan.requests, w_uv, out)
     return True
-
-
-def _plan_scratch(bs: int, device: torch.device, shared: dict[object, Any] | None) -> torch.Tensor:
-    """Each request's (first slot, chunks), from a forward's shared workspace as decode_scratch's."""
-    key = ("mla_merge_plan", bs, device)
-    found = shared.get(key) if shared is not None else None
-    if found is None:
-        found = torch.empty(bs, 2, dtype=torch.int32, device=device)
-        if shared is not None:
-            shared[key] = found
-    return found

@@ -45,7 +45,7 @@ class TritonAttentionBackend(HeadsBackend):
         # test's override of the grid's count, does not bear on them.
         return decode_projected(
             q, kv_pool.k_buffers[layer_id], w_uv, out, kv_pool.req_to_token, batch.req_pool_indices,
-            batch.seq_lens, self.scale, _scratch(q),
+            batch.seq_lens, self.scale, _scratch(q), memo=forward_memo(),
         )
 
     def _decode(
@@ -58,7 +58,7 @@ class TritonAttentionBackend(HeadsBackend):
             splits = self.num_kv_splits or mla_num_kv_splits(bs, self.num_heads)
             mla_decode_attention(
                 q, k_cache, out, kv_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
-                self.scale, splits, scratch,
+                self.scale, splits, scratch, memo=forward_memo(),
             )
             return
         decode_attention(

@@ -437,6 +437,7 @@ def mla_decode_attention(
     trace: torch.Tensor | None = None, partial_dtype: torch.dtype | None = None,
     min_chunk: int | None = None, merge_lanes: int | None = None, buffers: int | None = None,
     merge_slice: int | None = None, score_chains: int | None = None, wgmma: bool | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> None:
     """`triton_decode.decode_attention` over latent rows 0..seq_lens[b]-1. `tiles`,
     `fused_merge`, `partial_dtype`, `min_chunk` and `merge_lanes` override DECODE_TILES, the
@@ -449,7 +450,8 @@ def mla_decode_attention(
     takes at once (default `_merge_slice`'s); `score_chains` the running sums of q . k in
     gluon_mla's stage 1 (default `gluon_mla.score_chains`); `wgmma` whether gluon_mla_wgmma's
     stage 1 serves where Gluon runs (default `wgmma_serves`): it shares the batch's keys among
-    WGMMA_PROGRAMS programs, at most `num_kv_splits` chunks a request, merged in the last."""
+    WGMMA_PROGRAMS programs, at most `num_kv_splits` chunks a request, merged in the last, mapped
+    by the step's flat plan from `memo` (`batch.forward_memo()`) once a layer has planned it."""
     # Stamps (`trace`) are this module's kernel's, or gluon_mla_wgmma's where it is asked for.
     buffers = _stage1_buffers(q, out, buffers if trace is None or wgmma else 0)
     wgmma = bool(buffers) and BLOCK_H == gluon_mla_wgmma.BLOCK_H and not gluon_mla_wgmma.refused() and (
@@ -481,7 +483,7 @@ def mla_decode_attention(
     if wgmma:
         if not gluon_mla_wgmma.launch_stage1(q, latent_cache, mid_out, mid_lse, out, counters if fused else None,
                                              req_to_token, req_pool_indices, seq_lens, sm_scale * LOG2_E, BLOCK_H,
-                                             num_kv_splits, min_keys, WGMMA_PROGRAMS, trace):
+                                             num_kv_splits, min_keys, WGMMA_PROGRAMS, trace, memo=memo):
             # This Triton refused it: again with gluon_mla's stage 1 at the chunks asked for.
             mla_decode_attention(q, latent_cache, out, req_to_token, req_pool_indices, seq_lens, sm_scale,
                                  num_kv_splits, scratch, tiles, fused_merge, trace, asked_partials, min_chunk,
