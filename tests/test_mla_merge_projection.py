@@ -29,10 +29,10 @@ def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
     return mid_out, mid_lse, plan
 
 
-@pytest.mark.parametrize("chunks", [[1], [3, 1, 4, 1, 5], [2] * (BLOCK_M + 3), [4, 0, 2]])
+@pytest.mark.parametrize("chunks", [[1], [3, 1, 4, 1, 5], [2] * (BLOCK_M + 3), [4, 0, 2], [9, 2, 1]])
 def test_merge_in_the_projection_matches_the_reference(chunks):
-    # One chunk, uneven counts, more requests than one row block, and a request of no chunks
-    # (a zero length), whose row is zeros.
+    # One chunk, uneven counts, more requests than one row block, a request of no chunks (a
+    # zero length), whose row is zeros, and more chunks than a group (three groups).
     gen = torch.Generator().manual_seed(len(chunks))
     heads, rank, v = 2, 16, BLOCK_V
     mid_out, mid_lse, plan = partials(chunks, heads, rank, gen)

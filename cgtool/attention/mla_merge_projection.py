@@ -59,9 +59,9 @@ def _partial(MidOutHead, first, chunk, chunks, stride_ms, offs_r):
 
 
 @triton.jit
-def _column(weights, offs_g, j: tl.constexpr):
-    """weights[:, j] of [BLOCK_M, GROUP] (a sum of one nonzero: exact)."""
-    return tl.sum(tl.where(offs_g[None, :] == j, weights, 0.0), 1)
+def _log_sum_exp(MidLseHead, first, chunk, chunks):
+    """Each row's base-2 log-sum-exp of its chunk `chunk` [BLOCK_M] (-inf past its chunks)."""
+    return tl.load(MidLseHead + first + chunk, mask=chunk < chunks, other=float("-inf"), cache_modifier=".cg")
 
 
 @triton.jit
@@ -75,7 +75,6 @@ def _merge_project_kernel(
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_r = tl.arange(0, RANK)
-    offs_g = tl.arange(0, GROUP)
     # Neither the weights nor the step's plan (written before stage 1 ran) depend on stage 1:
     # loaded while it finishes.
     w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
@@ -88,29 +87,33 @@ def _merge_project_kernel(
     total = tl.zeros([BLOCK_M], tl.float32)
     # GROUP chunks a step, their log-sum-exps and partials loaded together: one round trip to
     # L2 a group, where loading the partials after the weights made from the log-sum-exps took
-    # two. Four partials of their own, not one [rows, GROUP, RANK] load: Triton 3.9 spilled
-    # that. Up to GROUP chunks this is the separate merge's arithmetic (the maximum first, then
-    # the weights, the partials added in order), so the same bits.
+    # two. Four partials and four log-sum-exp vectors of their own, so that the weights are
+    # elementwise across them: a [rows, GROUP] tile's reductions went through shared memory
+    # and a barrier each, and a [rows, GROUP, RANK] load spilled under Triton 3.9.
     tl.static_assert(GROUP == 4, "four partials a step, loaded one by one")
+    head_lse = MidLse + head * stride_lh
     for c0 in range(0, tl.max(chunks, 0), GROUP):
         part0 = _partial(MidOut + head * stride_mh, first, c0, chunks, stride_ms, offs_r)
         part1 = _partial(MidOut + head * stride_mh, first, c0 + 1, chunks, stride_ms, offs_r)
         part2 = _partial(MidOut + head * stride_mh, first, c0 + 2, chunks, stride_ms, offs_r)
         part3 = _partial(MidOut + head * stride_mh, first, c0 + 3, chunks, stride_ms, offs_r)
-        used = (c0 + offs_g)[None, :] < chunks[:, None]  # [BLOCK_M, GROUP]
-        lse = tl.load(MidLse + head * stride_lh + first[:, None] + c0 + offs_g[None, :], mask=used,
-                      other=float("-inf"), cache_modifier=".cg")
-        new_max = tl.maximum(lse_max, tl.max(lse, 1))
+        lse0 = _log_sum_exp(head_lse, first, c0, chunks)
+        lse1 = _log_sum_exp(head_lse, first, c0 + 1, chunks)
+        lse2 = _log_sum_exp(head_lse, first, c0 + 2, chunks)
+        lse3 = _log_sum_exp(head_lse, first, c0 + 3, chunks)
+        new_max = tl.maximum(lse_max, tl.maximum(tl.maximum(lse0, lse1), tl.maximum(lse2, lse3)))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
         rescale = tl.exp2(lse_max - safe_max)
+        # A chunk past the request's count has log-sum-exp -inf: weight 0.
+        w0, w1 = tl.exp2(lse0 - safe_max), tl.exp2(lse1 - safe_max)
+        w2, w3 = tl.exp2(lse2 - safe_max), tl.exp2(lse3 - safe_max)
         acc = acc * rescale[:, None]
-        weights = tl.where(used, tl.exp2(lse - safe_max[:, None]), 0.0)
-        total = total * rescale + tl.sum(weights, 1)
+        acc += part0.to(tl.float32) * w0[:, None]
+        acc += part1.to(tl.float32) * w1[:, None]
+        acc += part2.to(tl.float32) * w2[:, None]
+        acc += part3.to(tl.float32) * w3[:, None]
+        total = total * rescale + w0 + w1 + w2 + w3
         lse_max = new_max
-        acc += part0.to(tl.float32) * _column(weights, offs_g, 0)[:, None]
-        acc += part1.to(tl.float32) * _column(weights, offs_g, 1)[:, None]
-        acc += part2.to(tl.float32) * _column(weights, offs_g, 2)[:, None]
-        acc += part3.to(tl.float32) * _column(weights, offs_g, 3)[:, None]
     # Rounded to the weights' dtype where the separate merge rounded its output.
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
     o = tl.dot(merged, w)
