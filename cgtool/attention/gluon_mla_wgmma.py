@@ -80,18 +80,20 @@ ONE_CHUNK_DIRECT = True
 # FLAT_CHUNKS the few programs past the last chunk come last in the launch anyway.
 SPARES_FIRST = False
 # The grid's programs mapped to the batch's (request, chunk) pairs in one flat run (True): a
-# grid of WGMMA_PROGRAMS + bs programs, each finding its request from the chunk counts' running
-# sum, a request's partials in consecutive slots of one [1, heads, programs + bs, rank] scratch.
+# grid of WGMMA_PROGRAMS + bs programs, each reading its (request, chunk) from the step's plan
+# (mla_flat_plan), a request's partials in consecutive slots of one [1, heads, programs + bs,
+# rank] scratch.
 # Uncapped by num_kv_splits, so a long request among short ones takes the programs its keys ask
 # for; and the spares are at most bs, not bs x num_kv_splits less the working chunks. Else the
 # grid (bs, head blocks, num_kv_splits) as before. A batch of equal lengths gets the same chunks
 # and bits either way. Alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-flat):
 # 40 x 300 keys + 1 x 16,000 took 34.0 us a layer against 77.2 on the H200 (call 5) and 37.0
 # against 76.2 on the H100 (call 6); 30 x 1,024 + 2 x 8,192 26.2 against 36.6 and 32.5 against
-# 38.9. At equal lengths the running sum costs 0.0-0.3 us on the H200 (bs 17-128 x 1k, bs 32 x
-# 8k) and on the H100 0.6-0.7 at bs 32-40 x 1k, 0.7 less at bs 48. deepseek-v2-lite's held-out
-# verify on the H200, whose decode steps are mostly under 17 requests: 6.646 ms against 6.641
-# (call 4).
+# 38.9. At equal lengths the running sum each program then ran cost 0.0-0.3 us on the H200 (bs
+# 17-128 x 1k, bs 32 x 8k) and on the H100 0.6-0.7 at bs 32-40 x 1k, 0.7 less at bs 48; the plan
+# once a forward since (with the projection's merge reading it before its wait) took 0.3-1.3 us a
+# layer off on the H200 and 0.8-1.1 at bs 17-24 on the H100, within 0.3 elsewhere
+# (benchmarks/results/h200-h100-2026-11-27-mla-flat-plan).
 FLAT_CHUNKS = True
 # The first tile's slots and copies issued before the wait on the step's store (True), which
 # releases this kernel at its start: only the request's newest key is the store's, so a chunk
