@@ -154,13 +154,19 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
                  "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                  "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
-                 "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES},
+                 "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES,
+                 "RELEASE_AT_START": gluon_mla_wgmma.RELEASE_AT_START},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The same with the other setting of EARLY_COPIES (the first tile's copies before the wait).
         shipped_flat = "mla decode gluon wgmma stage 1 flat, unmerged for the projection, entry after wait=False"
         found["mla decode gluon wgmma stage 1 flat, unmerged, early copies other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # The projection released at stage 1's start (the other setting of RELEASE_AT_START).
+        found["mla decode gluon wgmma stage 1 flat, unmerged, release at start other"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {**found[shipped_flat][1], "RELEASE_AT_START": not gluon_mla_wgmma.RELEASE_AT_START},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
     found["mla decode flat plan"] = (
         mla_flat_plan._flat_plan_kernel,

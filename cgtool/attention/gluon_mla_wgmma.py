@@ -102,6 +102,10 @@ FLAT_CHUNKS = True
 # the same bits (H200, five alternating rounds, the store in the graph;
 # benchmarks/results/h200-2026-11-27-mla-early-copies).
 EARLY_COPIES = False
+# Unmerged, the projection's kernel released at stage 1's start (True) rather than after each
+# program's loop: its programs, where they fit on an SM beside stage 1's, load their weights
+# during the loop and wait there.
+RELEASE_AT_START = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -352,7 +356,7 @@ if gluon is not None:
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
-        EARLY_COPIES: gl.constexpr = False,
+        EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -362,6 +366,9 @@ if gluon is not None:
         if TRACE:
             gluon_trace_store(Trace, program, 0, gluon_sm_id(program))
             gluon_trace_store(Trace, program, 1, gluon_stamp_after(program))
+        if PDL and UNMERGED:  # noqa: SIM102 (constexprs alone: when false, nothing is built)
+            if RELEASE_AT_START:
+                _release_next_kernel()
         if FLAT:
             # grid (PROGRAMS + bs,): the partials of request b's chunks in slots first.. of row 0
             batch = gl.num_programs(0) - PROGRAMS
@@ -402,8 +409,9 @@ if gluon is not None:
                                                   PDL and EARLY_COPIES, seq_len)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
-                if PDL and UNMERGED:
-                    _release_next_kernel()  # the projection's programs load their weights meanwhile
+                if PDL and UNMERGED:  # noqa: SIM102 (as above)
+                    if not RELEASE_AT_START:
+                        _release_next_kernel()  # the projection's programs load their weights meanwhile
                 if direct:
                     _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
                                   PARTIAL_VEC)
@@ -475,6 +483,8 @@ def launch_stage1(
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
-        UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES, num_warps=num_warps,
+        UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
+        # Not after the plan kernel: the projection reads the plan before its wait.
+        RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
     )
