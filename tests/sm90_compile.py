@@ -120,7 +120,8 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "MIN_CHUNK": triton_mla.FUSED_MIN_CHUNK if merged_here else triton_mla.BUFFERED_MERGE_KERNEL_MIN_CHUNK,
                  "NUM_BUF": buffers, "WARPS": warps, "FUSED_MERGE": merged_here,
                  "MERGE_D": triton_mla.BUFFERED_MERGE_SLICE, "PDL": pdl,
-                 "CHAINS": gluon_mla.score_chains(512, merged_here)},
+                 "CHAINS": gluon_mla.score_chains(512, merged_here),
+                 "RELEASE": pdl and not merged_here and gluon_mla.RELEASE_MERGE_AT_START},
                 warps, 1, {"MidOut": "*bf16"} if merged_here else {})
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
         # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC,

@@ -123,6 +123,16 @@ def test_stage1_is_a_dependent_launch_where_they_run(monkeypatch, dependent):
     assert gluon_mla.launch_stage1(q, torch.empty(8, 1, 576), mid, mid[..., 0], out, ints, torch.zeros(3, 8),
                                    ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512)
     assert kernel.launches[0]["PDL"] is dependent
+    # Merged in its last program (tickets) nothing follows it; without tickets the merge kernel,
+    # its dependent, is released at its start where RELEASE_MERGE_AT_START says so.
+    assert kernel.launches[0]["RELEASE"] is False
+    assert gluon_mla.launch_stage1(q, torch.empty(8, 1, 576), mid, mid[..., 0], out, None, torch.zeros(3, 8),
+                                   ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512)
+    assert kernel.launches[1]["RELEASE"] is (dependent and gluon_mla.RELEASE_MERGE_AT_START)
+    monkeypatch.setattr(gluon_mla, "RELEASE_MERGE_AT_START", True)
+    assert gluon_mla.launch_stage1(q, torch.empty(8, 1, 576), mid, mid[..., 0], out, None, torch.zeros(3, 8),
+                                   ints, ints, 1.0, 16, 4, 256, 32, 2, 4, 512)
+    assert kernel.launches[2]["RELEASE"] is dependent
     assert kernel.launches[0].get("launch_pdl", False) is dependent
     assert kernel.launches[0]["CHAINS"] == gluon_mla.SCORE_CHAINS  # the last program merges (tickets)
 

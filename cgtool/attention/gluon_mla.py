@@ -45,6 +45,12 @@ _REFUSED: list[str] = []
 # kernel's path 2-16% longer (bs 16 x 1k, bs 8 x 8k), so one there. Timed in alternation in one
 # process (benchmarks/results/h200-h100-2026-11-27-gluon-mla, calls 8-10).
 SCORE_CHAINS = 4
+# On the merge kernel's path, that kernel (a programmatic dependent) released at this stage 1's
+# start (True), so that its programs are placed while stage 1 runs and wait for its end there;
+# else (as shipped) it is launched at stage 1's end. At the start it was 0.5-0.6 us a layer
+# shorter at bs 1 x 8k and bs 16 x 1k but 0.4-0.7 longer at bs 8 x 1k and 8 x 4k (H200, five
+# alternating rounds, benchmarks/results/h200-h100-2026-11-27-mla-flat-plan, call 7).
+RELEASE_MERGE_AT_START = False
 
 
 def available(device: torch.device) -> bool:
@@ -122,6 +128,13 @@ if gluon is not None:
         copy_to_shared(kv_buf, rows + offs_r[None, :], mask=mask_n)
         copy_to_shared(pe_buf, rows + RANK + offs_p[None, :], mask=mask_n)
         async_copy.commit_group()
+
+    @gluon.jit
+    def _release_next_kernel():
+        """griddepcontrol.launch_dependents: the next kernel (a programmatic dependent) may be
+        scheduled; it still waits for this one to finish before reading its results."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _wait_for_previous_kernel():
@@ -248,8 +261,10 @@ if gluon is not None:
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
         WARPS: gl.constexpr, FUSED_MERGE: gl.constexpr, MERGE_D: gl.constexpr, PDL: gl.constexpr,
-        CHAINS: gl.constexpr,
+        CHAINS: gl.constexpr, RELEASE: gl.constexpr = False,
     ):
+        if RELEASE:
+            _release_next_kernel()  # the merge kernel's programs, which wait for this launch's end
         if PDL:
             _wait_for_previous_kernel()
         b = gl.program_id(0)
@@ -330,8 +345,9 @@ def launch_stage1(
     last program of a request's chunks merges them into `out`, as triton_mla's fused merge.
     Launched as a programmatic dependent where dependent launches run (runtime.dependent_launch):
     in a model the store of the step's new rows (kv_store) releases it at once, and it waits
-    for that store before reading anything. `chains`: the running sums of q . k a warp keeps
-    (1 or 4; default `score_chains`).
+    for that store before reading anything; without tickets it releases the merge kernel, its
+    own dependent, at its start (RELEASE_MERGE_AT_START). `chains`: the running sums of q . k a
+    warp keeps (1 or 4; default `score_chains`).
 
     False, having launched nothing, where this Triton refuses to compile the kernel (Gluon's
     names move between releases: 3.6's `thread_barrier` is 3.9's `barrier`); from then on
@@ -339,11 +355,12 @@ def launch_stage1(
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
     grid = (bs, cdiv(num_heads, block_h), num_kv_splits)
+    launch = dependent_launch(q.device)
     return launch_or_refuse(
         _mla_decode_stage1_buffered, grid, _REFUSED, "gluon_mla", "triton_mla",
         q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
         NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf, WARPS=num_warps,
         FUSED_MERGE=tickets is not None, MERGE_D=merge_d, CHAINS=chains or score_chains(rank, tickets is not None),
-        num_warps=num_warps, **dependent_launch(q.device),
+        num_warps=num_warps, **launch, RELEASE=RELEASE_MERGE_AT_START and launch["PDL"] and tickets is None,
     )

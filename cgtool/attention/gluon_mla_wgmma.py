@@ -103,9 +103,12 @@ FLAT_CHUNKS = True
 # benchmarks/results/h200-2026-11-27-mla-early-copies).
 EARLY_COPIES = False
 # Unmerged, the projection's kernel released at stage 1's start (True) rather than after each
-# program's loop: its programs, where they fit on an SM beside stage 1's, load their weights
-# during the loop and wait there.
-RELEASE_AT_START = False
+# program's loop: its grid is launched while stage 1 runs, and its programs are placed as SMs
+# free up, load their weights and wait there for stage 1's end. Not where the plan kernel came
+# just before (the projection reads the plan before its wait). H200, five alternating rounds,
+# 27 layers a graph (benchmarks/results/h200-h100-2026-11-27-mla-flat-plan, call 6): 0.3-1.5 us
+# a layer shorter at bs 17-64 x 1k (bs 32 56% -> 60%, bs 40 57% -> 62%), 0.9 at 32 x 8k.
+RELEASE_AT_START = True
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -117,19 +120,13 @@ if gluon is not None:
     from cgtool.attention.gluon_mla import (
         _copy_rows,
         _load_slots,
+        _release_next_kernel,
         _wait_for_previous_kernel,
         async_copy,
         cta_barrier,
         gl,
     )
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
-
-    @gluon.jit
-    def _release_next_kernel():
-        """griddepcontrol.launch_dependents: the next kernel (a programmatic dependent) may be
-        scheduled; it still waits for this one to finish before reading its results."""
-        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                  is_pure=False, pack=1)
 
     @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,

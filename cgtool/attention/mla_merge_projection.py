@@ -40,9 +40,6 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv
 # within 0.4 us; one chunk a step 0.3-4.7 longer, at 4 warps -0.2 to +3.4 (call 1 of
 # benchmarks/results/h200-h100-2026-11-27-stage1-settings).
 BLOCK_M, BLOCK_V, MERGE_GROUP, WARPS = 16, 64, 4, 8
-# Registers a thread, where capped (ptxas's maxnreg): 184 at 8 warps lets a program sit on an SM
-# beside a stage-1 program of gluon_mla_wgmma (134 registers at 4 warps) in the 64K registers.
-MAX_REGISTERS: int | None = None
 # Whether decode merges in the projection where it can (`serves`); off, gluon_mla_wgmma's last
 # program merges and the projection is torch's product (benchmarks time both).
 MERGE_IN_PROJECTION = True
@@ -144,7 +141,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, requests, w_uv, out, bs,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, **dependent_launch(out.device),
-        num_warps=WARPS, num_stages=1, **({} if MAX_REGISTERS is None else {"maxnreg": MAX_REGISTERS}),
+        num_warps=WARPS, num_stages=1,
     )
 
 
