@@ -25,8 +25,8 @@ are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGR
 each reading its own from the step's plan (mla_flat_plan, one kernel a forward), so no
 request's share is capped; the few past the last chunk leave at once. Up to
 mla_merge_projection.MAX_BS requests nothing here merges: the value projection's kernel,
-released after the loop, reads each request's first slot and chunk count from the same plan
-and merges the partials as it loads them.
+released at this kernel's start (RELEASE_AT_START), reads each request's first slot and chunk
+count from the same plan and merges the partials as it loads them.
 """
 
 from __future__ import annotations
