@@ -34,6 +34,7 @@ import importlib.util
 import statistics
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -97,24 +98,61 @@ def set_to(values: dict[str, int]):
         yield
 
 
+@dataclass
+class MlaLayer:
+    """One MLA decode layer's tensors (deepseek-v2-lite's heads) over `layers` latent pools."""
+
+    caches: list[torch.Tensor]
+    r2t: torch.Tensor
+    rows: torch.Tensor
+    newest: torch.Tensor  # each request's newest key's slot: the step's store writes its row
+    new_rows: torch.Tensor
+    seq_lens: torch.Tensor
+    q: torch.Tensor
+    w_uv: torch.Tensor
+    latent_out: torch.Tensor
+    o: torch.Tensor
+    splits: int
+
+
+def alternating_rounds(runs: dict, rounds: int, layers: int) -> dict[str, list[float]]:
+    """us a layer of each run, a graph of `layers` layers timed once a round, the runs in turn."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            times[name].append(graph_us(run) / layers)
+    return times
+
+
+def latent_read_us(lens: list[int], copy_bs: float) -> float:
+    """The batch's latent rows read at the copy bandwidth: the shares' bound."""
+    return sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
+
+
+def mla_layer(lens: list[int], layers: int) -> MlaLayer:
+    bs = len(lens)
+    caches, r2t, rows = latent_setup(lens, layers)
+    newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
+    # kv_b_proj's rows for a head: 128 of the key's, then the value's 128
+    w_uv = (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
+    return MlaLayer(
+        caches, r2t, rows, newest, torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE),
+        torch.tensor(lens, dtype=torch.int32, device="cuda"),
+        torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE), w_uv,
+        torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE),
+        torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE), mla_num_kv_splits(bs, MLA_HEADS))
+
+
 def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]],
               with_store: bool = False, before=None, layers: int = LAYERS) -> dict:
     bs = len(lens)
-    caches, r2t, rows = latent_setup(lens, layers)
-    # each request's newest key: the step's store writes its row before the attention reads it
-    newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
-    new_rows = torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE)
+    t = mla_layer(lens, layers)
+    caches, r2t, rows, seq_lens, q, w_uv, o = t.caches, t.r2t, t.rows, t.seq_lens, t.q, t.w_uv, t.o
+    latent_out, splits = t.latent_out, t.splits
 
     def store(c) -> None:
         if with_store:
-            kv_store.store_kv(c, None, newest, new_rows, None)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
-    # kv_b_proj's rows for a head: 128 of the key's, then the value's 128
-    w_uv = (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
-    latent_out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
-    o = torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE)
-    splits = mla_num_kv_splits(bs, MLA_HEADS)
+            kv_store.store_kv(c, None, t.newest, t.new_rows, None)
     assert serves(q, w_uv), f"bs {bs}: decode_projected does not serve here"
 
     def attention(cache) -> None:
@@ -168,12 +206,9 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     if before:
         assert before(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
         equal_bits["before"] = bool(torch.equal(o, shipped))
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name].append(graph_us(run) / layers)
+    times = alternating_rounds(runs, rounds, layers)
     us = {name: statistics.mean(values) for name, values in times.items()}
-    bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
+    bound = latent_read_us(lens, copy_bs)
     less = us["product"] + us.get("store", 0.0)
     return {
         "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,

@@ -30,27 +30,17 @@ import sys
 from contextlib import ExitStack
 
 import torch
-from bench_moe_mla import (
-    DTYPE,
-    MLA_HEADS,
-    RANK,
-    ROPE,
-    copy_bandwidth,
-    graph_us,
-    latent_setup,
-    log,
-    save_results,
-)
+from bench_moe_mla import copy_bandwidth, log, save_results
+from probe_mla_projection import alternating_rounds, latent_read_us, mla_layer
 from probe_mla_timeline import overridden, parse_case
 
 from cgtool.attention import gluon_mla, gluon_mla_wgmma
 from cgtool.attention.mla_merge_projection import decode_projected
-from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
+from cgtool.attention.triton_mla import mla_decode_attention
 from cgtool.model.mla import value_projection
 from cgtool.runtime import kv_store
 
 CASES = "1x8192,8x1024,8x4096,16x1024,16x2048,17x1024,24x1024,32x1024,40x1024,48x1024"
-V = 128  # deepseek-v2-lite's v_head_dim
 MODULES = {"gl": gluon_mla, "wg": gluon_mla_wgmma}
 
 
@@ -69,22 +59,14 @@ def parse_settings(text: str) -> dict[str, dict[str, dict[str, int]]]:
 
 def time_case(lens: list[int], copy_bs: float, rounds: int, layers: int,
               settings: dict[str, dict[str, dict[str, int]]]) -> dict:
-    bs = len(lens)
-    caches, r2t, rows = latent_setup(lens, layers)
-    newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
-    new_rows = torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE)
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE)
-    w_uv = (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
-    latent_out = torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE)
-    o = torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE)
-    splits = mla_num_kv_splits(bs, MLA_HEADS)
+    t = mla_layer(lens, layers)
+    caches, rows, seq_lens, o = t.caches, t.rows, t.seq_lens, t.o
 
     def layer(cache, memo: dict) -> None:
-        kv_store.store_kv(cache, None, newest, new_rows, None)
-        if not decode_projected(q, cache, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo):
-            mla_decode_attention(q, cache, latent_out, r2t, rows, seq_lens, 0.07, splits, None, memo=memo)
-            value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
+        kv_store.store_kv(cache, None, t.newest, t.new_rows, None)
+        if not decode_projected(t.q, cache, t.w_uv, o, t.r2t, rows, seq_lens, 0.07, memo=memo):
+            mla_decode_attention(t.q, cache, t.latent_out, t.r2t, rows, seq_lens, 0.07, t.splits, None, memo=memo)
+            value_projection(t.latent_out.transpose(0, 1), t.w_uv.transpose(1, 2), o)
 
     def forward(values: dict[str, dict[str, int]]):
         def run() -> None:
@@ -98,25 +80,22 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, layers: int,
 
     def base() -> None:
         for cache in caches:
-            kv_store.store_kv(cache, None, newest, new_rows, None)
-            value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
+            kv_store.store_kv(cache, None, t.newest, t.new_rows, None)
+            value_projection(t.latent_out.transpose(0, 1), t.w_uv.transpose(1, 2), o)
 
     runs = {"shipped": forward({}), "base": base, **{name: forward(values) for name, values in settings.items()}}
     for cache in caches:
-        kv_store.store_kv(cache, None, newest, new_rows, None)
+        kv_store.store_kv(cache, None, t.newest, t.new_rows, None)
     outputs = {}
     for name, run in runs.items():
         if name != "base":
             run()
             outputs[name] = o.clone()
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name].append(graph_us(run) / layers)
+    times = alternating_rounds(runs, rounds, layers)
     us = {name: statistics.mean(values) for name, values in times.items()}
-    bound = sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
+    bound = latent_read_us(lens, copy_bs)
     return {
-        "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
+        "bs": len(lens), "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
         "us": us, "rounds_us": times,
         "shares": {name: bound / (us[name] - us["base"]) for name in runs if name != "base"},
         "equal_bits": {name: bool(torch.equal(outputs[name], outputs["shipped"])) for name in settings},
