@@ -16,7 +16,7 @@ latent pools, one forward (one flat plan) a replay: the store of the batch's new
 attention and the value projection (merged in it where it serves, else torch's product after
 it). `base` times the store and the product alone; shares are of the latent read at the copy
 bandwidth over the layer less `base`. Settings set module constants for their runs, "gl.NAME=V"
-gluon_mla's and "wg.NAME=V" gluon_mla_wgmma's; rounds alternate.
+gluon_mla's, "wg.NAME=V" gluon_mla_wgmma's and "tm.NAME=V" triton_mla's; rounds alternate.
 
     python3 benchmarks/probe_mla_release.py --out release.json [--cases 8x4096,16x2048]
         [--settings "wg_end:wg.RELEASE_AT_START=0;gl_start:gl.RELEASE_MERGE_AT_START=1"] [--rounds 5]
@@ -34,14 +34,14 @@ from bench_moe_mla import copy_bandwidth, log, save_results
 from probe_mla_projection import alternating_rounds, latent_read_us, mla_layer
 from probe_mla_timeline import overridden, parse_case
 
-from cgtool.attention import gluon_mla, gluon_mla_wgmma
+from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
 from cgtool.attention.mla_merge_projection import decode_projected
 from cgtool.attention.triton_mla import mla_decode_attention
 from cgtool.model.mla import value_projection
 from cgtool.runtime import kv_store
 
 CASES = "1x8192,8x1024,8x4096,16x1024,16x2048,17x1024,24x1024,32x1024,40x1024,48x1024"
-MODULES = {"gl": gluon_mla, "wg": gluon_mla_wgmma}
+MODULES = {"gl": gluon_mla, "wg": gluon_mla_wgmma, "tm": triton_mla}
 
 
 def parse_settings(text: str) -> dict[str, dict[str, dict[str, int]]]:
