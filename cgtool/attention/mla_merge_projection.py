@@ -49,6 +49,13 @@ MERGE_IN_PROJECTION = True
 # layer against 38.9 / 46.1 apart (H200, call 1 of
 # benchmarks/results/h200-h100-2026-11-27-mla-projection, the kernel's first form).
 MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
+# And from this many: gluon_mla_wgmma's flat stage 1 with this kernel's merge, where
+# mla_decode_attention would run gluon_mla's stage 1 and its merge (below WGMMA_MIN_BS). A layer
+# (the store, attention and projection, 27 layers a graph; H200, three alternating rounds,
+# benchmarks/results/h200-h100-2026-11-27-mla-flat-plan, calls 12-13) was 0.2-3.7 us shorter at
+# bs 5-16 x 512-8k and 6.4-10.4 us (16-27%) with one long request among short ones; at bs 1-4 it
+# was even to 9 us longer (bs 1 x 8k: one request's 128 chunks merged here).
+MIN_BS = 5
 
 
 @triton.jit
@@ -163,11 +170,10 @@ def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: to
 
 
 def serves(q: torch.Tensor, w_uv: torch.Tensor) -> bool:
-    """Whether `decode_projected` runs for this decode batch: where gluon_mla_wgmma's stage 1
-    is the default and maps its chunks flat (from bs 17, one head block, Gluon on Hopper), up
-    to MAX_BS requests."""
+    """Whether `decode_projected` runs for this decode batch: from MIN_BS to MAX_BS requests of
+    one head block, gluon_mla_wgmma's stage 1 mapping its chunks flat (Gluon on Hopper)."""
     bs, num_heads, _ = q.shape
-    return (MERGE_IN_PROJECTION and q.is_cuda and bs <= MAX_BS and triton_mla.wgmma_serves(bs, num_heads)
+    return (MERGE_IN_PROJECTION and q.is_cuda and MIN_BS <= bs <= MAX_BS
             and gluon_mla_wgmma.flat_serves(num_heads) and not gluon_mla_wgmma.refused()
             and gluon_mla.available(q.device) and gluon_mla.supports(w_uv.shape[-1], q.shape[-1] - w_uv.shape[-1])
             and w_uv.shape[1] % BLOCK_V == 0)

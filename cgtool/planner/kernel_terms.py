@@ -115,6 +115,9 @@ MLA_WGMMA_TAIL_MS = 4.4e-3
 # predicted that much long.
 MLA_PROJECTION_MERGE_MAX_BS = 66
 MLA_PROJECTION_MERGE_TAIL_MS = MLA_WGMMA_TAIL_MS - 1.4e-3
+# And from this many (cgtool.attention.mla_merge_projection.MIN_BS): below MLA_WGMMA_MIN_BS the
+# same stage 1 and merge replace gluon_mla's stage 1 and its merge kernel.
+MLA_PROJECTION_MERGE_MIN_BS = 5
 # triton_mla's stage 1 (where Gluon does not run): a fixed part a layer of 0.6 us a request up
 # to 16 us, fitted to the H200 call8 run.
 MLA_TRITON_REQUEST_MS = 0.6e-3
@@ -174,14 +177,16 @@ def mla_extend_copies_ms(num_layers: int, tokens: np.ndarray) -> np.ndarray:
 def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
     """MLA decode attention's cost beyond its latent read, all layers, for each batch size:
     on Hopper the warpgroup-MMA stage 1's merge where it serves (in its last program, or in the
-    value projection up to MLA_PROJECTION_MERGE_MAX_BS requests); elsewhere
-    triton_mla's fixed part; and the merge kernel's floor where the merge is a kernel apart."""
+    value projection from MLA_PROJECTION_MERGE_MIN_BS to MLA_PROJECTION_MERGE_MAX_BS requests);
+    elsewhere triton_mla's fixed part; and the merge kernel's floor where the merge is a kernel
+    apart."""
     bs = np.asarray(bs, dtype=np.float64)
     rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
-    wgmma = hopper & (rows == bs) & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS)
+    one_block = hopper & (rows == bs)
+    projected = one_block & (bs >= MLA_PROJECTION_MERGE_MIN_BS) & (bs <= MLA_PROJECTION_MERGE_MAX_BS)
+    wgmma = projected | (one_block & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS))
     if hopper:
-        tail = np.where(bs <= MLA_PROJECTION_MERGE_MAX_BS, MLA_PROJECTION_MERGE_TAIL_MS, MLA_WGMMA_TAIL_MS)
-        per_layer = np.where(wgmma, tail, 0.0)
+        per_layer = np.where(projected, MLA_PROJECTION_MERGE_TAIL_MS, np.where(wgmma, MLA_WGMMA_TAIL_MS, 0.0))
     else:
         per_layer = np.minimum(bs * MLA_TRITON_REQUEST_MS, MLA_TRITON_FIXED_MS)
     separate = (rows < MLA_FUSED_MERGE_ROWS) & ~wgmma
