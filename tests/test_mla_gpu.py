@@ -329,9 +329,9 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
 
 
 @pytest.mark.parametrize("early", [False, True])
-@pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36])
+@pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36, STORED])
 def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early):
-    # The store, then stage 1 unmerged and the value projection that merges (bs 17-66), the new
+    # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
     from test_triton_mla import latent_q
@@ -368,10 +368,11 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
     assert_store_then_attention_replays(layers, outs, expected)
 
 
-@pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17])
+@pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
+                                      [300] * 7 + [9000]])
 def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(seq_lens):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
-    # projection loads them (bs 17-66). Against the torch reference's attention times each
+    # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
     from test_triton_mla import latent_q
@@ -407,7 +408,7 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9])
+@pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED])
 def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
     # Four layers of decode_projected in a graph share one plan of the flat chunks (the first
     # plans, the rest read it before their wait). Replayed with other lengths written into the
