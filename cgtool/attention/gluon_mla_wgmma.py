@@ -289,10 +289,6 @@ if gluon is not None:
         return gl.maximum(gl.cdiv(gl.cdiv(seq_len, BLOCK_N), chunks) * BLOCK_N, MIN_CHUNK)
 
     @gluon.jit
-    def _add(a, b):
-        return a + b
-
-    @gluon.jit
     def _flat_entry(Entries, program, ENTRY: gl.constexpr):
         """(request, its chunk, its chunks, its first slot, keys a chunk, its length, its pool
         row) of flat program `program`, from the step's plan (mla_flat_plan); a spare's request
