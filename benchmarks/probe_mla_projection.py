@@ -198,11 +198,12 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
     diff = (o.float() - apart.float()).abs().max().item()
     shipped = o.clone()
-    equal_bits = {}
+    equal_bits, apart_diffs = {}, {}
     for name, values in settings.items():  # each setting's output against the shipped kernels'
         with set_to(values):
             decode_projected(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
         equal_bits[name] = bool(torch.equal(o, shipped))
+        apart_diffs[name] = (o.float() - apart.float()).abs().max().item()
     if before:
         assert before(q, caches[0], w_uv, o, r2t, rows, seq_lens, 0.07)
         equal_bits["before"] = bool(torch.equal(o, shipped))
@@ -213,6 +214,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     return {
         "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
         "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff, "settings_equal_bits": equal_bits,
+        "settings_max_abs_diff_vs_apart": apart_diffs,
         "share_attention_alone": bound / us["attention"],
         "share_fused_less_product": bound / (us["fused"] - less), "with_store": with_store,
         **{f"share_{name}_less_product": bound / (us[name] - less) for name in [*settings, *us.keys() & {"before"}]},
@@ -228,7 +230,10 @@ def main() -> None:
     parser.add_argument("--with-store", action="store_true", help="each layer's newest rows stored first")
     parser.add_argument("--layers", type=int, default=LAYERS, help="layers a graph (deepseek-v2-lite has 27)")
     parser.add_argument("--before", type=Path, help="a folder holding an earlier build's two modules")
+    parser.add_argument("--min-bs", type=int, help="mla_merge_projection.MIN_BS for every run (fewer requests)")
     args = parser.parse_args()
+    if args.min_bs is not None:
+        mla_merge_projection.MIN_BS = args.min_bs
     settings = parse_settings(args.settings)
     before = earlier_build(args.before) if args.before else None
     copy_bs = copy_bandwidth()
@@ -245,7 +250,9 @@ def main() -> None:
             f"{row['max_abs_diff_fused_vs_apart']:.3g}; stage 1 unmerged {us['unmerged']:.1f}"
             + (f"; store {us['store']:.1f}" if args.with_store else "")
             + "".join(f"; {name} {us[name]:.1f} ({row[f'share_{name}_less_product']:.0%}, bits "
-                      f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'})"
+                      f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'}"
+                      + (f", |- apart| {row['settings_max_abs_diff_vs_apart'][name]:.3g}"
+                         if name in row["settings_max_abs_diff_vs_apart"] else "") + ")"
                       for name in [*settings, *us.keys() & {"before"}]))
         torch.cuda.empty_cache()
     log("done")

@@ -156,7 +156,8 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                  "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
                  "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES,
-                 "RELEASE_AT_START": gluon_mla_wgmma.RELEASE_AT_START},
+                 "RELEASE_AT_START": gluon_mla_wgmma.RELEASE_AT_START,
+                 "SLOTS_EARLY": gluon_mla_wgmma.SLOTS_EARLY and not gluon_mla_wgmma.EARLY_COPIES},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The same with the other setting of EARLY_COPIES (the first tile's copies before the wait).
         shipped_flat = "mla decode gluon wgmma stage 1 flat, unmerged for the projection, entry after wait=False"
@@ -169,18 +170,24 @@ def mla_decode_cases() -> dict[str, tuple]:
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "RELEASE_AT_START": not gluon_mla_wgmma.RELEASE_AT_START},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # The first tile's slots before the wait (the other setting of SLOTS_EARLY).
+        found["mla decode gluon wgmma stage 1 flat, unmerged, slots early other"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {**found[shipped_flat][1], "EARLY_COPIES": False, "SLOTS_EARLY": not gluon_mla_wgmma.SLOTS_EARLY},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
     found["mla decode flat plan"] = (
         mla_flat_plan._flat_plan_kernel,
         {"BLOCK_N": gluon_mla_wgmma.WGMMA_TILES[0], "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK,
          "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
          "ENTRY_INTS": mla_flat_plan.ENTRY, "PDL": True},
         4, 1)
-    for pdl in (True, False):
-        found[f"mla decode merge in the value projection pdl={pdl}"] = (
+    for pdl, by_slots in ((True, False), (False, False), (True, True)):
+        found[f"mla decode merge in the value projection pdl={pdl} by slots={by_slots}"] = (
             mla_merge_projection._merge_project_kernel,
             {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
-             "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl},
-            mla_merge_projection.WARPS, 1, {"MidOut": "*bf16"})
+             "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl,
+             "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS, "SLOTS_PAST": mla_merge_projection.SLOTS_PAST},
+            mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1, {"MidOut": "*bf16"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

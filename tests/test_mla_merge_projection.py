@@ -15,7 +15,20 @@ pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="interpreter tests; on a GPU, test_mla_gpu.py runs the kernel"
 )
 
-from cgtool.attention.mla_merge_projection import BLOCK_M, BLOCK_V, merge_project, merge_project_ref
+from cgtool.attention import mla_merge_projection
+from cgtool.attention.mla_merge_projection import (
+    BLOCK_M,
+    BLOCK_V,
+    merge_project,
+    merge_project_ref,
+    requests_a_program,
+)
+from cgtool.runtime.triton_launch import cdiv
+
+# Both merges (GROUP chunks of every request a step; over slots past GROUP chunks), a row block
+# of BLOCK_M requests a program or spread over ROW_BLOCKS programs.
+MERGES = [pytest.param(by_slots, spread, id=f"by_slots={by_slots}-spread={spread}")
+          for by_slots in (True, False) for spread in (True, False)]
 
 
 def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
@@ -29,10 +42,15 @@ def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
     return mid_out, mid_lse, plan
 
 
-@pytest.mark.parametrize("chunks", [[1], [3, 1, 4, 1, 5], [2] * (BLOCK_M + 3), [4, 0, 2], [9, 2, 1]])
-def test_merge_in_the_projection_matches_the_reference(chunks):
+@pytest.mark.parametrize(("by_slots", "spread"), MERGES)
+@pytest.mark.parametrize("chunks", [[1], [3, 1, 4, 1, 5], [2] * (BLOCK_M + 3), [4, 0, 2], [9, 2, 1],
+                                    [1] * 5 + [40] + [2] * 4])
+def test_merge_in_the_projection_matches_the_reference(monkeypatch, chunks, by_slots, spread):
     # One chunk, uneven counts, more requests than one row block, a request of no chunks (a
-    # zero length), whose row is zeros, and more chunks than a group (three groups).
+    # zero length), whose row is zeros, more chunks than a group (three groups), and one long
+    # request among short ones (more slots than one step over slots).
+    monkeypatch.setattr(mla_merge_projection, "BY_SLOTS", by_slots)
+    monkeypatch.setattr(mla_merge_projection, "SPREAD", spread)
     gen = torch.Generator().manual_seed(len(chunks))
     heads, rank, v = 2, 16, BLOCK_V
     mid_out, mid_lse, plan = partials(chunks, heads, rank, gen)
@@ -43,6 +61,34 @@ def test_merge_in_the_projection_matches_the_reference(chunks):
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
     zero_rows = [i for i, c in enumerate(chunks) if c == 0]
     assert all((out[i] == 0).all() for i in zero_rows)
+
+
+@pytest.mark.parametrize(("by_slots", "spread"), MERGES)
+def test_a_slot_no_request_names_is_neither_read_nor_weighed(monkeypatch, by_slots, spread):
+    # The flat plan gives a request of no keys a slot that stage 1 never writes, and its
+    # requests' row (first slot, 0 chunks): between the others' slots, that slot may hold
+    # anything, here NaN, which a weight of nought would still carry into a product.
+    monkeypatch.setattr(mla_merge_projection, "BY_SLOTS", by_slots)
+    monkeypatch.setattr(mla_merge_projection, "SPREAD", spread)
+    gen = torch.Generator().manual_seed(7)
+    heads, rank, v = 2, 16, BLOCK_V
+    assert 10 > mla_merge_projection.SLOTS_PAST  # the last request's chunks take the merge over slots
+    mid_out, mid_lse, _ = partials([3, 1, 10], heads, rank, gen)
+    mid_out[0, :, 3] = float("nan")
+    mid_lse[0, :, 3] = float("nan")
+    plan = torch.tensor([[0, 3], [3, 0], [4, 10]], dtype=torch.int32)
+    w_uv = torch.randn(heads, v, rank, generator=gen)
+    out = torch.full((3, heads * v), float("nan"))
+    merge_project(mid_out, mid_lse, plan, w_uv, out)
+    torch.testing.assert_close(out, merge_project_ref(mid_out, mid_lse, plan, w_uv), rtol=1e-4, atol=1e-4)
+    assert (out[1] == 0).all()
+
+
+def test_requests_spread_so_that_a_column_block_takes_row_blocks_programs(monkeypatch):
+    monkeypatch.setattr(mla_merge_projection, "SPREAD", True)
+    assert [requests_a_program(bs) for bs in (1, 5, 8, 16, 17, 32, 64, 66)] == [1, 2, 2, 4, 5, 8, 16, 16]
+    monkeypatch.setattr(mla_merge_projection, "SPREAD", False)
+    assert {requests_a_program(bs) for bs in (1, 8, 66)} == {BLOCK_M}
 
 
 def test_reference_merges_by_base_two_log_sum_exps():
@@ -98,7 +144,7 @@ def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch):
     assert done and launch["UNMERGED"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
     assert launch["grid"] == (triton_mla.WGMMA_PROGRAMS + 20, 1, 1)
     (merge,) = projection
-    assert merge["grid"] == (16, 128 // BLOCK_V, 2)
+    assert merge["grid"] == (16, 128 // BLOCK_V, cdiv(20, requests_a_program(20)))
     assert merge["args"][0] is launch["args"][2] and merge["args"][1] is launch["args"][3]  # its partials
     entries, requests = launch["Entries"], merge["args"][2]
     assert entries.shape == (triton_mla.WGMMA_PROGRAMS + 20, 8) and requests.shape == (20, 2)

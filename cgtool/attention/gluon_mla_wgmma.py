@@ -109,6 +109,9 @@ EARLY_COPIES = False
 # 27 layers a graph (benchmarks/results/h200-h100-2026-11-27-mla-flat-plan, call 6): 0.3-1.5 us
 # a layer shorter at bs 17-64 x 1k (bs 32 56% -> 60%, bs 40 57% -> 62%), 0.9 at 32 x 8k.
 RELEASE_AT_START = True
+# The first tile's slots (req_to_token, which the step's store does not write) read before the
+# wait on the store (True), its copies after it; False: the wait first.
+SLOTS_EARLY = True
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -155,11 +158,12 @@ if gluon is not None:
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
-                        WAIT: gl.constexpr = False, seq_len=0):
+                        WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
-        after the first tile's copies where that tile ends before the newest key, else first."""
+        after the first tile's copies where that tile ends before the newest key, else first.
+        WAIT_AFTER_SLOTS: this waits on it after the first tile's slots, before any copy."""
         if WAIT:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
             if start + BLOCK_N >= seq_len:
                 _wait_for_previous_kernel()
@@ -182,6 +186,9 @@ if gluon is not None:
             q_p_val = gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0)
         for j in gl.static_range(NUM_BUF - 1):
             slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
+            if WAIT_AFTER_SLOTS:  # noqa: SIM102 (constexprs alone, as above)
+                if j == 0:
+                    _wait_for_previous_kernel()
             _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
                        RANK, ROPE, BLOCK_N, copy_layout)
         next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
@@ -350,6 +357,7 @@ if gluon is not None:
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
+        SLOTS_EARLY: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -384,6 +392,9 @@ if gluon is not None:
                 if EARLY_COPIES:
                     if end <= start:  # else _attend_chunk_t waits
                         _wait_for_previous_kernel()
+                elif SLOTS_EARLY:
+                    if end <= start:  # as above
+                        _wait_for_previous_kernel()
                 else:
                     _wait_for_previous_kernel()
             # An empty chunk (a zero length) still takes the ticket path, as before. Triton 3.6
@@ -399,7 +410,8 @@ if gluon is not None:
                 acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
                                                   stride_qb, stride_qh, stride_kt,
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                  PDL and EARLY_COPIES, seq_len)
+                                                  PDL and EARLY_COPIES, seq_len,
+                                                  PDL and SLOTS_EARLY)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -477,6 +489,7 @@ def launch_stage1(
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
+        SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),

@@ -56,6 +56,22 @@ MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 # bs 5-16 x 512-8k and 6.4-10.4 us (16-27%) with one long request among short ones; at bs 1-4 it
 # was even to 9 us longer (bs 1 x 8k: one request's 128 chunks merged here).
 MIN_BS = 5
+# Requests a program (up to BLOCK_M, tl.dot's least rows; the rest masked off) chosen so that
+# a head's column block takes about ROW_BLOCKS programs (True), whatever the batch's size; False:
+# BLOCK_M requests a program, so that a batch of 16 or fewer takes one program a head's column
+# block, each merging all its requests' chunks.
+SPREAD = True
+ROW_BLOCKS = 4
+# A program whose requests have more than GROUP chunks merges over its partial slots (True)
+# rather than GROUP chunks of every request a step, a round trip to L2 each however few of its
+# requests have that many: its requests' chunks hold consecutive slots in the step's plan, so it
+# loads SLOTS of them a step whatever each request's count, and weighs them into its requests'
+# rows by a product with each slot's weight in its request's row (BLOCK_M x SLOTS, nought
+# elsewhere). SLOT_STAGES steps in flight (Triton's software pipelining).
+BY_SLOTS = True
+SLOTS = 32
+SLOT_STAGES = 3
+SLOTS_PAST = MERGE_GROUP
 
 
 @triton.jit
@@ -72,20 +88,80 @@ def _log_sum_exp(MidLseHead, first, chunk, chunks):
 
 
 @triton.jit
+def _group(MidOutHead, MidLseHead, first, c0, chunks, stride_ms, offs_r):
+    """Four chunks' partials and log-sum-exps from chunk c0, loaded together."""
+    return (_partial(MidOutHead, first, c0, chunks, stride_ms, offs_r),
+            _partial(MidOutHead, first, c0 + 1, chunks, stride_ms, offs_r),
+            _partial(MidOutHead, first, c0 + 2, chunks, stride_ms, offs_r),
+            _partial(MidOutHead, first, c0 + 3, chunks, stride_ms, offs_r),
+            _log_sum_exp(MidLseHead, first, c0, chunks), _log_sum_exp(MidLseHead, first, c0 + 1, chunks),
+            _log_sum_exp(MidLseHead, first, c0 + 2, chunks), _log_sum_exp(MidLseHead, first, c0 + 3, chunks))
+
+
+@triton.jit
+def _weigh(acc, total, lse_max, part0, part1, part2, part3, lse0, lse1, lse2, lse3):
+    """The running merge (acc, total, lse_max) with four more chunks: weights elementwise
+    across them, a chunk past the request's count at log-sum-exp -inf weighing 0."""
+    new_max = tl.maximum(lse_max, tl.maximum(tl.maximum(lse0, lse1), tl.maximum(lse2, lse3)))
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    rescale = tl.exp2(lse_max - safe_max)
+    w0, w1 = tl.exp2(lse0 - safe_max), tl.exp2(lse1 - safe_max)
+    w2, w3 = tl.exp2(lse2 - safe_max), tl.exp2(lse3 - safe_max)
+    acc = acc * rescale[:, None]
+    acc += part0.to(tl.float32) * w0[:, None]
+    acc += part1.to(tl.float32) * w1[:, None]
+    acc += part2.to(tl.float32) * w2[:, None]
+    acc += part3.to(tl.float32) * w3[:, None]
+    return acc, total * rescale + w0 + w1 + w2 + w3, new_max
+
+
+@triton.jit
+def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, stride_ms, offs_r,
+                 SLOTS: tl.constexpr):
+    """The running merge over every chunk of the program's requests, SLOTS partial slots a step:
+    their slots run from the first request's first to the last one's last."""
+    lo = tl.min(tl.where(ends > first, first, 2147483647), 0)
+    hi = tl.max(tl.where(ends > first, ends, 0), 0)
+    offs_s = tl.arange(0, SLOTS)
+    for s0 in range(lo, hi, SLOTS):
+        slots = s0 + offs_s
+        mine = (slots[None, :] >= first[:, None]) & (slots[None, :] < ends[:, None])  # [BLOCK_M, SLOTS]
+        # A slot no request of the program names (a request of no keys) is neither read nor
+        # weighed: its memory may hold anything.
+        named = tl.max(mine.to(tl.int32), 0) > 0
+        part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=named[:, None], other=0.0,
+                       cache_modifier=".cg")  # [SLOTS, RANK]
+        lse = tl.load(MidLseHead + slots, mask=named, other=float("-inf"), cache_modifier=".cg")
+        scores = tl.where(mine, lse[None, :], float("-inf"))
+        new_max = tl.maximum(lse_max, tl.max(scores, 1))
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        rescale = tl.exp2(lse_max - safe_max)
+        weights = tl.exp2(scores - safe_max[:, None])
+        total = total * rescale + tl.sum(weights, 1)
+        # The weights as two bf16 parts, so that the products keep about 16 bits of each.
+        high = weights.to(part.dtype)
+        low = (weights - high.to(tl.float32)).to(part.dtype)
+        acc = tl.dot(low, part, tl.dot(high, part, acc * rescale[:, None]))
+        lse_max = new_max
+    return acc, total, lse_max
+
+
+@triton.jit
 def _merge_project_kernel(
-    MidOut, MidLse, Requests, W, Out, batch,
+    MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, SLOTS_PAST: tl.constexpr = 4,
 ):
     head = tl.program_id(0)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
-    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    lanes = tl.arange(0, BLOCK_M)
+    rows = tl.program_id(2) * requests_a_program + lanes
     offs_r = tl.arange(0, RANK)
     # Neither the weights nor the step's plan (written before stage 1 ran) depend on stage 1:
     # loaded while it finishes.
     w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
-    in_batch = rows < batch
+    in_batch = (rows < batch) & (lanes < requests_a_program)
     first = tl.load(Requests + 2 * rows, mask=in_batch, other=0)
     chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
     wait_for_previous_kernel(PDL)
@@ -98,29 +174,16 @@ def _merge_project_kernel(
     # elementwise across them: a [rows, GROUP] tile's reductions went through shared memory
     # and a barrier each, and a [rows, GROUP, RANK] load spilled under Triton 3.9.
     tl.static_assert(GROUP == 4, "four partials a step, loaded one by one")
-    head_lse = MidLse + head * stride_lh
-    for c0 in range(0, tl.max(chunks, 0), GROUP):
-        part0 = _partial(MidOut + head * stride_mh, first, c0, chunks, stride_ms, offs_r)
-        part1 = _partial(MidOut + head * stride_mh, first, c0 + 1, chunks, stride_ms, offs_r)
-        part2 = _partial(MidOut + head * stride_mh, first, c0 + 2, chunks, stride_ms, offs_r)
-        part3 = _partial(MidOut + head * stride_mh, first, c0 + 3, chunks, stride_ms, offs_r)
-        lse0 = _log_sum_exp(head_lse, first, c0, chunks)
-        lse1 = _log_sum_exp(head_lse, first, c0 + 1, chunks)
-        lse2 = _log_sum_exp(head_lse, first, c0 + 2, chunks)
-        lse3 = _log_sum_exp(head_lse, first, c0 + 3, chunks)
-        new_max = tl.maximum(lse_max, tl.maximum(tl.maximum(lse0, lse1), tl.maximum(lse2, lse3)))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        rescale = tl.exp2(lse_max - safe_max)
-        # A chunk past the request's count has log-sum-exp -inf: weight 0.
-        w0, w1 = tl.exp2(lse0 - safe_max), tl.exp2(lse1 - safe_max)
-        w2, w3 = tl.exp2(lse2 - safe_max), tl.exp2(lse3 - safe_max)
-        acc = acc * rescale[:, None]
-        acc += part0.to(tl.float32) * w0[:, None]
-        acc += part1.to(tl.float32) * w1[:, None]
-        acc += part2.to(tl.float32) * w2[:, None]
-        acc += part3.to(tl.float32) * w3[:, None]
-        total = total * rescale + w0 + w1 + w2 + w3
-        lse_max = new_max
+    out_head = MidOut + head * stride_mh
+    lse_head = MidLse + head * stride_lh
+    most = tl.max(chunks, 0)
+    if BY_SLOTS and most > SLOTS_PAST:
+        acc, total, lse_max = _weigh_slots(acc, total, lse_max, out_head, lse_head, first, first + chunks,
+                                           stride_ms, offs_r, SLOTS)
+    else:
+        for c0 in range(0, most, GROUP):
+            p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, c0, chunks, stride_ms, offs_r)
+            acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
     # Rounded to the weights' dtype where the separate merge rounded its output.
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
     o = tl.dot(merged, w)
@@ -144,12 +207,20 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     assert w_uv.stride(-1) == 1 and out.shape == (bs, heads * v) and out.stride(-1) == 1
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
+    per_program = requests_a_program(bs)
+    grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     _MERGE_PROJECT.launch(
-        (heads, cdiv(v, BLOCK_V), cdiv(bs, BLOCK_M)), mid_out, mid_lse, requests, w_uv, out, bs,
+        (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program)), mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
-        RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, **dependent_launch(out.device),
-        num_warps=WARPS, num_stages=1,
+        RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
+        SLOTS=SLOTS, SLOTS_PAST=SLOTS_PAST, **dependent_launch(out.device),
+        num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
+
+
+def requests_a_program(batch_size: int) -> int:
+    """Requests each program of `merge_project` merges and multiplies (SPREAD)."""
+    return min(BLOCK_M, cdiv(batch_size, ROW_BLOCKS)) if SPREAD else BLOCK_M
 
 
 def merge_project_ref(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor,
