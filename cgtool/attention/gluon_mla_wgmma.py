@@ -110,7 +110,11 @@ EARLY_COPIES = False
 # a layer shorter at bs 17-64 x 1k (bs 32 56% -> 60%, bs 40 57% -> 62%), 0.9 at 32 x 8k.
 RELEASE_AT_START = True
 # The first tile's slots (req_to_token, which the step's store does not write) read before the
-# wait on the store (True), its copies after it; False: the wait first.
+# wait on the store (True), its copies after it; False: the wait first. True was 0.0-0.5 us a
+# layer shorter at bs 8-64 x 1k-4k, 32 x 8k and a skewed batch on both GPUs, and nowhere longer
+# (five alternating rounds, 27 layers a graph; H200 calls 1, 2 and 5, H100 call 7 of
+# benchmarks/results/h200-h100-2026-11-27-mla-merge-slots). Its copies too before the wait:
+# EARLY_COPIES.
 SLOTS_EARLY = True
 
 if gluon is not None:

@@ -14,7 +14,11 @@ the product as the separate merge did).
 
 The step's flat plan (mla_flat_plan) holds each request's first partial slot and chunk count,
 read before the wait on stage 1; the partials are stage 1's flat slots [heads, slots, rank] and
-base-2 log-sum-exps [heads, slots].
+base-2 log-sum-exps [heads, slots]. A program merges its requests' chunks four at a time, one
+round trip to L2 for each four; where some request holds more, it walks its requests' slots
+instead (consecutive in the plan), SLOTS at a time whoever owns them, and sums each slot into its
+request's row with a product (BY_SLOTS): a few requests of many chunks, or one long request among
+short ones, then wait on their slots' bytes, not on a round trip a group.
 """
 
 from __future__ import annotations
@@ -57,17 +61,30 @@ MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 # was even to 9 us longer (bs 1 x 8k: one request's 128 chunks merged here).
 MIN_BS = 5
 # Requests a program (up to BLOCK_M, tl.dot's least rows; the rest masked off) chosen so that
-# a head's column block takes about ROW_BLOCKS programs (True), whatever the batch's size; False:
-# BLOCK_M requests a program, so that a batch of 16 or fewer takes one program a head's column
-# block, each merging all its requests' chunks.
+# a head's column block takes about ROW_BLOCKS programs whatever the batch's size (SPREAD);
+# else BLOCK_M, so that 16 requests or fewer took one program a head's column block, merging all
+# their chunks. With the merge over slots below it is what makes that merge pay: 4 row blocks
+# against 1, 8 x 4k 19.3 against 22.9 us a layer, 16 x 4k 29.5 against 33.2 (H200, call 4 of
+# benchmarks/results/h200-h100-2026-11-27-mla-merge-slots). With GROUP chunks a step alone it
+# was within -0.4 to +0.2 us (call 2). 2 row blocks: 0.8 us longer at 8 x 4k on the H100 (call
+# 9); 8: 3.6-5.7 us longer everywhere, past one wave of programs (call 2).
 SPREAD = True
 ROW_BLOCKS = 4
-# A program whose requests have more than GROUP chunks merges over its partial slots (True)
-# rather than GROUP chunks of every request a step, a round trip to L2 each however few of its
-# requests have that many: its requests' chunks hold consecutive slots in the step's plan, so it
-# loads SLOTS of them a step whatever each request's count, and weighs them into its requests'
-# rows by a product with each slot's weight in its request's row (BLOCK_M x SLOTS, nought
-# elsewhere). SLOT_STAGES steps in flight (Triton's software pipelining).
+# A program whose requests hold more than SLOTS_PAST chunks merges over its partial slots
+# (BY_SLOTS) rather than GROUP chunks of every request a step, a round trip to L2 each however
+# few of its requests have that many: its requests' chunks hold consecutive slots in the step's
+# plan, so it loads SLOTS of them a step whatever each request's count, and weighs them into
+# its requests' rows by a product with each slot's weight in its request's row (BLOCK_M x SLOTS,
+# nought elsewhere), the weights as two bf16 parts. SLOT_STAGES steps in flight (Triton's
+# software pipelining; 1 or 2 stages were 0.2-2.6 us a layer longer at every shape, call 5).
+# With SPREAD and stage 1's early slots, against the build before in one process (H100, call
+# 7): 8 x 4k 23.0 against 25.0 us a layer, 16 x 2k 23.1 / 23.7, 16 x 4k 36.1 / 37.2, 40 x 300 +
+# 1 x 16,000 keys 25.1 / 34.4, bs 8 x 1k 13.7 / 13.2, elsewhere -1.1 (32 x 8k) to +0.1; H200,
+# calls 4-5: 8 x 4k 19.4 against 21.0, the skewed batch 22.2 against 31.7. Every program over
+# slots, a step of GROUP chunks never: 1.1-4.1 us longer at bs 16-64 x 1k (call 3). SLOTS_PAST 8:
+# within 0.2 us, 16 x 2k-4k 0.2-0.4 longer (H100, calls 8-9). 16 or 64 slots a step: longer
+# (call 3). The next group's loads issued before this one's weights (a register each): no
+# shorter at 8 x 4k, 0.0-0.6 longer elsewhere (H200, call 1).
 BY_SLOTS = True
 SLOTS = 32
 SLOT_STAGES = 3
@@ -208,7 +225,6 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
     per_program = requests_a_program(bs)
-    grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     _MERGE_PROJECT.launch(
         (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program)), mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),

@@ -112,9 +112,13 @@ MLA_WGMMA_TAIL_MS = 4.4e-3
 # us a layer shorter: 0.4-2.0 us at bs 17-64 x 1k, 1.36 on average over both GPUs (H200 call
 # 2, H100 call 4 of benchmarks/results/h200-h100-2026-11-27-mla-projection). The rest of what a
 # layer saves, 0.3-1.3 us more (the product's own launch), is left unpriced: the step is
-# predicted that much long.
+# predicted that much long. Since 2026-11-27 a program whose requests hold more than four chunks
+# merges over its partial slots, its requests spread over four programs a head's column block,
+# and stage 1 reads its first slots before its wait: 0.3 us a layer shorter on average over bs
+# 5-64 x 1k-8k on both GPUs (-2.0 to +0.6 us; H200 calls 4-5, H100 call 7 of
+# benchmarks/results/h200-h100-2026-11-27-mla-merge-slots).
 MLA_PROJECTION_MERGE_MAX_BS = 66
-MLA_PROJECTION_MERGE_TAIL_MS = MLA_WGMMA_TAIL_MS - 1.4e-3
+MLA_PROJECTION_MERGE_TAIL_MS = MLA_WGMMA_TAIL_MS - 1.7e-3
 # And from this many (cgtool.attention.mla_merge_projection.MIN_BS): below MLA_WGMMA_MIN_BS the
 # same stage 1 and merge replace gluon_mla's stage 1 and its merge kernel.
 MLA_PROJECTION_MERGE_MIN_BS = 5
