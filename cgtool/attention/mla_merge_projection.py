@@ -66,8 +66,8 @@ MIN_BS = 5
 # their chunks. With the merge over slots below it is what makes that merge pay: 4 row blocks
 # against 1, 8 x 4k 19.3 against 22.9 us a layer, 16 x 4k 29.5 against 33.2 (H200, call 4 of
 # benchmarks/results/h200-h100-2026-11-27-mla-merge-slots). With GROUP chunks a step alone it
-# was within -0.4 to +0.2 us (call 2). 2 row blocks: 0.8 us longer at 8 x 4k on the H100 (call
-# 9); 8: 3.6-5.7 us longer everywhere, past one wave of programs (call 2).
+# was within -0.7 to +0.3 us (call 2). 2 row blocks: 0.8 us longer at 8 x 4k on the H100 (call
+# 9); 8: 3.6-5.6 us longer everywhere, past one wave of programs (call 2).
 SPREAD = True
 ROW_BLOCKS = 4
 # A program whose requests hold more than SLOTS_PAST chunks merges over its partial slots
@@ -81,7 +81,7 @@ ROW_BLOCKS = 4
 # 7): 8 x 4k 23.0 against 25.0 us a layer, 16 x 2k 23.1 / 23.7, 16 x 4k 36.1 / 37.2, 40 x 300 +
 # 1 x 16,000 keys 25.1 / 34.4, bs 8 x 1k 13.7 / 13.2, elsewhere -1.1 (32 x 8k) to +0.1; H200,
 # calls 4-5: 8 x 4k 19.4 against 21.0, the skewed batch 22.2 against 31.7. Every program over
-# slots, a step of GROUP chunks never: 1.1-4.1 us longer at bs 16-64 x 1k (call 3). SLOTS_PAST 8:
+# slots, a step of GROUP chunks never: 0.1-4.1 us longer at bs 16-64 x 1k (call 3). SLOTS_PAST 8:
 # within 0.2 us, 16 x 2k-4k 0.2-0.4 longer (H100, calls 8-9). 16 or 64 slots a step: longer
 # (call 3). The next group's loads issued before this one's weights (a register each): no
 # shorter at 8 x 4k, 0.0-0.6 longer elsewhere (H200, call 1).
