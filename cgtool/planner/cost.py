@@ -21,6 +21,7 @@ from cgtool.planner.kernel_terms import (
     kernel_floor_ms,
     mla_decode_fixed_ms,
     mla_extend_copies_ms,
+    mla_flat_plan_ms,
     moe_layers_ms,
 )
 from cgtool.planner.memory_terms import (
@@ -205,9 +206,11 @@ def roofline_cost(
     decode_comm = comm_ms(cfg, gpu, tp_size, bs, bs)
     extend_comm = comm_ms(cfg, gpu, tp_size, tokens, np.ones_like(tokens))
     # MoE and MLA models: the floor of every kernel outside the MoE layers (kernel_terms), and
-    # MLA decode's fixed cost beyond its latent read (programs' start, merge), layer by layer.
+    # MLA decode's fixed cost beyond its latent read (programs' start, merge), layer by layer,
+    # and its step's plan once a forward.
     floor_ms = kernel_floor_ms(cfg, _kernels_outside_moe(cfg, kernels))
-    mla_fixed_ms = mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs, gpu.hopper) if cfg.mla else 0.0
+    mla_fixed_ms = (mla_decode_fixed_ms(shard.num_layers, shard.num_heads, bs, gpu.hopper)
+                    + mla_flat_plan_ms(shard.num_heads, bs, gpu.hopper)) if cfg.mla else 0.0
     extend_copies_ms = mla_extend_copies_ms(shard.num_layers, tokens) if cfg.mla else 0.0
     decode_dense = _dense_ms(shard, gpu, bs, bs) + decode_comm + floor_ms + mla_fixed_ms
     extend_dense = _dense_ms(shard, gpu, tokens, np.ones_like(tokens)) + extend_comm + floor_ms + extend_copies_ms

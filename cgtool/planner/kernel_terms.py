@@ -178,17 +178,24 @@ def mla_extend_copies_ms(num_layers: int, tokens: np.ndarray) -> np.ndarray:
     return np.where(tokens >= 2, num_layers * MLA_EXTEND_COPIES_FROM_TWO_ROWS * OTHER_KERNEL_FLOOR_MS, 0.0)
 
 
+def _mla_hopper_paths(num_heads: int, bs: np.ndarray, hopper: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(request rows, the value projection merges, the warpgroup-MMA stage 1 serves) for each
+    batch size: the choices cgtool.attention makes for MLA decode."""
+    rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
+    one_block = hopper & (rows == bs)
+    projected = one_block & (bs >= MLA_PROJECTION_MERGE_MIN_BS) & (bs <= MLA_PROJECTION_MERGE_MAX_BS)
+    wgmma = projected | (one_block & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS))
+    return rows, projected, wgmma
+
+
 def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
     """MLA decode attention's cost beyond its latent read, all layers, for each batch size:
     on Hopper the warpgroup-MMA stage 1's merge where it serves (in its last program, or in the
     value projection from MLA_PROJECTION_MERGE_MIN_BS to MLA_PROJECTION_MERGE_MAX_BS requests);
     elsewhere triton_mla's fixed part; and the merge kernel's floor where the merge is a kernel
-    apart."""
+    apart. The step's plan, once a forward, is `mla_flat_plan_ms`."""
     bs = np.asarray(bs, dtype=np.float64)
-    rows = bs * -(-num_heads // MLA_HEADS_PER_PROGRAM)
-    one_block = hopper & (rows == bs)
-    projected = one_block & (bs >= MLA_PROJECTION_MERGE_MIN_BS) & (bs <= MLA_PROJECTION_MERGE_MAX_BS)
-    wgmma = projected | (one_block & (bs >= MLA_WGMMA_MIN_BS) & (bs <= MLA_WGMMA_MAX_BS))
+    rows, projected, wgmma = _mla_hopper_paths(num_heads, bs, hopper)
     if hopper:
         per_layer = np.where(projected, MLA_PROJECTION_MERGE_TAIL_MS, np.where(wgmma, MLA_WGMMA_TAIL_MS, 0.0))
     else:
@@ -196,3 +203,13 @@ def mla_decode_fixed_ms(num_layers: int, num_heads: int, bs: np.ndarray, hopper:
     separate = (rows < MLA_FUSED_MERGE_ROWS) & ~wgmma
     per_layer = per_layer + np.where(separate, KERNEL_FLOOR_MS, 0.0)
     return np.where(bs > 0, num_layers * per_layer, 0.0)
+
+
+def mla_flat_plan_ms(num_heads: int, bs: np.ndarray, hopper: bool) -> np.ndarray:
+    """The step's flat plan (cgtool.attention.mla_flat_plan), one kernel a forward wherever the
+    warpgroup-MMA stage 1 serves, priced at a kernel's floor: a kernel census of
+    deepseek-v2-lite's captured decode found one a forward from bs 8 (call 14 of
+    benchmarks/results/h200-h100-2026-11-27-mla-flat-plan)."""
+    bs = np.asarray(bs, dtype=np.float64)
+    _, _, wgmma = _mla_hopper_paths(num_heads, bs, hopper)
+    return np.where(wgmma & (bs > 0), KERNEL_FLOOR_MS, 0.0)
