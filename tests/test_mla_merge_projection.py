@@ -72,7 +72,7 @@ def test_a_slot_no_request_names_is_neither_read_nor_weighed(monkeypatch, by_slo
     monkeypatch.setattr(mla_merge_projection, "SPREAD", spread)
     gen = torch.Generator().manual_seed(7)
     heads, rank, v = 2, 16, BLOCK_V
-    assert 10 > mla_merge_projection.SLOTS_PAST  # the last request's chunks take the merge over slots
+    assert 10 > mla_merge_projection.MERGE_GROUP  # the last request's chunks take the merge over slots
     mid_out, mid_lse, _ = partials([3, 1, 10], heads, rank, gen)
     mid_out[0, :, 3] = float("nan")
     mid_lse[0, :, 3] = float("nan")

@@ -70,7 +70,7 @@ MIN_BS = 5
 # 9); 8: 3.6-5.6 us longer everywhere, past one wave of programs (call 2).
 SPREAD = True
 ROW_BLOCKS = 4
-# A program whose requests hold more than SLOTS_PAST chunks merges over its partial slots
+# A program whose requests hold more than GROUP chunks merges over its partial slots
 # (BY_SLOTS) rather than GROUP chunks of every request a step, a round trip to L2 each however
 # few of its requests have that many: its requests' chunks hold consecutive slots in the step's
 # plan, so it loads SLOTS of them a step whatever each request's count, and weighs them into
@@ -81,14 +81,13 @@ ROW_BLOCKS = 4
 # 7): 8 x 4k 23.0 against 25.0 us a layer, 16 x 2k 23.1 / 23.7, 16 x 4k 36.1 / 37.2, 40 x 300 +
 # 1 x 16,000 keys 25.1 / 34.4, bs 8 x 1k 13.7 / 13.2, elsewhere -1.1 (32 x 8k) to +0.1; H200,
 # calls 4-5: 8 x 4k 19.4 against 21.0, the skewed batch 22.2 against 31.7. Every program over
-# slots, a step of GROUP chunks never: 0.1-4.1 us longer at bs 16-64 x 1k (call 3). SLOTS_PAST 8:
-# within 0.2 us, 16 x 2k-4k 0.2-0.4 longer (H100, calls 8-9). 16 or 64 slots a step: longer
+# slots, a step of GROUP chunks never: 0.1-4.1 us longer at bs 16-64 x 1k (call 3). Steps of
+# GROUP chunks up to 8 (two steps): within 0.2 us, 16 x 2k-4k 0.2-0.4 longer (H100, calls 8-9). 16 or 64 slots a step: longer
 # (call 3). The next group's loads issued before this one's weights (a register each): no
 # shorter at 8 x 4k, 0.0-0.6 longer elsewhere (H200, call 1).
 BY_SLOTS = True
 SLOTS = 32
 SLOT_STAGES = 3
-SLOTS_PAST = MERGE_GROUP
 
 
 @triton.jit
@@ -168,7 +167,7 @@ def _merge_project_kernel(
     MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, SLOTS_PAST: tl.constexpr = 4,
+    PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32,
 ):
     head = tl.program_id(0)
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -194,9 +193,16 @@ def _merge_project_kernel(
     out_head = MidOut + head * stride_mh
     lse_head = MidLse + head * stride_lh
     most = tl.max(chunks, 0)
-    if BY_SLOTS and most > SLOTS_PAST:
-        acc, total, lse_max = _weigh_slots(acc, total, lse_max, out_head, lse_head, first, first + chunks,
-                                           stride_ms, offs_r, SLOTS)
+    if BY_SLOTS:
+        # One step of GROUP chunks, straight-line: as a loop of one trip it was 0.2-0.3 us a
+        # layer longer at bs 24-48 x 1k (H100, call 7 against calls 8-9 of the folder named at
+        # BY_SLOTS, another machine, where the build before's times agreed to 0.1 us).
+        if most <= GROUP:
+            p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, 0, chunks, stride_ms, offs_r)
+            acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
+        else:
+            acc, total, lse_max = _weigh_slots(acc, total, lse_max, out_head, lse_head, first, first + chunks,
+                                               stride_ms, offs_r, SLOTS)
     else:
         for c0 in range(0, most, GROUP):
             p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, c0, chunks, stride_ms, offs_r)
@@ -229,7 +235,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program)), mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
-        SLOTS=SLOTS, SLOTS_PAST=SLOTS_PAST, **dependent_launch(out.device),
+        SLOTS=SLOTS, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
 
