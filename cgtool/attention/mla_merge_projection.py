@@ -14,11 +14,12 @@ the product as the separate merge did).
 
 The step's flat plan (mla_flat_plan) holds each request's first partial slot and chunk count,
 read before the wait on stage 1; the partials are stage 1's flat slots [heads, slots, rank] and
-base-2 log-sum-exps [heads, slots]. A program merges its requests' chunks four at a time, one
-round trip to L2 for each four; where some request holds more, it walks its requests' slots
-instead (consecutive in the plan), SLOTS at a time whoever owns them, and sums each slot into its
-request's row with a product (BY_SLOTS): a few requests of many chunks, or one long request among
-short ones, then wait on their slots' bytes, not on a round trip a group.
+base-2 log-sum-exps [heads, slots]. A program merges its requests' chunks four at a time; where
+some request holds more, it walks its requests' slots instead (consecutive in the plan), SLOTS at
+a time whoever owns them, and sums each slot into its request's row with a product (BY_SLOTS).
+With the requests spread over more programs (SPREAD), a few requests of many chunks or one long
+request among short ones took 0.4-9.5 us a layer less on both GPUs (see BY_SLOTS); why the steps of four
+were slow there is not measured (loading the next four a step ahead did not help).
 """
 
 from __future__ import annotations
