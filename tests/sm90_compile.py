@@ -181,13 +181,15 @@ def mla_decode_cases() -> dict[str, tuple]:
          "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
          "ENTRY_INTS": mla_flat_plan.ENTRY, "PDL": True},
         4, 1)
-    for pdl, by_slots in ((True, False), (False, False), (True, True)):
-        found[f"mla decode merge in the value projection pdl={pdl} by slots={by_slots}"] = (
+    for pdl, by_slots, traced in ((True, False, False), (False, False, False), (True, True, False),
+                                  (True, True, True)):
+        found[f"mla decode merge in the value projection pdl={pdl} by slots={by_slots} traced={traced}"] = (
             mla_merge_projection._merge_project_kernel,
             {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
              "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl,
-             "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS},
-            mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1, {"MidOut": "*bf16"})
+             "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS, "TRACE": traced},
+            mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1,
+            {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

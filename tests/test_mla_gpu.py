@@ -408,6 +408,40 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000]])
+def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_stamps(seq_lens):
+    # The projection's stamps (benchmarks/probe_mla_projection_timeline.py) must not change what
+    # it computes, and each program's must follow its steps: start, plan loaded, wait on stage 1
+    # returned, merged, multiplied; the wait returns after every stage 1 program's loop ended.
+    # Many chunks a request (the merge over slots), four or fewer (the step of four), a mix.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, triton_mla
+    from cgtool.attention.mla_merge_projection import decode_projected, projection_programs
+    from cgtool.runtime.kernel_trace import TRACE_SLOTS
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    bs, heads, v = len(seq_lens), 16, 128
+    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
+    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
+            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5)
+    plain = torch.empty(bs, heads * v, dtype=torch.bfloat16, device=CUDA)
+    assert decode_projected(q, pool.k_buffers[0], w_uv, plain, *args)
+    stage1 = torch.zeros(triton_mla.WGMMA_PROGRAMS + bs, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
+    projection = torch.zeros(projection_programs(bs, heads, v), TRACE_SLOTS, dtype=torch.int64, device=CUDA)
+    traced = torch.empty_like(plain)
+    assert decode_projected(q, pool.k_buffers[0], w_uv, traced, *args, trace=stage1, projection_trace=projection)
+    torch.testing.assert_close(traced, plain, rtol=0, atol=0)
+    stamps = projection.cpu()
+    assert (stamps[:, 1] > 0).all()  # every program started and stamped
+    assert all((stamps[:, i + 1] >= stamps[:, i]).all() for i in range(1, 5))
+    loops_end = stage1.cpu()[:, 3].max()
+    assert loops_end > 0 and (stamps[:, 3] >= loops_end).all()
+
+
 @pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED])
 def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
     # Four layers of decode_projected in a graph share one plan of the flat chunks (the first

@@ -64,18 +64,20 @@ def test_merge_in_the_projection_matches_the_reference(monkeypatch, chunks, by_s
 
 
 @pytest.mark.parametrize(("by_slots", "spread"), MERGES)
-def test_a_slot_no_request_names_is_neither_read_nor_weighed(monkeypatch, by_slots, spread):
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), float("-inf")])
+def test_a_slot_no_request_names_weighs_nothing_whatever_it_holds(monkeypatch, by_slots, spread, garbage):
     # The flat plan gives a request of no keys a slot that stage 1 never writes, and its
     # requests' row (first slot, 0 chunks): between the others' slots, that slot may hold
-    # anything, here NaN, which a weight of nought would still carry into a product.
+    # anything, here a value that is not finite, which a weight of nought would still carry
+    # into a product.
     monkeypatch.setattr(mla_merge_projection, "BY_SLOTS", by_slots)
     monkeypatch.setattr(mla_merge_projection, "SPREAD", spread)
     gen = torch.Generator().manual_seed(7)
     heads, rank, v = 2, 16, BLOCK_V
     assert 10 > mla_merge_projection.MERGE_GROUP  # the last request's chunks take the merge over slots
     mid_out, mid_lse, _ = partials([3, 1, 10], heads, rank, gen)
-    mid_out[0, :, 3] = float("nan")
-    mid_lse[0, :, 3] = float("nan")
+    mid_out[0, :, 3] = garbage
+    mid_lse[0, :, 3] = garbage
     plan = torch.tensor([[0, 3], [3, 0], [4, 10]], dtype=torch.int32)
     w_uv = torch.randn(heads, v, rank, generator=gen)
     out = torch.full((3, heads * v), float("nan"))

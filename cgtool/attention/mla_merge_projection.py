@@ -35,6 +35,7 @@ from cgtool.attention.mla_flat_plan import flat_plan
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_softmax import LOG2_E
 from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_kernel
+from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.triton_launch import CachedKernel, cdiv
 
 # Rows (requests) and value columns a program, chunks merged a step, warps. 16 rows is the least
@@ -143,12 +144,17 @@ def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, strid
     for s0 in range(lo, hi, SLOTS):
         slots = s0 + offs_s
         mine = (slots[None, :] >= first[:, None]) & (slots[None, :] < ends[:, None])  # [BLOCK_M, SLOTS]
-        # A slot no request of the program names (a request of no keys) is neither read nor
-        # weighed: its memory may hold anything.
-        named = tl.max(mine.to(tl.int32), 0) > 0
-        part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=named[:, None], other=0.0,
-                       cache_modifier=".cg")  # [SLOTS, RANK]
-        lse = tl.load(MidLseHead + slots, mask=named, other=float("-inf"), cache_modifier=".cg")
+        # Every slot up to hi is read. One that no request names (a request of no keys, between
+        # two that have some) weighs nought, but its memory may hold anything, and a value that
+        # is not finite times nought is not nought: such values read as 0. Masking the loads to
+        # the named slots instead (a reduction over the rows and two layout changes a step) was
+        # 0.3-0.5 us a layer longer wherever this merge serves (RANGE_MASK in calls 2-4 of
+        # benchmarks/results/h200-2026-11-27-mla-range-mask).
+        in_range = slots < hi
+        part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=in_range[:, None],
+                       other=0.0, cache_modifier=".cg")  # [SLOTS, RANK]
+        part = tl.where(tl.abs(part) < float("inf"), part, 0.0)
+        lse = tl.load(MidLseHead + slots, mask=in_range, other=float("-inf"), cache_modifier=".cg")
         scores = tl.where(mine, lse[None, :], float("-inf"))
         new_max = tl.maximum(lse_max, tl.max(scores, 1))
         safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -166,11 +172,17 @@ def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, strid
 @triton.jit
 def _merge_project_kernel(
     MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
-    stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot,
+    stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
-    PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32,
+    PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, TRACE: tl.constexpr = False,
 ):
     head = tl.program_id(0)
+    # TRACE (benchmarks/probe_mla_projection_timeline.py): the SM, then stamps at the start, once
+    # the plan's rows are loaded, after the wait on stage 1, once merged, once multiplied.
+    program = (head * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
+    if TRACE:
+        trace_store(Trace, program, 0, sm_id())
+        trace_store(Trace, program, 1, stamp_after(program))
     offs_v = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     lanes = tl.arange(0, BLOCK_M)
     rows = tl.program_id(2) * requests_a_program + lanes
@@ -181,7 +193,11 @@ def _merge_project_kernel(
     in_batch = (rows < batch) & (lanes < requests_a_program)
     first = tl.load(Requests + 2 * rows, mask=in_batch, other=0)
     chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
+    if TRACE:
+        trace_store(Trace, program, 2, stamp_after(tl.sum(first + chunks, 0)))
     wait_for_previous_kernel(PDL)
+    if TRACE:
+        trace_store(Trace, program, 3, stamp_after(program))
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     acc = tl.zeros([BLOCK_M, RANK], tl.float32)
     total = tl.zeros([BLOCK_M], tl.float32)
@@ -210,7 +226,11 @@ def _merge_project_kernel(
             acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
     # Rounded to the weights' dtype where the separate merge rounded its output.
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
+    if TRACE:
+        trace_store(Trace, program, 4, stamp_after(tl.sum(total, 0)))
     o = tl.dot(merged, w)
+    if TRACE:
+        trace_store(Trace, program, 5, stamp_after(tl.sum(tl.sum(o, 1), 0)))
     tl.store(Out + rows[:, None] * stride_ot + head * V + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=in_batch[:, None])
 
@@ -219,12 +239,13 @@ _MERGE_PROJECT = CachedKernel(_merge_project_kernel)
 
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
-                  out: torch.Tensor) -> None:
+                  out: torch.Tensor, trace: torch.Tensor | None = None) -> None:
     """out [bs, heads * v] = each head's merged latent output [bs, rank] times w_uv[head]
     ([heads, v, rank], rows at any stride): the partials `mid_out` [1, heads, slots, rank] and
     `mid_lse` [1, heads, slots] of the requests' chunks, `requests` [bs, 2] int32 (first slot,
     chunks; a request of no chunks gets zeros: the step's `FlatPlan.requests`, written before
-    stage 1 ran). Launched as a programmatic dependent of stage 1 where dependent launches run."""
+    stage 1 ran). Launched as a programmatic dependent of stage 1 where dependent launches run.
+    `trace` (int64, TRACE_SLOTS a program of `projection_programs`) takes the programs' stamps."""
     heads, v, rank = w_uv.shape
     bs = requests.shape[0]
     assert mid_out.shape[1] == heads and mid_out.shape[-1] == rank and mid_out.stride(-1) == 1
@@ -232,13 +253,21 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
     per_program = requests_a_program(bs)
+    grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
+    assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     _MERGE_PROJECT.launch(
-        (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program)), mid_out, mid_lse, requests, w_uv, out, bs, per_program,
+        grid, mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
+        requests if trace is None else trace,
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
-        SLOTS=SLOTS, **dependent_launch(out.device),
+        SLOTS=SLOTS, TRACE=trace is not None, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
+
+
+def projection_programs(batch_size: int, heads: int, v: int) -> int:
+    """Programs `merge_project` launches for `batch_size` requests of `heads` value heads of width `v`."""
+    return heads * cdiv(v, BLOCK_V) * cdiv(batch_size, requests_a_program(batch_size))
 
 
 def requests_a_program(batch_size: int) -> int:
@@ -277,7 +306,7 @@ def decode_projected(
     q: torch.Tensor, latent_cache: torch.Tensor, w_uv: torch.Tensor, out: torch.Tensor, req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
     scratch: dict[object, Any] | None = None, trace: torch.Tensor | None = None,
-    memo: dict[object, Any] | None = None,
+    memo: dict[object, Any] | None = None, projection_trace: torch.Tensor | None = None,
 ) -> bool:
     """MLA decode attention and the heads' value projection: q [bs, heads, rank + rope] over
     the latent pool, out [bs, heads * v] = each head's attention output times w_uv[head]
@@ -285,7 +314,8 @@ def decode_projected(
     `merge_project` merges them as it multiplies, both mapped by the step's flat plan (from
     `memo`, `batch.forward_memo()`, once a layer of this forward has planned it). False,
     having launched nothing but perhaps the plan, where it does not serve (`serves`) or this
-    Triton refuses the stage 1: the caller runs the attention and its product apart."""
+    Triton refuses the stage 1: the caller runs the attention and its product apart. `trace` and
+    `projection_trace` take the two kernels' program stamps (benchmarks)."""
     if not serves(q, w_uv):
         return False
     bs, num_heads, _ = q.shape
@@ -301,5 +331,5 @@ def decode_projected(
             sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
             triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
         return False
-    merge_project(mid_out, mid_lse, plan.requests, w_uv, out)
+    merge_project(mid_out, mid_lse, plan.requests, w_uv, out, projection_trace)
     return True
