@@ -20,8 +20,8 @@ less `product` (the merge charged to the attention, the projection's own time no
 A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
 Each fused run is one forward: its layers share one flat plan (mla_flat_plan), planned by the
 first. With --before DIR, `before` times decode_projected of an earlier build's
-gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR (no plan kernel there), in the same
-rounds, and its bits are compared with this build's.
+gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR, in the same rounds (its layers sharing
+one plan where that build takes `memo`), and its bits are compared with this build's.
 With --with-store each layer's fused, unmerged and settings' runs first store the batch's newest
 rows (kv_store, which releases stage 1 at its start, as in a model's step), and `store` times
 the stores alone; shares then take the store's time out as they take the product's.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import sys
 from contextlib import contextmanager
@@ -169,6 +170,8 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
                     store(c)
                     if projected is None:
                         assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+                    elif "memo" in inspect.signature(projected).parameters:  # a build with the step's plan
+                        assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
                     else:
                         assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run

@@ -187,7 +187,8 @@ def mla_decode_cases() -> dict[str, tuple]:
             mla_merge_projection._merge_project_kernel,
             {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
              "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl,
-             "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS, "TRACE": traced},
+             "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS, "TRACE": traced,
+             "PRODUCT_T": mla_merge_projection.PRODUCT_T},
             mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1,
             {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):

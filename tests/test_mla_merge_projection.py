@@ -45,10 +45,12 @@ def partials(chunks: list[int], heads: int, rank: int, gen: torch.Generator):
 @pytest.mark.parametrize(("by_slots", "spread"), MERGES)
 @pytest.mark.parametrize("chunks", [[1], [3, 1, 4, 1, 5], [2] * (BLOCK_M + 3), [4, 0, 2], [9, 2, 1],
                                     [1] * 5 + [40] + [2] * 4])
-def test_merge_in_the_projection_matches_the_reference(monkeypatch, chunks, by_slots, spread):
+@pytest.mark.parametrize("transposed", [True, False])
+def test_merge_in_the_projection_matches_the_reference(monkeypatch, chunks, by_slots, spread, transposed):
     # One chunk, uneven counts, more requests than one row block, a request of no chunks (a
     # zero length), whose row is zeros, more chunks than a group (three groups), and one long
-    # request among short ones (more slots than one step over slots).
+    # request among short ones (more slots than one step over slots); the product either way.
+    monkeypatch.setattr(mla_merge_projection, "PRODUCT_T", transposed)
     monkeypatch.setattr(mla_merge_projection, "BY_SLOTS", by_slots)
     monkeypatch.setattr(mla_merge_projection, "SPREAD", spread)
     gen = torch.Generator().manual_seed(len(chunks))

@@ -90,6 +90,12 @@ ROW_BLOCKS = 4
 BY_SLOTS = True
 SLOTS = 32
 SLOT_STAGES = 3
+# The product taken transposed (True): the weights' rows [BLOCK_V, RANK] times the merged rows'
+# transpose, which Hopper runs as a warpgroup MMA (64 columns as its rows), then transposed
+# back; else merged [BLOCK_M, RANK] times the weights' transpose, one MMA chain of RANK / 16 steps
+# a warp. Transposed was 0.06-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
+# benchmarks/results/h200-h100-2026-11-27-mla-range-mask).
+PRODUCT_T = True
 
 
 @triton.jit
@@ -134,38 +140,47 @@ def _weigh(acc, total, lse_max, part0, part1, part2, part3, lse0, lse1, lse2, ls
 
 
 @triton.jit
+def _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0, stride_ms, offs_r,
+               SLOTS: tl.constexpr):
+    """The running merge with the SLOTS slots from s0 on, each weighed into its request's row."""
+    slots = s0 + tl.arange(0, SLOTS)
+    mine = (slots[None, :] >= first[:, None]) & (slots[None, :] < ends[:, None])  # [BLOCK_M, SLOTS]
+    # Every slot up to hi is read. One that no request names (a request of no keys, between
+    # two that have some) weighs nought, but its memory may hold anything, and a value that
+    # is not finite times nought is not nought: such values read as 0. Masking the loads to
+    # the named slots instead (a reduction over the rows and two layout changes a step) was
+    # 0.3-0.5 us a layer longer wherever this merge serves (calls 2-4 of
+    # benchmarks/results/h200-h100-2026-11-27-mla-range-mask).
+    in_range = slots < hi
+    part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=in_range[:, None],
+                   other=0.0, cache_modifier=".cg")  # [SLOTS, RANK]
+    part = tl.where(tl.abs(part) < float("inf"), part, 0.0)
+    lse = tl.load(MidLseHead + slots, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+    scores = tl.where(mine, lse[None, :], float("-inf"))
+    new_max = tl.maximum(lse_max, tl.max(scores, 1))
+    safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+    rescale = tl.exp2(lse_max - safe_max)
+    weights = tl.exp2(scores - safe_max[:, None])
+    total = total * rescale + tl.sum(weights, 1)
+    # The weights as two bf16 parts, so that the products keep about 16 bits of each.
+    high = weights.to(part.dtype)
+    low = (weights - high.to(tl.float32)).to(part.dtype)
+    acc = tl.dot(low, part, tl.dot(high, part, acc * rescale[:, None]))
+    return acc, total, new_max
+
+
+@triton.jit
 def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, stride_ms, offs_r,
                  SLOTS: tl.constexpr):
     """The running merge over every chunk of the program's requests, SLOTS partial slots a step:
-    their slots run from the first request's first to the last one's last."""
+    their slots run from the first request's first to the last one's last. (The first step
+    straight-line, the rest a loop: within -0.1 to +0.1 us a layer, H200 call 7 of the folder
+    named in `_slot_step`.)"""
     lo = tl.min(tl.where(ends > first, first, 2147483647), 0)
     hi = tl.max(tl.where(ends > first, ends, 0), 0)
-    offs_s = tl.arange(0, SLOTS)
     for s0 in range(lo, hi, SLOTS):
-        slots = s0 + offs_s
-        mine = (slots[None, :] >= first[:, None]) & (slots[None, :] < ends[:, None])  # [BLOCK_M, SLOTS]
-        # Every slot up to hi is read. One that no request names (a request of no keys, between
-        # two that have some) weighs nought, but its memory may hold anything, and a value that
-        # is not finite times nought is not nought: such values read as 0. Masking the loads to
-        # the named slots instead (a reduction over the rows and two layout changes a step) was
-        # 0.3-0.5 us a layer longer wherever this merge serves (RANGE_MASK in calls 2-4 of
-        # benchmarks/results/h200-2026-11-27-mla-range-mask).
-        in_range = slots < hi
-        part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=in_range[:, None],
-                       other=0.0, cache_modifier=".cg")  # [SLOTS, RANK]
-        part = tl.where(tl.abs(part) < float("inf"), part, 0.0)
-        lse = tl.load(MidLseHead + slots, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-        scores = tl.where(mine, lse[None, :], float("-inf"))
-        new_max = tl.maximum(lse_max, tl.max(scores, 1))
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        rescale = tl.exp2(lse_max - safe_max)
-        weights = tl.exp2(scores - safe_max[:, None])
-        total = total * rescale + tl.sum(weights, 1)
-        # The weights as two bf16 parts, so that the products keep about 16 bits of each.
-        high = weights.to(part.dtype)
-        low = (weights - high.to(tl.float32)).to(part.dtype)
-        acc = tl.dot(low, part, tl.dot(high, part, acc * rescale[:, None]))
-        lse_max = new_max
+        acc, total, lse_max = _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
+                                         stride_ms, offs_r, SLOTS)
     return acc, total, lse_max
 
 
@@ -175,6 +190,7 @@ def _merge_project_kernel(
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, TRACE: tl.constexpr = False,
+    PRODUCT_T: tl.constexpr = False,
 ):
     head = tl.program_id(0)
     # TRACE (benchmarks/probe_mla_projection_timeline.py): the SM, then stamps at the start, once
@@ -189,7 +205,10 @@ def _merge_project_kernel(
     offs_r = tl.arange(0, RANK)
     # Neither the weights nor the step's plan (written before stage 1 ran) depend on stage 1:
     # loaded while it finishes.
-    w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
+    if PRODUCT_T:
+        w = tl.load(W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])  # [BLOCK_V, RANK]
+    else:
+        w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
     in_batch = (rows < batch) & (lanes < requests_a_program)
     first = tl.load(Requests + 2 * rows, mask=in_batch, other=0)
     chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
@@ -228,7 +247,10 @@ def _merge_project_kernel(
     merged = (acc / tl.where(total > 0, total, 1.0)[:, None]).to(W.dtype.element_ty)
     if TRACE:
         trace_store(Trace, program, 4, stamp_after(tl.sum(total, 0)))
-    o = tl.dot(merged, w)
+    if PRODUCT_T:
+        o = tl.trans(tl.dot(w, tl.trans(merged)))
+    else:
+        o = tl.dot(merged, w)
     if TRACE:
         trace_store(Trace, program, 5, stamp_after(tl.sum(tl.sum(o, 1), 0)))
     tl.store(Out + rows[:, None] * stride_ot + head * V + offs_v[None, :], o.to(Out.dtype.element_ty),
@@ -260,7 +282,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         requests if trace is None else trace,
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
-        SLOTS=SLOTS, TRACE=trace is not None, **dependent_launch(out.device),
+        SLOTS=SLOTS, TRACE=trace is not None, PRODUCT_T=PRODUCT_T, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
 
