@@ -93,8 +93,8 @@ SLOT_STAGES = 3
 # The product taken transposed (True): the weights' rows [BLOCK_V, RANK] times the merged rows'
 # transpose, which Hopper runs as a warpgroup MMA (64 columns as its rows), then transposed
 # back; else merged [BLOCK_M, RANK] times the weights' transpose, one MMA chain of RANK / 16 steps
-# a warp. Transposed was 0.06-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
-# benchmarks/results/h200-h100-2026-11-27-mla-range-mask).
+# a warp. Transposed was 0.05-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
+# benchmarks/results/h200-h100-2026-11-27-mla-range-mask; H100 call 8: 0.06-0.27).
 PRODUCT_T = True
 
 
@@ -149,7 +149,7 @@ def _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
     # two that have some) weighs nought, but its memory may hold anything, and a value that
     # is not finite times nought is not nought: such values read as 0. Masking the loads to
     # the named slots instead (a reduction over the rows and two layout changes a step) was
-    # 0.3-0.5 us a layer longer wherever this merge serves (calls 2-4 of
+    # 0.27-0.47 us a layer longer wherever this merge serves (calls 2-4 of
     # benchmarks/results/h200-h100-2026-11-27-mla-range-mask).
     in_range = slots < hi
     part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=in_range[:, None],
@@ -174,8 +174,8 @@ def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, strid
                  SLOTS: tl.constexpr):
     """The running merge over every chunk of the program's requests, SLOTS partial slots a step:
     their slots run from the first request's first to the last one's last. (The first step
-    straight-line, the rest a loop: within -0.1 to +0.1 us a layer, H200 call 7 of the folder
-    named in `_slot_step`.)"""
+    straight-line, the rest a loop: -0.12 to +0.13 us a layer, H200 call 7 of the folder named
+    in `_slot_step`.)"""
     lo = tl.min(tl.where(ends > first, first, 2147483647), 0)
     hi = tl.max(tl.where(ends > first, ends, 0), 0)
     for s0 in range(lo, hi, SLOTS):
