@@ -44,7 +44,7 @@ POINTERS = {
     "Logits": "*fp32", "Weights": "*fp32", "Ids": "*i32", "Counts": "*i32", "Cursor": "*i32",
     "SortedPairIds": "*i32", "BlockExperts": "*i32", "NumPadded": "*i32", "Y": "*fp32",
     "A": "*bf16", "B": "*bf16", "C": "*bf16", "sorted_pair_ids": "*i32", "block_experts": "*i32",
-    "num_padded": "*i32", "pair_weights": "*fp32", "Entries": "*i32", "Requests": "*i32", "Done": "*i32",
+    "num_padded": "*i32", "pair_weights": "*fp32", "Entries": "*i32", "Requests": "*i32",
 }
 # qwen3-30b-a3b's experts: 128 of width 768 over a hidden size of 2,048, 8 a token
 EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
@@ -170,10 +170,6 @@ def mla_decode_cases() -> dict[str, tuple]:
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "RELEASE_AT_START": not gluon_mla_wgmma.RELEASE_AT_START},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
-        # Each slot's flag set once its partial is stored (mla_merge_projection.AWAIT).
-        found["mla decode gluon wgmma stage 1 flat, unmerged, done flags"] = (
-            gluon_mla_wgmma._mla_decode_stage1_wgmma, {**found[shipped_flat][1], "DONE": True},
-            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The first tile's slots before the wait (the other setting of SLOTS_EARLY).
         found["mla decode gluon wgmma stage 1 flat, unmerged, slots early other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
@@ -185,16 +181,14 @@ def mla_decode_cases() -> dict[str, tuple]:
          "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
          "ENTRY_INTS": mla_flat_plan.ENTRY, "PDL": True},
         4, 1)
-    for pdl, by_slots, traced, wait in ((True, False, False, 0), (False, False, False, 0), (True, True, False, 0),
-                                        (True, True, True, 0), (True, True, False, 1), (True, True, False, 2),
-                                        (True, False, False, 2), (True, True, True, 1)):
-        found[f"mla decode merge in the value projection pdl={pdl} by slots={by_slots} traced={traced} "
-              f"await={wait}"] = (
+    for pdl, by_slots, traced in ((True, False, False), (False, False, False), (True, True, False),
+                                  (True, True, True)):
+        found[f"mla decode merge in the value projection pdl={pdl} by slots={by_slots} traced={traced}"] = (
             mla_merge_projection._merge_project_kernel,
             {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
              "BLOCK_V": mla_merge_projection.BLOCK_V, "GROUP": mla_merge_projection.MERGE_GROUP, "PDL": pdl,
              "BY_SLOTS": by_slots, "SLOTS": mla_merge_projection.SLOTS, "TRACE": traced,
-             "PRODUCT_T": mla_merge_projection.PRODUCT_T, "AWAIT": wait},
+             "PRODUCT_T": mla_merge_projection.PRODUCT_T},
             mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1,
             {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):

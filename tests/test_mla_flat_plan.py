@@ -85,18 +85,3 @@ def test_a_forward_s_layers_share_one_plan():
     # Other lengths' tensors, or another least chunk, are another plan.
     assert flat_plan(lens.clone(), rows, PROGRAMS, MIN_CHUNK, BLOCK_N, memo).fresh
     assert flat_plan(lens, rows, PROGRAMS, 2 * MIN_CHUNK, BLOCK_N, memo).fresh
-
-
-@pytest.mark.parametrize("name", ["equal", "zero and tiny lengths", "a whole SM's worth"])
-def test_the_plan_zeroes_a_flag_for_every_slot(monkeypatch, name):
-    # Stage 1 sets a slot's flag to its layer's token once the partial is stored, and the
-    # projection waits for it: each forward's plan starts them all at zero, whatever the memory
-    # held before (here -1 in every new tensor).
-    real_empty = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *args, **kwargs: real_empty(*args, **kwargs).fill_(-1))
-    lens = BATCHES[name]
-    plan, _ = plan_of(lens)
-    assert plan.done.shape == (PROGRAMS + len(lens),) and plan.done.dtype == torch.int32
-    assert plan.done.tolist() == [0] * (PROGRAMS + len(lens))
-    # Its own storage, apart from the entries and the requests it is planned with.
-    assert plan.entries[:, :len(FIELDS)].min() >= 0 and plan.requests.min() >= 0

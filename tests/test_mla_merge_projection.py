@@ -178,47 +178,6 @@ def test_a_later_layer_reads_the_plan_the_first_planned_before_its_wait(monkeypa
         assert after_wait == [True, False, False] and len({e.data_ptr() for e in entries}) == 1 and len(memo) == 1
 
 
-@pytest.mark.parametrize("memo", [{}, None])
-def test_where_the_projection_awaits_flags_each_layer_sets_and_awaits_its_own_token(monkeypatch, memo):
-    # With dependent launches (stood in for here) stage 1 sets each slot's flag in the plan's
-    # `done` to the layer's token and the projection waits for it: 1, 2, 3 for three layers
-    # sharing a forward's plan, whose kernel zeroes the flags once; 1 each where every layer plans.
-    from test_gluon_mla import _RecordingKernel
-
-    from cgtool.attention import mla_merge_projection
-
-    monkeypatch.setattr(mla_merge_projection, "dependent_launch", lambda device: {"PDL": True, "launch_pdl": True})
-    stage1 = _RecordingKernel()
-    _, projection = _decode_projected_on_cpu(monkeypatch, 20, stage1, memo, layers=3)
-    assert [launch["DONE"] for launch in stage1.launches] == [True] * 3
-    tokens = [launch["token"] for launch in stage1.launches]
-    assert tokens == ([1, 2, 3] if memo is not None else [1, 1, 1])
-    for launch, merge in zip(stage1.launches, projection, strict=True):
-        done, token = merge["args"][14], merge["args"][15]
-        assert done is launch["Done"] and token == launch["token"] and merge["AWAIT"] == mla_merge_projection.AWAIT
-        assert done.shape == (launch["grid"][0],)  # a flag a slot of stage 1's programs
-    # Without dependent launches the projection runs after stage 1's end: no flags.
-    monkeypatch.setattr(mla_merge_projection, "dependent_launch", lambda device: {"PDL": False})
-    stage1 = _RecordingKernel()
-    _, projection = _decode_projected_on_cpu(monkeypatch, 20, stage1, memo, layers=1)
-    assert stage1.launches[0]["DONE"] is False and projection[0]["AWAIT"] == 0
-
-
-def test_a_layer_s_token_counts_the_layers_sharing_the_plan():
-    from cgtool.attention.mla_flat_plan import FlatPlan
-    from cgtool.attention.mla_merge_projection import layer_token
-
-    def plan(fresh: bool, store: torch.Tensor) -> FlatPlan:
-        return FlatPlan(store[:8].view(1, 8), store[8:10].view(1, 2), store[10:], fresh)
-
-    store, other = torch.zeros(12, dtype=torch.int32), torch.zeros(12, dtype=torch.int32)
-    memo: dict = {}
-    assert [layer_token(plan(i == 0, store), memo) for i in range(4)] == [1, 2, 3, 4]
-    # The next forward's plan (fresh, zeroed again) starts over, another plan counts apart.
-    assert layer_token(plan(True, store), memo) == 1 and layer_token(plan(True, other), memo) == 1
-    assert layer_token(plan(False, store), memo) == 2 and layer_token(plan(False, store), None) == 1
-
-
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):
     from test_gluon_mla import _RefusingKernel
 

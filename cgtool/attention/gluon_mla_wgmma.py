@@ -361,7 +361,7 @@ if gluon is not None:
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
-        SLOTS_EARLY: gl.constexpr = False, Done=None, token=0, DONE: gl.constexpr = False,
+        SLOTS_EARLY: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -428,11 +428,6 @@ if gluon is not None:
                     _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, part_row, head_block, first + split,
                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
                                      BLOCK_H, PARTIAL_VEC)
-            if DONE:
-                # The slot's flag, set once every thread's stores are issued, released after them;
-                # an empty chunk's too, as the projection waits on every slot in its range.
-                cta_barrier()
-                gl.atomic_xchg(Done + first + split, token, sem="release", scope="gpu")
             if FUSED_MERGE and not direct:
                 # The request's first partial, log-sum-exp and output row, as row 0 of each.
                 _ticket_then_merge(MidOut + part_row * stride_mb + first * stride_ms,
@@ -462,7 +457,7 @@ def launch_stage1(
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
     trace: torch.Tensor | None = None, flat: bool | None = None, plan: FlatPlan | None = None,
-    memo: dict[object, Any] | None = None, done_token: int = 0,
+    memo: dict[object, Any] | None = None,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (partials, tickets, dependent launch) with
     WGMMA_TILES and `block_h` BLOCK_H: the batch's key tiles are shared among `programs`
@@ -475,8 +470,7 @@ def launch_stage1(
     to compile the kernel; from then on `refused` says so, with one RuntimeWarning. `trace`
     (int64, TRACE_SLOTS a program of the grid) takes the programs' timestamps (benchmarks).
     Flat and without tickets nothing merges: mla_merge_projection.merge_project does, from the
-    plan's requests, released once each program's loop is done. With `done_token` (flat, no
-    tickets) each working program then sets its slot's flag in `plan.done` to it."""
+    plan's requests, released once each program's loop is done."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -486,7 +480,6 @@ def launch_stage1(
         assert mid_lse.shape[-1] >= flat_slots(bs, programs), "one partial slot a flat program"
         plan = plan or flat_plan(seq_lens, req_pool_indices, programs, min_chunk, block_n, memo)
     assert plan is None or flat, "a plan is the flat launch's"
-    assert not done_token or (flat and tickets is None), "flags are the unmerged flat launch's"
     grid = (programs + bs, 1, 1) if flat else (bs, cdiv(num_heads, block_h), num_kv_splits)
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     return gluon_mla.launch_or_refuse(
@@ -501,7 +494,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES,
-        Done=plan.done if done_token else mid_lse, token=done_token, DONE=bool(done_token),
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),

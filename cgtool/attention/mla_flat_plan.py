@@ -12,10 +12,6 @@ for the step (`flat_plan`, memoised on the forward as triton_decode's chunk plan
   count, also before its wait: they used to come from stage 1 after it, one more round trip
   to L2 on the path from stage 1's end to the projection's product.
 
-It also zeroes the step's `done` flags, one a slot: a stage 1 program sets its slot's to the
-layer's token once its partial is stored, and the projection's programs wait for their own
-slots' flags rather than for stage 1's whole grid (mla_merge_projection.AWAIT).
-
 The kernel that computes it is the mapping's one definition; `flat_plan_ref` restates it in
 Python for the tests.
 """
@@ -45,7 +41,7 @@ BLOCK_PROGRAMS = 64  # entries a program of the plan kernel writes
 
 @triton.jit
 def _flat_plan_kernel(
-    seq_lens, req_pool_indices, Entries, Requests, Done, batch,
+    seq_lens, req_pool_indices, Entries, Requests, batch,
     BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     BLOCK_P: tl.constexpr, ENTRY_INTS: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -85,7 +81,6 @@ def _flat_plan_kernel(
     tl.store(entry + 4, tl.sum(tl.where(mine, keys[None, :], 0), 1), mask=in_grid)
     tl.store(entry + 5, tl.sum(tl.where(mine, lens[None, :], 0), 1), mask=in_grid)
     tl.store(entry + 6, tl.sum(tl.where(mine, pool_rows[None, :], 0), 1), mask=in_grid)
-    tl.store(Done + programs, 0, mask=in_grid)
     wait_for_previous_kernel(PDL)
 
 
@@ -95,14 +90,12 @@ _FLAT_PLAN = CachedKernel(_flat_plan_kernel)
 @dataclass(frozen=True)
 class FlatPlan:
     """A step's flat mapping on the GPU: `entries` int32 [programs + bs, ENTRY] (FIELDS, then
-    padding), `requests` int32 [bs, 2] (first slot, chunks; 0 chunks for a request of no keys),
-    `done` int32 [programs + bs], a flag a slot, zeroed by the plan kernel.
+    padding), `requests` int32 [bs, 2] (first slot, chunks; 0 chunks for a request of no keys).
     `fresh`: launched by this call, just before the stage 1 that reads it, which must then
     read it after its wait (the plan kernel is the kernel it follows) rather than before."""
 
     entries: torch.Tensor
     requests: torch.Tensor
-    done: torch.Tensor
     fresh: bool
 
 
@@ -118,13 +111,12 @@ def flat_plan(
     key = ("mla_flat_plan", seq_lens.data_ptr(), req_pool_indices.data_ptr(), bs, programs, min_chunk, block_n)
     found = memo.get(key) if memo is not None else None
     if found is not None:
-        return FlatPlan(found.entries, found.requests, found.done, fresh=False)
+        return FlatPlan(found.entries, found.requests, fresh=False)
     total = programs + bs
-    store = torch.empty(total * (ENTRY + 1) + 2 * bs, dtype=torch.int32, device=seq_lens.device)
-    entries, rest = store[: total * ENTRY], store[total * ENTRY:]
-    plan = FlatPlan(entries.view(total, ENTRY), rest[: 2 * bs].view(bs, 2), rest[2 * bs:], fresh=True)
+    store = torch.empty(total * ENTRY + 2 * bs, dtype=torch.int32, device=seq_lens.device)
+    plan = FlatPlan(store[: total * ENTRY].view(total, ENTRY), store[total * ENTRY:].view(bs, 2), fresh=True)
     _FLAT_PLAN.launch(
-        (cdiv(total, BLOCK_PROGRAMS),), seq_lens, req_pool_indices, plan.entries, plan.requests, plan.done, bs,
+        (cdiv(total, BLOCK_PROGRAMS),), seq_lens, req_pool_indices, plan.entries, plan.requests, bs,
         BLOCK_N=block_n, MIN_CHUNK=min_chunk, PROGRAMS=programs, BATCH_BLOCK=triton.next_power_of_2(bs),
         BLOCK_P=BLOCK_PROGRAMS, ENTRY_INTS=ENTRY, **dependent_launch(seq_lens.device), num_warps=4, num_stages=1,
     )

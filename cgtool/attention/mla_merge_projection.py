@@ -31,16 +31,12 @@ import triton
 import triton.language as tl
 
 from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
-from cgtool.attention.mla_flat_plan import FlatPlan, flat_plan
+from cgtool.attention.mla_flat_plan import flat_plan
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_softmax import LOG2_E
 from cgtool.runtime.dependent_launch import dependent_launch, wait_for_previous_kernel
 from cgtool.runtime.kernel_trace import sm_id, stamp_after, trace_store
 from cgtool.runtime.triton_launch import CachedKernel, cdiv
-
-# After a relaxed read of a flag set with release semantics, an acquire fence: the PTX memory
-# model's acquire pattern. (It returns its operand only to give the asm an input.)
-ACQUIRE_ASM = tl.constexpr("fence.acq_rel.gpu;\n\tmov.b32 $0, $1;")
 
 # Rows (requests) and value columns a program, chunks merged a step, warps. 16 rows is the least
 # tl.dot takes. 64 columns (two programs a head and 16-row block) against 32, H200, three
@@ -100,27 +96,6 @@ SLOT_STAGES = 3
 # a warp. Transposed was 0.05-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
 # benchmarks/results/h200-h100-2026-11-27-mla-range-mask; H100 call 8: 0.06-0.27).
 PRODUCT_T = True
-# How the projection's programs wait for stage 1's partials: 0, for stage 1's whole grid to end
-# (griddepcontrol.wait); 1, for the flags of their own requests' slots (stage 1 sets a slot's
-# flag once its partial is stored, mla_flat_plan zeroes them once a forward), all of them before
-# the merge; 2, for each step's slots before that step. With flags a program whose requests are
-# done starts its merge while stage 1's slowest programs still run. It still waits for stage 1's
-# grid after its store, so that the kernels after it follow a finished stage 1.
-AWAIT = 1
-
-
-@triton.jit
-def _await_slots(Done, slots, wanted, token):
-    """Spins until each wanted slot's flag holds `token` (its partial is stored), then fences, so
-    that the partials read after it are the ones stage 1 stored before setting the flags.
-    Volatile loads rather than atomics: many programs poll the same flags. A thread may read
-    partials whose flags only another thread read: the barrier after each thread's fence
-    carries that thread's acquire to the rest."""
-    seen = tl.load(Done + slots, mask=wanted, other=0, volatile=True)
-    while tl.sum(tl.where(wanted & (seen != token), 1, 0)) > 0:
-        seen = tl.load(Done + slots, mask=wanted, other=0, volatile=True)
-    tl.inline_asm_elementwise(ACQUIRE_ASM, "=r,r", [tl.sum(seen)], dtype=tl.int32, is_pure=False, pack=1)
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -196,7 +171,7 @@ def _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
 
 @triton.jit
 def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, stride_ms, offs_r,
-                 SLOTS: tl.constexpr, Done, token, AWAIT_STEPS: tl.constexpr):
+                 SLOTS: tl.constexpr):
     """The running merge over every chunk of the program's requests, SLOTS partial slots a step:
     their slots run from the first request's first to the last one's last. (The first step
     straight-line, the rest a loop: -0.12 to +0.13 us a layer, H200 call 7 of the folder named
@@ -204,31 +179,18 @@ def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, strid
     lo = tl.min(tl.where(ends > first, first, 2147483647), 0)
     hi = tl.max(tl.where(ends > first, ends, 0), 0)
     for s0 in range(lo, hi, SLOTS):
-        if AWAIT_STEPS:
-            slots = s0 + tl.arange(0, SLOTS)
-            _await_slots(Done, slots, slots < hi, token)
         acc, total, lse_max = _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
                                          stride_ms, offs_r, SLOTS)
     return acc, total, lse_max
 
 
 @triton.jit
-def _await_program_slots(Done, first, chunks, token, SLOTS: tl.constexpr):
-    """_await_slots over every slot of the program's requests, SLOTS at a time."""
-    lo = tl.min(tl.where(chunks > 0, first, 2147483647), 0)
-    hi = tl.max(tl.where(chunks > 0, first + chunks, 0), 0)
-    for s0 in range(lo, hi, SLOTS):
-        slots = s0 + tl.arange(0, SLOTS)
-        _await_slots(Done, slots, slots < hi, token)
-
-
-@triton.jit
 def _merge_project_kernel(
     MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
-    stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace, Done, token,
+    stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, TRACE: tl.constexpr = False,
-    PRODUCT_T: tl.constexpr = False, AWAIT: tl.constexpr = 0,
+    PRODUCT_T: tl.constexpr = False,
 ):
     head = tl.program_id(0)
     # TRACE (benchmarks/probe_mla_projection_timeline.py): the SM, then stamps at the start, once
@@ -252,10 +214,7 @@ def _merge_project_kernel(
     chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
     if TRACE:
         trace_store(Trace, program, 2, stamp_after(tl.sum(first + chunks, 0)))
-    if AWAIT == 0:
-        wait_for_previous_kernel(PDL)
-    elif AWAIT == 1 or not BY_SLOTS:
-        _await_program_slots(Done, first, chunks, token, SLOTS)
+    wait_for_previous_kernel(PDL)
     if TRACE:
         trace_store(Trace, program, 3, stamp_after(program))
     lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -275,13 +234,11 @@ def _merge_project_kernel(
         # layer longer at bs 24-48 x 1k (H100, call 7 against calls 8-9 of the folder named at
         # BY_SLOTS, another machine, where the build before's times agreed to 0.1 us).
         if most <= GROUP:
-            if AWAIT == 2:
-                _await_program_slots(Done, first, chunks, token, SLOTS)
             p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, 0, chunks, stride_ms, offs_r)
             acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
         else:
             acc, total, lse_max = _weigh_slots(acc, total, lse_max, out_head, lse_head, first, first + chunks,
-                                               stride_ms, offs_r, SLOTS, Done, token, AWAIT == 2)
+                                               stride_ms, offs_r, SLOTS)
     else:
         for c0 in range(0, most, GROUP):
             p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, c0, chunks, stride_ms, offs_r)
@@ -298,60 +255,36 @@ def _merge_project_kernel(
         trace_store(Trace, program, 5, stamp_after(tl.sum(tl.sum(o, 1), 0)))
     tl.store(Out + rows[:, None] * stride_ot + head * V + offs_v[None, :], o.to(Out.dtype.element_ty),
              mask=in_batch[:, None])
-    if AWAIT != 0:
-        wait_for_previous_kernel(PDL)
 
 
 _MERGE_PROJECT = CachedKernel(_merge_project_kernel)
 
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
-                  out: torch.Tensor, trace: torch.Tensor | None = None, done: torch.Tensor | None = None,
-                  token: int = 0) -> None:
+                  out: torch.Tensor, trace: torch.Tensor | None = None) -> None:
     """out [bs, heads * v] = each head's merged latent output [bs, rank] times w_uv[head]
     ([heads, v, rank], rows at any stride): the partials `mid_out` [1, heads, slots, rank] and
     `mid_lse` [1, heads, slots] of the requests' chunks, `requests` [bs, 2] int32 (first slot,
     chunks; a request of no chunks gets zeros: the step's `FlatPlan.requests`, written before
     stage 1 ran). Launched as a programmatic dependent of stage 1 where dependent launches run.
-    `trace` (int64, TRACE_SLOTS a program of `projection_programs`) takes the programs' stamps.
-    With `done` (the plan's flags, which stage 1 sets to `token`; see `awaits`) the programs
-    wait for their slots' flags (AWAIT) rather than for stage 1's grid."""
+    `trace` (int64, TRACE_SLOTS a program of `projection_programs`) takes the programs' stamps."""
     heads, v, rank = w_uv.shape
     bs = requests.shape[0]
     assert mid_out.shape[1] == heads and mid_out.shape[-1] == rank and mid_out.stride(-1) == 1
     assert w_uv.stride(-1) == 1 and out.shape == (bs, heads * v) and out.stride(-1) == 1
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
-    launch = dependent_launch(out.device)
-    assert done is None or (token > 0 and launch["PDL"]), "flags are awaited by a dependent launch"
     per_program = requests_a_program(bs)
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     _MERGE_PROJECT.launch(
         grid, mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
-        requests if trace is None else trace, requests if done is None else done, token,
+        requests if trace is None else trace,
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
-        SLOTS=SLOTS, TRACE=trace is not None, PRODUCT_T=PRODUCT_T, AWAIT=AWAIT if done is not None else 0,
-        **launch,
+        SLOTS=SLOTS, TRACE=trace is not None, PRODUCT_T=PRODUCT_T, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
-
-
-def awaits(device: torch.device) -> bool:
-    """Whether decode_projected's projection waits for stage 1's flags on `device` (AWAIT, and
-    launched as a dependent: launched after stage 1 has ended, it has nothing to wait for)."""
-    return AWAIT != 0 and bool(dependent_launch(device)["PDL"])
-
-
-def layer_token(plan: FlatPlan, memo: dict[object, Any] | None) -> int:
-    """The flag value of this layer of the forward, 1 for its first: the plan's flags are zeroed
-    once a forward, so each layer sharing them sets and awaits a value of its own."""
-    if memo is None:
-        return 1
-    key = ("mla_done_token", plan.done.data_ptr())
-    memo[key] = 1 if plan.fresh else memo.get(key, 0) + 1
-    return memo[key]
 
 
 def projection_programs(batch_size: int, heads: int, v: int) -> int:
@@ -414,13 +347,11 @@ def decode_projected(
                                       triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED, any_splits=True)
     plan = flat_plan(seq_lens, req_pool_indices, triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
                      gluon_mla_wgmma.WGMMA_TILES[0], memo)
-    token = layer_token(plan, memo) if awaits(q.device) else 0
     # Unmerged, stage 1 writes no output row: its `out` only names the rank.
     if not gluon_mla_wgmma.launch_stage1(
             q, latent_cache, mid_out, mid_lse, mid_out[0], None, req_to_token, req_pool_indices, seq_lens,
             sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
-            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan, done_token=token):
+            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
         return False
-    merge_project(mid_out, mid_lse, plan.requests, w_uv, out, projection_trace,
-                  plan.done if token else None, token)
+    merge_project(mid_out, mid_lse, plan.requests, w_uv, out, projection_trace)
     return True
