@@ -285,6 +285,51 @@ def assert_store_then_attention_replays(layers, outs: list[torch.Tensor], expect
 STORED = [1, 2, 31, 32, 33, 64, 65, 300, 1000, 4097, 513, 17]
 
 
+@dataclasses.dataclass
+class StoredBatch:
+    """A decode batch over a latent pool whose newest row a request is stored as a layer stores it."""
+
+    pool: object
+    rows: list[int]
+    pool_rows: torch.Tensor
+    lens: torch.Tensor
+    loc: torch.Tensor  # the newest rows' slots
+    new_rows: torch.Tensor  # [bs, 1, 576]
+    q: torch.Tensor  # [bs, 16, 576]
+
+    @property
+    def args(self) -> tuple:
+        """decode_projected's arguments after `out`: the pool's rows, lengths and scale."""
+        return self.pool.req_to_token, self.pool_rows, self.lens, 576**-0.5
+
+    def store(self) -> None:
+        """The newest rows' slots NaN, then kv_store's store, so a row read before it shows."""
+        from cgtool.runtime.kv_store import store_kv
+
+        cache = self.pool.k_buffers[0]
+        cache.index_fill_(0, self.loc, float("nan"))
+        store_kv(cache, None, self.loc, self.new_rows, None)
+
+
+def stored_batch(seq_lens: list[int], heads: int = 16) -> StoredBatch:
+    from test_triton_mla import latent_q
+
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
+    pool_rows = torch.tensor(rows, dtype=torch.int32, device=CUDA)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    loc = pool.req_to_token[pool_rows.long(), lens.long() - 1].long()
+    batch = StoredBatch(pool, rows, pool_rows, lens, loc, torch.randn(bs, 1, 576, device=CUDA).to(torch.bfloat16),
+                        latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576))
+    pool.k_buffers[0][loc] = batch.new_rows
+    return batch
+
+
+def up_projection(heads: int = 16) -> torch.Tensor:
+    """w_uv [heads, 128, 512], rows at a stride as a model's slice of its kv_b_proj."""
+    return (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+
+
 @pytest.mark.parametrize(("num_kv_splits", "seq_lens", "early"), [
     (4, STORED, False), (16, STORED, False),
     # gluon_mla_wgmma (17 requests on), its first tile's copies before or after the wait
@@ -294,26 +339,16 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
     # store releases at once (a dependent launch where they run). Before each store the new
     # rows' slots hold NaN, so a row read before the store wrote it shows. Eight such layers
     # in a graph, 20 replays, each the bits of the attention run alone.
-    from test_triton_mla import latent_q
-
     from cgtool.attention import gluon_mla_wgmma
     from cgtool.attention.triton_mla import mla_decode_attention
-    from cgtool.runtime.kv_store import store_kv
 
     monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
-    bs = len(seq_lens)
-    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
-    cache, r2t = pool.k_buffers[0], pool.req_to_token
-    pool_rows = torch.tensor(rows, dtype=torch.int32, device=CUDA)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
-    loc = r2t[pool_rows.long(), lens.long() - 1].long()
-    new_rows = torch.randn(bs, 1, 576, device=CUDA).to(torch.bfloat16)
-    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
-    args = (r2t, pool_rows, lens, 576**-0.5, num_kv_splits)
-    cache[loc] = new_rows
-    _, ref = run_decode(pool, rows, seq_lens, 16)
+    bs, batch = len(seq_lens), stored_batch(seq_lens)
+    cache = batch.pool.k_buffers[0]
+    args = (*batch.args, num_kv_splits)
+    _, ref = run_decode(batch.pool, batch.rows, seq_lens, 16)
     expected = torch.empty(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
-    mla_decode_attention(q, cache, expected, *args)
+    mla_decode_attention(batch.q, cache, expected, *args)
     assert_attention_close(expected.view(bs, -1), ref, atol=2e-2)
 
     outs = [torch.empty_like(expected) for _ in range(8)]
@@ -321,9 +356,8 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
     def layers() -> None:
         memo: dict = {}  # one forward's: its first layer plans the flat chunks, the rest read them
         for out in outs:
-            cache.index_fill_(0, loc, float("nan"))
-            store_kv(cache, None, loc, new_rows, None)
-            mla_decode_attention(q, cache, out, *args, memo=memo)
+            batch.store()
+            mla_decode_attention(batch.q, cache, out, *args, memo=memo)
 
     assert_store_then_attention_replays(layers, outs, expected)
 
@@ -334,36 +368,25 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
     # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
-    from test_triton_mla import latent_q
-
     from cgtool.attention import gluon_mla, gluon_mla_wgmma
     from cgtool.attention.mla_merge_projection import decode_projected
-    from cgtool.runtime.kv_store import store_kv
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
-    bs, heads = len(seq_lens), 16
-    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
-    cache, r2t = pool.k_buffers[0], pool.req_to_token
-    pool_rows = torch.tensor(rows, dtype=torch.int32, device=CUDA)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
-    loc = r2t[pool_rows.long(), lens.long() - 1].long()
-    new_rows = torch.randn(bs, 1, 576, device=CUDA).to(torch.bfloat16)
-    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
-    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
-    cache[loc] = new_rows
-    expected = torch.empty(bs, heads * 128, dtype=torch.bfloat16, device=CUDA)
-    assert decode_projected(q, cache, w_uv, expected, r2t, pool_rows, lens, 576**-0.5)
+    batch, w_uv = stored_batch(seq_lens), up_projection()
+    cache = batch.pool.k_buffers[0]
+    args = batch.args
+    expected = torch.empty(len(seq_lens), 16 * 128, dtype=torch.bfloat16, device=CUDA)
+    assert decode_projected(batch.q, cache, w_uv, expected, *args)
     assert not expected.isnan().any()
     outs = [torch.empty_like(expected) for _ in range(8)]
 
     def layers() -> None:
         memo: dict = {}  # one forward's: its first layer plans the flat chunks, the rest read them
         for out in outs:
-            cache.index_fill_(0, loc, float("nan"))
-            store_kv(cache, None, loc, new_rows, None)
-            decode_projected(q, cache, w_uv, out, r2t, pool_rows, lens, 576**-0.5, memo=memo)
+            batch.store()
+            decode_projected(batch.q, cache, w_uv, out, *args, memo=memo)
 
     assert_store_then_attention_replays(layers, outs, expected)
 
@@ -375,8 +398,6 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
     # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
-    from test_triton_mla import latent_q
-
     from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
@@ -384,12 +405,10 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     bs, heads, v = len(seq_lens), 16, 128
-    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
-    _, ref = run_decode(pool, rows, seq_lens, heads)
-    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
-    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
-    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
-            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5)
+    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
+    pool, q = batch.pool, batch.q
+    _, ref = run_decode(pool, batch.rows, seq_lens, heads)
+    args = batch.args
     fused = torch.empty(bs, heads * v, dtype=torch.bfloat16, device=CUDA)
     assert decode_projected(q, pool.k_buffers[0], w_uv, fused, *args)
     want = torch.einsum("bhr,hvr->bhv", ref.view(bs, heads, 512).float(), w_uv.float()).reshape(bs, -1)
@@ -414,8 +433,6 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     # it computes, and each program's must follow its steps: start, plan loaded, wait on stage 1
     # returned, merged, multiplied; the wait returns after every stage 1 program's loop ended.
     # Many chunks a request (the merge over slots), four or fewer (the step of four), a mix.
-    from test_triton_mla import latent_q
-
     from cgtool.attention import gluon_mla, triton_mla
     from cgtool.attention.mla_merge_projection import decode_projected, projection_programs
     from cgtool.runtime.kernel_trace import TRACE_SLOTS
@@ -423,11 +440,9 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     bs, heads, v = len(seq_lens), 16, 128
-    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
-    q = latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576)
-    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
-    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA),
-            torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5)
+    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
+    pool, q = batch.pool, batch.q
+    args = batch.args
     plain = torch.empty(bs, heads * v, dtype=torch.bfloat16, device=CUDA)
     assert decode_projected(q, pool.k_buffers[0], w_uv, plain, *args)
     stage1 = torch.zeros(triton_mla.WGMMA_PROGRAMS + bs, TRACE_SLOTS, dtype=torch.int64, device=CUDA)
@@ -458,11 +473,10 @@ def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     bs, heads = len(seq_lens), 16
-    pool, rows = latent_pool(seq_lens, heads, 512, 64, torch.bfloat16, CUDA)
-    qs = [latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576) for _ in range(4)]
-    w_uv = (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
-    args = (pool.req_to_token, torch.tensor(rows, dtype=torch.int32, device=CUDA), lens, 576**-0.5)
+    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
+    pool, lens = batch.pool, batch.lens
+    qs = [batch.q] + [latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576) for _ in range(3)]
+    args = batch.args
     outs = [torch.empty(bs, heads * 128, dtype=torch.bfloat16, device=CUDA) for _ in range(4)]
 
     def layers() -> None:
