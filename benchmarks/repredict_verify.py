@@ -3,9 +3,9 @@
     .venv/bin/python benchmarks/repredict_verify.py FOLDER [--efficiency-then 0.5]
         [--profile-from self|other-trace]
 
-FOLDER holds one sub-folder per run with `plan.json` (or `plan.json.xz`, as
-scripts/compact_results.py --pack leaves it) and `verify.json` (as gpu-check.sh's `memory`
-stage leaves them). With --profile-from the "now" column is predicted as `cgtool plan
+FOLDER holds one sub-folder per run with `plan.json` and `verify.json` (as gpu-check.sh's
+`memory` stage leaves them), either as `NAME.xz` where scripts/compact_results.py --pack
+packed it. With --profile-from the "now" column is predicted as `cgtool plan
 --profile verify.json` would, from the run's own verify.json (`self`) or from the other trace's
 run of the same model (`other-trace`). Per run, set and kind: the measured step mean, the prediction
 recorded then, and the roofline's prediction now, each weighted as verify weights its sampled
@@ -32,7 +32,26 @@ from cgtool.verify.steps import Step
 
 
 def _verify_json(run: Path) -> Path:
-    return run / "verify.json" if (run / "verify.json").exists() else run / "verify" / "verify.json"
+    """Where the run's verify.json is, or its packed copy (verify.json.xz) beside that name."""
+    for path in (run / "verify.json", run / "verify" / "verify.json"):
+        if path.exists() or path.with_name("verify.json.xz").exists():
+            return path
+    return run / "verify" / "verify.json"
+
+
+def _verify_text(run: Path) -> str:
+    path = _verify_json(run)
+    return path.read_text() if path.exists() else lzma.decompress(path.with_name("verify.json.xz").read_bytes()).decode()
+
+
+def _profile_path(run: Path) -> str:
+    """A path `plan --profile` can read: the run's verify.json, unpacked where it is packed."""
+    path = _verify_json(run)
+    if path.exists():
+        return str(path)
+    unpacked = Path(tempfile.mkdtemp(prefix="repredict-")) / "verify.json"
+    unpacked.write_text(_verify_text(run))
+    return str(unpacked)
 
 
 def _plan(run: Path):
@@ -55,18 +74,18 @@ def _profile_for(run: Path, runs: list[Path], profile_from: str | None) -> str |
     if profile_from is None:
         return None
     if profile_from == "self":
-        return str(_verify_json(run))
-    model = json.loads(_verify_json(run).read_text())["model"]["name"]
-    others = [r for r in runs if r != run and json.loads(_verify_json(r).read_text())["model"]["name"] == model]
-    return str(_verify_json(others[0])) if others else None
+        return _profile_path(run)
+    model = json.loads(_verify_text(run))["model"]["name"]
+    others = [r for r in runs if r != run and json.loads(_verify_text(r))["model"]["name"] == model]
+    return _profile_path(others[0]) if others else None
 
 
 def rows(folder: Path, profile_from: str | None = None) -> list[tuple[str, str, str, float, float, float]]:
     out = []
-    runs = sorted(p for p in folder.iterdir() if (p / "verify.json").exists() or (p / "verify" / "verify.json").exists())
+    runs = sorted(p for p in folder.iterdir() if p.is_dir() and (
+        _verify_json(p).exists() or _verify_json(p).with_name("verify.json.xz").exists()))
     for run in runs:
-        verify_json = _verify_json(run)
-        verify, plan = json.loads(verify_json.read_text()), _plan(run)
+        verify, plan = json.loads(_verify_text(run)), _plan(run)
         # The roofline, or a verify.json here: the recorded profile path was the GPU machine's.
         plan.inputs.profile = _profile_for(run, runs, profile_from)
         if profile_from and plan.inputs.profile is None:
