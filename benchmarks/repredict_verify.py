@@ -18,6 +18,7 @@ the method.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import lzma
 import tempfile
@@ -44,13 +45,19 @@ def _verify_text(run: Path) -> str:
     return path.read_text() if path.exists() else lzma.decompress(path.with_name("verify.json.xz").read_bytes()).decode()
 
 
+# Packed verify.json files unpacked for `plan --profile`, which reads a path; removed at exit.
+_UNPACKED = tempfile.TemporaryDirectory(prefix="repredict-")
+
+
 def _profile_path(run: Path) -> str:
     """A path `plan --profile` can read: the run's verify.json, unpacked where it is packed."""
     path = _verify_json(run)
     if path.exists():
         return str(path)
-    unpacked = Path(tempfile.mkdtemp(prefix="repredict-")) / "verify.json"
-    unpacked.write_text(_verify_text(run))
+    unpacked = Path(_UNPACKED.name) / hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16] / "verify.json"
+    if not unpacked.exists():
+        unpacked.parent.mkdir(parents=True)
+        unpacked.write_text(_verify_text(run))
     return str(unpacked)
 
 

@@ -8,7 +8,8 @@ from a file is unchanged. tests/test_benchmark_results.py holds the results fold
 
 Files over 8 KiB that no test and no page reads (stage logs, per-program stamps, replay step
 records, plans re-made from a profile) are kept as FILE.xz: `xz -dk FILE.xz` or `xzcat` gives
-the file back byte for byte. --pack does that to the files named.
+the file back byte for byte. --pack does that to the files named. So are the `verify.json`
+files that tests read only through benchmarks/repredict_verify.py, which unpacks them.
 
     python3 scripts/compact_results.py [FOLDER ...]
     python3 scripts/compact_results.py --pack FILE ...
