@@ -96,11 +96,6 @@ SLOT_STAGES = 3
 # a warp. Transposed was 0.05-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
 # benchmarks/results/h200-h100-2026-11-27-mla-range-mask; H100 call 8: 0.06-0.27).
 PRODUCT_T = True
-# The weights loaded once the first merge step's partials are asked for, after the wait on stage
-# 1 (True), rather than before the wait (False): the programs placed last, which start as stage
-# 1's slowest programs leave, read their weights after their start either way, and before the
-# wait Triton stores them to shared memory there, before the partials are asked for.
-W_AFTER_WAIT = False
 
 
 @triton.jit
@@ -156,24 +151,11 @@ def _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
     # the named slots instead (a reduction over the rows and two layout changes a step) was
     # 0.27-0.47 us a layer longer wherever this merge serves (calls 2-4 of
     # benchmarks/results/h200-h100-2026-11-27-mla-range-mask).
-    part, lse = _slot_loads(MidOutHead, MidLseHead, slots, hi, stride_ms, offs_r)
-    return _slot_weigh(acc, total, lse_max, part, lse, mine)
-
-
-@triton.jit
-def _slot_loads(MidOutHead, MidLseHead, slots, hi, stride_ms, offs_r):
-    """The partials [SLOTS, RANK] (a value not finite as 0) and log-sum-exps of `slots` below hi."""
     in_range = slots < hi
     part = tl.load(MidOutHead + slots[:, None] * stride_ms + offs_r[None, :], mask=in_range[:, None],
                    other=0.0, cache_modifier=".cg")  # [SLOTS, RANK]
     part = tl.where(tl.abs(part) < float("inf"), part, 0.0)
     lse = tl.load(MidLseHead + slots, mask=in_range, other=float("-inf"), cache_modifier=".cg")
-    return part, lse
-
-
-@triton.jit
-def _slot_weigh(acc, total, lse_max, part, lse, mine):
-    """The running merge with a step's loaded slots, each weighed into its request's row (`mine`)."""
     scores = tl.where(mine, lse[None, :], float("-inf"))
     new_max = tl.maximum(lse_max, tl.max(scores, 1))
     safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
@@ -203,41 +185,12 @@ def _weigh_slots(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, strid
 
 
 @triton.jit
-def _weights(W, head, offs_v, offs_r, stride_wh, stride_wv, PRODUCT_T: tl.constexpr):
-    """The head's up-projection rows offs_v: [BLOCK_V, RANK] (PRODUCT_T), else [RANK, BLOCK_V]."""
-    if PRODUCT_T:
-        w = tl.load(W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])
-    else:
-        w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])
-    return w
-
-
-@triton.jit
-def _weigh_slots_weights_after(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, stride_ms, offs_r,
-                               W, head, offs_v, stride_wh, stride_wv, SLOTS: tl.constexpr,
-                               PRODUCT_T: tl.constexpr):
-    """_weigh_slots with its first step straight-line and the weights loaded once that step's
-    partials are asked for, so that both reads are in flight together (W_AFTER_WAIT)."""
-    lo = tl.min(tl.where(ends > first, first, 2147483647), 0)
-    hi = tl.max(tl.where(ends > first, ends, 0), 0)
-    slots = lo + tl.arange(0, SLOTS)
-    part, lse = _slot_loads(MidOutHead, MidLseHead, slots, hi, stride_ms, offs_r)
-    w = _weights(W, head, offs_v, offs_r, stride_wh, stride_wv, PRODUCT_T)
-    mine = (slots[None, :] >= first[:, None]) & (slots[None, :] < ends[:, None])
-    acc, total, lse_max = _slot_weigh(acc, total, lse_max, part, lse, mine)
-    for s0 in range(lo + SLOTS, hi, SLOTS):
-        acc, total, lse_max = _slot_step(acc, total, lse_max, MidOutHead, MidLseHead, first, ends, hi, s0,
-                                         stride_ms, offs_r, SLOTS)
-    return acc, total, lse_max, w
-
-
-@triton.jit
 def _merge_project_kernel(
     MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
     stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
     RANK: tl.constexpr, V: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, GROUP: tl.constexpr,
     PDL: tl.constexpr, BY_SLOTS: tl.constexpr = False, SLOTS: tl.constexpr = 32, TRACE: tl.constexpr = False,
-    PRODUCT_T: tl.constexpr = False, W_AFTER: tl.constexpr = False,
+    PRODUCT_T: tl.constexpr = False,
 ):
     head = tl.program_id(0)
     # TRACE (benchmarks/probe_mla_projection_timeline.py): the SM, then stamps at the start, once
@@ -252,8 +205,10 @@ def _merge_project_kernel(
     offs_r = tl.arange(0, RANK)
     # Neither the weights nor the step's plan (written before stage 1 ran) depend on stage 1:
     # loaded while it finishes.
-    if not W_AFTER:
-        w = _weights(W, head, offs_v, offs_r, stride_wh, stride_wv, PRODUCT_T)
+    if PRODUCT_T:
+        w = tl.load(W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])  # [BLOCK_V, RANK]
+    else:
+        w = tl.load(W + head * stride_wh + offs_v[None, :] * stride_wv + offs_r[:, None])  # [RANK, BLOCK_V]
     in_batch = (rows < batch) & (lanes < requests_a_program)
     first = tl.load(Requests + 2 * rows, mask=in_batch, other=0)
     chunks = tl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
@@ -280,19 +235,11 @@ def _merge_project_kernel(
         # BY_SLOTS, another machine, where the build before's times agreed to 0.1 us).
         if most <= GROUP:
             p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, 0, chunks, stride_ms, offs_r)
-            if W_AFTER:
-                w = _weights(W, head, offs_v, offs_r, stride_wh, stride_wv, PRODUCT_T)
             acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
-        elif W_AFTER:
-            acc, total, lse_max, w = _weigh_slots_weights_after(
-                acc, total, lse_max, out_head, lse_head, first, first + chunks, stride_ms, offs_r,
-                W, head, offs_v, stride_wh, stride_wv, SLOTS, PRODUCT_T)
         else:
             acc, total, lse_max = _weigh_slots(acc, total, lse_max, out_head, lse_head, first, first + chunks,
                                                stride_ms, offs_r, SLOTS)
     else:
-        if W_AFTER:
-            w = _weights(W, head, offs_v, offs_r, stride_wh, stride_wv, PRODUCT_T)
         for c0 in range(0, most, GROUP):
             p0, p1, p2, p3, l0, l1, l2, l3 = _group(out_head, lse_head, first, c0, chunks, stride_ms, offs_r)
             acc, total, lse_max = _weigh(acc, total, lse_max, p0, p1, p2, p3, l0, l1, l2, l3)
@@ -335,8 +282,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         requests if trace is None else trace,
         RANK=rank, V=v, BLOCK_M=BLOCK_M, BLOCK_V=BLOCK_V, GROUP=MERGE_GROUP, BY_SLOTS=BY_SLOTS,
-        SLOTS=SLOTS, TRACE=trace is not None, PRODUCT_T=PRODUCT_T, W_AFTER=W_AFTER_WAIT,
-        **dependent_launch(out.device),
+        SLOTS=SLOTS, TRACE=trace is not None, PRODUCT_T=PRODUCT_T, **dependent_launch(out.device),
         num_warps=WARPS, num_stages=SLOT_STAGES if BY_SLOTS else 1,
     )
 
