@@ -362,21 +362,18 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
     assert_store_then_attention_replays(layers, outs, expected)
 
 
-@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36, STORED])
-def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early,
-                                                                               gluon):
+def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early):
     # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
-    from cgtool.attention import gluon_mla, gluon_mla_wgmma, mla_merge_projection
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma
     from cgtool.attention.mla_merge_projection import decode_projected
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
-    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
     batch, w_uv = stored_batch(seq_lens), up_projection()
     cache = batch.pool.k_buffers[0]
     args = batch.args
@@ -396,20 +393,17 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
                                       [300] * 7 + [9000]])
-@pytest.mark.parametrize("gluon", [False, True])
-def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(monkeypatch, seq_lens, gluon):
+def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(seq_lens):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
     # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
-    # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
-    from cgtool.attention import gluon_mla, mla_merge_projection
+    from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
-    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
     bs, heads, v = len(seq_lens), 16, 128
     batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, q = batch.pool, batch.q
@@ -463,9 +457,8 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     assert loops_end > 0 and (stamps[:, 3] >= loops_end).all()
 
 
-@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED])
-def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq_lens, gluon):
+def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
     # Four layers of decode_projected in a graph share one plan of the flat chunks (the first
     # plans, the rest read it before their wait) and, as a model's layers do, one block of
     # partials. Replayed with other lengths written into the same tensor, each layer's output is
@@ -474,12 +467,11 @@ def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq
     # layer's or replay's.
     from test_triton_mla import latent_q
 
-    from cgtool.attention import gluon_mla, mla_merge_projection
+    from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
-    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
     bs, heads = len(seq_lens), 16
     batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, lens = batch.pool, batch.lens

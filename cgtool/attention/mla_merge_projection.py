@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention import gluon_mla, gluon_mla_projection, gluon_mla_wgmma, triton_mla
+from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
 from cgtool.attention.mla_flat_plan import flat_plan
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_softmax import LOG2_E
@@ -96,9 +96,6 @@ SLOT_STAGES = 3
 # a warp. Transposed was 0.05-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
 # benchmarks/results/h200-h100-2026-11-27-mla-range-mask; H100 call 8: 0.06-0.27).
 PRODUCT_T = True
-# gluon_mla_projection's kernel where Gluon runs (and no stamps are asked for): the weights copied
-# to shared memory asynchronously while the program waits for stage 1.
-GLUON_KERNEL = False
 
 
 @triton.jit
@@ -278,9 +275,6 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
     per_program = requests_a_program(bs)
-    if GLUON_KERNEL and trace is None and gluon_mla.available(out.device):
-        gluon_mla_projection.merge_project(mid_out, mid_lse, requests, w_uv, out, BLOCK_M, BLOCK_V, per_program)
-        return
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     _MERGE_PROJECT.launch(
