@@ -16,6 +16,7 @@ from triton.compiler.errors import CompilationError
 
 from cgtool.attention import (
     gluon_mla,
+    gluon_mla_projection,
     gluon_mla_wgmma,
     mla_flat_plan,
     mla_merge_projection,
@@ -191,6 +192,14 @@ def mla_decode_cases() -> dict[str, tuple]:
              "PRODUCT_T": mla_merge_projection.PRODUCT_T},
             mla_merge_projection.WARPS, mla_merge_projection.SLOT_STAGES if by_slots else 1,
             {"MidOut": "*bf16", "Trace": "*i64"})
+    if gluon_mla.gluon is not None:
+        for traced in (False, True):
+            found[f"mla decode merge in the value projection, gluon, traced={traced}"] = (
+                gluon_mla_projection._merge_project_kernel,
+                {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
+                 "BLOCK_V": mla_merge_projection.BLOCK_V, "SLOTS": gluon_mla_projection.SLOTS, "PDL": True,
+                 "TRACE": traced},
+                gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

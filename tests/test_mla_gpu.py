@@ -325,6 +325,13 @@ def stored_batch(seq_lens: list[int], heads: int = 16) -> StoredBatch:
     return batch
 
 
+def use_gluon_projection(monkeypatch, gluon: bool) -> None:
+    """The value projection's Gluon kernel, or its Triton kernel."""
+    from cgtool.attention import mla_merge_projection
+
+    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
+
+
 def up_projection(heads: int = 16) -> torch.Tensor:
     """w_uv [heads, 128, 512], rows at a stride as a model's slice of its kv_b_proj."""
     return (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
@@ -362,9 +369,11 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
     assert_store_then_attention_replays(layers, outs, expected)
 
 
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36, STORED])
-def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early):
+def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early,
+                                                                               gluon):
     # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
@@ -374,6 +383,7 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
+    use_gluon_projection(monkeypatch, gluon)
     batch, w_uv = stored_batch(seq_lens), up_projection()
     cache = batch.pool.k_buffers[0]
     args = batch.args
@@ -393,17 +403,20 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
                                       [300] * 7 + [9000]])
-def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(seq_lens):
+@pytest.mark.parametrize("gluon", [False, True])
+def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(monkeypatch, seq_lens, gluon):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
     # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
+    # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
     from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    use_gluon_projection(monkeypatch, gluon)
     bs, heads, v = len(seq_lens), 16, 128
     batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, q = batch.pool, batch.q
@@ -427,18 +440,21 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
         torch.testing.assert_close(out, fused, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000]])
-def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_stamps(seq_lens):
+def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_stamps(monkeypatch, seq_lens, gluon):
     # The projection's stamps (benchmarks/probe_mla_projection_timeline.py) must not change what
     # it computes, and each program's must follow its steps: start, plan loaded, wait on stage 1
     # returned, merged, multiplied; the wait returns after every stage 1 program's loop ended.
-    # Many chunks a request (the merge over slots), four or fewer (the step of four), a mix.
+    # Many chunks a request (the merge over slots), four or fewer (the step of four), a mix; the
+    # Triton kernel and the Gluon one.
     from cgtool.attention import gluon_mla, triton_mla
     from cgtool.attention.mla_merge_projection import decode_projected, projection_programs
     from cgtool.runtime.kernel_trace import TRACE_SLOTS
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    use_gluon_projection(monkeypatch, gluon)
     bs, heads, v = len(seq_lens), 16, 128
     batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, q = batch.pool, batch.q
@@ -457,8 +473,9 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     assert loops_end > 0 and (stamps[:, 3] >= loops_end).all()
 
 
+@pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED])
-def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
+def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq_lens, gluon):
     # Four layers of decode_projected in a graph share one plan of the flat chunks (the first
     # plans, the rest read it before their wait) and, as a model's layers do, one block of
     # partials. Replayed with other lengths written into the same tensor, each layer's output is
@@ -472,6 +489,7 @@ def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(seq_lens):
 
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    use_gluon_projection(monkeypatch, gluon)
     bs, heads = len(seq_lens), 16
     batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, lens = batch.pool, batch.lens

@@ -178,6 +178,29 @@ def test_a_later_layer_reads_the_plan_the_first_planned_before_its_wait(monkeypa
         assert after_wait == [True, False, False] and len({e.data_ptr() for e in entries}) == 1 and len(memo) == 1
 
 
+@pytest.mark.parametrize("gluon", [True, False])
+def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluon):
+    # GLUON_KERNEL: on a GPU that runs Gluon, gluon_mla_projection's kernel over the same grid
+    # and requests a program (stamps included); elsewhere, or turned off, the Triton kernel.
+    from cgtool.attention import gluon_mla, gluon_mla_projection, mla_merge_projection
+
+    calls: list = []
+    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
+    monkeypatch.setattr(gluon_mla, "available", lambda device: True)
+    monkeypatch.setattr(gluon_mla_projection, "merge_project", lambda *args: calls.append(("gluon", args)))
+    monkeypatch.setattr(mla_merge_projection, "_MERGE_PROJECT",
+                        type("Recording", (), {"launch": lambda self, grid, *a, **k: calls.append(("triton", grid))})())
+    mid_out, mid_lse, plan = partials([3] * 20, 2, 16, torch.Generator().manual_seed(0))
+    w_uv, out, trace = torch.randn(2, BLOCK_V, 16), torch.empty(20, 2 * BLOCK_V), torch.zeros(64, 8, dtype=torch.int64)
+    merge_project(mid_out, mid_lse, plan, w_uv, out, trace)
+    ((kind, args),) = calls
+    if not gluon:
+        assert kind == "triton" and args == (2, 1, cdiv(20, requests_a_program(20)))
+        return
+    assert kind == "gluon" and args[0] is mid_out and args[2] is plan and args[4] is out and args[-1] is trace
+    assert args[5:8] == (BLOCK_M, BLOCK_V, requests_a_program(20))
+
+
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):
     from test_gluon_mla import _RefusingKernel
 

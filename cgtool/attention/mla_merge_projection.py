@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from cgtool.attention import gluon_mla, gluon_mla_wgmma, triton_mla
+from cgtool.attention import gluon_mla, gluon_mla_projection, gluon_mla_wgmma, triton_mla
 from cgtool.attention.mla_flat_plan import flat_plan
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_softmax import LOG2_E
@@ -96,6 +96,13 @@ SLOT_STAGES = 3
 # a warp. Transposed was 0.05-0.26 us a layer shorter at every shape timed (H200, calls 6-7 of
 # benchmarks/results/h200-h100-2026-11-27-mla-range-mask; H100 call 8: 0.06-0.27).
 PRODUCT_T = True
+# gluon_mla_projection's kernel where Gluon runs (else this module's Triton kernel): its weights
+# copied to shared memory asynchronously while the program waits for stage 1. A layer (the store,
+# stage 1 and the projection, 27 layers a graph, five alternating rounds) was 0.4-1.1 us shorter
+# at bs 8-64 x 1k-8k on the H200 and 0.2-0.8 on the H100 (16 x 4k and 5 x 1k even), and 0.5-0.8
+# longer with one 16k request among 40 of 300 (calls 11-12 of
+# benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection).
+GLUON_KERNEL = True
 
 
 @triton.jit
@@ -275,6 +282,10 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     assert v % BLOCK_V == 0, f"the value head ({v}) is whole blocks of {BLOCK_V} columns (`serves` says)"
     assert requests.is_contiguous()
     per_program = requests_a_program(bs)
+    if GLUON_KERNEL and gluon_mla.available(out.device):
+        gluon_mla_projection.merge_project(mid_out, mid_lse, requests, w_uv, out, BLOCK_M, BLOCK_V, per_program,
+                                           trace)
+        return
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
     _MERGE_PROJECT.launch(

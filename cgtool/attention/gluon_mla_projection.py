@@ -1,0 +1,230 @@
+"""MLA decode's merge in the value projection as a Gluon kernel, its weights copied to shared
+memory while it waits for stage 1 (mla_merge_projection.GLUON_KERNEL).
+
+mla_merge_projection's Triton kernel loads each program's 64 rows of the head's up-projection
+(64 KB) into registers and stores them to shared memory before its wait on stage 1: Triton 3.6
+puts a product's operand in shared memory right after the load that feeds it. The programs
+placed last start as stage 1's slowest programs leave, so they read their weights after the
+wait has long been over; a variant that never read them was 0.4-1.0 us a layer shorter on the
+H100 (benchmarks/results/h100-2026-11-27-mla-weights-bound), and loading them after the wait
+was slower (h200-2026-11-27-mla-weights-after). Here asynchronous copies issued at the program's
+start take the weights from global to shared memory, waited on only before the product, so
+their read overlaps the wait and the merge.
+
+The merge is the Triton kernel's, per program:
+- rows of up to four chunks elementwise in chunk order (`_merge_four`), so that a row's sum
+  depends on its own chunks alone and a padded replay gives the rows of the batch run alone;
+- else over the program's partial slots, transposed as stage 1's products are: each step's
+  partials [SLOTS, rank] and the slots' weights in their rows [SLOTS, rows] (two bf16 parts) go
+  to shared memory, and one warpgroup MMA adds partials^T . weights to the running [rank, rows]
+  sum.
+Then the product: the weights [64, rank] times the merged rows^T [rank, rows]. The outputs had
+the Triton kernel's bits at 8 of the 10 shapes timed (H200, call 11 of
+benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection; at 24 and 64 x 1k they differed
+by rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cgtool.attention import gluon_mla
+from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.triton_launch import cdiv
+
+# Partial slots a step and warps (two warpgroups: the merge's [rank, rows] sum split over them by
+# rank, the product by rows; with one, 255 registers a thread and a spill).
+SLOTS, WARPS = 32, 8
+
+if gluon_mla.gluon is not None:
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from cgtool.attention.gluon_mla import (
+        _wait_for_previous_kernel,
+        async_copy,
+        copy_to_shared,
+        cta_barrier,
+        gl,
+        gluon,
+    )
+    from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
+
+    @gluon.jit
+    def _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
+                    RANK: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
+                    slot_layout: gl.constexpr, mma: gl.constexpr):
+        """The running merge (acc^T [rank, rows], total, max) with slots s0..s0 + SLOTS - 1 below hi."""
+        slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
+                       other=0.0, cache_modifier=".cg")
+        # A slot no request names weighs nought, but may hold a value that is not finite.
+        part = gl.where(gl.abs(part) < float("inf"), part, 0.0)
+        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
+        lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
+        mine = (slots[:, None] >= first[None, :]) & (slots[:, None] < ends[None, :])
+        scores = gl.where(mine, lse[:, None], float("-inf"))  # [SLOTS, rows]
+        m_new = gl.maximum(m_i, gl.max(scores, 0))
+        safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - safe)
+        weights = gl.exp2(scores - safe[None, :])
+        total = total * alpha + gl.sum(weights, 0)
+        high = weights.to(part_s.dtype)
+        low = (weights - high.to(gl.float32)).to(part_s.dtype)
+        cta_barrier()  # every warp's MMAs of the last step are done with the buffers
+        part_s.store(part)
+        high_s.store(high)
+        low_s.store(low)
+        fence_async_shared()
+        cta_barrier()
+        acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(0, mma))[None, :]
+        acc_t = warpgroup_mma(part_s.permute((1, 0)), high_s, acc_t, is_async=True)
+        acc_t = warpgroup_mma(part_s.permute((1, 0)), low_s, acc_t, is_async=True)
+        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
+        return acc_t, total, m_new
+
+    @gluon.jit
+    def _chunk(out_head, lse_head, first, chunks, c: gl.constexpr, stride_ms, offs_r):
+        """Each row's partial of its chunk c, transposed [rank, rows] (zeros past its chunks), and
+        its log-sum-exp [rows] (-inf past them)."""
+        part = gl.load(out_head + (first + c)[None, :] * stride_ms + offs_r[:, None], mask=(c < chunks)[None, :],
+                       other=0.0, cache_modifier=".cg")
+        lse = gl.load(lse_head + first + c, mask=c < chunks, other=float("-inf"), cache_modifier=".cg")
+        return part, lse
+
+    @gluon.jit
+    def _merge_four(out_head, lse_head, first, chunks, stride_ms, RANK: gl.constexpr, layout: gl.constexpr):
+        """Rows of at most four chunks, merged elementwise in chunk order as the Triton kernel's
+        `_weigh` merges them: a row's sum depends on its own chunks alone, so that a padded
+        replay's rows are the bits of the same rows run alone. (merged^T [rank, rows], fp32.)"""
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(1, layout))
+        p0, l0 = _chunk(out_head, lse_head, first, chunks, 0, stride_ms, offs_r)
+        p1, l1 = _chunk(out_head, lse_head, first, chunks, 1, stride_ms, offs_r)
+        p2, l2 = _chunk(out_head, lse_head, first, chunks, 2, stride_ms, offs_r)
+        p3, l3 = _chunk(out_head, lse_head, first, chunks, 3, stride_ms, offs_r)
+        top = gl.maximum(gl.maximum(l0, l1), gl.maximum(l2, l3))
+        safe = gl.where(top == float("-inf"), 0.0, top)
+        w0, w1 = gl.exp2(l0 - safe), gl.exp2(l1 - safe)
+        w2, w3 = gl.exp2(l2 - safe), gl.exp2(l3 - safe)
+        acc = p0.to(gl.float32) * w0[None, :]
+        acc += p1.to(gl.float32) * w1[None, :]
+        acc += p2.to(gl.float32) * w2[None, :]
+        acc += p3.to(gl.float32) * w3[None, :]
+        total = w0 + w1 + w2 + w3
+        return acc / gl.where(total > 0, total, 1.0)[None, :]
+
+    @gluon.jit
+    def _merge_project_kernel(
+        MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
+        stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
+        RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
+        PDL: gl.constexpr, TRACE: gl.constexpr = False,
+    ):
+        head = gl.program_id(0)
+        # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied).
+        program = (head * gl.num_programs(1) + gl.program_id(1)) * gl.num_programs(2) + gl.program_id(2)
+        if TRACE:
+            gluon_trace_store(Trace, program, 0, gluon_sm_id(program))
+            gluon_trace_store(Trace, program, 1, gluon_stamp_after(program))
+        dtype: gl.constexpr = W.dtype.element_ty
+        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        slot_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, 8], [0, 1])  # [SLOTS, rows]
+        # [rank, rows] with the rank contiguous: 16-byte loads of a row's partial.
+        four_layout: gl.constexpr = gl.BlockedLayout([8, 1], [32, 1], [1, 8], [0, 1])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                                      instr_shape=[16, BLOCK_M, 16])
+        # The product's [64 columns, rows]: 64 rows are one warpgroup's, so the rows split.
+        product: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                          instr_shape=[16, BLOCK_M // 2, 16])
+        swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # The weights, which do not depend on stage 1: copied while it finishes, waited on last.
+        w_s = gl.allocate_shared_memory(dtype, [BLOCK_V, RANK], swizzled)
+        offs_v = gl.program_id(1) * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(1, copy_layout))
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        copy_to_shared(w_s, W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])
+        async_copy.commit_group()
+        # The step's plan, written before stage 1 ran: each row's first slot and chunk count.
+        lanes = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, slot_layout))
+        rows = gl.program_id(2) * requests_a_program + lanes
+        in_batch = (rows < batch) & (lanes < requests_a_program)
+        first = gl.load(Requests + 2 * rows, mask=in_batch, other=0)
+        ends = first + gl.load(Requests + 2 * rows + 1, mask=in_batch, other=0)
+        lo = gl.min(gl.where(ends > first, first, 2147483647), 0)
+        hi = gl.max(gl.where(ends > first, ends, 0), 0)
+        if TRACE:
+            gluon_trace_store(Trace, program, 2, gluon_stamp_after(hi - lo))
+        if PDL:
+            _wait_for_previous_kernel()
+        if TRACE:
+            gluon_trace_store(Trace, program, 3, gluon_stamp_after(program))
+        # Two buffers of partials, taken in turn: also 132 KB of shared memory a program, so that
+        # one program runs an SM (at 100 KB two shared an SM, on half the SMs: 1-3 us slower).
+        part_bufs = gl.allocate_shared_memory(dtype, [2, SLOTS, RANK], swizzled)
+        step_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SLOTS, BLOCK_M], dtype)
+        high_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
+        low_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
+        # The merged rows, the product's right operand: transposed from the merge over slots, as
+        # rows (each thread's rank elements contiguous, 16-byte stores) from the four-chunk merge.
+        m_s = gl.allocate_shared_memory(dtype, [RANK, BLOCK_M], gl.NVMMASharedLayout.get_default_for([RANK, BLOCK_M],
+                                                                                                     dtype))
+        rows_s = gl.allocate_shared_memory(dtype, [BLOCK_M, RANK],
+                                           gl.NVMMASharedLayout.get_default_for([BLOCK_M, RANK], dtype))
+        out_head = MidOut + head * stride_mh
+        lse_head = MidLse + head * stride_lh
+        # Rounded to the weights' dtype where the separate merge rounded its output.
+        four = gl.max(ends - first, 0) <= 4
+        if four:
+            rows_four: gl.constexpr = gl.SliceLayout(0, four_layout)
+            merged = _merge_four(out_head, lse_head, gl.convert_layout(first, rows_four),
+                                 gl.convert_layout(ends - first, rows_four), stride_ms, RANK, four_layout)
+            rows_s.store(merged.to(dtype).permute((1, 0)))
+        else:
+            acc_t = gl.zeros([RANK, BLOCK_M], gl.float32, mma)
+            total = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, slot_layout))
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, slot_layout))
+            for i in range(gl.cdiv(hi - lo, SLOTS)):
+                acc_t, total, m_i = _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, lo + i * SLOTS,
+                                                hi, stride_ms, part_bufs.index(i % 2), high_s, low_s, RANK, SLOTS,
+                                                copy_layout, slot_layout, mma)
+            total_t = gl.convert_layout(total, gl.SliceLayout(0, mma))
+            m_s.store((acc_t / gl.where(total_t > 0, total_t, 1.0)[None, :]).to(dtype))
+        if TRACE:
+            gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
+        async_copy.wait_group(0)
+        fence_async_shared()
+        cta_barrier()
+        zero = gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product)
+        if four:
+            o_t = warpgroup_mma(w_s, rows_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+        else:
+            o_t = warpgroup_mma(w_s, m_s, zero, use_acc=False, is_async=True)
+        o_t = warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+        if TRACE:
+            gluon_trace_store(Trace, program, 5, gluon_stamp_after(gl.sum(gl.sum(o_t, 1), 0)))
+        # Stored from the MMA's layout (16-byte stores of a row were no faster, H200 call 10).
+        cols = gl.program_id(1) * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(1, product))
+        lanes_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, product))
+        rows_o = gl.program_id(2) * requests_a_program + lanes_o
+        gl.store(Out + rows_o[None, :] * stride_ot + head * V + cols[:, None], o_t.to(Out.dtype.element_ty),
+                 mask=((rows_o < batch) & (lanes_o < requests_a_program))[None, :])
+
+
+def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
+                  out: torch.Tensor, block_m: int, block_v: int, per_program: int,
+                  trace: torch.Tensor | None = None) -> None:
+    """mla_merge_projection.merge_project's contract, on this kernel: `per_program` requests a
+    program in rows of `block_m`, `block_v` value columns a program (its grid, the Triton kernel's);
+    `trace` takes the Triton kernel's stamps."""
+    heads, v, rank = w_uv.shape
+    bs = requests.shape[0]
+    grid = (heads, cdiv(v, block_v), cdiv(bs, per_program))
+    _merge_project_kernel[grid](
+        mid_out, mid_lse, requests, w_uv, out, bs, per_program,
+        mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
+        requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m, BLOCK_V=block_v, SLOTS=SLOTS, num_warps=WARPS,
+        **dependent_launch(out.device),
+    )
