@@ -118,6 +118,33 @@ if gluon_mla.gluon is not None:
         return acc / gl.where(total > 0, total, 1.0)[None, :]
 
     @gluon.jit
+    def _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s,
+                     RANK: gl.constexpr, BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
+                     slot_layout: gl.constexpr, mma: gl.constexpr):
+        """The merge over the program's slots lo..hi - 1, SLOTS a step, its two buffers of partials
+        taken in turn; the merged rows^T [rank, rows] stored to m_s in its dtype."""
+        acc_t = gl.zeros([RANK, BLOCK_M], gl.float32, mma)
+        total = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, slot_layout))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, slot_layout))
+        for i in range(gl.cdiv(hi - lo, SLOTS)):
+            acc_t, total, m_i = _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, lo + i * SLOTS,
+                                            hi, stride_ms, part_bufs.index(i % 2), high_s, low_s, RANK, SLOTS,
+                                            copy_layout, slot_layout, mma)
+        total_t = gl.convert_layout(total, gl.SliceLayout(0, mma))
+        m_s.store((acc_t / gl.where(total_t > 0, total_t, 1.0)[None, :]).to(m_s.dtype))
+
+    @gluon.jit
+    def _store_rows(Out, o_t, head, batch, requests_a_program, stride_ot, V: gl.constexpr, BLOCK_V: gl.constexpr,
+                    BLOCK_M: gl.constexpr, product: gl.constexpr):
+        """The product o^T [columns, rows] into Out's rows, from the MMA's layout (16-byte stores
+        of a row were no faster, H200 call 10 of the folder named in mla_merge_projection)."""
+        cols = gl.program_id(1) * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(1, product))
+        lanes = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, product))
+        rows = gl.program_id(2) * requests_a_program + lanes
+        gl.store(Out + rows[None, :] * stride_ot + head * V + cols[:, None], o_t.to(Out.dtype.element_ty),
+                 mask=((rows < batch) & (lanes < requests_a_program))[None, :])
+
+    @gluon.jit
     def _merge_project_kernel(
         MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
@@ -183,15 +210,8 @@ if gluon_mla.gluon is not None:
                                  gl.convert_layout(ends - first, rows_four), stride_ms, RANK, four_layout)
             rows_s.store(merged.to(dtype).permute((1, 0)))
         else:
-            acc_t = gl.zeros([RANK, BLOCK_M], gl.float32, mma)
-            total = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, slot_layout))
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, slot_layout))
-            for i in range(gl.cdiv(hi - lo, SLOTS)):
-                acc_t, total, m_i = _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, lo + i * SLOTS,
-                                                hi, stride_ms, part_bufs.index(i % 2), high_s, low_s, RANK, SLOTS,
-                                                copy_layout, slot_layout, mma)
-            total_t = gl.convert_layout(total, gl.SliceLayout(0, mma))
-            m_s.store((acc_t / gl.where(total_t > 0, total_t, 1.0)[None, :]).to(dtype))
+            _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s, RANK,
+                         BLOCK_M, SLOTS, copy_layout, slot_layout, mma)
         if TRACE:
             gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
         async_copy.wait_group(0)
@@ -205,12 +225,7 @@ if gluon_mla.gluon is not None:
         o_t = warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
         if TRACE:
             gluon_trace_store(Trace, program, 5, gluon_stamp_after(gl.sum(gl.sum(o_t, 1), 0)))
-        # Stored from the MMA's layout (16-byte stores of a row were no faster, H200 call 10).
-        cols = gl.program_id(1) * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(1, product))
-        lanes_o = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, product))
-        rows_o = gl.program_id(2) * requests_a_program + lanes_o
-        gl.store(Out + rows_o[None, :] * stride_ot + head * V + cols[:, None], o_t.to(Out.dtype.element_ty),
-                 mask=((rows_o < batch) & (lanes_o < requests_a_program))[None, :])
+        _store_rows(Out, o_t, head, batch, requests_a_program, stride_ot, V, BLOCK_V, BLOCK_M, product)
 
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
