@@ -34,6 +34,9 @@
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
+# `mla-step` (by name only): benchmarks/bench_mla_step_settings.py, deepseek-v2-lite's decode graphs captured as
+# shipped and under each of STEP_SETTINGS (default: the Triton projection), replayed in alternating rounds
+# (STEP_BS, STEP_CONTEXT, which may list contexts), in $OUT/mla-step-CONTEXT.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -242,6 +245,15 @@ if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: sta
   timeout -k 10 "${DEPENDENT_TIMEOUT:-300}" python3 benchmarks/bench_mla_dependent.py --out "$OUT/mla-dependent.json" \
     ${DEPENDENT_BS:+--bs "$DEPENDENT_BS"} ${DEPENDENT_CONTEXT:+--context "$DEPENDENT_CONTEXT"} 2>&1 | tee "$OUT/mla-dependent.log"
   echo "[$(date +%H:%M:%S)] bench_mla_dependent exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" mla-step "* ]]; then  # issue 33, by name only: MLA settings in whole decode steps
+  for context in ${STEP_CONTEXT:-1024}; do
+    echo "[$(date +%H:%M:%S)] bench_mla_step_settings context $context ${STEP_BS:-}"
+    timeout -k 10 "${STEP_TIMEOUT:-300}" python3 benchmarks/bench_mla_step_settings.py --out "$OUT/mla-step-$context.json" \
+      --settings "${STEP_SETTINGS:-tr:GLUON_KERNEL=0}" --context "$context" ${STEP_BS:+--bs "$STEP_BS"} \
+      2>&1 | tee "$OUT/mla-step-$context.log"
+    echo "[$(date +%H:%M:%S)] bench_mla_step_settings context $context exit ${PIPESTATUS[0]}"
+  done
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

@@ -32,7 +32,12 @@ def launch_signature(kernel: Any, constants: dict[str, object], types: dict[str,
     depth); arguments named in neither are fp32 if in FLOAT_ARGUMENTS, else i32, those named
     stride_* multiples of 16. A launch specializes an integer that is a multiple of 16 so, and
     the compiler vectorizes loads it bounds only then."""
-    params = list(inspect.signature(kernel.fn).parameters)
+    parameters = inspect.signature(kernel.fn).parameters
+    params = list(parameters)
+    # A constexpr the launch leaves at its default, and a None (which a launch makes a constexpr).
+    defaults = {name: p.default for name, p in parameters.items() if name not in constants and name not in types
+                and p.default is not inspect.Parameter.empty and ("constexpr" in str(p.annotation) or p.default is None)}
+    constants = {**defaults, **constants}
     signature, attrs = {}, {}
     for i, name in enumerate(params):
         if name in constants:
