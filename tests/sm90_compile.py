@@ -166,12 +166,6 @@ def mla_decode_cases() -> dict[str, tuple]:
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
-        # Asking L2 for the projection's weights (deepseek-v2-lite's: 16 heads of 128 x 512).
-        found["mla decode gluon wgmma stage 1 flat, unmerged, asking L2 for the weights"] = (
-            gluon_mla_wgmma._mla_decode_stage1_wgmma,
-            {**found[shipped_flat][1], "WEIGHT_PIECES": 128, "PIECES_A_HEAD": 8,
-             "PIECE": gluon_mla_wgmma.WEIGHT_PIECE_BYTES // 2, "WARPS": warps},
-            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32", "Weights": "*bf16"})
         # The projection released at stage 1's start (the other setting of RELEASE_AT_START).
         found["mla decode gluon wgmma stage 1 flat, unmerged, release at start other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
@@ -206,11 +200,6 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "BLOCK_V": mla_merge_projection.BLOCK_V, "SLOTS": gluon_mla_projection.SLOTS, "PDL": True,
                  "TRACE": traced},
                 gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-        found["mla decode merge in the value projection, gluon, 128 columns, one buffer"] = (
-            gluon_mla_projection._merge_project_kernel,
-            {**found["mla decode merge in the value projection, gluon, traced=False"][1], "BLOCK_V": 128,
-             "BUFFERS": gluon_mla_projection.part_buffers(128)},
-            gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (
             triton_mla._mla_merge_kernel,

@@ -325,16 +325,21 @@ def stored_batch(seq_lens: list[int], heads: int = 16) -> StoredBatch:
     return batch
 
 
-def use_gluon_projection(monkeypatch, gluon: bool) -> None:
-    """The value projection's Gluon kernel, or its Triton kernel."""
-    from cgtool.attention import mla_merge_projection
-
-    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
-
-
 def up_projection(heads: int = 16) -> torch.Tensor:
     """w_uv [heads, 128, 512], rows at a stride as a model's slice of its kv_b_proj."""
     return (torch.randn(heads, 256, 512, device=CUDA) / 512**0.5).to(torch.bfloat16)[:, 128:]
+
+
+def projection_case(monkeypatch, seq_lens: list[int], gluon: bool) -> tuple[StoredBatch, torch.Tensor]:
+    """A stored batch of deepseek-v2-lite's 16 heads and an up-projection for the merge in the
+    value projection, its Gluon kernel or its Triton one (GLUON_KERNEL); skipped where
+    gluon_mla_wgmma's stage 1 cannot run."""
+    from cgtool.attention import gluon_mla, mla_merge_projection
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    monkeypatch.setattr(mla_merge_projection, "GLUON_KERNEL", gluon)
+    return stored_batch(seq_lens), up_projection()
 
 
 @pytest.mark.parametrize(("num_kv_splits", "seq_lens", "early"), [
@@ -377,14 +382,11 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
     # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
-    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention import gluon_mla_wgmma
     from cgtool.attention.mla_merge_projection import decode_projected
 
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    batch, w_uv = projection_case(monkeypatch, seq_lens, gluon)
     monkeypatch.setattr(gluon_mla_wgmma, "EARLY_COPIES", early)
-    use_gluon_projection(monkeypatch, gluon)
-    batch, w_uv = stored_batch(seq_lens), up_projection()
     cache = batch.pool.k_buffers[0]
     args = batch.args
     expected = torch.empty(len(seq_lens), 16 * 128, dtype=torch.bfloat16, device=CUDA)
@@ -410,15 +412,11 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
     # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
-    from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
-    use_gluon_projection(monkeypatch, gluon)
+    batch, w_uv = projection_case(monkeypatch, seq_lens, gluon)
     bs, heads, v = len(seq_lens), 16, 128
-    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, q = batch.pool, batch.q
     _, ref = run_decode(pool, batch.rows, seq_lens, heads)
     args = batch.args
@@ -448,15 +446,12 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     # returned, merged, multiplied; the wait returns after every stage 1 program's loop ended.
     # Many chunks a request (the merge over slots), four or fewer (the step of four), a mix; the
     # Triton kernel and the Gluon one.
-    from cgtool.attention import gluon_mla, triton_mla
+    from cgtool.attention import triton_mla
     from cgtool.attention.mla_merge_projection import decode_projected, projection_programs
     from cgtool.runtime.kernel_trace import TRACE_SLOTS
 
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
-    use_gluon_projection(monkeypatch, gluon)
+    batch, w_uv = projection_case(monkeypatch, seq_lens, gluon)
     bs, heads, v = len(seq_lens), 16, 128
-    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, q = batch.pool, batch.q
     args = batch.args
     plain = torch.empty(bs, heads * v, dtype=torch.bfloat16, device=CUDA)
@@ -484,14 +479,10 @@ def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq
     # layer's or replay's.
     from test_triton_mla import latent_q
 
-    from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import decode_projected
 
-    if not gluon_mla.available(torch.device(CUDA)):
-        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
-    use_gluon_projection(monkeypatch, gluon)
+    batch, w_uv = projection_case(monkeypatch, seq_lens, gluon)
     bs, heads = len(seq_lens), 16
-    batch, w_uv = stored_batch(seq_lens, heads), up_projection(heads)
     pool, lens = batch.pool, batch.lens
     qs = [batch.q] + [latent_q(bs, heads, 576, torch.bfloat16, CUDA).view(bs, heads, 576) for _ in range(3)]
     args = batch.args

@@ -119,16 +119,16 @@ if gluon_mla.gluon is not None:
 
     @gluon.jit
     def _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s,
-                     RANK: gl.constexpr, BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, BUFFERS: gl.constexpr,
-                     copy_layout: gl.constexpr, slot_layout: gl.constexpr, mma: gl.constexpr):
-        """The merge over the program's slots lo..hi - 1, SLOTS a step, its BUFFERS buffers of
-        partials taken in turn; the merged rows^T [rank, rows] stored to m_s in its dtype."""
+                     RANK: gl.constexpr, BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
+                     slot_layout: gl.constexpr, mma: gl.constexpr):
+        """The merge over the program's slots lo..hi - 1, SLOTS a step, its two buffers of partials
+        taken in turn; the merged rows^T [rank, rows] stored to m_s in its dtype."""
         acc_t = gl.zeros([RANK, BLOCK_M], gl.float32, mma)
         total = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, slot_layout))
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, slot_layout))
         for i in range(gl.cdiv(hi - lo, SLOTS)):
             acc_t, total, m_i = _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, lo + i * SLOTS,
-                                            hi, stride_ms, part_bufs.index(i % BUFFERS), high_s, low_s, RANK, SLOTS,
+                                            hi, stride_ms, part_bufs.index(i % 2), high_s, low_s, RANK, SLOTS,
                                             copy_layout, slot_layout, mma)
         total_t = gl.convert_layout(total, gl.SliceLayout(0, mma))
         m_s.store((acc_t / gl.where(total_t > 0, total_t, 1.0)[None, :]).to(m_s.dtype))
@@ -149,7 +149,7 @@ if gluon_mla.gluon is not None:
         MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
         RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
-        PDL: gl.constexpr, TRACE: gl.constexpr = False, BUFFERS: gl.constexpr = 2,
+        PDL: gl.constexpr, TRACE: gl.constexpr = False,
     ):
         head = gl.program_id(0)
         # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied).
@@ -188,8 +188,9 @@ if gluon_mla.gluon is not None:
             _wait_for_previous_kernel()
         if TRACE:
             gluon_trace_store(Trace, program, 3, gluon_stamp_after(program))
-        # Buffers of partials, taken in turn (`part_buffers`).
-        part_bufs = gl.allocate_shared_memory(dtype, [BUFFERS, SLOTS, RANK], swizzled)
+        # Two buffers of partials, taken in turn: also 132 KB of shared memory a program, so that
+        # one program runs an SM (at 100 KB two shared an SM, on half the SMs: 1-3 us slower).
+        part_bufs = gl.allocate_shared_memory(dtype, [2, SLOTS, RANK], swizzled)
         step_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([SLOTS, BLOCK_M], dtype)
         high_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
         low_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
@@ -210,7 +211,7 @@ if gluon_mla.gluon is not None:
             rows_s.store(merged.to(dtype).permute((1, 0)))
         else:
             _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s, RANK,
-                         BLOCK_M, SLOTS, BUFFERS, copy_layout, slot_layout, mma)
+                         BLOCK_M, SLOTS, copy_layout, slot_layout, mma)
         if TRACE:
             gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
         async_copy.wait_group(0)
@@ -227,13 +228,6 @@ if gluon_mla.gluon is not None:
         _store_rows(Out, o_t, head, batch, requests_a_program, stride_ot, V, BLOCK_V, BLOCK_M, product)
 
 
-def part_buffers(block_v: int) -> int:
-    """Buffers of partials a program: two at 64 columns, whose 132 KB of shared memory keep one
-    program an SM (at 100 KB two shared an SM, on half the SMs: 1-3 us slower); one at more,
-    whose weights alone fill most of an SM's shared memory."""
-    return 2 if block_v <= 64 else 1
-
-
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor, block_m: int, block_v: int, per_program: int,
                   trace: torch.Tensor | None = None) -> None:
@@ -246,7 +240,6 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     _merge_project_kernel[grid](
         mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
-        requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m,
-        BLOCK_V=block_v, SLOTS=SLOTS, BUFFERS=part_buffers(block_v), num_warps=WARPS,
+        requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m, BLOCK_V=block_v, SLOTS=SLOTS, num_warps=WARPS,
         **dependent_launch(out.device),
     )

@@ -102,9 +102,6 @@ FLAT_CHUNKS = True
 # the same bits (H200, five alternating rounds, the store in the graph;
 # benchmarks/results/h200-2026-11-27-mla-early-copies).
 EARLY_COPIES = False
-# Bytes of the value projection's weights each program asks into L2 at its start, where the
-# caller names the weights (mla_merge_projection.ASK_L2_FOR_WEIGHTS).
-WEIGHT_PIECE_BYTES = 16384
 # Unmerged, the projection's kernel released at stage 1's start (True) rather than after each
 # program's loop: its grid is launched while stage 1 runs, and its programs are placed as SMs
 # free up, load their weights and wait there for stage 1's end. Not where the plan kernel came
@@ -353,23 +350,6 @@ if gluon is not None:
                 gluon_trace_store(Trace, program, 5, gluon_stamp_after(drawn))
 
     @gluon.jit
-    def _ask_l2_for_weights(Weights, program, stride_wh, PIECES: gl.constexpr, PIECES_A_HEAD: gl.constexpr,
-                            PIECE: gl.constexpr, WARPS: gl.constexpr):
-        """Program `program`'s piece (PIECE bf16 values) of the value projection's weights
-        [heads, v, rank] asked into L2 (a bulk prefetch a thread, nothing to wait for), so that
-        the projection's programs, which start as this stage's leave, copy them from L2."""
-        if program < PIECES:
-            layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-            lanes = gl.arange(0, 32 * WARPS, layout=layout)
-            head = program // PIECES_A_HEAD
-            start = Weights + head.to(gl.int64) * stride_wh + (program % PIECES_A_HEAD) * PIECE
-            gl.inline_asm_elementwise(
-                "{ cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }", "=r,l,r",
-                [start + lanes * (PIECE // (32 * WARPS)), gl.full([32 * WARPS], 2 * PIECE // (32 * WARPS), gl.int32,
-                                                                   layout)],
-                dtype=gl.int32, is_pure=False, pack=1)
-
-    @gluon.jit
     def _mla_decode_stage1_wgmma(
         Q, Kv, MidOut, MidLse, O, Tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         stride_qb, stride_qh, stride_kt, stride_req, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
@@ -381,8 +361,7 @@ if gluon is not None:
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
-        SLOTS_EARLY: gl.constexpr = False, Weights=None, stride_wh=0, WEIGHT_PIECES: gl.constexpr = 0,
-        PIECES_A_HEAD: gl.constexpr = 1, PIECE: gl.constexpr = 1, WARPS: gl.constexpr = 4,
+        SLOTS_EARLY: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -392,8 +371,6 @@ if gluon is not None:
         if TRACE:
             gluon_trace_store(Trace, program, 0, gluon_sm_id(program))
             gluon_trace_store(Trace, program, 1, gluon_stamp_after(program))
-        if WEIGHT_PIECES > 0:
-            _ask_l2_for_weights(Weights, gl.program_id(0), stride_wh, WEIGHT_PIECES, PIECES_A_HEAD, PIECE, WARPS)
         if PDL and UNMERGED:  # noqa: SIM102 (constexprs alone: when false, nothing is built)
             if RELEASE_AT_START:
                 _release_next_kernel()
@@ -480,7 +457,7 @@ def launch_stage1(
     tickets: torch.Tensor | None, req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor, scale_log2: float, block_h: int, num_kv_splits: int, min_chunk: int, programs: int,
     trace: torch.Tensor | None = None, flat: bool | None = None, plan: FlatPlan | None = None,
-    memo: dict[object, Any] | None = None, weights: torch.Tensor | None = None,
+    memo: dict[object, Any] | None = None,
 ) -> bool:
     """gluon_mla.launch_stage1's contract (partials, tickets, dependent launch) with
     WGMMA_TILES and `block_h` BLOCK_H: the batch's key tiles are shared among `programs`
@@ -493,9 +470,7 @@ def launch_stage1(
     to compile the kernel; from then on `refused` says so, with one RuntimeWarning. `trace`
     (int64, TRACE_SLOTS a program of the grid) takes the programs' timestamps (benchmarks).
     Flat and without tickets nothing merges: mla_merge_projection.merge_project does, from the
-    plan's requests, released once each program's loop is done. `weights` (that projection's
-    [heads, v, rank], each head's rows contiguous): the programs ask L2 for a piece each at
-    their start (`weight_pieces`)."""
+    plan's requests, released once each program's loop is done."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
     rank = out.shape[-1]
@@ -521,19 +496,5 @@ def launch_stage1(
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
-        **weight_pieces(weights, grid[0], num_warps), **dependent_launch(q.device),
+        **dependent_launch(q.device),
     )
-
-
-def weight_pieces(weights: torch.Tensor | None, programs: int, num_warps: int) -> dict[str, Any]:
-    """The stage's constants and arguments asking L2 for `weights` [heads, v, rank] (none: no
-    request), in pieces of WEIGHT_PIECE_BYTES a program, the first programs one each."""
-    if weights is None:
-        return {}
-    heads, v, rank = weights.shape
-    head_bytes = v * rank * weights.element_size()
-    assert weights.stride(2) == 1 and weights.stride(1) == rank, "each head's rows contiguous"
-    assert head_bytes % WEIGHT_PIECE_BYTES == 0, f"a head's weights are whole pieces of {WEIGHT_PIECE_BYTES} bytes"
-    pieces_a_head = head_bytes // WEIGHT_PIECE_BYTES
-    return {"Weights": weights, "stride_wh": weights.stride(0), "WEIGHT_PIECES": min(heads * pieces_a_head, programs),
-            "PIECES_A_HEAD": pieces_a_head, "PIECE": WEIGHT_PIECE_BYTES // weights.element_size(), "WARPS": num_warps}

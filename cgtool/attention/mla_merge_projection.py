@@ -103,8 +103,6 @@ PRODUCT_T = True
 # longer with one 16k request among 40 of 300 (calls 11-12 of
 # benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection).
 GLUON_KERNEL = True
-# Stage 1's programs ask L2 for this kernel's weights at their start (gluon_mla_wgmma.weight_pieces).
-ASK_L2_FOR_WEIGHTS = False
 
 
 @triton.jit
@@ -364,8 +362,7 @@ def decode_projected(
     if not gluon_mla_wgmma.launch_stage1(
             q, latent_cache, mid_out, mid_lse, mid_out[0], None, req_to_token, req_pool_indices, seq_lens,
             sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
-            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan,
-            weights=w_uv if ASK_L2_FOR_WEIGHTS else None):
+            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
         return False
     merge_project(mid_out, mid_lse, plan.requests, w_uv, out, projection_trace)
     return True
