@@ -13,20 +13,16 @@ give the same logits bit for bit.
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
-import sys
 import time
 
 import bench_moe_mla as timing
 import torch
+from bench_mla_step_settings import step_arguments, step_workbench
 
 from cgtool.attention import gluon_mla
-from cgtool.capture.workbench import build_workbench
 from cgtool.runners.decode import DecodeGraphRunner
 from cgtool.runtime import kv_store
-from cgtool.specs.config import load_model_config
 
 ROUNDS, REPLAYS = 7, 20
 
@@ -46,23 +42,8 @@ def captured(bench, sizes: list[int], dependent: bool) -> DecodeGraphRunner:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--model", default="deepseek-v2-lite")
-    parser.add_argument("--bs", default="1,16,32,48,64")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--layers", type=int, help="fewer layers than the model's (a quicker run)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        sys.exit("bench_mla_dependent.py needs a GPU")
-    sizes = sorted(int(v) for v in args.bs.split(","))
-    cfg = load_model_config(args.model)
-    if args.layers:
-        cfg = dataclasses.replace(cfg, num_layers=args.layers)
-    bench = build_workbench(cfg, weights_dir=None, dtype=torch.bfloat16, mem_fraction_static=0.5,
-                            max_bs=sizes[-1], max_tokens=64, context_len=args.context, seed=0,
-                            kv_tokens=sizes[-1] * (args.context + 1) + 256)
-    timing.log(f"{args.model}: {cfg.num_layers} layers, context {args.context}, gluon {gluon_mla.available(torch.device('cuda'))}")
+    args = step_arguments(__doc__.split("\n")[0], "1,16,32,48,64").parse_args()
+    bench, cfg, sizes = step_workbench(args, "bench_mla_dependent.py")
     runners = {"ordinary": captured(bench, sizes, False), "dependent": captured(bench, sizes, True)}
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "torch": torch.__version__, "model": args.model, "layers": cfg.num_layers, "context": args.context,

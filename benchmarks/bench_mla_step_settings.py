@@ -19,6 +19,7 @@ import dataclasses
 import json
 import sys
 import time
+from typing import Any
 
 import bench_moe_mla as timing
 import torch
@@ -60,17 +61,22 @@ def size_row(bench, runners: dict[str, DecodeGraphRunner], bs: int, layers: int)
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def step_arguments(description: str, bs: str) -> argparse.ArgumentParser:
+    """The arguments of a whole-step benchmark: --out, --model, --bs (default `bs`), --context, --layers."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--settings", required=True, help="NAME:CONST=V[,CONST=V];...")
     parser.add_argument("--model", default="deepseek-v2-lite")
-    parser.add_argument("--bs", default="8,16,24,32,48,64")
+    parser.add_argument("--bs", default=bs)
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--layers", type=int, help="fewer layers than the model's (a quicker run)")
-    args = parser.parse_args()
+    return parser
+
+
+def step_workbench(args: argparse.Namespace, script: str) -> tuple[Any, Any, list[int]]:
+    """(workbench, model config, batch sizes) for `args` of `step_arguments`: the model with
+    random weights and a KV pool for every size at the context; exits where no GPU runs."""
     if not torch.cuda.is_available():
-        sys.exit("bench_mla_step_settings.py needs a GPU")
+        sys.exit(f"{script} needs a GPU")
     sizes = sorted(int(v) for v in args.bs.split(","))
     cfg = load_model_config(args.model)
     if args.layers:
@@ -80,6 +86,14 @@ def main() -> None:
                             kv_tokens=sizes[-1] * (args.context + 1) + 256)
     timing.log(f"{args.model}: {cfg.num_layers} layers, context {args.context}, "
                f"gluon {gluon_mla.available(torch.device('cuda'))}")
+    return bench, cfg, sizes
+
+
+def main() -> None:
+    parser = step_arguments(__doc__.split("\n")[0], "8,16,24,32,48,64")
+    parser.add_argument("--settings", required=True, help="NAME:CONST=V[,CONST=V];...")
+    args = parser.parse_args()
+    bench, cfg, sizes = step_workbench(args, "bench_mla_step_settings.py")
     settings = {name.removeprefix("fused_"): values for name, values in parse_settings(args.settings).items()}
     runners = {"shipped": captured(bench, sizes, {})}
     for name, values in settings.items():
