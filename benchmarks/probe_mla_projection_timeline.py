@@ -40,6 +40,8 @@ CASES = "8x4096,16x2048,16x4096,32x1024,16x1024"
 # start, plan loaded, wait returned, merged, multiplied.
 S1_START, S1_KNOWN, S1_LOOP = 1, 2, 3
 P_START, P_PLAN, P_WAIT, P_MERGED, P_DONE = 1, 2, 3, 4, 5
+# The Gluon kernel's merge over slots: its last step's partials in shared memory, its products done.
+P_STEP_STORED, P_STEP_MMA = 6, 7
 
 
 def spread_us(values: list[int]) -> dict[str, float]:
@@ -67,6 +69,12 @@ def layer_summary(stage1: list[list[int]], projection: list[list[int]]) -> dict:
         "projection_wait": spread_us([r[P_WAIT] - s1_end for r in projection]),
         "projection_merge": spread_us([r[P_MERGED] - r[P_WAIT] for r in projection]),
         "projection_product": spread_us([r[P_DONE] - r[P_MERGED] for r in projection]),
+        # The merge over slots' one step, where a program took one (the Gluon kernel stamps it):
+        # the wait's return to the partials in shared memory, their products, the rest.
+        **({"projection_step_loaded": spread_us([r[P_STEP_STORED] - r[P_WAIT] for r in stepped]),
+            "projection_step_mma": spread_us([r[P_STEP_MMA] - r[P_STEP_STORED] for r in stepped]),
+            "projection_step_rest": spread_us([r[P_MERGED] - r[P_STEP_MMA] for r in stepped])}
+           if (stepped := [r for r in projection if r[P_STEP_STORED] > 0]) else {}),
         "projection_end": (max(r[P_DONE] for r in projection) - s1_end) / 1e3,
         "projection_sms": len({r[0] for r in projection}),
         "last_done_ns": max(r[P_DONE] for r in projection),
@@ -106,6 +114,8 @@ def timeline_case(lens: list[int], copy_bs: float, values: dict[str, int], layer
     gaps = [(summaries[i + 1]["first_start_ns"] - summaries[i]["last_done_ns"]) / 1e3 for i in range(layers - 1)]
     keys = ("stage1_ramp", "stage1_known", "stage1_loop", "projection_start", "projection_plan", "projection_wait",
             "projection_merge", "projection_product")
+    if "projection_step_loaded" in summaries[0]:
+        keys += ("projection_step_loaded", "projection_step_mma", "projection_step_rest")
     medians = {f"{k}_{part}": median_of(summaries, k, part) for k in keys for part in ("median", "max")}
     medians |= {k: median_of(summaries, k) for k in ("stage1_end", "projection_end", "projection_sms")}
     return {
@@ -143,7 +153,10 @@ def main() -> None:
                 f"(max {m['projection_wait_max']:.2f}), merge {m['projection_merge_median']:.2f} "
                 f"(max {m['projection_merge_max']:.2f}), product {m['projection_product_median']:.2f} "
                 f"(max {m['projection_product_max']:.2f}), ends {m['projection_end']:.2f} on "
-                f"{m['projection_sms']:.0f} SMs; to the next stage 1 {row['next_layer_gap_us']:.2f}")
+                f"{m['projection_sms']:.0f} SMs; to the next stage 1 {row['next_layer_gap_us']:.2f}"
+                + ("; its merge's last step: partials in shared memory {:.2f}, products {:.2f}, the rest {:.2f}".format(
+                    m["projection_step_loaded_median"], m["projection_step_mma_median"],
+                    m["projection_step_rest_median"]) if "projection_step_loaded_median" in m else ""))
             torch.cuda.empty_cache()
     log("done")
 
