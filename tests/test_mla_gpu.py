@@ -466,6 +466,12 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     assert all((stamps[:, i + 1] >= stamps[:, i]).all() for i in range(1, 5))
     loops_end = stage1.cpu()[:, 3].max()
     assert loops_end > 0 and (stamps[:, 3] >= loops_end).all()
+    # The Gluon kernel also stamps its merge over slots' last step: partials in shared memory,
+    # then its products, between the wait's return and the merged stamp (8 x 4k merges so).
+    stepped = stamps[stamps[:, 6] > 0]
+    if gluon and seq_lens == [4096] * 8:
+        assert len(stepped) > 0
+    assert ((stepped[:, 6] >= stepped[:, 3]) & (stepped[:, 7] >= stepped[:, 6]) & (stepped[:, 4] >= stepped[:, 7])).all()
 
 
 @pytest.mark.parametrize("gluon", [False, True])

@@ -56,22 +56,16 @@ if gluon_mla.gluon is not None:
     @gluon.jit
     def _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
                     RANK: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
-                    slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr,
-                    LSE_FIRST: gl.constexpr):
+                    slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr):
         """The running merge (acc^T [rank, rows], total, max) with slots s0..s0 + SLOTS - 1 below hi."""
         slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
-        if LSE_FIRST:
-            lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
         part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
                        other=0.0, cache_modifier=".cg")
-        if not LSE_FIRST:
-            part = gl.where(gl.abs(part) < float("inf"), part, 0.0)
-            lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
-        else:
-            # A slot no request names weighs nought, but may hold a value that is not finite.
-            part = gl.where(gl.abs(part) < float("inf"), part, 0.0)
+        # A slot no request names weighs nought, but may hold a value that is not finite.
+        part = gl.where(gl.abs(part) < float("inf"), part, 0.0)
+        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
+        lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
         mine = (slots[:, None] >= first[None, :]) & (slots[:, None] < ends[None, :])
         scores = gl.where(mine, lse[:, None], float("-inf"))  # [SLOTS, rows]
         m_new = gl.maximum(m_i, gl.max(scores, 0))
@@ -130,8 +124,7 @@ if gluon_mla.gluon is not None:
     @gluon.jit
     def _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s,
                      RANK: gl.constexpr, BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
-                     slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr,
-                     LSE_FIRST: gl.constexpr):
+                     slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr):
         """The merge over the program's slots lo..hi - 1, SLOTS a step, its two buffers of partials
         taken in turn; the merged rows^T [rank, rows] stored to m_s in its dtype."""
         acc_t = gl.zeros([RANK, BLOCK_M], gl.float32, mma)
@@ -140,7 +133,7 @@ if gluon_mla.gluon is not None:
         for i in range(gl.cdiv(hi - lo, SLOTS)):
             acc_t, total, m_i = _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, lo + i * SLOTS,
                                             hi, stride_ms, part_bufs.index(i % 2), high_s, low_s, RANK, SLOTS,
-                                            copy_layout, slot_layout, mma, Trace, program, TRACE, LSE_FIRST)
+                                            copy_layout, slot_layout, mma, Trace, program, TRACE)
         total_t = gl.convert_layout(total, gl.SliceLayout(0, mma))
         m_s.store((acc_t / gl.where(total_t > 0, total_t, 1.0)[None, :]).to(m_s.dtype))
 
@@ -160,9 +153,7 @@ if gluon_mla.gluon is not None:
         MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
         RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
-        PDL: gl.constexpr, TRACE: gl.constexpr = False, SKIP_WEIGHTS: gl.constexpr = False,
-        PRODUCT_WARPS_V: gl.constexpr = 4, WARPS_ALL: gl.constexpr = 8, PREFETCH_PARTS: gl.constexpr = False,
-        LSE_FIRST: gl.constexpr = True, FOUR_EARLY: gl.constexpr = True,
+        PDL: gl.constexpr, TRACE: gl.constexpr = False,
     ):
         head = gl.program_id(0)
         # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied),
@@ -180,16 +171,14 @@ if gluon_mla.gluon is not None:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
                                                       instr_shape=[16, BLOCK_M, 16])
         # The product's [64 columns, rows]: 64 rows are one warpgroup's, so the rows split.
-        product: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[PRODUCT_WARPS_V, WARPS_ALL // PRODUCT_WARPS_V],
-            instr_shape=[16, BLOCK_M * PRODUCT_WARPS_V // WARPS_ALL, 16])
+        product: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                          instr_shape=[16, BLOCK_M // 2, 16])
         swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         # The weights, which do not depend on stage 1: copied while it finishes, waited on last.
         w_s = gl.allocate_shared_memory(dtype, [BLOCK_V, RANK], swizzled)
         offs_v = gl.program_id(1) * BLOCK_V + gl.arange(0, BLOCK_V, layout=gl.SliceLayout(1, copy_layout))
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        if not SKIP_WEIGHTS:  # a bound only: the product then reads whatever shared memory holds
-            copy_to_shared(w_s, W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])
+        copy_to_shared(w_s, W + head * stride_wh + offs_v[:, None] * stride_wv + offs_r[None, :])
         async_copy.commit_group()
         # The step's plan, written before stage 1 ran: each row's first slot and chunk count.
         lanes = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, slot_layout))
@@ -201,17 +190,6 @@ if gluon_mla.gluon is not None:
         hi = gl.max(gl.where(ends > first, ends, 0), 0)
         if TRACE:
             gluon_trace_store(Trace, program, 2, gluon_stamp_after(hi - lo))
-        if PREFETCH_PARTS:  # trial: the first step's partial lines asked of L2 before the wait
-            line_layout: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [8, 1], [1, 0])
-            line_slots = lo + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, line_layout))
-            line_cols = gl.arange(0, 8, layout=gl.SliceLayout(0, line_layout)) * (RANK // 8)
-            lines = MidOut + head * stride_mh + line_slots[:, None] * stride_ms + line_cols[None, :]
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }", "=r,l,r",
-                [lines, gl.broadcast(line_slots[:, None] < hi, lines)[0].to(gl.int32)],
-                dtype=gl.int32, is_pure=False, pack=1)
-        if FOUR_EARLY:
-            four = gl.max(ends - first, 0) <= 4
         if PDL:
             _wait_for_previous_kernel()
         if TRACE:
@@ -231,8 +209,7 @@ if gluon_mla.gluon is not None:
         out_head = MidOut + head * stride_mh
         lse_head = MidLse + head * stride_lh
         # Rounded to the weights' dtype where the separate merge rounded its output.
-        if not FOUR_EARLY:
-            four = gl.max(ends - first, 0) <= 4
+        four = gl.max(ends - first, 0) <= 4
         if four:
             rows_four: gl.constexpr = gl.SliceLayout(0, four_layout)
             merged = _merge_four(out_head, lse_head, gl.convert_layout(first, rows_four),
@@ -240,7 +217,7 @@ if gluon_mla.gluon is not None:
             rows_s.store(merged.to(dtype).permute((1, 0)))
         else:
             _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s, RANK,
-                         BLOCK_M, SLOTS, copy_layout, slot_layout, mma, Trace, program, TRACE, LSE_FIRST)
+                         BLOCK_M, SLOTS, copy_layout, slot_layout, mma, Trace, program, TRACE)
         if TRACE:
             gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
         async_copy.wait_group(0)
@@ -257,12 +234,6 @@ if gluon_mla.gluon is not None:
         _store_rows(Out, o_t, head, batch, requests_a_program, stride_ot, V, BLOCK_V, BLOCK_M, product)
 
 
-def mla_merge_projection_skip_weights() -> int:
-    from cgtool.attention import mla_merge_projection
-
-    return getattr(mla_merge_projection, "SKIP_WEIGHTS", 0)
-
-
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor, block_m: int, block_v: int, per_program: int,
                   trace: torch.Tensor | None = None) -> None:
@@ -276,11 +247,5 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m, BLOCK_V=block_v, SLOTS=SLOTS, num_warps=WARPS,
-        SKIP_WEIGHTS=bool(mla_merge_projection_skip_weights()), PRODUCT_WARPS_V=min(WARPS, block_v // 16),
-        WARPS_ALL=WARPS, LSE_FIRST=bool(getattr(__import__("cgtool.attention.mla_merge_projection",
-                                                            fromlist=["x"]), "LSE_FIRST", 1)),
-        FOUR_EARLY=bool(getattr(__import__("cgtool.attention.mla_merge_projection", fromlist=["x"]), "FOUR_EARLY", 1)),
-        PREFETCH_PARTS=bool(getattr(__import__("cgtool.attention.mla_merge_projection",
-                                                                 fromlist=["x"]), "PREFETCH_PARTS", 0)),
         **dependent_launch(out.device),
     )

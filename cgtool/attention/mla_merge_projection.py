@@ -103,10 +103,6 @@ PRODUCT_T = True
 # longer with one 16k request among 40 of 300 (calls 11-12 of
 # benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection).
 GLUON_KERNEL = True
-SKIP_WEIGHTS = 0  # trial: a bound only
-PREFETCH_PARTS = 0  # trial
-LSE_FIRST = 1  # trial
-FOUR_EARLY = 1  # trial
 
 
 @triton.jit
