@@ -181,7 +181,8 @@ def test_a_later_layer_reads_the_plan_the_first_planned_before_its_wait(monkeypa
 @pytest.mark.parametrize("gluon", [True, False])
 def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluon):
     # GLUON_KERNEL: on a GPU that runs Gluon, gluon_mla_projection's kernel over the same grid
-    # and requests a program (stamps included); elsewhere, or turned off, the Triton kernel.
+    # and requests a program (stamps and PROJECT_FIRST included); elsewhere, or turned off, the
+    # Triton kernel.
     from cgtool.attention import gluon_mla, gluon_mla_projection, mla_merge_projection
 
     calls: list = []
@@ -197,8 +198,8 @@ def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluo
     if not gluon:
         assert kind == "triton" and args == (2, 1, cdiv(20, requests_a_program(20)))
         return
-    assert kind == "gluon" and args[0] is mid_out and args[2] is plan and args[4] is out and args[-1] is trace
-    assert args[5:8] == (BLOCK_M, BLOCK_V, requests_a_program(20))
+    assert kind == "gluon" and args[0] is mid_out and args[2] is plan and args[4] is out and args[8] is trace
+    assert args[5:8] == (BLOCK_M, BLOCK_V, requests_a_program(20)) and args[9] is mla_merge_projection.PROJECT_FIRST
 
 
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):

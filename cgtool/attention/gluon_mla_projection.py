@@ -22,6 +22,16 @@ Then the product: the weights [64, rank] times the merged rows^T [rank, rows]. T
 the Triton kernel's bits at 8 of the 10 shapes timed (H200, call 11 of
 benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection; at 24 and 64 x 1k they differed
 by rounding).
+
+Where a program's slots fit one step (PROJECT_FIRST, `_project_one_step`), the product comes
+first: the weights times each slot's partial (W . part^T [64, slots], kept as two bf16 parts),
+then weighed into the rows by the slots' weights and divided by each row's total. The merged
+rows then never go through shared memory, and the large product waits only for the partials,
+not for the merge's own products: stamped at bs 16 x 1k on the H100, the layer's last program
+ended 4.64 us after stage 1's last loop, against 5.09 (call 13 of
+benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). The rows are not rounded to bf16
+between the merge and the product there, so the outputs differ from the Triton kernel's by that
+rounding.
 """
 
 from __future__ import annotations
@@ -54,10 +64,12 @@ if gluon_mla.gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
-    def _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
+    def _stage_step(total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
                     RANK: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
-                    slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr):
-        """The running merge (acc^T [rank, rows], total, max) with slots s0..s0 + SLOTS - 1 below hi."""
+                    slot_layout: gl.constexpr, Trace, program, TRACE: gl.constexpr):
+        """Slots s0..s0 + SLOTS - 1 below hi into shared memory: their partials [SLOTS, rank] and
+        each slot's weight in its request's row [SLOTS, rows] (two bf16 parts, against the
+        running max). (alpha, the rescale of what came before, the running total and max.)"""
         slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
         offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
         part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
@@ -83,6 +95,16 @@ if gluon_mla.gluon is not None:
         cta_barrier()
         if TRACE:  # the step's partials loaded and stored to shared memory (the last step's)
             gluon_trace_store(Trace, program, 6, gluon_stamp_after(s0))
+        return alpha, total, m_new
+
+    @gluon.jit
+    def _merge_step(acc_t, total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
+                    RANK: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
+                    slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr):
+        """The running merge (acc^T [rank, rows], total, max) with slots s0..s0 + SLOTS - 1 below hi."""
+        alpha, total, m_new = _stage_step(total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s,
+                                          high_s, low_s, RANK, SLOTS, copy_layout, slot_layout, Trace, program,
+                                          TRACE)
         acc_t = acc_t * gl.convert_layout(alpha, gl.SliceLayout(0, mma))[None, :]
         acc_t = warpgroup_mma(part_s.permute((1, 0)), high_s, acc_t, is_async=True)
         acc_t = warpgroup_mma(part_s.permute((1, 0)), low_s, acc_t, is_async=True)
@@ -90,6 +112,55 @@ if gluon_mla.gluon is not None:
         if TRACE:  # its products done
             gluon_trace_store(Trace, program, 7, gluon_stamp_after(s0))
         return acc_t, total, m_new
+
+    @gluon.jit
+    def _project_one_step(out_head, lse_head, first, ends, lo, hi, stride_ms, part_s, high_s, low_s, w_s, p_hi_s,
+                          p_lo_s, RANK: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr,
+                          SLOTS: gl.constexpr, copy_layout: gl.constexpr, slot_layout: gl.constexpr,
+                          product: gl.constexpr, Trace, program, TRACE: gl.constexpr):
+        """A program's slots, SLOTS or fewer, projected before they are weighed: each slot's
+        partial times the weights (W . part^T [columns, slots], in two bf16 parts), then weighed
+        into its request's row and divided by the row's total: o^T [columns, rows] in fp32. The
+        merged rows never go through shared memory, and the large product waits for no merge."""
+        slots_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                               instr_shape=[16, SLOTS // 2, 16])
+        m0 = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, slot_layout))
+        t0 = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, slot_layout))
+        _, total, _ = _stage_step(t0, m0, out_head, lse_head, first, ends, lo, hi, stride_ms, part_s, high_s, low_s,
+                                  RANK, SLOTS, copy_layout, slot_layout, Trace, program, TRACE)
+        async_copy.wait_group(0)  # the weights
+        fence_async_shared()
+        cta_barrier()
+        per_slot = warpgroup_mma(w_s, part_s.permute((1, 0)), gl.zeros([BLOCK_V, SLOTS], gl.float32, slots_layout),
+                                 use_acc=False, is_async=True)
+        per_slot = warpgroup_mma_wait(num_outstanding=0, deps=(per_slot,))
+        if TRACE:
+            gluon_trace_store(Trace, program, 7, gluon_stamp_after(lo))
+        high = per_slot.to(p_hi_s.dtype)
+        p_hi_s.store(high)
+        p_lo_s.store((per_slot - high.to(gl.float32)).to(p_lo_s.dtype))
+        fence_async_shared()
+        cta_barrier()
+        o_t = warpgroup_mma(p_hi_s, high_s, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
+                            is_async=True)
+        o_t = warpgroup_mma(p_hi_s, low_s, o_t, is_async=True)
+        o_t = warpgroup_mma(p_lo_s, high_s, o_t, is_async=True)
+        o_t = warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+        if TRACE:
+            gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
+        total_o = gl.convert_layout(total, gl.SliceLayout(0, product))
+        return o_t / gl.where(total_o > 0, total_o, 1.0)[None, :]
+
+    @gluon.jit
+    def _product(w_s, rows_t, product: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr):
+        """The weights [columns, rank] times merged rows^T [rank, rows] in shared memory, once the
+        weights' copy is in: o^T [columns, rows] in fp32."""
+        async_copy.wait_group(0)
+        fence_async_shared()
+        cta_barrier()
+        o_t = warpgroup_mma(w_s, rows_t, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
+                            is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
 
     @gluon.jit
     def _chunk(out_head, lse_head, first, chunks, c: gl.constexpr, stride_ms, offs_r):
@@ -153,7 +224,7 @@ if gluon_mla.gluon is not None:
         MidOut, MidLse, Requests, W, Out, batch, requests_a_program,
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
         RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
-        PDL: gl.constexpr, TRACE: gl.constexpr = False,
+        PDL: gl.constexpr, TRACE: gl.constexpr = False, PROJECT_FIRST: gl.constexpr = True,
     ):
         head = gl.program_id(0)
         # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied),
@@ -206,29 +277,33 @@ if gluon_mla.gluon is not None:
                                                                                                      dtype))
         rows_s = gl.allocate_shared_memory(dtype, [BLOCK_M, RANK],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_M, RANK], dtype))
+        # The per-slot products of the weights (PROJECT_FIRST), two bf16 parts.
+        per_slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_V, SLOTS], dtype)
+        p_hi_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
+        p_lo_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
         out_head = MidOut + head * stride_mh
         lse_head = MidLse + head * stride_lh
-        # Rounded to the weights' dtype where the separate merge rounded its output.
+        # Rounded to the weights' dtype where the separate merge rounded its output (but for one
+        # step projected first).
         four = gl.max(ends - first, 0) <= 4
         if four:
             rows_four: gl.constexpr = gl.SliceLayout(0, four_layout)
             merged = _merge_four(out_head, lse_head, gl.convert_layout(first, rows_four),
                                  gl.convert_layout(ends - first, rows_four), stride_ms, RANK, four_layout)
             rows_s.store(merged.to(dtype).permute((1, 0)))
+            if TRACE:
+                gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
+            o_t = _product(w_s, rows_s.permute((1, 0)), product, BLOCK_V, BLOCK_M)
+        elif PROJECT_FIRST and hi - lo <= SLOTS:
+            o_t = _project_one_step(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs.index(0), high_s,
+                                    low_s, w_s, p_hi_s, p_lo_s, RANK, BLOCK_V, BLOCK_M, SLOTS, copy_layout,
+                                    slot_layout, product, Trace, program, TRACE)
         else:
             _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s, RANK,
                          BLOCK_M, SLOTS, copy_layout, slot_layout, mma, Trace, program, TRACE)
-        if TRACE:
-            gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
-        async_copy.wait_group(0)
-        fence_async_shared()
-        cta_barrier()
-        zero = gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product)
-        if four:
-            o_t = warpgroup_mma(w_s, rows_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-        else:
-            o_t = warpgroup_mma(w_s, m_s, zero, use_acc=False, is_async=True)
-        o_t = warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+            if TRACE:
+                gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
+            o_t = _product(w_s, m_s, product, BLOCK_V, BLOCK_M)
         if TRACE:
             gluon_trace_store(Trace, program, 5, gluon_stamp_after(gl.sum(gl.sum(o_t, 1), 0)))
         _store_rows(Out, o_t, head, batch, requests_a_program, stride_ot, V, BLOCK_V, BLOCK_M, product)
@@ -236,7 +311,7 @@ if gluon_mla.gluon is not None:
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor, block_m: int, block_v: int, per_program: int,
-                  trace: torch.Tensor | None = None) -> None:
+                  trace: torch.Tensor | None = None, project_first: bool = True) -> None:
     """mla_merge_projection.merge_project's contract, on this kernel: `per_program` requests a
     program in rows of `block_m`, `block_v` value columns a program (its grid, the Triton kernel's);
     `trace` takes the Triton kernel's stamps."""
@@ -246,6 +321,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     _merge_project_kernel[grid](
         mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
-        requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m, BLOCK_V=block_v, SLOTS=SLOTS, num_warps=WARPS,
+        requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m,
+        BLOCK_V=block_v, SLOTS=SLOTS, PROJECT_FIRST=project_first, num_warps=WARPS,
         **dependent_launch(out.device),
     )

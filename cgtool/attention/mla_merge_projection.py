@@ -103,6 +103,13 @@ PRODUCT_T = True
 # longer with one 16k request among 40 of 300 (calls 11-12 of
 # benchmarks/results/h200-h100-2026-11-27-mla-gluon-projection).
 GLUON_KERNEL = True
+# In it, a program whose requests' chunks fit one step of slots takes each slot's product with
+# the weights first, then weighs the slots into rows (gluon_mla_projection._project_one_step).
+# Against the merge first, H100, two calls, five alternating rounds each: a layer 0.27-0.39 us
+# shorter at bs 16-17 x 1k, 0.31-0.41 at 8 x 4k and 16 x 2k; even at 24 x 1k (rows of four
+# chunks or fewer, which merge elementwise) and with one 16k request among 40 of 300 (calls 13 and 16 of
+# benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). Not timed on the H200.
+PROJECT_FIRST = True
 
 
 @triton.jit
@@ -284,7 +291,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     per_program = requests_a_program(bs)
     if GLUON_KERNEL and gluon_mla.available(out.device):
         gluon_mla_projection.merge_project(mid_out, mid_lse, requests, w_uv, out, BLOCK_M, BLOCK_V, per_program,
-                                           trace)
+                                           trace, PROJECT_FIRST)
         return
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
