@@ -126,6 +126,27 @@ def timeline_case(lens: list[int], copy_bs: float, values: dict[str, int], layer
     }
 
 
+def summary_line(row: dict) -> str:
+    """One case's medians as the log states them: the layer, stage 1, then the projection."""
+    m = row["medians"]
+    line = (
+        f"{row['us']:.1f} us a layer ({row['traced_us']:.1f} traced, output "
+        f"{'equal' if row['traced_output_equal'] else 'DIFFERS'}), bound {row['bound_us']:.1f}; stage 1 "
+        f"ramp {m['stage1_ramp_max']:.2f}, known {m['stage1_known_median']:.2f}, loop "
+        f"{m['stage1_loop_median']:.2f} (max {m['stage1_loop_max']:.2f}), end {m['stage1_end']:.2f}; after it "
+        f"the projection starts {m['projection_start_median']:.2f} (max {m['projection_start_max']:.2f}), "
+        f"plan {m['projection_plan_median']:.2f}, wait returns {m['projection_wait_median']:.2f} "
+        f"(max {m['projection_wait_max']:.2f}), merge {m['projection_merge_median']:.2f} "
+        f"(max {m['projection_merge_max']:.2f}), product {m['projection_product_median']:.2f} "
+        f"(max {m['projection_product_max']:.2f}), ends {m['projection_end']:.2f} on "
+        f"{m['projection_sms']:.0f} SMs; to the next stage 1 {row['next_layer_gap_us']:.2f}"
+    )
+    if "projection_step_loaded_median" in m:
+        line += (f"; its merge's last step: partials in shared memory {m['projection_step_loaded_median']:.2f}, "
+                 f"products {m['projection_step_mma_median']:.2f}, the rest {m['projection_step_rest_median']:.2f}")
+    return line
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -143,20 +164,7 @@ def main() -> None:
             row["variant"] = name
             result["cases"].append(row)
             save_results(result, args.out)
-            m = row["medians"]
-            log(f"{case} {name}: {row['us']:.1f} us a layer ({row['traced_us']:.1f} traced, output "
-                f"{'equal' if row['traced_output_equal'] else 'DIFFERS'}), bound {row['bound_us']:.1f}; stage 1 "
-                f"ramp {m['stage1_ramp_max']:.2f}, known {m['stage1_known_median']:.2f}, loop "
-                f"{m['stage1_loop_median']:.2f} (max {m['stage1_loop_max']:.2f}), end {m['stage1_end']:.2f}; after it "
-                f"the projection starts {m['projection_start_median']:.2f} (max {m['projection_start_max']:.2f}), "
-                f"plan {m['projection_plan_median']:.2f}, wait returns {m['projection_wait_median']:.2f} "
-                f"(max {m['projection_wait_max']:.2f}), merge {m['projection_merge_median']:.2f} "
-                f"(max {m['projection_merge_max']:.2f}), product {m['projection_product_median']:.2f} "
-                f"(max {m['projection_product_max']:.2f}), ends {m['projection_end']:.2f} on "
-                f"{m['projection_sms']:.0f} SMs; to the next stage 1 {row['next_layer_gap_us']:.2f}"
-                + ("; its merge's last step: partials in shared memory {:.2f}, products {:.2f}, the rest {:.2f}".format(
-                    m["projection_step_loaded_median"], m["projection_step_mma_median"],
-                    m["projection_step_rest_median"]) if "projection_step_loaded_median" in m else ""))
+            log(f"{case} {name}: {summary_line(row)}")
             torch.cuda.empty_cache()
     log("done")
 
