@@ -6,7 +6,8 @@ leaves the chunks unmerged and merges them as its own product loads them. Each c
 graphs of LAYERS layers (--layers) over distinct latent pools, alternating rounds:
 
 - apart: mla_decode_attention (merged in the last program) then mla.value_projection;
-- unmerged: decode_projected's stage 1 alone;
+- unmerged: decode_projected's stage 1 alone (and unmerged_NAME under a setting of stage 1 or
+  the plan);
 - fused: decode_projected;
 - product: value_projection alone, the projection's own cost;
 - attention: mla_decode_attention alone, what the kernel targets timed so far.
@@ -17,7 +18,8 @@ less `product` (the merge charged to the attention, the projection's own time no
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
         [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
-A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
+A setting's constant is mla_merge_projection's, with "wg." gluon_mla_wgmma's (stage 1's), with
+"fp." mla_flat_plan's (the step's chunks).
 Each fused run is one forward: its layers share one flat plan (mla_flat_plan), planned by the
 first. With --before DIR, `before` times decode_projected of an earlier build's
 gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR, in the same rounds (its layers sharing
@@ -54,7 +56,7 @@ from bench_moe_mla import (
 from probe_mla_timeline import overridden, parse_case
 
 import cgtool.attention
-from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
+from cgtool.attention import gluon_mla_wgmma, mla_flat_plan, mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
@@ -91,11 +93,13 @@ def parse_settings(text: str) -> dict[str, dict[str, int]]:
 
 @contextmanager
 def set_to(values: dict[str, int]):
-    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, others
-    mla_merge_projection's."""
+    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, "fp.NAME"
+    mla_flat_plan's, others mla_merge_projection's."""
     stage1 = {k.removeprefix("wg."): v for k, v in values.items() if k.startswith("wg.")}
-    projection = {k: v for k, v in values.items() if not k.startswith("wg.")}
-    with overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1):
+    plan = {k.removeprefix("fp."): v for k, v in values.items() if k.startswith("fp.")}
+    projection = {k: v for k, v in values.items() if not k.startswith(("wg.", "fp."))}
+    with (overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1),
+          overridden(mla_flat_plan, plan)):
         yield
 
 
@@ -176,21 +180,26 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
                         assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
         return run
 
-    def unmerged() -> None:  # stage 1 alone, as decode_projected launches it
-        memo: dict = {}
-        with overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
-            for c in caches:
-                store(c)
-                assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+    def unmerged(values: dict[str, int]):
+        def run() -> None:  # stage 1 alone, as decode_projected launches it
+            memo: dict = {}
+            with set_to(values), overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
+                for c in caches:
+                    store(c)
+                    assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+        return run
 
     runs = {
         "apart": lambda: [(attention(c), product()) for c in caches],
-        "unmerged": unmerged,
+        "unmerged": unmerged({}),
         "fused": fused({}),
         "product": lambda: [product() for _ in caches],
         "attention": lambda: [attention(c) for c in caches],
         **({"store": lambda: [store(c) for c in caches]} if with_store else {}),
         **{name: fused(values) for name, values in settings.items()},
+        # A setting of stage 1 or the plan: stage 1 alone under it too.
+        **{name.replace("fused_", "unmerged_"): unmerged(values) for name, values in settings.items()
+           if any(k.startswith(("wg.", "fp.")) for k in values)},
         **({"before": fused({}, before)} if before else {}),
     }
     for c in caches:  # the newest rows as every run leaves them
@@ -256,7 +265,8 @@ def main() -> None:
                       f"{'equal' if row['settings_equal_bits'][name] else 'DIFFER'}"
                       + (f", |- apart| {row['settings_max_abs_diff_vs_apart'][name]:.3g}"
                          if name in row["settings_max_abs_diff_vs_apart"] else "") + ")"
-                      for name in [*settings, *us.keys() & {"before"}]))
+                      for name in [*settings, *us.keys() & {"before"}])
+            + "".join(f"; {name} {us[name]:.1f}" for name in us if name.startswith("unmerged_")))
         torch.cuda.empty_cache()
     log("done")
 
