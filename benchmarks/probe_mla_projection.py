@@ -6,8 +6,7 @@ leaves the chunks unmerged and merges them as its own product loads them. Each c
 graphs of LAYERS layers (--layers) over distinct latent pools, alternating rounds:
 
 - apart: mla_decode_attention (merged in the last program) then mla.value_projection;
-- unmerged: decode_projected's stage 1 alone (and unmerged_NAME under a setting of stage 1 or
-  the plan);
+- unmerged: decode_projected's stage 1 alone (and unmerged_NAME under a setting of stage 1);
 - fused: decode_projected;
 - product: value_projection alone, the projection's own cost;
 - attention: mla_decode_attention alone, what the kernel targets timed so far.
@@ -18,8 +17,7 @@ less `product` (the merge charged to the attention, the projection's own time no
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
         [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
-A setting's constant is mla_merge_projection's, with "wg." gluon_mla_wgmma's (stage 1's), with
-"fp." mla_flat_plan's (the step's chunks).
+A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
 Each fused run is one forward: its layers share one flat plan (mla_flat_plan), planned by the
 first. With --before DIR, `before` times decode_projected of an earlier build's
 gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR, in the same rounds (its layers sharing
@@ -56,7 +54,7 @@ from bench_moe_mla import (
 from probe_mla_timeline import overridden, parse_case
 
 import cgtool.attention
-from cgtool.attention import gluon_mla_wgmma, mla_flat_plan, mla_merge_projection
+from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
@@ -93,13 +91,11 @@ def parse_settings(text: str) -> dict[str, dict[str, int]]:
 
 @contextmanager
 def set_to(values: dict[str, int]):
-    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, "fp.NAME"
-    mla_flat_plan's, others mla_merge_projection's."""
+    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, others
+    mla_merge_projection's."""
     stage1 = {k.removeprefix("wg."): v for k, v in values.items() if k.startswith("wg.")}
-    plan = {k.removeprefix("fp."): v for k, v in values.items() if k.startswith("fp.")}
-    projection = {k: v for k, v in values.items() if not k.startswith(("wg.", "fp."))}
-    with (overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1),
-          overridden(mla_flat_plan, plan)):
+    projection = {k: v for k, v in values.items() if not k.startswith("wg.")}
+    with overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1):
         yield
 
 
@@ -197,9 +193,9 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         "attention": lambda: [attention(c) for c in caches],
         **({"store": lambda: [store(c) for c in caches]} if with_store else {}),
         **{name: fused(values) for name, values in settings.items()},
-        # A setting of stage 1 or the plan: stage 1 alone under it too.
+        # A setting of stage 1: stage 1 alone under it too.
         **{name.replace("fused_", "unmerged_"): unmerged(values) for name, values in settings.items()
-           if any(k.startswith(("wg.", "fp.")) for k in values)},
+           if any(k.startswith("wg.") for k in values)},
         **({"before": fused({}, before)} if before else {}),
     }
     for c in caches:  # the newest rows as every run leaves them

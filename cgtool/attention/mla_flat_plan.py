@@ -37,15 +37,13 @@ from cgtool.runtime.triton_launch import CachedKernel, cdiv
 ENTRY = 8
 FIELDS = ("request", "chunk", "chunks", "first", "keys", "length", "pool_row")
 BLOCK_PROGRAMS = 64  # entries a program of the plan kernel writes
-# A chunk's keys are a multiple of this (a request's chunks from its share of the key tiles).
-KEY_STEP = 64
 
 
 @triton.jit
 def _flat_plan_kernel(
     seq_lens, req_pool_indices, Entries, Requests, batch,
     BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr, BATCH_BLOCK: tl.constexpr,
-    BLOCK_P: tl.constexpr, ENTRY_INTS: tl.constexpr, KEY_STEP: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_P: tl.constexpr, ENTRY_INTS: tl.constexpr, PDL: tl.constexpr,
 ):
     # Launched as the step's store's dependent, it needs only the lengths, written before the
     # store began: stage 1, its own dependent, may be scheduled at once and waits for this
@@ -60,7 +58,7 @@ def _flat_plan_kernel(
     # the batch alone does.
     whole = tl.maximum(tl.sum(lens // BLOCK_N, 0), 1)
     asked = tl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
-    keys = tl.maximum(tl.cdiv(tl.cdiv(lens, KEY_STEP), asked) * KEY_STEP, MIN_CHUNK)
+    keys = tl.maximum(tl.cdiv(tl.cdiv(lens, BLOCK_N), asked) * BLOCK_N, MIN_CHUNK)
     chunks = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
     ends = tl.cumsum(chunks, 0)
     firsts = ends - chunks
@@ -110,8 +108,7 @@ def flat_plan(
     for every layer, and inside a capture the first layer's kernel is captured and recomputes
     it on each replay."""
     bs = seq_lens.shape[0]
-    key = ("mla_flat_plan", seq_lens.data_ptr(), req_pool_indices.data_ptr(), bs, programs, min_chunk, block_n,
-           KEY_STEP)
+    key = ("mla_flat_plan", seq_lens.data_ptr(), req_pool_indices.data_ptr(), bs, programs, min_chunk, block_n)
     found = memo.get(key) if memo is not None else None
     if found is not None:
         return FlatPlan(found.entries, found.requests, fresh=False)
@@ -121,7 +118,7 @@ def flat_plan(
     _FLAT_PLAN.launch(
         (cdiv(total, BLOCK_PROGRAMS),), seq_lens, req_pool_indices, plan.entries, plan.requests, bs,
         BLOCK_N=block_n, MIN_CHUNK=min_chunk, PROGRAMS=programs, BATCH_BLOCK=triton.next_power_of_2(bs),
-        BLOCK_P=BLOCK_PROGRAMS, ENTRY_INTS=ENTRY, KEY_STEP=KEY_STEP, **dependent_launch(seq_lens.device), num_warps=4, num_stages=1,
+        BLOCK_P=BLOCK_PROGRAMS, ENTRY_INTS=ENTRY, **dependent_launch(seq_lens.device), num_warps=4, num_stages=1,
     )
     if memo is not None:
         memo[key] = plan
@@ -129,14 +126,13 @@ def flat_plan(
 
 
 def flat_plan_ref(seq_lens: list[int], pool_rows: list[int], programs: int, min_chunk: int,
-                  block_n: int, key_step: int | None = None) -> tuple[list[tuple[int, ...]], list[tuple[int, int]]]:
-    """`flat_plan`'s entries (FIELDS) and requests in Python, for the tests (`key_step`: KEY_STEP)."""
-    key_step = key_step or KEY_STEP
+                  block_n: int) -> tuple[list[tuple[int, ...]], list[tuple[int, int]]]:
+    """`flat_plan`'s entries (FIELDS) and requests in Python, for the tests."""
     whole = max(sum(n // block_n for n in seq_lens), 1)
     chunks, keys, firsts = [], [], []
     for n in seq_lens:
         asked = max(programs * (n // block_n) // whole, 1)
-        keys.append(max(cdiv(cdiv(n, key_step), asked) * key_step, min_chunk))
+        keys.append(max(cdiv(cdiv(n, block_n), asked) * block_n, min_chunk))
         firsts.append(sum(chunks))
         chunks.append(max(cdiv(n, keys[-1]), 1))
     owner = [b for b, c in enumerate(chunks) for _ in range(c)]
