@@ -108,7 +108,9 @@ GLUON_KERNEL = True
 # Against the merge first, H100, two calls, five alternating rounds each: a layer 0.27-0.39 us
 # shorter at bs 16-17 x 1k, 0.31-0.41 at 8 x 4k and 16 x 2k; even at 24 x 1k (rows of four
 # chunks or fewer, which merge elementwise) and with one 16k request among 40 of 300 (calls 13 and 16 of
-# benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). Not timed on the H200.
+# benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). H200: 0.3-0.4 us shorter at bs
+# 16-17 x 1k; whole decode steps 0.18-0.60 us a layer shorter at bs 16-32 x 1k, on the H100
+# mixed within 0.5 (calls 1-3 of benchmarks/results/h100-2026-11-28-mla-key-step).
 PROJECT_FIRST = True
 
 
