@@ -198,20 +198,13 @@ def mla_decode_cases() -> dict[str, tuple]:
                 gluon_mla_projection._merge_project_kernel,
                 {"RANK": 512, "V": 128, "BLOCK_M": mla_merge_projection.BLOCK_M,
                  "BLOCK_V": mla_merge_projection.BLOCK_V, "SLOTS": gluon_mla_projection.SLOTS, "PDL": True,
-                 "TRACE": traced, "PROJECT_FIRST": mla_merge_projection.PROJECT_FIRST,
-                 "EIGHT": mla_merge_projection.EIGHT_ELEMENTWISE},
+                 "TRACE": traced},
                 gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
         # The other setting of PROJECT_FIRST (then one step of slots is merged before the product).
         found["mla decode merge in the value projection, gluon, project first other"] = (
             gluon_mla_projection._merge_project_kernel,
             {**found["mla decode merge in the value projection, gluon, traced=False"][1],
              "PROJECT_FIRST": not mla_merge_projection.PROJECT_FIRST},
-            gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
-        # And of EIGHT_ELEMENTWISE (then rows of five to eight chunks merge over slots).
-        found["mla decode merge in the value projection, gluon, eight elementwise other"] = (
-            gluon_mla_projection._merge_project_kernel,
-            {**found["mla decode merge in the value projection, gluon, traced=False"][1],
-             "EIGHT": not mla_merge_projection.EIGHT_ELEMENTWISE},
             gluon_mla_projection.WARPS, 1, {"MidOut": "*bf16", "Trace": "*i64"})
     for splits, lanes, pdl in ((11, 16, True), (16, 64, False), (16, 64, True)):
         found[f"mla decode merge kernel chunks={splits} lanes={lanes} pdl={pdl}"] = (

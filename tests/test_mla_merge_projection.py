@@ -181,7 +181,7 @@ def test_a_later_layer_reads_the_plan_the_first_planned_before_its_wait(monkeypa
 @pytest.mark.parametrize("gluon", [True, False])
 def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluon):
     # GLUON_KERNEL: on a GPU that runs Gluon, gluon_mla_projection's kernel over the same grid
-    # and requests a program (stamps, PROJECT_FIRST and EIGHT_ELEMENTWISE included); elsewhere, or turned off, the
+    # and requests a program (stamps and PROJECT_FIRST included); elsewhere, or turned off, the
     # Triton kernel.
     from cgtool.attention import gluon_mla, gluon_mla_projection, mla_merge_projection
 
@@ -200,7 +200,6 @@ def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluo
         return
     assert kind == "gluon" and args[0] is mid_out and args[2] is plan and args[4] is out and args[8] is trace
     assert args[5:8] == (BLOCK_M, BLOCK_V, requests_a_program(20)) and args[9] is mla_merge_projection.PROJECT_FIRST
-    assert args[10] is mla_merge_projection.EIGHT_ELEMENTWISE
 
 
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):

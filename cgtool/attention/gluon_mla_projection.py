@@ -32,11 +32,6 @@ ended 4.64 us after stage 1's last loop, against 5.09 (call 13 of
 benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). The rows are not rounded to bf16
 between the merge and the product there, so the outputs differ from the Triton kernel's by that
 rounding.
-
-Rows of five to eight chunks (EIGHT_ELEMENTWISE, `_merge_eight`) are merged elementwise too, four
-chunks a step with a running maximum, before the same product: at bs 16-17 x 1k and 16 x 2k,
-where the slots were projected first, it was 0.07-0.22 us a layer shorter on the H100 (calls 4-5
-of benchmarks/results/h100-2026-11-28-mla-key-step).
 """
 
 from __future__ import annotations
@@ -198,38 +193,6 @@ if gluon_mla.gluon is not None:
         return acc / gl.where(total > 0, total, 1.0)[None, :]
 
     @gluon.jit
-    def _weigh_four(acc, total, m_i, out_head, lse_head, first, chunks, C0: gl.constexpr, stride_ms, offs_r):
-        """The running elementwise merge (acc^T [rank, rows], total, max) with chunks C0..C0 + 3."""
-        p0, l0 = _chunk(out_head, lse_head, first, chunks, C0, stride_ms, offs_r)
-        p1, l1 = _chunk(out_head, lse_head, first, chunks, C0 + 1, stride_ms, offs_r)
-        p2, l2 = _chunk(out_head, lse_head, first, chunks, C0 + 2, stride_ms, offs_r)
-        p3, l3 = _chunk(out_head, lse_head, first, chunks, C0 + 3, stride_ms, offs_r)
-        m_new = gl.maximum(m_i, gl.maximum(gl.maximum(l0, l1), gl.maximum(l2, l3)))
-        safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - safe)
-        w0, w1 = gl.exp2(l0 - safe), gl.exp2(l1 - safe)
-        w2, w3 = gl.exp2(l2 - safe), gl.exp2(l3 - safe)
-        acc = acc * alpha[None, :]
-        acc += p0.to(gl.float32) * w0[None, :]
-        acc += p1.to(gl.float32) * w1[None, :]
-        acc += p2.to(gl.float32) * w2[None, :]
-        acc += p3.to(gl.float32) * w3[None, :]
-        return acc, total * alpha + w0 + w1 + w2 + w3, m_new
-
-    @gluon.jit
-    def _merge_eight(out_head, lse_head, first, chunks, stride_ms, RANK: gl.constexpr, BLOCK_M: gl.constexpr,
-                     layout: gl.constexpr):
-        """Rows of at most eight chunks, merged elementwise four at a time (EIGHT_ELEMENTWISE).
-        (merged^T [rank, rows], fp32.)"""
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(1, layout))
-        acc = gl.zeros([RANK, BLOCK_M], gl.float32, layout)
-        total = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(0, layout))
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(0, layout))
-        acc, total, m_i = _weigh_four(acc, total, m_i, out_head, lse_head, first, chunks, 0, stride_ms, offs_r)
-        acc, total, m_i = _weigh_four(acc, total, m_i, out_head, lse_head, first, chunks, 4, stride_ms, offs_r)
-        return acc / gl.where(total > 0, total, 1.0)[None, :]
-
-    @gluon.jit
     def _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s,
                      RANK: gl.constexpr, BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
                      slot_layout: gl.constexpr, mma: gl.constexpr, Trace, program, TRACE: gl.constexpr):
@@ -262,7 +225,6 @@ if gluon_mla.gluon is not None:
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
         RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
         PDL: gl.constexpr, TRACE: gl.constexpr = False, PROJECT_FIRST: gl.constexpr = True,
-        EIGHT: gl.constexpr = False,
     ):
         head = gl.program_id(0)
         # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied),
@@ -332,14 +294,6 @@ if gluon_mla.gluon is not None:
             if TRACE:
                 gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
             o_t = _product(w_s, rows_s.permute((1, 0)), product, BLOCK_V, BLOCK_M)
-        elif EIGHT and gl.max(ends - first, 0) <= 8:
-            rows_eight: gl.constexpr = gl.SliceLayout(0, four_layout)
-            merged = _merge_eight(out_head, lse_head, gl.convert_layout(first, rows_eight),
-                                  gl.convert_layout(ends - first, rows_eight), stride_ms, RANK, BLOCK_M, four_layout)
-            rows_s.store(merged.to(dtype).permute((1, 0)))
-            if TRACE:
-                gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
-            o_t = _product(w_s, rows_s.permute((1, 0)), product, BLOCK_V, BLOCK_M)
         elif PROJECT_FIRST and hi - lo <= SLOTS:
             o_t = _project_one_step(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs.index(0), high_s,
                                     low_s, w_s, p_hi_s, p_lo_s, RANK, BLOCK_V, BLOCK_M, SLOTS, copy_layout,
@@ -357,7 +311,7 @@ if gluon_mla.gluon is not None:
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor, block_m: int, block_v: int, per_program: int,
-                  trace: torch.Tensor | None = None, project_first: bool = True, eight: bool = False) -> None:
+                  trace: torch.Tensor | None = None, project_first: bool = True) -> None:
     """mla_merge_projection.merge_project's contract, on this kernel: `per_program` requests a
     program in rows of `block_m`, `block_v` value columns a program (its grid, the Triton kernel's);
     `trace` takes the Triton kernel's stamps."""
@@ -368,6 +322,6 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m,
-        BLOCK_V=block_v, SLOTS=SLOTS, PROJECT_FIRST=project_first, EIGHT=eight, num_warps=WARPS,
+        BLOCK_V=block_v, SLOTS=SLOTS, PROJECT_FIRST=project_first, num_warps=WARPS,
         **dependent_launch(out.device),
     )

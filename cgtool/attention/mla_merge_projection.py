@@ -112,13 +112,6 @@ GLUON_KERNEL = True
 # 16-17 x 1k; whole decode steps 0.18-0.60 us a layer shorter at bs 16-32 x 1k, on the H100
 # mixed within 0.5 (calls 1-3 of benchmarks/results/h100-2026-11-28-mla-key-step).
 PROJECT_FIRST = True
-# In it, a program whose rows hold five to eight chunks merges them elementwise, four at a time
-# (gluon_mla_projection._merge_eight), as rows of four are, before the product: a row's sum then
-# depends on its own chunks alone. Against the slots projected first, five alternating rounds,
-# 27 layers a graph: H100 0.07-0.22 us a layer shorter at bs 16-17 x 1k and 16 x 2k (bs 16 x 1k
-# 61.0% against 59.7%); H200 0.15-0.20 shorter at bs 16 x 1k and 16 x 2k, 0.03 longer at bs 17
-# (calls 4-5 of benchmarks/results/h100-2026-11-28-mla-key-step).
-EIGHT_ELEMENTWISE = True
 
 
 @triton.jit
@@ -300,7 +293,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     per_program = requests_a_program(bs)
     if GLUON_KERNEL and gluon_mla.available(out.device):
         gluon_mla_projection.merge_project(mid_out, mid_lse, requests, w_uv, out, BLOCK_M, BLOCK_V, per_program,
-                                           trace, PROJECT_FIRST, EIGHT_ELEMENTWISE)
+                                           trace, PROJECT_FIRST)
         return
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
