@@ -25,6 +25,11 @@ one plan where that build takes `memo`), and its bits are compared with this bui
 With --with-store each layer's fused, unmerged and settings' runs first store the batch's newest
 rows (kv_store, which releases stage 1 at its start, as in a model's step), and `store` times
 the stores alone; shares then take the store's time out as they take the product's.
+
+Each layer multiplies by an up-projection of its own, as a model's layers do (since 2026-11-28):
+then the product alone reads its weights from HBM, as a separate product would in the model, and
+takes 3.8 us a layer on the H100 where it took 3.0 with one up-projection for all 27 layers, which
+L2 kept (--shared-weights, every figure before; benchmarks/results/h100-2026-11-28-mla-key-step).
 """
 
 from __future__ import annotations
@@ -114,6 +119,7 @@ class MlaLayer:
     latent_out: torch.Tensor
     o: torch.Tensor
     splits: int
+    w_uvs: list[torch.Tensor]  # each layer's up-projection: w_uv for all, or one each (distinct)
 
 
 def alternating_rounds(runs: dict, rounds: int, layers: int) -> dict[str, list[float]]:
@@ -130,24 +136,31 @@ def latent_read_us(lens: list[int], copy_bs: float) -> float:
     return sum(lens) * (RANK + ROPE) * DTYPE.itemsize / copy_bs * 1e6
 
 
-def mla_layer(lens: list[int], layers: int) -> MlaLayer:
+def up_projection() -> torch.Tensor:
+    """A layer's w_uv [heads, v, rank]: kv_b_proj's rows for a head are 128 of the key's, then
+    the value's 128."""
+    return (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
+
+
+def mla_layer(lens: list[int], layers: int, distinct_weights: bool = False) -> MlaLayer:
     bs = len(lens)
     caches, r2t, rows = latent_setup(lens, layers)
     newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
-    # kv_b_proj's rows for a head: 128 of the key's, then the value's 128
-    w_uv = (torch.randn(MLA_HEADS, 2 * V, RANK, device="cuda") / RANK**0.5).to(DTYPE)[:, V:]
+    w_uv = up_projection()
+    w_uvs = [w_uv] + [up_projection() if distinct_weights else w_uv for _ in range(layers - 1)]
     return MlaLayer(
         caches, r2t, rows, newest, torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE),
         torch.tensor(lens, dtype=torch.int32, device="cuda"),
         torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE), w_uv,
         torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE),
-        torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE), mla_num_kv_splits(bs, MLA_HEADS))
+        torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE), mla_num_kv_splits(bs, MLA_HEADS), w_uvs)
 
 
 def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]],
-              with_store: bool = False, before=None, layers: int = LAYERS) -> dict:
+              with_store: bool = False, before=None, layers: int = LAYERS, distinct_weights: bool = False) -> dict:
     bs = len(lens)
-    t = mla_layer(lens, layers)
+    t = mla_layer(lens, layers, distinct_weights)
+    layer_weights = list(zip(t.caches, t.w_uvs, strict=True))
     caches, r2t, rows, seq_lens, q, w_uv, o = t.caches, t.r2t, t.rows, t.seq_lens, t.q, t.w_uv, t.o
     latent_out, splits = t.latent_out, t.splits
 
@@ -159,37 +172,37 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
     def attention(cache) -> None:
         mla_decode_attention(q, cache, latent_out, r2t, rows, seq_lens, 0.07, splits, None)
 
-    def product() -> None:
-        value_projection(latent_out.transpose(0, 1), w_uv.transpose(1, 2), o)
+    def product(w: torch.Tensor = w_uv) -> None:
+        value_projection(latent_out.transpose(0, 1), w.transpose(1, 2), o)
 
     def fused(values: dict[str, int], projected=None):
         def run() -> None:
             memo: dict = {}
             with set_to(values):
-                for c in caches:
+                for c, w in layer_weights:
                     store(c)
                     if projected is None:
-                        assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+                        assert decode_projected(q, c, w, o, r2t, rows, seq_lens, 0.07, memo=memo)
                     elif "memo" in inspect.signature(projected).parameters:  # a build with the step's plan
-                        assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+                        assert projected(q, c, w, o, r2t, rows, seq_lens, 0.07, memo=memo)
                     else:
-                        assert projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07)
+                        assert projected(q, c, w, o, r2t, rows, seq_lens, 0.07)
         return run
 
     def unmerged(values: dict[str, int]):
         def run() -> None:  # stage 1 alone, as decode_projected launches it
             memo: dict = {}
             with set_to(values), overridden(mla_merge_projection, {"merge_project": lambda *args: None}):
-                for c in caches:
+                for c, w in layer_weights:
                     store(c)
-                    assert decode_projected(q, c, w_uv, o, r2t, rows, seq_lens, 0.07, memo=memo)
+                    assert decode_projected(q, c, w, o, r2t, rows, seq_lens, 0.07, memo=memo)
         return run
 
     runs = {
-        "apart": lambda: [(attention(c), product()) for c in caches],
+        "apart": lambda: [(attention(c), product(w)) for c, w in layer_weights],
         "unmerged": unmerged({}),
         "fused": fused({}),
-        "product": lambda: [product() for _ in caches],
+        "product": lambda: [product(w) for w in t.w_uvs],
         "attention": lambda: [attention(c) for c in caches],
         **({"store": lambda: [store(c) for c in caches]} if with_store else {}),
         **{name: fused(values) for name, values in settings.items()},
@@ -223,7 +236,7 @@ def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, 
         "bs": bs, "lens": lens if len(set(lens)) > 1 else None, "context": max(lens), "bound_us": bound,
         "us": us, "rounds_us": times, "max_abs_diff_fused_vs_apart": diff, "settings_equal_bits": equal_bits,
         "settings_max_abs_diff_vs_apart": apart_diffs,
-        "share_attention_alone": bound / us["attention"],
+        "share_attention_alone": bound / us["attention"], "distinct_weights": distinct_weights,
         "share_fused_less_product": bound / (us["fused"] - less), "with_store": with_store,
         **{f"share_{name}_less_product": bound / (us[name] - less) for name in [*settings, *us.keys() & {"before"}]},
     }
@@ -239,6 +252,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=LAYERS, help="layers a graph (deepseek-v2-lite has 27)")
     parser.add_argument("--before", type=Path, help="a folder holding an earlier build's two modules")
     parser.add_argument("--min-bs", type=int, help="mla_merge_projection.MIN_BS for every run (fewer requests)")
+    parser.add_argument("--shared-weights", action="store_true",
+                        help="one up-projection for every layer, which L2 keeps (before 2026-11-28); else one a layer")
     args = parser.parse_args()
     if args.min_bs is not None:
         mla_merge_projection.MIN_BS = args.min_bs
@@ -248,7 +263,8 @@ def main() -> None:
     result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": args.layers, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for case in args.cases.split(","):
-        row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store, before, args.layers)
+        row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store, before, args.layers,
+                        distinct_weights=not args.shared_weights)
         result["cases"].append(row)
         save_results(result, args.out)
         us = row["us"]
