@@ -115,11 +115,15 @@ class MlaLayer:
     new_rows: torch.Tensor
     seq_lens: torch.Tensor
     q: torch.Tensor
-    w_uv: torch.Tensor
+    w_uvs: list[torch.Tensor]  # each layer's up-projection: one for all, or one each (distinct)
     latent_out: torch.Tensor
     o: torch.Tensor
     splits: int
-    w_uvs: list[torch.Tensor]  # each layer's up-projection: w_uv for all, or one each (distinct)
+
+    @property
+    def w_uv(self) -> torch.Tensor:
+        """The first layer's up-projection (every layer's, shared)."""
+        return self.w_uvs[0]
 
 
 def alternating_rounds(runs: dict, rounds: int, layers: int) -> dict[str, list[float]]:
@@ -146,18 +150,19 @@ def mla_layer(lens: list[int], layers: int, distinct_weights: bool = False) -> M
     bs = len(lens)
     caches, r2t, rows = latent_setup(lens, layers)
     newest = r2t[rows.long(), torch.tensor(lens, device="cuda") - 1].long()
-    w_uv = up_projection()
-    w_uvs = [w_uv] + [up_projection() if distinct_weights else w_uv for _ in range(layers - 1)]
+    first = up_projection()
+    w_uvs = [first] + [up_projection() if distinct_weights else first for _ in range(layers - 1)]
     return MlaLayer(
         caches, r2t, rows, newest, torch.randn(bs, 1, RANK + ROPE, device="cuda").to(DTYPE),
         torch.tensor(lens, dtype=torch.int32, device="cuda"),
-        torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE), w_uv,
+        torch.randn(bs, MLA_HEADS, RANK + ROPE, device="cuda").to(DTYPE), w_uvs,
         torch.empty(bs, MLA_HEADS, RANK, device="cuda", dtype=DTYPE),
-        torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE), mla_num_kv_splits(bs, MLA_HEADS), w_uvs)
+        torch.empty(bs, MLA_HEADS * V, device="cuda", dtype=DTYPE), mla_num_kv_splits(bs, MLA_HEADS))
 
 
 def time_case(lens: list[int], copy_bs: float, rounds: int, settings: dict[str, dict[str, int]],
-              with_store: bool = False, before=None, layers: int = LAYERS, distinct_weights: bool = False) -> dict:
+              with_store: bool = False, before=None, layers: int = LAYERS,
+              distinct_weights: bool = False) -> dict:
     bs = len(lens)
     t = mla_layer(lens, layers, distinct_weights)
     layer_weights = list(zip(t.caches, t.w_uvs, strict=True))
