@@ -404,13 +404,14 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
 
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
-                                      [300] * 7 + [9000]])
+                                      [300] * 7 + [9000], [1024] * 22, [2048] * 12])
 @pytest.mark.parametrize("gluon", [False, True])
 def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(monkeypatch, seq_lens, gluon):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
     # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
-    # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300).
+    # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300),
+    # programs of 33-36 slots (bs 22 x 1k, 12 x 2k: the Gluon kernel's WIDE_STEP).
     # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
@@ -439,7 +440,7 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
 
 
 @pytest.mark.parametrize("gluon", [False, True])
-@pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000]])
+@pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000], [2048] * 12])
 def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_stamps(monkeypatch, seq_lens, gluon):
     # The projection's stamps (benchmarks/probe_mla_projection_timeline.py) must not change what
     # it computes, and each program's must follow its steps: start, plan loaded, wait on stage 1
@@ -475,7 +476,7 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
 
 
 @pytest.mark.parametrize("gluon", [False, True])
-@pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED])
+@pytest.mark.parametrize("seq_lens", [[1024] * 24, MIXED + [700] * 9, MIXED, [2048] * 12])
 def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq_lens, gluon):
     # Four layers of decode_projected in a graph share one plan of the flat chunks (the first
     # plans, the rest read it before their wait) and, as a model's layers do, one block of

@@ -200,6 +200,28 @@ def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluo
         return
     assert kind == "gluon" and args[0] is mid_out and args[2] is plan and args[4] is out and args[8] is trace
     assert args[5:8] == (BLOCK_M, BLOCK_V, requests_a_program(20)) and args[9] is mla_merge_projection.PROJECT_FIRST
+    assert args[10] is mla_merge_projection.WIDE_STEP
+
+
+@pytest.mark.parametrize("context", [1024, 2048, 4096])
+def test_equal_lengths_give_a_program_at_most_two_steps_of_slots(context):
+    # The Gluon projection takes a program's slots in one step, projected first, up to SLOTS,
+    # and with WIDE_STEP up to twice that; past it, its merge over slots. At equal lengths the
+    # step's flat plan (mla_flat_plan) gives a program of requests_a_program requests 33-36
+    # slots at some sizes (bs 21-22 x 1k, 9-12 x 2k, more at 4k), never more than two steps.
+    from cgtool.attention import gluon_mla_projection, gluon_mla_wgmma, triton_mla
+    from cgtool.attention.mla_flat_plan import flat_plan_ref
+
+    most = {}
+    for bs in range(mla_merge_projection.MIN_BS, mla_merge_projection.MAX_BS + 1):
+        _, requests = flat_plan_ref([context] * bs, list(range(bs)), triton_mla.WGMMA_PROGRAMS,
+                                    triton_mla.WGMMA_MIN_CHUNK, gluon_mla_wgmma.WGMMA_TILES[0])
+        per = requests_a_program(bs)
+        most[bs] = max(sum(c for _, c in requests[i:i + per]) for i in range(0, bs, per))
+    assert max(most.values()) <= 2 * gluon_mla_projection.SLOTS
+    if context <= 2048:
+        assert {bs for bs, n in most.items() if n > gluon_mla_projection.SLOTS} >= (
+            {21, 22} if context == 1024 else {9, 10, 11, 12})
 
 
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):

@@ -31,7 +31,8 @@ not for the merge's own products: stamped at bs 16 x 1k on the H100, the layer's
 ended 4.64 us after stage 1's last loop, against 5.09 (call 13 of
 benchmarks/results/h100-h200-2026-11-27-mla-step-and-trials). The rows are not rounded to bf16
 between the merge and the product there, so the outputs differ from the Triton kernel's by that
-rounding.
+rounding. Where they fit two steps (WIDE_STEP, `_project_two_steps`), both steps' loads are
+issued together and each step is projected first into its own buffers.
 """
 
 from __future__ import annotations
@@ -152,6 +153,90 @@ if gluon_mla.gluon is not None:
         return o_t / gl.where(total_o > 0, total_o, 1.0)[None, :]
 
     @gluon.jit
+    def _weigh_slots(p_hi_s, p_lo_s, high_s, low_s, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr,
+                     product: gl.constexpr):
+        """One step's per-slot products [columns, slots] weighed into the rows: [columns, rows]
+        in fp32, the three products of two bf16 parts that matter."""
+        o_t = warpgroup_mma(p_hi_s, high_s, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
+                            is_async=True)
+        o_t = warpgroup_mma(p_hi_s, low_s, o_t, is_async=True)
+        o_t = warpgroup_mma(p_lo_s, high_s, o_t, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+
+    @gluon.jit
+    def _store_parts(p_hi_s, p_lo_s, per_slot):
+        """A step's per-slot products as two bf16 parts, for the products that weigh them."""
+        high = per_slot.to(p_hi_s.dtype)
+        p_hi_s.store(high)
+        p_lo_s.store((per_slot - high.to(gl.float32)).to(p_lo_s.dtype))
+
+    @gluon.jit
+    def _load_step(out_head, lse_head, first, ends, s0, hi, stride_ms, RANK: gl.constexpr, SLOTS: gl.constexpr,
+                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
+        """Slots s0..s0 + SLOTS - 1 below hi: their partials [SLOTS, rank] (a value that is not
+        finite read as nought) and each slot's base-2 log-sum-exp in its request's row [SLOTS,
+        rows] (-inf elsewhere)."""
+        slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
+                       other=0.0, cache_modifier=".cg")
+        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
+        lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
+        mine = (slots[:, None] >= first[None, :]) & (slots[:, None] < ends[None, :])
+        return part, gl.where(mine, lse[:, None], float("-inf"))
+
+    @gluon.jit
+    def _store_step(part, weights, part_s, high_s, low_s):
+        """A step's partials and its slots' weights (two bf16 parts) into shared memory."""
+        part_s.store(gl.where(gl.abs(part) < float("inf"), part, 0.0))
+        high = weights.to(high_s.dtype)
+        high_s.store(high)
+        low_s.store((weights - high.to(gl.float32)).to(low_s.dtype))
+
+    @gluon.jit
+    def _project_two_steps(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, high2_s,
+                           low2_s, w_s, p_hi_s, p_lo_s, p_hi2_s, p_lo2_s, RANK: gl.constexpr, BLOCK_V: gl.constexpr,
+                           BLOCK_M: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
+                           slot_layout: gl.constexpr, product: gl.constexpr, Trace, program, TRACE: gl.constexpr):
+        """`_project_one_step` for a program of SLOTS + 1 to 2 * SLOTS slots (WIDE_STEP): both steps'
+        loads issued together (one round trip to L2, not two), their weights against one max,
+        each step projected into its own buffers, then both weighed into the rows."""
+        slots_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                               instr_shape=[16, SLOTS // 2, 16])
+        part_1, scores_1 = _load_step(out_head, lse_head, first, ends, lo, hi, stride_ms, RANK, SLOTS, copy_layout,
+                                      slot_layout)
+        part_2, scores_2 = _load_step(out_head, lse_head, first, ends, lo + SLOTS, hi, stride_ms, RANK, SLOTS,
+                                      copy_layout, slot_layout)
+        top = gl.maximum(gl.max(scores_1, 0), gl.max(scores_2, 0))
+        safe = gl.where(top == float("-inf"), 0.0, top)
+        weights_1 = gl.exp2(scores_1 - safe[None, :])
+        weights_2 = gl.exp2(scores_2 - safe[None, :])
+        total = gl.sum(weights_1, 0) + gl.sum(weights_2, 0)
+        _store_step(part_1, weights_1, part_bufs.index(0), high_s, low_s)
+        _store_step(part_2, weights_2, part_bufs.index(1), high2_s, low2_s)
+        async_copy.wait_group(0)  # the weights
+        fence_async_shared()
+        cta_barrier()
+        if TRACE:
+            gluon_trace_store(Trace, program, 6, gluon_stamp_after(lo))
+        zeros = gl.zeros([BLOCK_V, SLOTS], gl.float32, slots_layout)
+        per_1 = warpgroup_mma(w_s, part_bufs.index(0).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        per_2 = warpgroup_mma(w_s, part_bufs.index(1).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        per_1, per_2 = warpgroup_mma_wait(num_outstanding=0, deps=(per_1, per_2))
+        if TRACE:
+            gluon_trace_store(Trace, program, 7, gluon_stamp_after(lo))
+        _store_parts(p_hi_s, p_lo_s, per_1)
+        _store_parts(p_hi2_s, p_lo2_s, per_2)
+        fence_async_shared()
+        cta_barrier()
+        o_t = _weigh_slots(p_hi_s, p_lo_s, high_s, low_s, BLOCK_V, BLOCK_M, product)
+        o_t += _weigh_slots(p_hi2_s, p_lo2_s, high2_s, low2_s, BLOCK_V, BLOCK_M, product)
+        if TRACE:
+            gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
+        total_o = gl.convert_layout(total, gl.SliceLayout(0, product))
+        return o_t / gl.where(total_o > 0, total_o, 1.0)[None, :]
+
+    @gluon.jit
     def _product(w_s, rows_t, product: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr):
         """The weights [columns, rank] times merged rows^T [rank, rows] in shared memory, once the
         weights' copy is in: o^T [columns, rows] in fp32."""
@@ -225,6 +310,7 @@ if gluon_mla.gluon is not None:
         stride_mh, stride_ms, stride_lh, stride_wh, stride_wv, stride_ot, Trace,
         RANK: gl.constexpr, V: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_V: gl.constexpr, SLOTS: gl.constexpr,
         PDL: gl.constexpr, TRACE: gl.constexpr = False, PROJECT_FIRST: gl.constexpr = True,
+        WIDE_STEP: gl.constexpr = True,
     ):
         head = gl.program_id(0)
         # TRACE: the Triton kernel's stamps (start, plan loaded, wait returned, merged, multiplied),
@@ -281,6 +367,11 @@ if gluon_mla.gluon is not None:
         per_slot_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_V, SLOTS], dtype)
         p_hi_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
         p_lo_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
+        # And the second step's where two steps are projected first (WIDE_STEP).
+        p_hi2_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
+        p_lo2_s = gl.allocate_shared_memory(dtype, [BLOCK_V, SLOTS], per_slot_layout)
+        high2_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
+        low2_s = gl.allocate_shared_memory(dtype, [SLOTS, BLOCK_M], step_layout)
         out_head = MidOut + head * stride_mh
         lse_head = MidLse + head * stride_lh
         # Rounded to the weights' dtype where the separate merge rounded its output (but for one
@@ -298,6 +389,10 @@ if gluon_mla.gluon is not None:
             o_t = _project_one_step(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs.index(0), high_s,
                                     low_s, w_s, p_hi_s, p_lo_s, RANK, BLOCK_V, BLOCK_M, SLOTS, copy_layout,
                                     slot_layout, product, Trace, program, TRACE)
+        elif PROJECT_FIRST and WIDE_STEP and hi - lo <= 2 * SLOTS:
+            o_t = _project_two_steps(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s,
+                                     high2_s, low2_s, w_s, p_hi_s, p_lo_s, p_hi2_s, p_lo2_s, RANK, BLOCK_V, BLOCK_M,
+                                     SLOTS, copy_layout, slot_layout, product, Trace, program, TRACE)
         else:
             _merge_slots(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, m_s, RANK,
                          BLOCK_M, SLOTS, copy_layout, slot_layout, mma, Trace, program, TRACE)
@@ -311,7 +406,7 @@ if gluon_mla.gluon is not None:
 
 def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.Tensor, w_uv: torch.Tensor,
                   out: torch.Tensor, block_m: int, block_v: int, per_program: int,
-                  trace: torch.Tensor | None = None, project_first: bool = True) -> None:
+                  trace: torch.Tensor | None = None, project_first: bool = True, wide_step: bool = True) -> None:
     """mla_merge_projection.merge_project's contract, on this kernel: `per_program` requests a
     program in rows of `block_m`, `block_v` value columns a program (its grid, the Triton kernel's);
     `trace` takes the Triton kernel's stamps."""
@@ -322,6 +417,6 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
         mid_out, mid_lse, requests, w_uv, out, bs, per_program,
         mid_out.stride(1), mid_out.stride(2), mid_lse.stride(1), w_uv.stride(0), w_uv.stride(1), out.stride(0),
         requests if trace is None else trace, TRACE=trace is not None, RANK=rank, V=v, BLOCK_M=block_m,
-        BLOCK_V=block_v, SLOTS=SLOTS, PROJECT_FIRST=project_first, num_warps=WARPS,
+        BLOCK_V=block_v, SLOTS=SLOTS, PROJECT_FIRST=project_first, WIDE_STEP=wide_step, num_warps=WARPS,
         **dependent_launch(out.device),
     )

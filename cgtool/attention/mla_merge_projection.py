@@ -112,6 +112,17 @@ GLUON_KERNEL = True
 # 16-17 x 1k; whole decode steps 0.18-0.60 us a layer shorter at bs 16-32 x 1k, on the H100
 # mixed within 0.5 (calls 1-3 of benchmarks/results/h100-2026-11-28-mla-key-step).
 PROJECT_FIRST = True
+# And where they fit two steps (2 * SLOTS slots, the two buffers of partials taken as one), the
+# same in one step rather than the merge over slots. A batch of equal lengths holds up to 132
+# chunks, about 33 a program over ROW_BLOCKS programs, so some sizes fell a few slots past a step:
+# bs 21-22 x 1k (6 requests of 6 chunks), 9-12 x 2k (3 of 11), 17-26 x 2k-8k and 5-14 x 4k-8k
+# (33-52 slots; tests/test_mla_merge_projection.py). Those programs took the merge over slots, two
+# round trips to L2 and the product after the merge. Projected first, both steps' loads issued
+# together: a layer 0.11-0.37 us shorter at all 17 such shapes timed, within -0.05 to +0.12 at
+# shapes that do not take it; whole decode steps 0.3-1.5 us a layer shorter at bs 21-22 x 1k and
+# 12 x 2k (H100, calls 6 and 10 of benchmarks/results/h100-h200-2026-11-28-mla-wide-step). The
+# two steps staged one after the other were no shorter (call 4).
+WIDE_STEP = True
 
 
 @triton.jit
@@ -293,7 +304,7 @@ def merge_project(mid_out: torch.Tensor, mid_lse: torch.Tensor, requests: torch.
     per_program = requests_a_program(bs)
     if GLUON_KERNEL and gluon_mla.available(out.device):
         gluon_mla_projection.merge_project(mid_out, mid_lse, requests, w_uv, out, BLOCK_M, BLOCK_V, per_program,
-                                           trace, PROJECT_FIRST)
+                                           trace, PROJECT_FIRST, WIDE_STEP)
         return
     grid = (heads, cdiv(v, BLOCK_V), cdiv(bs, per_program))
     assert trace is None or trace.shape[0] >= grid[0] * grid[1] * grid[2], "a trace row for every program"
