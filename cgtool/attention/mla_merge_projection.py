@@ -120,7 +120,7 @@ PROJECT_FIRST = True
 # round trips to L2 and the product after the merge. Projected first, both steps' loads issued
 # together: a layer 0.11-0.37 us shorter at all 17 such shapes timed, within -0.05 to +0.12 at
 # shapes that do not take it; whole decode steps 0.3-1.5 us a layer shorter at bs 21-22 x 1k and
-# 12 x 2k, -0.05 to +0.16 at 21-22 x 2k (H100, calls 6 and 10 of
+# 12 x 2k, within 0.16 either way at 21-22 x 2k (H100, calls 6 and 10 of
 # benchmarks/results/h100-h200-2026-11-28-mla-wide-step). The two steps staged one after the
 # other were no shorter (call 4). Not timed on an H200.
 WIDE_STEP = True
