@@ -17,7 +17,7 @@ less `product` (the merge charged to the attention, the projection's own time no
     python3 benchmarks/probe_mla_projection.py --out projection.json [--cases 32x1024,24x1024]
         [--rounds 3] [--settings "m32:BLOCK_M=32;g8:MERGE_GROUP=8;qf:wg.Q_FIRST=1"]
 
-A setting's constant is mla_merge_projection's, or with "wg." gluon_mla_wgmma's (stage 1's).
+A setting's constant is mla_merge_projection's, with "wg." gluon_mla_wgmma's (stage 1's), with "tm." triton_mla's.
 Each fused run is one forward: its layers share one flat plan (mla_flat_plan), planned by the
 first. With --before DIR, `before` times decode_projected of an earlier build's
 gluon_mla_wgmma.py and mla_merge_projection.py kept in DIR, in the same rounds (its layers sharing
@@ -59,7 +59,7 @@ from bench_moe_mla import (
 from probe_mla_timeline import overridden, parse_case
 
 import cgtool.attention
-from cgtool.attention import gluon_mla_wgmma, mla_merge_projection
+from cgtool.attention import gluon_mla_wgmma, mla_merge_projection, triton_mla
 from cgtool.attention.mla_merge_projection import decode_projected, serves
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.model.mla import value_projection
@@ -96,11 +96,14 @@ def parse_settings(text: str) -> dict[str, dict[str, int]]:
 
 @contextmanager
 def set_to(values: dict[str, int]):
-    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, others
+    """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, "tm.NAME"
+    triton_mla's (WGMMA_PROGRAMS: the programs the step's plan shares the chunks among), others
     mla_merge_projection's."""
     stage1 = {k.removeprefix("wg."): v for k, v in values.items() if k.startswith("wg.")}
-    projection = {k: v for k, v in values.items() if not k.startswith("wg.")}
-    with overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1):
+    chunks = {k.removeprefix("tm."): v for k, v in values.items() if k.startswith("tm.")}
+    projection = {k: v for k, v in values.items() if not k.startswith(("wg.", "tm."))}
+    with overridden(mla_merge_projection, projection), overridden(gluon_mla_wgmma, stage1), \
+            overridden(triton_mla, chunks):
         yield
 
 

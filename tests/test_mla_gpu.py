@@ -404,14 +404,15 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
 
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
-                                      [300] * 7 + [9000], [1024] * 22, [2048] * 12])
+                                      [300] * 7 + [9000], [1024] * 22, [2048] * 12, [2048] * 6 + [512] * 6])
 @pytest.mark.parametrize("gluon", [False, True])
 def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(monkeypatch, seq_lens, gluon):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
     # projection loads them (bs 5-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300),
-    # programs of 33-36 slots (bs 22 x 1k, 12 x 2k: the Gluon kernel's WIDE_STEP).
+    # a plan over fewer programs than stage 1's (bs 22 x 1k, 12 x 2k: plan_programs), programs of
+    # 48 slots (6 x 2k + 6 x 512: the Gluon kernel's WIDE_STEP).
     # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
@@ -440,7 +441,7 @@ def test_merge_in_the_value_projection_matches_attention_then_product_and_replay
 
 
 @pytest.mark.parametrize("gluon", [False, True])
-@pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000], [2048] * 12])
+@pytest.mark.parametrize("seq_lens", [[4096] * 8, [1024] * 32, [300] * 7 + [9000], [2048] * 6 + [512] * 6])
 def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_stamps(monkeypatch, seq_lens, gluon):
     # The projection's stamps (benchmarks/probe_mla_projection_timeline.py) must not change what
     # it computes, and each program's must follow its steps: start, plan loaded, wait on stage 1
@@ -468,9 +469,10 @@ def test_merge_in_the_value_projection_traced_gives_the_same_bits_and_ordered_st
     loops_end = stage1.cpu()[:, 3].max()
     assert loops_end > 0 and (stamps[:, 3] >= loops_end).all()
     # The Gluon kernel also stamps its merge over slots' last step: partials in shared memory,
-    # then its products, between the wait's return and the merged stamp (8 x 4k merges so).
+    # then its products, between the wait's return and the merged stamp (8 x 4k merges so, and
+    # 6 x 2k's programs of 48 slots in their two steps).
     stepped = stamps[stamps[:, 6] > 0]
-    if gluon and seq_lens == [4096] * 8:
+    if gluon and seq_lens in ([4096] * 8, [2048] * 6 + [512] * 6):
         assert len(stepped) > 0
     assert ((stepped[:, 6] >= stepped[:, 3]) & (stepped[:, 7] >= stepped[:, 6]) & (stepped[:, 4] >= stepped[:, 7])).all()
 

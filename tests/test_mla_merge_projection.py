@@ -134,30 +134,33 @@ def _decode_projected_on_cpu(monkeypatch, bs: int, stage1, memo: dict | None = N
     return all(done), launches
 
 
-def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch):
+@pytest.mark.parametrize(("bs", "programs"), [(20, 132), (21, 125)])
+def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch, bs, programs):
     # The flat stage 1 without tickets, released for the projection, which runs a 16-row block
-    # of every head and 64-column block over its partials; both read one plan of the step.
+    # of every head and 64-column block over its partials; both read one plan of the step,
+    # shared among `plan_programs` (bs 21: fewer than stage 1 may run).
     from test_gluon_mla import _RecordingKernel
 
     from cgtool.attention import gluon_mla_wgmma, triton_mla
     from cgtool.attention.mla_flat_plan import flat_plan_ref
 
+    assert mla_merge_projection.plan_programs(bs) == programs
     stage1 = _RecordingKernel()
-    done, projection = _decode_projected_on_cpu(monkeypatch, 20, stage1)
+    done, projection = _decode_projected_on_cpu(monkeypatch, bs, stage1)
     (launch,) = stage1.launches
     assert done and launch["UNMERGED"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
-    assert launch["grid"] == (triton_mla.WGMMA_PROGRAMS + 20, 1, 1)
+    assert launch["grid"] == (programs + bs, 1, 1) and launch["PROGRAMS"] == programs
     (merge,) = projection
-    assert merge["grid"] == (16, 128 // BLOCK_V, cdiv(20, requests_a_program(20)))
+    assert merge["grid"] == (16, 128 // BLOCK_V, cdiv(bs, requests_a_program(bs)))
     assert merge["args"][0] is launch["args"][2] and merge["args"][1] is launch["args"][3]  # its partials
     entries, requests = launch["Entries"], merge["args"][2]
-    assert entries.shape == (triton_mla.WGMMA_PROGRAMS + 20, 8) and requests.shape == (20, 2)
+    assert entries.shape == (programs + bs, 8) and requests.shape == (bs, 2)
     assert entries.untyped_storage().data_ptr() == requests.untyped_storage().data_ptr()  # one plan
     want_entries, want_requests = flat_plan_ref(
-        [40 + 9 * i for i in range(20)], launch["args"][7].tolist(), triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
+        [40 + 9 * i for i in range(bs)], launch["args"][7].tolist(), programs, triton_mla.WGMMA_MIN_CHUNK,
         gluon_mla_wgmma.WGMMA_TILES[0])
     assert [tuple(r) for r in requests.tolist()] == want_requests
-    assert [tuple(e[:7]) for e in entries.tolist()][:20] == want_entries[:20]
+    assert [tuple(e[:7]) for e in entries.tolist()][:bs] == want_entries[:bs]
     # Planned by this call, just before stage 1: stage 1 reads it after its wait.
     assert launch["ENTRY_AFTER_WAIT"] is True
 
@@ -203,25 +206,33 @@ def test_the_projection_runs_its_gluon_kernel_where_gluon_runs(monkeypatch, gluo
     assert args[10] is mla_merge_projection.WIDE_STEP
 
 
-@pytest.mark.parametrize("context", [1024, 2048, 4096])
-def test_equal_lengths_give_a_program_at_most_two_steps_of_slots(context):
-    # The Gluon projection takes a program's slots in one step, projected first, up to SLOTS,
-    # and with WIDE_STEP up to twice that; past it, its merge over slots. At equal lengths the
-    # step's flat plan (mla_flat_plan) gives a program of requests_a_program requests 33-36
-    # slots at some sizes (bs 21-22 x 1k, 9-12 x 2k, more at 4k), never more than two steps.
+@pytest.mark.parametrize("context", [1024, 2048, 4096, 8192])
+def test_equal_lengths_give_a_program_one_step_of_slots_or_rows_of_four_chunks(monkeypatch, context):
+    # The Gluon projection takes a program's slots in one step, projected first, up to SLOTS
+    # (two steps with WIDE_STEP, then the merge over slots), and rows of up to four chunks
+    # elementwise. At equal lengths the step's plan over `plan_programs` keeps every program
+    # within one of the two; over all WGMMA_PROGRAMS (CAP_CHUNKS off) some held 33-52 slots
+    # (bs 21-22 x 1k, 9-12 x 2k, more at 4k-8k), never more than two steps.
     from cgtool.attention import gluon_mla_projection, gluon_mla_wgmma, triton_mla
     from cgtool.attention.mla_flat_plan import flat_plan_ref
 
-    most = {}
-    for bs in range(mla_merge_projection.MIN_BS, mla_merge_projection.MAX_BS + 1):
-        _, requests = flat_plan_ref([context] * bs, list(range(bs)), triton_mla.WGMMA_PROGRAMS,
-                                    triton_mla.WGMMA_MIN_CHUNK, gluon_mla_wgmma.WGMMA_TILES[0])
-        per = requests_a_program(bs)
-        most[bs] = max(sum(c for _, c in requests[i:i + per]) for i in range(0, bs, per))
-    assert max(most.values()) <= 2 * gluon_mla_projection.SLOTS
-    if context <= 2048:
-        assert {bs for bs, n in most.items() if n > gluon_mla_projection.SLOTS} >= (
-            {21, 22} if context == 1024 else {9, 10, 11, 12})
+    def most_slots() -> dict[int, tuple[int, int]]:
+        found = {}
+        for bs in range(mla_merge_projection.MIN_BS, mla_merge_projection.MAX_BS + 1):
+            _, requests = flat_plan_ref([context] * bs, list(range(bs)), mla_merge_projection.plan_programs(bs),
+                                        triton_mla.WGMMA_MIN_CHUNK, gluon_mla_wgmma.WGMMA_TILES[0])
+            per = requests_a_program(bs)
+            found[bs] = (max(sum(c for _, c in requests[i:i + per]) for i in range(0, bs, per)),
+                         max(c for _, c in requests))
+        return found
+
+    step = gluon_mla_projection.SLOTS
+    assert all(slots <= step or chunks <= 4 for slots, chunks in most_slots().values())
+    monkeypatch.setattr(mla_merge_projection, "CAP_CHUNKS", False)
+    uncapped = most_slots()
+    assert max(slots for slots, _ in uncapped.values()) <= 2 * step
+    past = {bs for bs, (slots, chunks) in uncapped.items() if slots > step and chunks > 4}
+    assert past >= {1024: {21, 22}, 2048: {9, 10, 11, 12}, 4096: {5, 6}, 8192: {5, 6}}[context]
 
 
 def test_a_refused_stage1_leaves_the_attention_and_product_to_the_caller(monkeypatch):

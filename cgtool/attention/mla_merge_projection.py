@@ -124,6 +124,14 @@ PROJECT_FIRST = True
 # benchmarks/results/h100-h200-2026-11-28-mla-wide-step). The two steps staged one after the
 # other were no shorter (call 4). Not timed on an H200.
 WIDE_STEP = True
+# The step's plan shares the chunks among fewer programs than stage 1 may run where an equal
+# share would give a projection program more slots than one step (`plan_programs`): fewer,
+# longer chunks, and each program of this kernel within one step or four chunks a row. With
+# 96-120 programs for the plan (H100, call 12 of
+# benchmarks/results/h100-h200-2026-11-28-mla-wide-step): bs 21 x 1k 67% of the latent read
+# against 59%, 9 x 2k 63% against 54%, 10 x 2k 63% against 57%, 5 x 4k 64% against 58%; where
+# an equal share already fits (bs 12-16 x 1k) fewer programs were slower.
+CAP_CHUNKS = True
 
 
 @triton.jit
@@ -324,6 +332,18 @@ def projection_programs(batch_size: int, heads: int, v: int) -> int:
     return heads * cdiv(v, BLOCK_V) * cdiv(batch_size, requests_a_program(batch_size))
 
 
+def plan_programs(batch_size: int) -> int:
+    """Programs the step's flat plan shares the batch's key tiles among (stage 1 runs these and
+    one a request, mla_flat_plan): stage 1's WGMMA_PROGRAMS, or fewer where an equal share of
+    them would give this kernel's programs more chunks than one step of SLOTS slots or a
+    merge of MERGE_GROUP chunks takes (CAP_CHUNKS). At equal lengths a request's share is at
+    most programs // batch_size chunks."""
+    if not CAP_CHUNKS:
+        return triton_mla.WGMMA_PROGRAMS
+    chunks = max(MERGE_GROUP, SLOTS // requests_a_program(batch_size))
+    return min(triton_mla.WGMMA_PROGRAMS, batch_size * (chunks + 1) - 1)
+
+
 def requests_a_program(batch_size: int) -> int:
     """Requests each program of `merge_project` merges and multiplies (SPREAD)."""
     return min(BLOCK_M, cdiv(batch_size, ROW_BLOCKS)) if SPREAD else BLOCK_M
@@ -374,16 +394,17 @@ def decode_projected(
         return False
     bs, num_heads, _ = q.shape
     rank = w_uv.shape[-1]
-    slots = gluon_mla_wgmma.flat_slots(bs, triton_mla.WGMMA_PROGRAMS)
+    programs = plan_programs(bs)
+    slots = gluon_mla_wgmma.flat_slots(bs, programs)
     mid_out, mid_lse = decode_scratch(1, num_heads, rank, slots, q.device, scratch,
                                       triton_mla.PARTIAL_DTYPE_EIGHT_WARPS_FUSED, any_splits=True)
-    plan = flat_plan(seq_lens, req_pool_indices, triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
+    plan = flat_plan(seq_lens, req_pool_indices, programs, triton_mla.WGMMA_MIN_CHUNK,
                      gluon_mla_wgmma.WGMMA_TILES[0], memo)
     # Unmerged, stage 1 writes no output row: its `out` only names the rank.
     if not gluon_mla_wgmma.launch_stage1(
             q, latent_cache, mid_out, mid_lse, mid_out[0], None, req_to_token, req_pool_indices, seq_lens,
             sm_scale * LOG2_E, triton_mla.BLOCK_H, triton_mla.mla_num_kv_splits(bs, num_heads),
-            triton_mla.WGMMA_MIN_CHUNK, triton_mla.WGMMA_PROGRAMS, trace, flat=True, plan=plan):
+            triton_mla.WGMMA_MIN_CHUNK, programs, trace, flat=True, plan=plan):
         return False
     merge_project(mid_out, mid_lse, plan.requests, w_uv, out, projection_trace)
     return True
