@@ -122,7 +122,8 @@ PROJECT_FIRST = True
 # shapes that do not take it; whole decode steps 0.3-1.5 us a layer shorter at bs 21-22 x 1k and
 # 12 x 2k, within 0.16 either way at 21-22 x 2k (H100, calls 6 and 10 of
 # benchmarks/results/h100-h200-2026-11-28-mla-wide-step). The two steps staged one after the
-# other were no shorter (call 4). Not timed on an H200.
+# other were no shorter (call 4). Not timed on an H200. Since CAP_CHUNKS (below) a batch of equal
+# lengths makes no such program; a mixed one may (6 x 2k with 6 x 512: 48 slots).
 WIDE_STEP = True
 # The step's plan shares the chunks among fewer programs than stage 1 may run where an equal
 # share would give a projection program more slots than one step (`plan_programs`): fewer,
