@@ -1,9 +1,15 @@
-# Issue 33, 2026-11-28: WIDE_STEP (the Gluon projection's programs of 33-64 slots projected first in two steps).
+# Issue 33, 2026-11-28: the read alone beside the layers' probe (FCASES, PCASES), then WIDE_STEP and CAP_CHUNKS
+# against their settings off (tests, probe, whole steps, stamps).
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > $OUT/device.txt
 date -u +%FT%TZ >> $OUT/device.txt
 python3 -c "import torch, triton; print(torch.__version__, triton.__version__)" >> $OUT/device.txt
 cat $OUT/device.txt
 if [ -n "$WANT_H200" ] && ! grep -q H200 $OUT/device.txt; then echo "not an H200: nothing run"; exit 3; fi
+if [ -n "$FCASES" ]; then
+echo "$(date -u +%T) floor"
+(cd benchmarks && PYTHONPATH=.. timeout ${FLOOR_LIMIT:-300} python3 bench_mla_floor.py --out $OUT/floor.json --splits '' \
+  --cases $FCASES 2>&1 | tee $OUT/floor.log | cut -c1-300 | tail -20)
+fi
 if [ -n "$TESTS" ]; then
 echo "$(date -u +%T) tests"
 timeout ${TEST_LIMIT:-300} python3 -m pytest -q -x -m gpu tests/test_mla_gpu.py -k "$TESTS" > $OUT/gpu-tests.log 2>&1
