@@ -21,9 +21,10 @@ Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of ch
 proportion to its share of the batch's key tiles, so that the working programs fill the SMs
 once whatever the batch's lengths and padding (`_shared_chunk_keys`); the last program of a
 request's chunks merges them; a request of one chunk writes its output at once. The programs
-are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGRAMS + bs of them,
-each reading its own from the step's plan (mla_flat_plan, one kernel a forward), so no
-request's share is capped; the few past the last chunk leave at once. Up to
+are mapped to the batch's (request, chunk) pairs flat (FLAT_CHUNKS): WGMMA_PROGRAMS + bs of them
+(under the projection's merge, mla_merge_projection.plan_programs + bs), each reading its own
+from the step's plan (mla_flat_plan, one kernel a forward), so no request's share is capped; the
+few past the last chunk leave at once. Up to
 mla_merge_projection.MAX_BS requests nothing here merges: the value projection's kernel,
 released at this kernel's start (RELEASE_AT_START), reads each request's first slot and chunk
 count from the same plan and merges the partials as it loads them.
