@@ -65,6 +65,29 @@ if gluon_mla.gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
+    def _load_step(out_head, lse_head, first, ends, s0, hi, stride_ms, RANK: gl.constexpr, SLOTS: gl.constexpr,
+                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
+        """Slots s0..s0 + SLOTS - 1 below hi: their partials [SLOTS, rank] and each slot's base-2
+        log-sum-exp in its request's row [SLOTS, rows] (-inf elsewhere)."""
+        slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
+        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
+        part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
+                       other=0.0, cache_modifier=".cg")
+        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
+        lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
+        mine = (slots[:, None] >= first[None, :]) & (slots[:, None] < ends[None, :])
+        return part, gl.where(mine, lse[:, None], float("-inf"))
+
+    @gluon.jit
+    def _store_step(part, weights, part_s, high_s, low_s):
+        """A step's partials and its slots' weights (two bf16 parts) into shared memory. A slot no
+        request names weighs nought, but may hold a value that is not finite: stored as nought."""
+        part_s.store(gl.where(gl.abs(part) < float("inf"), part, 0.0))
+        high = weights.to(high_s.dtype)
+        high_s.store(high)
+        low_s.store((weights - high.to(gl.float32)).to(low_s.dtype))
+
+    @gluon.jit
     def _stage_step(total, m_i, out_head, lse_head, first, ends, s0, hi, stride_ms, part_s, high_s, low_s,
                     RANK: gl.constexpr, SLOTS: gl.constexpr, copy_layout: gl.constexpr,
                     slot_layout: gl.constexpr, Trace, program, TRACE: gl.constexpr):
@@ -115,6 +138,24 @@ if gluon_mla.gluon is not None:
         return acc_t, total, m_new
 
     @gluon.jit
+    def _weigh_slots(p_hi_s, p_lo_s, high_s, low_s, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr,
+                     product: gl.constexpr):
+        """One step's per-slot products [columns, slots] weighed into the rows: [columns, rows]
+        in fp32, the three products of two bf16 parts that matter."""
+        o_t = warpgroup_mma(p_hi_s, high_s, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
+                            is_async=True)
+        o_t = warpgroup_mma(p_hi_s, low_s, o_t, is_async=True)
+        o_t = warpgroup_mma(p_lo_s, high_s, o_t, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+
+    @gluon.jit
+    def _store_parts(p_hi_s, p_lo_s, per_slot):
+        """A step's per-slot products as two bf16 parts, for the products that weigh them."""
+        high = per_slot.to(p_hi_s.dtype)
+        p_hi_s.store(high)
+        p_lo_s.store((per_slot - high.to(gl.float32)).to(p_lo_s.dtype))
+
+    @gluon.jit
     def _project_one_step(out_head, lse_head, first, ends, lo, hi, stride_ms, part_s, high_s, low_s, w_s, p_hi_s,
                           p_lo_s, RANK: gl.constexpr, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr,
                           SLOTS: gl.constexpr, copy_layout: gl.constexpr, slot_layout: gl.constexpr,
@@ -137,61 +178,14 @@ if gluon_mla.gluon is not None:
         per_slot = warpgroup_mma_wait(num_outstanding=0, deps=(per_slot,))
         if TRACE:
             gluon_trace_store(Trace, program, 7, gluon_stamp_after(lo))
-        high = per_slot.to(p_hi_s.dtype)
-        p_hi_s.store(high)
-        p_lo_s.store((per_slot - high.to(gl.float32)).to(p_lo_s.dtype))
+        _store_parts(p_hi_s, p_lo_s, per_slot)
         fence_async_shared()
         cta_barrier()
-        o_t = warpgroup_mma(p_hi_s, high_s, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
-                            is_async=True)
-        o_t = warpgroup_mma(p_hi_s, low_s, o_t, is_async=True)
-        o_t = warpgroup_mma(p_lo_s, high_s, o_t, is_async=True)
-        o_t = warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
+        o_t = _weigh_slots(p_hi_s, p_lo_s, high_s, low_s, BLOCK_V, BLOCK_M, product)
         if TRACE:
             gluon_trace_store(Trace, program, 4, gluon_stamp_after(hi))
         total_o = gl.convert_layout(total, gl.SliceLayout(0, product))
         return o_t / gl.where(total_o > 0, total_o, 1.0)[None, :]
-
-    @gluon.jit
-    def _weigh_slots(p_hi_s, p_lo_s, high_s, low_s, BLOCK_V: gl.constexpr, BLOCK_M: gl.constexpr,
-                     product: gl.constexpr):
-        """One step's per-slot products [columns, slots] weighed into the rows: [columns, rows]
-        in fp32, the three products of two bf16 parts that matter."""
-        o_t = warpgroup_mma(p_hi_s, high_s, gl.zeros([BLOCK_V, BLOCK_M], gl.float32, product), use_acc=False,
-                            is_async=True)
-        o_t = warpgroup_mma(p_hi_s, low_s, o_t, is_async=True)
-        o_t = warpgroup_mma(p_lo_s, high_s, o_t, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(o_t,))
-
-    @gluon.jit
-    def _store_parts(p_hi_s, p_lo_s, per_slot):
-        """A step's per-slot products as two bf16 parts, for the products that weigh them."""
-        high = per_slot.to(p_hi_s.dtype)
-        p_hi_s.store(high)
-        p_lo_s.store((per_slot - high.to(gl.float32)).to(p_lo_s.dtype))
-
-    @gluon.jit
-    def _load_step(out_head, lse_head, first, ends, s0, hi, stride_ms, RANK: gl.constexpr, SLOTS: gl.constexpr,
-                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
-        """Slots s0..s0 + SLOTS - 1 below hi: their partials [SLOTS, rank] (a value that is not
-        finite read as nought) and each slot's base-2 log-sum-exp in its request's row [SLOTS,
-        rows] (-inf elsewhere)."""
-        slots_c = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, copy_layout))
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        part = gl.load(out_head + slots_c[:, None] * stride_ms + offs_r[None, :], mask=(slots_c < hi)[:, None],
-                       other=0.0, cache_modifier=".cg")
-        slots = s0 + gl.arange(0, SLOTS, layout=gl.SliceLayout(1, slot_layout))
-        lse = gl.load(lse_head + slots, mask=slots < hi, other=float("-inf"), cache_modifier=".cg")
-        mine = (slots[:, None] >= first[None, :]) & (slots[:, None] < ends[None, :])
-        return part, gl.where(mine, lse[:, None], float("-inf"))
-
-    @gluon.jit
-    def _store_step(part, weights, part_s, high_s, low_s):
-        """A step's partials and its slots' weights (two bf16 parts) into shared memory."""
-        part_s.store(gl.where(gl.abs(part) < float("inf"), part, 0.0))
-        high = weights.to(high_s.dtype)
-        high_s.store(high)
-        low_s.store((weights - high.to(gl.float32)).to(low_s.dtype))
 
     @gluon.jit
     def _project_two_steps(out_head, lse_head, first, ends, lo, hi, stride_ms, part_bufs, high_s, low_s, high2_s,
