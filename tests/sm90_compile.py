@@ -140,7 +140,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": splits, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers,
                  "FUSED_MERGE": True, "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": pdl,
-                 "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": batch_block, "TRACE": trace,
+                 "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
                  "SPARES_FIRST": spares_first, "FLAT": flat, "ENTRY": mla_flat_plan.ENTRY,
                  "ENTRY_AFTER_WAIT": False, "UNMERGED": False},
@@ -152,7 +152,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
-                 "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True, "PROGRAMS": triton_mla.WGMMA_PROGRAMS,
+                 "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True,
                  "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
                  "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                  "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
@@ -179,7 +179,7 @@ def mla_decode_cases() -> dict[str, tuple]:
     found["mla decode flat plan"] = (
         mla_flat_plan._flat_plan_kernel,
         {"BLOCK_N": gluon_mla_wgmma.WGMMA_TILES[0], "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK,
-         "PROGRAMS": triton_mla.WGMMA_PROGRAMS, "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
+         "BATCH_BLOCK": 128, "BLOCK_P": mla_flat_plan.BLOCK_PROGRAMS,
          "ENTRY_INTS": mla_flat_plan.ENTRY, "PDL": True},
         4, 1)
     for pdl, by_slots, traced in ((True, False, False), (False, False, False), (True, True, False),

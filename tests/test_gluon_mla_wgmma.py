@@ -45,9 +45,10 @@ def test_it_is_launched_in_its_chunks_as_a_dependent_where_gluon_runs(monkeypatc
     monkeypatch.setattr(gluon_mla_wgmma, "dependent_launch", lambda device: {"PDL": True, "launch_pdl": True})
     _decode_on_cpu(20)
     (launch,) = kernel.launches
-    # At most the chunks asked for; the kernel shares the batch's tiles among PROGRAMS programs.
-    assert launch["NUM_SPLITS"] == triton_mla.mla_num_kv_splits(20, 16) == 13
-    assert launch["PROGRAMS"] == triton_mla.WGMMA_PROGRAMS == 132 and launch["BATCH_BLOCK"] == 128
+    # Flat: the kernel shares the batch's tiles among `programs` programs, as the plan says, and
+    # reads no chunk cap (one value, so one compile for every batch size).
+    assert launch["FLAT"] is True and launch["NUM_SPLITS"] == 1
+    assert launch["programs"] == triton_mla.WGMMA_PROGRAMS == 132 and launch["BATCH_BLOCK"] == 128
     assert launch["FUSED_MERGE"] and launch["PDL"] and launch["launch_pdl"]
     assert launch["BLOCK_N"] == 64 and launch["num_warps"] == 4
     assert launch["MIN_CHUNK"] == triton_mla.WGMMA_MIN_CHUNK
@@ -69,6 +70,7 @@ def test_its_programs_are_flat_with_a_partial_slot_each_unless_the_grid_is_asked
     _decode_on_cpu(20)
     grid = kernel.launches[-1]
     assert grid["FLAT"] is False and grid["grid"] == (20, 1, 13)
+    assert grid["NUM_SPLITS"] == triton_mla.mla_num_kv_splits(20, 16) == 13  # at most the chunks asked for
     assert grid["args"][2].shape[:3] == (20, 16, 13)
     assert not gluon_mla_wgmma.flat_serves(20) and gluon_mla_wgmma.flat_serves(16) is False  # flag off
 

@@ -85,3 +85,21 @@ def test_a_forward_s_layers_share_one_plan():
     # Other lengths' tensors, or another least chunk, are another plan.
     assert flat_plan(lens.clone(), rows, PROGRAMS, MIN_CHUNK, BLOCK_N, memo).fresh
     assert flat_plan(lens, rows, PROGRAMS, 2 * MIN_CHUNK, BLOCK_N, memo).fresh
+
+
+def test_the_program_count_is_a_runtime_argument_of_both_kernels():
+    # plan_programs gives 12 of a deepseek-v2-lite plan's 27 sizes from 5 to 64 (H200,
+    # 2026-11-28) fewer than 132 programs, in 10 counts; as a constexpr each count compiled the
+    # plan kernel and stage 1 again at its first capture (about 1 s each under Triton 3.6).
+    import inspect
+
+    from cgtool.attention import gluon_mla_wgmma
+    from cgtool.attention.mla_flat_plan import _flat_plan_kernel
+
+    kernels = [_flat_plan_kernel]
+    if gluon_mla_wgmma.gluon is not None:
+        kernels.append(gluon_mla_wgmma._mla_decode_stage1_wgmma)
+    for kernel in kernels:
+        params = inspect.signature(kernel.fn).parameters
+        assert "programs" in params and "constexpr" not in str(params["programs"].annotation), kernel.fn.__name__
+        assert "PROGRAMS" not in params, kernel.fn.__name__

@@ -134,6 +134,37 @@ def _decode_projected_on_cpu(monkeypatch, bs: int, stage1, memo: dict | None = N
     return all(done), launches
 
 
+def test_every_batch_size_launches_stage1_and_the_plan_with_the_same_constexprs(monkeypatch):
+    # A constexpr is compiled per value: the plan's program count and the chunk cap, which vary
+    # with the batch size, go at run time or not at all, so one compile serves a plan's sizes.
+    from test_gluon_mla import _RecordingKernel
+
+    from cgtool.attention import mla_flat_plan
+
+    plans: list = []
+
+    class RecordingPlan:
+        def launch(self, grid, *args, **kwargs):
+            plans.append(kwargs)
+            return mla_flat_plan._flat_plan_kernel[grid](*args, **kwargs)
+
+    monkeypatch.setattr(mla_flat_plan, "_FLAT_PLAN", RecordingPlan())
+    stage1 = _RecordingKernel()
+    sizes = (5, 9, 12, 21, 64)
+    for bs in sizes:
+        _decode_projected_on_cpu(monkeypatch, bs, stage1)
+    assert len({mla_merge_projection.plan_programs(bs) for bs in sizes}) == len(sizes)  # five counts
+
+    def constexprs(launch):
+        return {k: v for k, v in launch.items() if k[0].isupper() and k not in ("Trace", "Entries")}
+
+    assert [launch["programs"] for launch in stage1.launches] == [mla_merge_projection.plan_programs(bs) for bs in sizes]
+    assert all(constexprs(launch) == constexprs(stage1.launches[0]) for launch in stage1.launches)
+    # The plan's batch block is a power of two of the batch: one compile a power.
+    assert all({k: v for k, v in constexprs(p).items() if k != "BATCH_BLOCK"}
+               == {k: v for k, v in constexprs(plans[0]).items() if k != "BATCH_BLOCK"} for p in plans)
+
+
 @pytest.mark.parametrize(("bs", "programs"), [(20, 132), (21, 125)])
 def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch, bs, programs):
     # The flat stage 1 without tickets, released for the projection, which runs a 16-row block
@@ -149,7 +180,7 @@ def test_stage1_and_the_projection_read_the_steps_flat_plan(monkeypatch, bs, pro
     done, projection = _decode_projected_on_cpu(monkeypatch, bs, stage1)
     (launch,) = stage1.launches
     assert done and launch["UNMERGED"] is True and launch["FLAT"] is True and launch["FUSED_MERGE"] is False
-    assert launch["grid"] == (programs + bs, 1, 1) and launch["PROGRAMS"] == programs
+    assert launch["grid"] == (programs + bs, 1, 1) and launch["programs"] == programs
     (merge,) = projection
     assert merge["grid"] == (16, 128 // BLOCK_V, cdiv(bs, requests_a_program(bs)))
     assert merge["args"][0] is launch["args"][2] and merge["args"][1] is launch["args"][3]  # its partials

@@ -287,9 +287,9 @@ if gluon is not None:
                  mask=mask_h[:, None])
 
     @gluon.jit
-    def _shared_chunk_keys(seq_lens, seq_len, batch, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
-                           MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr):
-        """Keys a chunk of this request: PROGRAMS programs shared among the batch's requests in
+    def _shared_chunk_keys(seq_lens, seq_len, batch, programs, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                           MIN_CHUNK: gl.constexpr, BATCH_BLOCK: gl.constexpr):
+        """Keys a chunk of this request: `programs` programs shared among the batch's requests in
         proportion to their whole key tiles (at least one chunk, at most NUM_SPLITS), so short
         requests take one program and none a long one could use. Whole tiles only, so that a
         replay's padding (one key a request) shares them as the batch alone does."""
@@ -297,7 +297,7 @@ if gluon is not None:
         offs = gl.arange(0, BATCH_BLOCK, layout=layout)
         lens = gl.load(seq_lens + offs, mask=offs < batch, other=0)
         whole = gl.maximum(gl.sum(lens // BLOCK_N, 0), 1)
-        chunks = gl.minimum(gl.maximum(PROGRAMS * (seq_len // BLOCK_N) // whole, 1), NUM_SPLITS)
+        chunks = gl.minimum(gl.maximum(programs * (seq_len // BLOCK_N) // whole, 1), NUM_SPLITS)
         return gl.maximum(gl.cdiv(gl.cdiv(seq_len, BLOCK_N), chunks) * BLOCK_N, MIN_CHUNK)
 
     @gluon.jit
@@ -312,9 +312,8 @@ if gluon is not None:
                 gl.load(row + 6, volatile=True))
 
     @gluon.jit
-    def _grid_chunk(seq_lens, req_pool_indices, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
-                    MIN_CHUNK: gl.constexpr, PROGRAMS: gl.constexpr, BATCH_BLOCK: gl.constexpr,
-                    SPARES_FIRST: gl.constexpr):
+    def _grid_chunk(seq_lens, req_pool_indices, programs, NUM_SPLITS: gl.constexpr, BLOCK_N: gl.constexpr,
+                    MIN_CHUNK: gl.constexpr, BATCH_BLOCK: gl.constexpr, SPARES_FIRST: gl.constexpr):
         """`_flat_entry`'s fields for a program of the grid (bs, head blocks, NUM_SPLITS): its
         request is the grid's row, its chunk the grid's column, the partials in its request's row
         from slot 0. SPARES_FIRST: chunk indices in reverse launch order, so the grid's last, past
@@ -325,8 +324,8 @@ if gluon is not None:
         split = gl.num_programs(2) - 1 - gl.program_id(2) if SPARES_FIRST else gl.program_id(2)
         seq_len = gl.load(seq_lens + b)
         pool_row = gl.load(req_pool_indices + b, volatile=True)  # beside the length: see gluon_mla
-        keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), NUM_SPLITS, BLOCK_N, MIN_CHUNK,
-                                  PROGRAMS, BATCH_BLOCK)
+        keys = _shared_chunk_keys(seq_lens, seq_len, gl.num_programs(0), programs, NUM_SPLITS, BLOCK_N, MIN_CHUNK,
+                                  BATCH_BLOCK)
         chunks = gl.maximum(gl.cdiv(seq_len, gl.maximum(keys, 1)), 1)
         return b, split, chunks, 0, keys, seq_len, pool_row
 
@@ -357,7 +356,7 @@ if gluon is not None:
         stride_ob, stride_oh,
         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NUM_SPLITS: gl.constexpr, MIN_CHUNK: gl.constexpr, NUM_BUF: gl.constexpr,
-        FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, PROGRAMS: gl.constexpr,
+        FUSED_MERGE: gl.constexpr, MERGE_GROUP: gl.constexpr, PDL: gl.constexpr, programs,
         BATCH_BLOCK: gl.constexpr, Trace, TRACE: gl.constexpr, Q_FIRST: gl.constexpr, PARTIAL_VEC: gl.constexpr,
         ONE_CHUNK_DIRECT: gl.constexpr, SPARES_FIRST: gl.constexpr, FLAT: gl.constexpr, Entries,
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
@@ -376,8 +375,8 @@ if gluon is not None:
             if RELEASE_AT_START:
                 _release_next_kernel()
         if FLAT:
-            # grid (PROGRAMS + bs,): the partials of request b's chunks in slots first.. of row 0
-            batch = gl.num_programs(0) - PROGRAMS
+            # grid (programs + bs,): the partials of request b's chunks in slots first.. of row 0
+            batch = gl.num_programs(0) - programs
             if PDL:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
                 if ENTRY_AFTER_WAIT:  # the plan kernel, just before, is the kernel this one follows
                     _wait_for_previous_kernel()
@@ -386,7 +385,7 @@ if gluon is not None:
             part_row = 0
         else:
             b, split, chunks, first, keys, seq_len, pool_row = _grid_chunk(
-                seq_lens, req_pool_indices, NUM_SPLITS, BLOCK_N, MIN_CHUNK, PROGRAMS, BATCH_BLOCK, SPARES_FIRST)
+                seq_lens, req_pool_indices, programs, NUM_SPLITS, BLOCK_N, MIN_CHUNK, BATCH_BLOCK, SPARES_FIRST)
             working = split < chunks
             part_row = b
         if working:
@@ -487,8 +486,13 @@ def launch_stage1(
         _mla_decode_stage1_wgmma, grid, _REFUSED, "gluon_mla_wgmma", "gluon_mla",
         q, latent_cache, mid_out, mid_lse, out, tickets, req_to_token, req_pool_indices, seq_lens, scale_log2,
         NUM_HEADS=num_heads, RANK=rank, ROPE=width - rank, BLOCK_H=block_h, BLOCK_N=block_n,
-        NUM_SPLITS=num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
-        FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, PROGRAMS=programs,
+        # One compile for every flat launch: their programs take chunks from the plan, so
+        # NUM_SPLITS (varying with the batch size) is not read, and `programs` is a runtime
+        # argument (plan_programs varies it too). As constexprs each value was a compile of its
+        # own: a cold capture of deepseek-v2-lite's 33 plan sizes compiled this kernel 46 times,
+        # now 4, and took 58 s, now 29 (H200, 2026-11-28).
+        NUM_SPLITS=1 if flat else num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
+        FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, programs=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
         Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,

@@ -41,8 +41,8 @@ BLOCK_PROGRAMS = 64  # entries a program of the plan kernel writes
 
 @triton.jit
 def _flat_plan_kernel(
-    seq_lens, req_pool_indices, Entries, Requests, batch,
-    BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, PROGRAMS: tl.constexpr, BATCH_BLOCK: tl.constexpr,
+    seq_lens, req_pool_indices, Entries, Requests, batch, programs,
+    BLOCK_N: tl.constexpr, MIN_CHUNK: tl.constexpr, BATCH_BLOCK: tl.constexpr,
     BLOCK_P: tl.constexpr, ENTRY_INTS: tl.constexpr, PDL: tl.constexpr,
 ):
     # Launched as the step's store's dependent, it needs only the lengths, written before the
@@ -57,7 +57,7 @@ def _flat_plan_kernel(
     # Whole tiles only, so that a replay's padding (one key a request) shares the programs as
     # the batch alone does.
     whole = tl.maximum(tl.sum(lens // BLOCK_N, 0), 1)
-    asked = tl.maximum(PROGRAMS * (lens // BLOCK_N) // whole, 1)
+    asked = tl.maximum(programs * (lens // BLOCK_N) // whole, 1)
     keys = tl.maximum(tl.cdiv(tl.cdiv(lens, BLOCK_N), asked) * BLOCK_N, MIN_CHUNK)
     chunks = tl.where(valid, tl.maximum(tl.cdiv(lens, keys), 1), 0)
     ends = tl.cumsum(chunks, 0)
@@ -66,16 +66,16 @@ def _flat_plan_kernel(
         # The merge's view: a request of no keys has no partial to merge.
         tl.store(Requests + 2 * offs, firsts, mask=valid)
         tl.store(Requests + 2 * offs + 1, tl.where(lens > 0, chunks, 0), mask=valid)
-    programs = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    entry_ids = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     # A spare (past the last chunk) gets request `batch`.
-    request = tl.minimum(tl.sum((ends[None, :] <= programs[:, None]).to(tl.int32), 1), batch)
+    request = tl.minimum(tl.sum((ends[None, :] <= entry_ids[:, None]).to(tl.int32), 1), batch)
     mine = (offs[None, :] == request[:, None]) & valid[None, :]  # [BLOCK_P, BATCH_BLOCK]: a spare's none
     first = tl.sum(tl.where(mine, firsts[None, :], 0), 1)
-    entry = Entries + programs * ENTRY_INTS
-    in_grid = programs < PROGRAMS + batch
+    entry = Entries + entry_ids * ENTRY_INTS
+    in_grid = entry_ids < programs + batch
     # A spare's fields past its request are zeros.
     tl.store(entry, request, mask=in_grid)
-    tl.store(entry + 1, tl.where(request < batch, programs - first, 0), mask=in_grid)
+    tl.store(entry + 1, tl.where(request < batch, entry_ids - first, 0), mask=in_grid)
     tl.store(entry + 2, tl.sum(tl.where(mine, chunks[None, :], 0), 1), mask=in_grid)
     tl.store(entry + 3, first, mask=in_grid)
     tl.store(entry + 4, tl.sum(tl.where(mine, keys[None, :], 0), 1), mask=in_grid)
@@ -115,9 +115,11 @@ def flat_plan(
     total = programs + bs
     store = torch.empty(total * ENTRY + 2 * bs, dtype=torch.int32, device=seq_lens.device)
     plan = FlatPlan(store[: total * ENTRY].view(total, ENTRY), store[total * ENTRY:].view(bs, 2), fresh=True)
+    # `programs` at run time, not a constexpr: it varies with the batch size (plan_programs), and
+    # each constexpr value would be a compile of its own.
     _FLAT_PLAN.launch(
-        (cdiv(total, BLOCK_PROGRAMS),), seq_lens, req_pool_indices, plan.entries, plan.requests, bs,
-        BLOCK_N=block_n, MIN_CHUNK=min_chunk, PROGRAMS=programs, BATCH_BLOCK=triton.next_power_of_2(bs),
+        (cdiv(total, BLOCK_PROGRAMS),), seq_lens, req_pool_indices, plan.entries, plan.requests, bs, programs,
+        BLOCK_N=block_n, MIN_CHUNK=min_chunk, BATCH_BLOCK=triton.next_power_of_2(bs),
         BLOCK_P=BLOCK_PROGRAMS, ENTRY_INTS=ENTRY, **dependent_launch(seq_lens.device), num_warps=4, num_stages=1,
     )
     if memo is not None:
