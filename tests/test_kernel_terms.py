@@ -4,6 +4,7 @@ and the roofline built on them against whole captured steps (committed raw files
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -144,8 +145,6 @@ SHIPPED_MLA = {
 
 
 def _mla_floor_cases(folder: str, keep) -> tuple[str, float, list[dict]]:
-    import lzma
-
     with lzma.open(RESULTS / folder / "mla-floor.json.xz") as packed:
         bench = json.loads(packed.read())
     return bench["device"], bench["copy_bytes_s"], [c for c in bench["cases"] if keep(c["bs"])]
@@ -189,8 +188,8 @@ def test_mla_decode_terms_predict_the_shipped_kernels_at_every_batch_and_context
 # from graphs of 27 layers, each storing its newest rows first
 # (benchmarks/probe_mla_projection.py --with-store).
 PROJECTION_FROM_5 = {
-    "H100": ("H100-80GB", "h200-h100-2026-11-27-mla-merge-slots/call7-h100/probe.json"),
-    "H200": ("H200", "h200-h100-2026-11-27-mla-merge-slots/call5-h200/probe.json"),
+    "H100": ("H100-80GB", "h200-h100-2026-11-27-mla-merge-slots/call7-h100/probe.json.xz"),
+    "H200": ("H200", "h200-h100-2026-11-27-mla-merge-slots/call5-h200/probe.json.xz"),
 }
 
 
@@ -208,7 +207,7 @@ def test_mla_decode_terms_predict_the_projection_path_from_5_requests(gpu_class)
     )
 
     gpu_name, path = PROJECTION_FROM_5[gpu_class]
-    bench = json.loads((RESULTS / path).read_text())
+    bench = json.loads(lzma.decompress((RESULTS / path).read_bytes()))
     assert gpu_class in bench["device"] and bench["layers"] == 27
     gpu = gpu_spec(gpu_name)
     checked = set()
