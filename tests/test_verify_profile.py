@@ -24,6 +24,23 @@ def test_a_verification_feeds_the_profile_fit(tmp_path):
     assert all(row["replay_ms"] <= row["eager_ms"] for row in profile["sizes"])
 
 
+def test_the_profile_takes_the_warm_sets_capture_time_a_graph():
+    # deepseek-v2-lite's held-out verify on an H200 (2026-11-28): the plan's 73 graphs, captured
+    # first with a cold Triton cache, 76.8 s; the default's 94, captured second, 18.0 s. The
+    # profile's graphs are priced at the default's 0.19 s, not the plan's 1.05.
+    from cgtool.verify.profile import warm_capture_s_a_graph
+
+    result = synthetic_result()
+    plan, default = result.sets
+    result.sets = [replace(plan, capture_bs=list(range(1, 34)), capture_num_tokens=list(range(40)), capture_s=76.8),
+                   replace(default, capture_bs=list(range(1, 37)), capture_num_tokens=list(range(58)), capture_s=18.0)]
+    assert warm_capture_s_a_graph(result) == pytest.approx(18.0 / 94)
+    profile = verify_as_profile(result)
+    assert profile["sizes"] and all(row["capture_s"] == pytest.approx(18.0 / 94) for row in profile["sizes"])
+    result.sets = [replace(plan, capture_s=0.0), replace(default, capture_bs=[], capture_num_tokens=[])]
+    assert warm_capture_s_a_graph(result) == 0.0  # a set without graphs takes no part
+
+
 def test_a_verified_prefill_step_loses_its_attention_once_in_the_fit():
     cfg, gpu = load_model_config("llama-3.1-8b"), gpu_spec("H100-80GB")
     result = synthetic_result()

@@ -60,6 +60,17 @@ def load_profile(path: Path) -> dict[str, Any]:
     return load_report(path).to_dict()
 
 
+def warm_capture_s_a_graph(result: VerifyResult) -> float:
+    """Seconds recording a graph, the least over verify's sets. The set captured first in the
+    process (the plan's) also compiles cgtool's Triton kernels where the disk cache lacks them;
+    the plan predicts a server's capture, kernels compiled. deepseek-v2-lite on an H200 with a
+    cold cache (2026-11-28): the plan's set 1.05 s a graph, the default's, captured second,
+    0.19 s."""
+    rates = [s.capture_s / graphs for s in result.sets
+             if (graphs := len(s.capture_bs) + len(s.capture_num_tokens))]
+    return min(rates, default=0.0)
+
+
 def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
     from cgtool.planner.cost import roofline_cost
     from cgtool.specs.config import load_model_config
@@ -89,8 +100,7 @@ def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
                 row["eager_ms"] += causal
                 row["replay_ms"] += causal
     plan_set = result.set("plan")
-    graphs = len(plan_set.capture_bs) + len(plan_set.capture_num_tokens) if plan_set else 0
-    per_graph = plan_set.capture_s / graphs if plan_set and graphs else 0.0
+    per_graph = warm_capture_s_a_graph(result)
     for row in rows:
         row["capture_s"] = per_graph
     return {
