@@ -41,6 +41,22 @@ def test_the_profile_takes_the_warm_sets_capture_time_a_graph():
     assert warm_capture_s_a_graph(result) == 0.0  # a set without graphs takes no part
 
 
+def test_verify_notes_a_first_capture_that_compiled_kernels():
+    from cgtool.verify.profile import first_capture_note
+
+    result = synthetic_result()
+    plan, default = result.sets
+    graphs = {"capture_bs": list(range(1, 11)), "capture_num_tokens": []}
+    result.sets = [replace(plan, capture_s=10.5, **graphs), replace(default, capture_s=1.9, **graphs)]
+    note = first_capture_note(result)
+    assert note is not None and "the plan set, captured first, took 1.05 s a graph against 0.19" in note
+    assert "prices a graph at 0.19 s" in note
+    result.sets = [replace(plan, capture_s=3.0, **graphs), replace(default, capture_s=1.9, **graphs)]
+    assert first_capture_note(result) is None  # within twice the other's: nothing to note
+    result.sets = [replace(plan, capture_s=10.5, **graphs)]
+    assert first_capture_note(result) is None
+
+
 def test_a_verified_prefill_step_loses_its_attention_once_in_the_fit():
     cfg, gpu = load_model_config("llama-3.1-8b"), gpu_spec("H100-80GB")
     result = synthetic_result()

@@ -71,6 +71,19 @@ def warm_capture_s_a_graph(result: VerifyResult) -> float:
     return min(rates, default=0.0)
 
 
+def first_capture_note(result: VerifyResult, ratio: float = 2.0) -> str | None:
+    """A note where the set captured first took over `ratio` times the other's seconds a graph,
+    as where it compiled cgtool's kernels (see warm_capture_s_a_graph); else None."""
+    rates = [(s.name, s.capture_s / graphs) for s in result.sets
+             if (graphs := len(s.capture_bs) + len(s.capture_num_tokens))]
+    if len(rates) < 2 or rates[0][1] <= ratio * min(rate for _, rate in rates[1:]):
+        return None
+    (first, slow), fast = rates[0], min(rate for _, rate in rates[1:])
+    return (f"the {first} set, captured first, took {slow:.2f} s a graph against {fast:.2f}: its capture "
+            f"also compiled kernels the Triton cache lacked, which a server's capture (the prediction) "
+            f"has compiled; `plan --profile` prices a graph at {fast:.2f} s")
+
+
 def verify_as_profile(result: VerifyResult) -> dict[str, Any]:
     from cgtool.planner.cost import roofline_cost
     from cgtool.specs.config import load_model_config

@@ -17,6 +17,7 @@ from cgtool.verify.population import (
     population_from_histograms,
     population_from_trace,
 )
+from cgtool.verify.profile import first_capture_note
 from cgtool.verify.proof import DEFAULT_HEADROOM_BYTES
 from cgtool.verify.result import Rehearsal, VerifyResult, VerifySettings
 from cgtool.verify.session import GraphSet, Phase, SessionOptions
@@ -150,6 +151,9 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
         if measured.failed_sizes:
             result.warnings.append(f"{measured.name}: out of memory capturing "
                                    f"{', '.join(measured.failed_sizes)}; those steps ran eagerly")
+    note = first_capture_note(result)
+    if note is not None:
+        result.warnings.append(note)
     return result
 
 
