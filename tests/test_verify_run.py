@@ -1,5 +1,7 @@
-"""What `cgtool verify` decides before the GPU: here, which runner records prefill graphs."""
+"""What `cgtool verify` decides before the GPU (which runner records prefill graphs), and how it
+summarises what the GPU measured."""
 
+from dataclasses import replace
 from pathlib import Path
 
 from verify_fixture import PLAN as OLD_PLAN
@@ -29,3 +31,25 @@ def test_a_verify_json_without_the_field_ran_torch_compile_pieces():
     assert data["settings"]["prefill_backend"] == "piecewise"
     del data["settings"]["prefill_backend"]
     assert VerifyResult.from_dict(data).settings.prefill_backend == "piecewise"
+
+
+def test_the_summary_notes_a_first_set_that_captured_slowly_and_a_set_out_of_memory():
+    # As deepseek-v2-lite's held-out verify on an H200 (2026-11-28): the plan's set, captured
+    # first, compiled cgtool's kernels (76.8 s for 73 graphs), the default's did not (18.0 s for 94).
+    from cgtool.verify.run import summarise_sets
+    from cgtool.verify.summary import SetMeasurement
+
+    inputs = prepare(OLD_PLAN, num_steps=50, repeats=2)
+    result = synthetic_result()
+    times = [[5.0] * len(inputs.steps)] * 2
+    plan = SetMeasurement("plan", list(range(1, 34)), list(range(1, 41)), [], 76.8, 1.0, 1 << 30, times)
+    default = SetMeasurement("default", list(range(1, 37)), list(range(1, 59)), ["decode 256"], 18.0, 0.3,
+                             1 << 30, times)
+    result.warnings = []
+    summarise_sets(result, inputs, [plan, default])
+    assert [s.name for s in result.sets] == ["plan", "default"] and result.ratio is not None
+    assert result.warnings[0].startswith("default: out of memory capturing decode 256")
+    assert "captured first, took 1.05 s a graph against 0.19" in result.warnings[1]
+    result.warnings = []
+    summarise_sets(result, inputs, [replace(plan, capture_s=20.0), default])
+    assert len(result.warnings) == 1  # 0.27 s a graph against 0.19: no note

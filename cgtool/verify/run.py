@@ -22,7 +22,7 @@ from cgtool.verify.proof import DEFAULT_HEADROOM_BYTES
 from cgtool.verify.result import Rehearsal, VerifyResult, VerifySettings
 from cgtool.verify.session import GraphSet, Phase, SessionOptions
 from cgtool.verify.steps import Step, StepPopulation, sample_steps
-from cgtool.verify.summary import ratio_interval, summarise_set
+from cgtool.verify.summary import SetMeasurement, ratio_interval, summarise_set
 
 
 @dataclass(frozen=True)
@@ -145,16 +145,22 @@ def run_verify(inputs: VerifyInputs, phase: Phase) -> VerifyResult:
         result.status = "oom"
         result.reason = f"{rehearsal.failed_step} ran out of memory at --mem-fraction-static {inputs.mem_fraction_static:g}"
         return result
-    result.sets = [summarise_set(m, inputs.steps, inputs.cost, inputs.plan) for m in session.sets]
+    summarise_sets(result, inputs, session.sets)
+    return result
+
+
+def summarise_sets(result: VerifyResult, inputs: VerifyInputs, measured_sets: list[SetMeasurement]) -> None:
+    """The sets' summaries against the plan's predictions, their ratio, and the warnings they
+    raise, into `result`."""
+    result.sets = [summarise_set(m, inputs.steps, inputs.cost, inputs.plan) for m in measured_sets]
     result.ratio = ratio_interval(result.sets[0].repeat_step_ms, result.sets[1].repeat_step_ms)
-    for measured in session.sets:
+    for measured in measured_sets:
         if measured.failed_sizes:
             result.warnings.append(f"{measured.name}: out of memory capturing "
                                    f"{', '.join(measured.failed_sizes)}; those steps ran eagerly")
     note = first_capture_note(result)
     if note is not None:
         result.warnings.append(note)
-    return result
 
 
 def _prove(inputs: VerifyInputs, opts: SessionOptions, result: VerifyResult, kv_tokens: int,
