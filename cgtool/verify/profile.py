@@ -60,25 +60,30 @@ def load_profile(path: Path) -> dict[str, Any]:
     return load_report(path).to_dict()
 
 
+def _seconds_a_graph(result: VerifyResult) -> list[tuple[str, float]]:
+    """(set, seconds recording a graph) of each set with graphs, in capture order."""
+    return [(s.name, s.capture_s / graphs) for s in result.sets
+            if (graphs := len(s.capture_bs) + len(s.capture_num_tokens))]
+
+
 def warm_capture_s_a_graph(result: VerifyResult) -> float:
     """Seconds recording a graph, the least over verify's sets. The set captured first in the
     process (the plan's) also compiles cgtool's Triton kernels where the disk cache lacks them;
     the plan predicts a server's capture, kernels compiled. deepseek-v2-lite on an H200 with a
     cold cache (2026-11-28): the plan's set 1.05 s a graph, the default's, captured second,
     0.19 s."""
-    rates = [s.capture_s / graphs for s in result.sets
-             if (graphs := len(s.capture_bs) + len(s.capture_num_tokens))]
-    return min(rates, default=0.0)
+    return min((rate for _, rate in _seconds_a_graph(result)), default=0.0)
 
 
 def first_capture_note(result: VerifyResult, ratio: float = 2.0) -> str | None:
     """A note where the set captured first took over `ratio` times the other's seconds a graph,
     as where it compiled cgtool's kernels (see warm_capture_s_a_graph); else None."""
-    rates = [(s.name, s.capture_s / graphs) for s in result.sets
-             if (graphs := len(s.capture_bs) + len(s.capture_num_tokens))]
-    if len(rates) < 2 or rates[0][1] <= ratio * min(rate for _, rate in rates[1:]):
+    rates = _seconds_a_graph(result)
+    if len(rates) < 2:
         return None
     (first, slow), fast = rates[0], min(rate for _, rate in rates[1:])
+    if slow <= ratio * fast:
+        return None
     return (f"the {first} set, captured first, took {slow:.2f} s a graph against {fast:.2f}: its capture "
             f"also compiled kernels the Triton cache lacked, which a server's capture (the prediction) "
             f"has compiled; `plan --profile` prices a graph at {fast:.2f} s")
