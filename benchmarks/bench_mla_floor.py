@@ -9,6 +9,9 @@ pools (as bench_moe_mla times the attention):
 - `torch_sum`: torch's own reduction over the pool's rows (an independent kernel);
 - `flat`: a Triton kernel streaming the rows as one contiguous span, the best over a sweep of
   program counts and block sizes (no gather, no attention, no merge);
+- `flat_dependent`: the same kernel launched as the previous one's programmatic dependent, as
+  stage 1 is the store's: its launch overlaps that kernel's end, and it waits for it before
+  reading. A layer's stage 1 pays no launch of its own, so this is the floor it faces;
 - `mla`: the shipped `mla_decode_attention`, and `mla_bf16` with bf16 partial outputs;
 - `mla_split_kernel` (`--splits`, `--mins`): the merge kernel's path at other chunk counts and
   least keys a chunk, its merge over 64 lanes and over the chunk count's power of two;
@@ -47,7 +50,7 @@ from cgtool.attention import gluon_mla, triton_mla
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.runtime import dependent_launch as dependent_launch_module
-from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.dependent_launch import dependent_launch, release_next_kernel, wait_for_previous_kernel
 from cgtool.runtime.kv_store import store_kv
 from cgtool.runtime.triton_launch import cdiv
 
@@ -69,26 +72,43 @@ def _read_flat(X, Out, n, per, BLOCK: tl.constexpr):
     tl.store(Out + p, tl.sum(acc, 0))
 
 
+@triton.jit
+def _read_flat_dependent(X, Out, n, per, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """_read_flat as the previous launch's dependent: scheduled while it ends, reading after it."""
+    wait_for_previous_kernel(PDL)
+    release_next_kernel(PDL)
+    p = tl.program_id(0)
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for start in range(p * per, tl.minimum(p * per + per, n), BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(Out + p, tl.sum(acc, 0))
+
+
 def same_sum(got: torch.Tensor, span: torch.Tensor) -> bool:
     """Whether a read kernel's partial sums add up to the span's: it read every byte once."""
     want = span.float().sum()
     return bool(torch.isclose(got.sum(), want, rtol=1e-3, atol=1e-2 * span.numel() ** 0.5))
 
 
-def flat_us(caches: list[torch.Tensor], rows: int) -> tuple[float, list[dict]]:
+def flat_us(caches: list[torch.Tensor], rows: int, dependent: bool = False) -> tuple[float, list[dict]]:
+    """The best of FLAT's launch settings; `dependent`: each launch the previous one's dependent
+    (where the GPU has dependent launches; `in_effect` is recorded)."""
     n = rows * caches[0].shape[-1]
+    launch = dependent_launch(caches[0].device) if dependent else {}
     tried = []
     for programs, block, warps, stages in FLAT if bench.DEVICE == "cuda" else FLAT[:1]:
         per = cdiv(cdiv(n, programs), block) * block
         out = torch.empty(programs, device=bench.DEVICE, dtype=torch.float32)
+        kernel = _read_flat_dependent if dependent else _read_flat
 
-        def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages):
+        def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages, kernel=kernel):
             for c in caches:
-                _read_flat[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages)
+                kernel[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages, **launch)
 
         us = bench.graph_us(read) / len(caches)
         tried.append({"programs": programs, "block": block, "warps": warps, "stages": stages, "us": us,
-                      "read_all": same_sum(out, caches[-1])})
+                      "read_all": same_sum(out, caches[-1]), "in_effect": bool(launch.get("PDL"))})
     return min(t["us"] for t in tried), tried
 
 
@@ -205,6 +225,7 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
     if not skip_floor:
         row["torch_sum_us"] = bench.graph_us(lambda: [s.sum(dtype=torch.float32) for s in spans]) / layers
         row["flat_us"], row["flat_sweep"] = flat_us(spans, sum(lens))
+        row["flat_dependent_us"], row["flat_dependent_sweep"] = flat_us(spans, sum(lens), dependent=True)
     row["mla_us"] = mla(splits)
     if with_store:
         row.update(after_store(bs, ctx, caches, r2t, pool_rows, seq_lens, q, out, layers))
@@ -236,7 +257,7 @@ def floor_case(bs: int, ctx: int, copy_bs: float, splits_tried: tuple[int, ...],
         row["merge_alone_us"] = merge_alone_us(bs, splits, seq_lens)
         row["merge_alone_bf16_us"] = merge_alone_us(bs, splits, seq_lens, torch.bfloat16)
         row["merge_alone_fewer_lanes_us"] = merge_alone_us(bs, splits, seq_lens, lanes=triton.next_power_of_2(splits))
-    for key in ("torch_sum_us", "flat_us", "mla_us", "mla_bf16_us"):
+    for key in ("torch_sum_us", "flat_us", "flat_dependent_us", "mla_us", "mla_bf16_us"):
         if key in row:
             row[key.replace("_us", "_share")] = bound / row[key]
     return row
@@ -287,7 +308,8 @@ def main() -> None:
         best = min((t["us"] for t in row["mla_split_kernel"]), default=float("nan"))
         floor = "" if args.skip_floor else (
             f"torch sum {row['torch_sum_us']:.1f} ({row['torch_sum_share']:.0%}) | "
-            f"flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | ")
+            f"flat {row['flat_us']:.1f} ({row['flat_share']:.0%}) | "
+            f"flat dependent {row['flat_dependent_us']:.1f} ({row['flat_dependent_share']:.0%}) | ")
         bench.log(f"bs {bs} x {ctx}{'' if real is None else f' ({real} real)'}: bound {row['bound_us']:.1f} us | {floor}"
                   f"mla {row['mla_us']:.1f} ({row['mla_share']:.0%}) in {row['splits']}, bf16 partials "
                   f"{row['mla_bf16_us']:.1f} | best other split {best:.1f}"
