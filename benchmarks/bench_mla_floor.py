@@ -50,7 +50,11 @@ from cgtool.attention import gluon_mla, triton_mla
 from cgtool.attention.triton_decode import decode_scratch
 from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
 from cgtool.runtime import dependent_launch as dependent_launch_module
-from cgtool.runtime.dependent_launch import dependent_launch, release_next_kernel, wait_for_previous_kernel
+from cgtool.runtime.dependent_launch import (
+    dependent_launch,
+    release_next_kernel,
+    wait_for_previous_kernel,
+)
 from cgtool.runtime.kv_store import store_kv
 from cgtool.runtime.triton_launch import cdiv
 

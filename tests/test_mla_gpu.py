@@ -376,10 +376,10 @@ def test_mla_decode_after_the_store_attends_the_stored_rows(monkeypatch, num_kv_
 
 @pytest.mark.parametrize("gluon", [False, True])
 @pytest.mark.parametrize("early", [False, True])
-@pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36, STORED])
+@pytest.mark.parametrize("seq_lens", [STORED + [1024] * 10, STORED + [65] * 36, STORED, [4097], [33, 1000, 8192]])
 def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(monkeypatch, seq_lens, early,
                                                                                gluon):
-    # The store, then stage 1 unmerged and the value projection that merges (bs 5-66), the new
+    # The store, then stage 1 unmerged and the value projection that merges (bs 1-66), the new
     # rows' slots NaN before each store; stage 1's first tile copied before or after its wait.
     # Eight layers in a graph, 20 replays, each the bits of the same calls run eagerly.
     from cgtool.attention import gluon_mla_wgmma
@@ -404,15 +404,17 @@ def test_merge_in_the_value_projection_after_the_store_attends_the_stored_rows(m
 
 
 @pytest.mark.parametrize("seq_lens", [MIXED + [700] * 9, PADDED, SKEWED, [1024] * 66, [300] * 17, MIXED, [1024] * 5,
-                                      [300] * 7 + [9000], [1024] * 22, [2048] * 12, [2048] * 6 + [512] * 6])
+                                      [300] * 7 + [9000], [1024] * 22, [2048] * 12, [2048] * 6 + [512] * 6,
+                                      [1], [8192], [4096] * 2, [300, 9000], [2048] * 3, [8192] * 4, [1024] * 4])
 @pytest.mark.parametrize("gluon", [False, True])
 def test_merge_in_the_value_projection_matches_attention_then_product_and_replays(monkeypatch, seq_lens, gluon):
     # mla_merge_projection: gluon_mla_wgmma's chunks left unmerged, merged as the value
-    # projection loads them (bs 5-66). Against the torch reference's attention times each
+    # projection loads them (bs 1-66). Against the torch reference's attention times each
     # head's up-projection, against the separate merge and product, and over 10 replays of a
     # graph, the same bits each time. Padding, one long request, chunks of one tile (bs 17 x 300),
     # a plan over fewer programs than stage 1's (bs 22 x 1k, 12 x 2k: plan_programs), programs of
-    # 48 slots (6 x 2k + 6 x 512: the Gluon kernel's WIDE_STEP).
+    # 48 slots (6 x 2k + 6 x 512: the Gluon kernel's WIDE_STEP); one to four requests, one
+    # request's 32 chunks in one step of slots (bs 1 x 8k: a plan of 32 programs), one key.
     # The projection's Triton kernel or its Gluon one (GLUON_KERNEL).
     from cgtool.attention.mla_merge_projection import decode_projected
     from cgtool.attention.triton_mla import mla_decode_attention, mla_num_kv_splits
@@ -519,9 +521,9 @@ def test_a_replay_plans_its_new_lengths_once_for_all_its_layers(monkeypatch, seq
             torch.testing.assert_close(out, want, rtol=0, atol=0)
 
 
-def test_merge_in_the_value_projection_serves_from_5_to_66_requests():
-    # Past 66 requests a request of 1k keys has one chunk, written at once with no merge to save;
-    # below 5 gluon_mla's stage 1 and its merge kernel were faster.
+def test_merge_in_the_value_projection_serves_from_1_to_66_requests():
+    # Past 66 requests a request of 1k keys has one chunk, written at once with no merge to save.
+    # Below 5 gluon_mla's stage 1 and its merge kernel were faster until 2026-11-28, no longer.
     from cgtool.attention import gluon_mla
     from cgtool.attention.mla_merge_projection import serves
 
@@ -529,4 +531,4 @@ def test_merge_in_the_value_projection_serves_from_5_to_66_requests():
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     w_uv = torch.empty(16, 128, 512, dtype=torch.bfloat16, device=CUDA)
     served = [bs for bs in range(1, 140) if serves(torch.empty(bs, 16, 576, device=CUDA), w_uv)]
-    assert served == list(range(5, 67))
+    assert served == list(range(1, 67))

@@ -56,12 +56,14 @@ MERGE_IN_PROJECTION = True
 # benchmarks/results/h200-h100-2026-11-27-mla-projection, the kernel's first form).
 MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 # And from this many: gluon_mla_wgmma's flat stage 1 with this kernel's merge, where
-# mla_decode_attention would run gluon_mla's stage 1 and its merge (below WGMMA_MIN_BS). A layer
-# (the store, attention and projection, 27 layers a graph; H200, three alternating rounds,
-# benchmarks/results/h200-h100-2026-11-27-mla-flat-plan, calls 12-13) was 0.2-3.7 us shorter at
-# bs 5-16 x 512-8k and 6.4-10.4 us (16-27%) with one long request among short ones; at bs 1-4 it
-# was even to 9 us longer (bs 1 x 8k: one request's 128 chunks merged here).
-MIN_BS = 5
+# mla_decode_attention would run gluon_mla's stage 1 and its merge (below WGMMA_MIN_BS). From
+# 5 requests first (2026-11-27: a layer 0.2-3.7 us shorter at bs 5-16 x 512-8k, but at bs 1-4
+# even to 9 us longer, one request's 128 chunks merged here). Since the merge over slots, the
+# capped plan and the Gluon projection, whole decode steps of deepseek-v2-lite at bs 1-4 x 1k,
+# 4k and 8k were 1.2-4.1% shorter this way on the H200 and 1.5-3.3% on the H100 (2.2-7.4 us a
+# layer; calls 4-5 of benchmarks/results/h200-h100-2026-11-28-mla-small-batches), so every
+# decode batch up to MAX_BS takes it.
+MIN_BS = 1
 # Requests a program (up to BLOCK_M, tl.dot's least rows; the rest masked off) chosen so that
 # a head's column block takes about ROW_BLOCKS programs whatever the batch's size (SPREAD);
 # else BLOCK_M, so that 16 requests or fewer took one program a head's column block, merging all

@@ -120,8 +120,9 @@ MLA_WGMMA_TAIL_MS = 4.4e-3
 MLA_PROJECTION_MERGE_MAX_BS = 66
 MLA_PROJECTION_MERGE_TAIL_MS = MLA_WGMMA_TAIL_MS - 1.7e-3
 # And from this many (cgtool.attention.mla_merge_projection.MIN_BS): below MLA_WGMMA_MIN_BS the
-# same stage 1 and merge replace gluon_mla's stage 1 and its merge kernel.
-MLA_PROJECTION_MERGE_MIN_BS = 5
+# same stage 1 and merge replace gluon_mla's stage 1 and its merge kernel (from one request since
+# 2026-11-28, from 5 before).
+MLA_PROJECTION_MERGE_MIN_BS = 1
 # triton_mla's stage 1 (where Gluon does not run): a fixed part a layer of 0.6 us a request up
 # to 16 us, fitted to the H200 call8 run.
 MLA_TRITON_REQUEST_MS = 0.6e-3
