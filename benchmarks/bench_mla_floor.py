@@ -66,19 +66,9 @@ SPLIT_TRIES = (8, 10, 12, 16, 24, 32, 64)
 
 
 @triton.jit
-def _read_flat(X, Out, n, per, BLOCK: tl.constexpr):
-    """Program p sums elements [p * per, (p + 1) * per) of X, BLOCK at a time."""
-    p = tl.program_id(0)
-    acc = tl.zeros((BLOCK,), tl.float32)
-    for start in range(p * per, tl.minimum(p * per + per, n), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(X + offs, mask=offs < n, other=0.0).to(tl.float32)
-    tl.store(Out + p, tl.sum(acc, 0))
-
-
-@triton.jit
-def _read_flat_dependent(X, Out, n, per, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """_read_flat as the previous launch's dependent: scheduled while it ends, reading after it."""
+def _read_flat(X, Out, n, per, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program p sums elements [p * per, (p + 1) * per) of X, BLOCK at a time. With PDL, launched
+    as the previous launch's dependent: scheduled while it ends, reading after it."""
     wait_for_previous_kernel(PDL)
     release_next_kernel(PDL)
     p = tl.program_id(0)
@@ -99,20 +89,19 @@ def flat_us(caches: list[torch.Tensor], rows: int, dependent: bool = False) -> t
     """The best of FLAT's launch settings; `dependent`: each launch the previous one's dependent
     (where the GPU has dependent launches; `in_effect` is recorded)."""
     n = rows * caches[0].shape[-1]
-    launch = dependent_launch(caches[0].device) if dependent else {}
+    launch = dependent_launch(caches[0].device) if dependent else {"PDL": False}
     tried = []
     for programs, block, warps, stages in FLAT if bench.DEVICE == "cuda" else FLAT[:1]:
         per = cdiv(cdiv(n, programs), block) * block
         out = torch.empty(programs, device=bench.DEVICE, dtype=torch.float32)
-        kernel = _read_flat_dependent if dependent else _read_flat
 
-        def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages, kernel=kernel):
+        def read(out=out, programs=programs, per=per, block=block, warps=warps, stages=stages):
             for c in caches:
-                kernel[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages, **launch)
+                _read_flat[(programs,)](c, out, n, per, BLOCK=block, num_warps=warps, num_stages=stages, **launch)
 
         us = bench.graph_us(read) / len(caches)
         tried.append({"programs": programs, "block": block, "warps": warps, "stages": stages, "us": us,
-                      "read_all": same_sum(out, caches[-1]), "in_effect": bool(launch.get("PDL"))})
+                      "read_all": same_sum(out, caches[-1]), "in_effect": bool(launch["PDL"])})
     return min(t["us"] for t in tried), tried
 
 
