@@ -60,7 +60,7 @@ MAX_BS = triton_mla.WGMMA_PROGRAMS // 2
 # 5 requests first (2026-11-27: a layer 0.2-3.7 us shorter at bs 5-16 x 512-8k, but at bs 1-4
 # even to 9 us longer, one request's 128 chunks merged here). Since the merge over slots, the
 # capped plan and the Gluon projection, whole decode steps of deepseek-v2-lite at bs 1-4 x 1k,
-# 4k and 8k were 1.2-4.1% shorter this way on the H200 and 1.5-3.3% on the H100 (2.2-7.4 us a
+# 4k and 8k were 1.2-4.1% shorter this way on the H200 and 1.5-3.3% on the H100 (1.8-7.4 us a
 # layer; calls 4-5 of benchmarks/results/h200-h100-2026-11-28-mla-small-batches), so every
 # decode batch up to MAX_BS takes it.
 MIN_BS = 1
