@@ -3,6 +3,8 @@ calls are stood in for; tests/test_verify_gpu.py runs the real thing)."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -136,3 +138,25 @@ def test_warmup_runs_each_shape_once_beyond_the_first_steps():
     assert warmup_indices(steps, 2) == [0, 1, 3, 4]  # the prefixed extend of 14 is a shape of its own
     assert warmup_indices(steps, 0) == [0, 1, 3, 4]
     assert warmup_indices(steps, 32) == list(range(7))
+
+
+def test_requests_are_spread_over_the_pool_each_on_its_own_run_of_slots():
+    # verify maps each request row to a run of slots of its own, the rows spread over the whole
+    # pool (benchmarks/probe_verify_step_gap.py compares that with capture's packed rows), and
+    # fills every K/V buffer, so no step reads another request's lines or unset memory.
+    from cgtool.runtime.kv import KVPool
+    from cgtool.specs.config import load_model_config
+
+    pool = KVPool(load_model_config("tiny"), num_slots=1000, max_reqs=4, max_context_len=64,
+                  dtype=torch.float32, device="cpu")
+    for buf in pool.k_buffers + pool.v_buffers:
+        buf.zero_()
+    session.spread_requests(pool, seed=0)
+    rows, width = pool.req_to_token.shape
+    runs = [pool.req_to_token[row] for row in range(1, rows)]
+    for run in runs:  # consecutive slots, never the reserved slot 0
+        assert (run.diff() == 1).all() and int(run.min()) >= 1
+    starts = [int(run[0]) for run in runs]
+    assert all(b - a >= width for a, b in itertools.pairwise(starts))  # apart, not touching
+    assert starts[-1] > pool.num_slots // 2  # spread over the pool, not packed at its start
+    assert all(bool((buf != 0).any()) for buf in pool.k_buffers + pool.v_buffers)

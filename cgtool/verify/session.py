@@ -119,7 +119,7 @@ def _build(cfg: ModelConfig, weights_dir: Any, opts: SessionOptions, out: Sessio
     rows = max([opts.max_running_requests] + [s.size for s in opts.steps if s.kind == "decode"]
                + [bs for g in opts.sets for bs in g.capture_bs]) + 2
     pool = KVPool(cfg, kv_tokens, rows, width, opts.dtype, "cuda")
-    _map_requests(pool, opts.seed)
+    spread_requests(pool, opts.seed)
     return ModelRunner(model, pool, make_backend("triton", cfg.num_heads, cfg.head_dim))
 
 
@@ -152,7 +152,9 @@ def _context_width(opts: SessionOptions, cfg: ModelConfig) -> int:
     return min(max(opts.context_len, need + 1), cfg.max_context_len)
 
 
-def _map_requests(pool: Any, seed: int) -> None:
+def spread_requests(pool: Any, seed: int) -> None:
+    """Each request row on its own run of slots, the rows spread evenly over the whole pool,
+    and every K/V buffer filled with random values (as a prefill would have left them)."""
     # Every request row gets its own run of slots, wrapping around the pool: sampled steps
     # hold more context in all than any one moment of a server, and what matters for timing
     # is that each request reads its own memory (not the same cached lines as its neighbour).
@@ -162,7 +164,7 @@ def _map_requests(pool: Any, seed: int) -> None:
     positions = torch.arange(width, device=pool.req_to_token.device)
     for row in range(1, rows):
         pool.req_to_token[row] = ((row - 1) * stride + positions) % usable + 1
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=pool.req_to_token.device).manual_seed(seed)
     for buf in pool.k_buffers + pool.v_buffers:
         buf.normal_(generator=gen)  # stands in for prefilled K/V
 
