@@ -155,9 +155,8 @@ def _context_width(opts: SessionOptions, cfg: ModelConfig) -> int:
 def spread_requests(pool: Any, seed: int) -> None:
     """Each request row on its own run of slots, the rows spread evenly over the whole pool,
     and every K/V buffer filled with random values (as a prefill would have left them)."""
-    # Every request row gets its own run of slots, wrapping around the pool: sampled steps
-    # hold more context in all than any one moment of a server, and what matters for timing
-    # is that each request reads its own memory (not the same cached lines as its neighbour).
+    # The runs wrap around the pool: sampled steps hold more context in all than any one moment
+    # of a server, and what matters for timing is that each request reads its own memory.
     rows, width = pool.req_to_token.shape
     usable = pool.num_slots - 1
     stride = max(usable // max(rows - 1, 1), 1)
