@@ -39,7 +39,7 @@
 # (STEP_BS, STEP_CONTEXT, which may list contexts), in $OUT/mla-step-CONTEXT.json.
 # `verify-gap` (by name only): benchmarks/probe_verify_step_gap.py, deepseek-v2-lite's decode graphs
 # replayed as a capture times them and as verify's steps run them, requests packed and spread
-# (GAP_BS, GAP_CONTEXT), in $OUT/verify-gap.json.
+# (GAP_BS; GAP_CONTEXT, one run per context; GAP_MODES), in $OUT/verify-gap-CONTEXT.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -259,10 +259,12 @@ if [[ " $stages " == *" mla-step "* ]]; then  # issue 33, by name only: MLA sett
   done
 fi
 if [[ " $stages " == *" verify-gap "* ]]; then  # issue 33, by name only: verify's steps against capture's replays
-  echo "[$(date +%H:%M:%S)] probe_verify_step_gap ${GAP_BS:-}"
-  timeout -k 10 "${GAP_TIMEOUT:-300}" python3 benchmarks/probe_verify_step_gap.py --out "$OUT/verify-gap.json" \
-    ${GAP_BS:+--bs "$GAP_BS"} ${GAP_CONTEXT:+--context "$GAP_CONTEXT"} 2>&1 | tee "$OUT/verify-gap.log"
-  echo "[$(date +%H:%M:%S)] probe_verify_step_gap exit ${PIPESTATUS[0]}"
+  for context in ${GAP_CONTEXT:-1024}; do
+    echo "[$(date +%H:%M:%S)] probe_verify_step_gap ${GAP_BS:-} at $context"
+    timeout -k 10 "${GAP_TIMEOUT:-300}" python3 benchmarks/probe_verify_step_gap.py --out "$OUT/verify-gap-$context.json" \
+      --context "$context" ${GAP_BS:+--bs "$GAP_BS"} ${GAP_MODES:+--modes "$GAP_MODES"} 2>&1 | tee "$OUT/verify-gap-$context.log"
+    echo "[$(date +%H:%M:%S)] probe_verify_step_gap exit ${PIPESTATUS[0]}"
+  done
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

@@ -393,6 +393,16 @@ def test_mla_as_shipped_verify_runs_are_predicted_within_8_percent_decode_and_5_
         assert abs(measured / now - 1) <= (0.08 if kind == "decode" else 0.05), (name, graph_set, kind)
 
 
+def test_the_server_graph_gap_closes_deepseeks_decode_gap_in_verify():
+    # deepseek-v2-lite's verify on three traces (H200, 2026-11-28) ran decode +2.8% to +4.4% past
+    # its prediction while captures of the decode graphs alone ran within -3.2% to +1.3%: verify,
+    # like a server, captures prefill graphs too, and then each kernel of a decode graph starts
+    # 0.31-0.45 us later (benchmarks/results/h200-2026-11-28-graph-gaps). Priced, -2.4% to +0.3%.
+    rows = _repredicted(f"{SMALL_BATCHES}/call7-h200/memory")
+    decode = [measured / now - 1 for _, _, kind, measured, _, now in rows if kind == "decode"]
+    assert len(decode) == 6 and max(abs(e) for e in decode) <= 0.03, decode
+
+
 @pytest.mark.parametrize(("folder", "models"), [
     ("h200-h100-2026-11-27-heldout/call1-h200", BOTH_MODELS), ("h200-h100-2026-11-27-heldout/call2-h100", BOTH_MODELS),
     ("h200-h100-2026-11-27-moe-order/call3-h200/memory", BOTH_MODELS),

@@ -48,6 +48,12 @@ _FLOPS_EFFICIENCY = 0.7
 # at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
 _LAUNCH_MS = 4e-3
 _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
+# Each kernel of a replayed decode graph starts this much later in a process that captured any
+# other graph after the set it replays, as a server's decode graphs sit beside its prefill
+# graphs, than in a process that captured that set alone: the same kernels and kernel time,
+# 0.31-0.45 us a kernel longer between them (three models on one H200, 2026-11-28,
+# benchmarks/results/h200-2026-11-28-graph-gaps). `verify`'s steps, like a server's, run so.
+_SERVER_GRAPH_GAP_MS = 0.37e-3
 # Graph objects hold kernel parameters outside PyTorch's pool (measured: memory_terms).
 _GRAPH_NODE_BYTES = GRAPH_NODE_BYTES
 # Capture runs two warm-ups and one recorded pass (seed 000), each paying Python dispatch per
@@ -233,7 +239,7 @@ def roofline_cost(
     attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else GQA_EXTEND_FLOPS_EFFICIENCY
     return CostModel(
         source="roofline",
-        decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS,
+        decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS + kernels * _SERVER_GRAPH_GAP_MS,
         decode_eager_ms=decode_eager,
         extend_graph_ms=extend_dense + piecewise_overhead_ms,
         extend_eager_ms=extend_eager,
