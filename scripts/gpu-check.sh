@@ -40,6 +40,9 @@
 # `verify-gap` (by name only): benchmarks/probe_verify_step_gap.py, deepseek-v2-lite's decode graphs
 # replayed as a capture times them and as verify's steps run them, requests packed and spread
 # (GAP_BS; GAP_CONTEXT, one run per context; GAP_MODES), in $OUT/verify-gap-CONTEXT.json.
+# `graph-gaps` (by name only): benchmarks/probe_decode_after_prefill.py, each of GAPS_MODELS' decode graphs
+# replayed alone, after one more capture and after its sizes recorded again (GAPS_BS, GAPS_CAPTURES), in
+# $OUT/graph-gaps-MODEL.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -264,6 +267,14 @@ if [[ " $stages " == *" verify-gap "* ]]; then  # issue 33, by name only: verify
     timeout -k 10 "${GAP_TIMEOUT:-300}" python3 benchmarks/probe_verify_step_gap.py --out "$OUT/verify-gap-$context.json" \
       --context "$context" ${GAP_BS:+--bs "$GAP_BS"} ${GAP_MODES:+--modes "$GAP_MODES"} 2>&1 | tee "$OUT/verify-gap-$context.log"
     echo "[$(date +%H:%M:%S)] probe_verify_step_gap exit ${PIPESTATUS[0]}"
+  done
+fi
+if [[ " $stages " == *" graph-gaps "* ]]; then  # issue 33, by name only: decode replays before and after another capture
+  for m in ${GAPS_MODELS:-llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}; do
+    echo "[$(date +%H:%M:%S)] probe_decode_after_prefill $m"
+    (cd benchmarks && timeout -k 10 200 python3 probe_decode_after_prefill.py --model "$m" --out "$OUT/graph-gaps-$m.json" \
+      --bs "${GAPS_BS:-1,8,32}" --captures "${GAPS_CAPTURES:-tiny_kept,same_stream}") 2>&1 | tee "$OUT/graph-gaps-$m.log"
+    echo "[$(date +%H:%M:%S)] probe_decode_after_prefill exit ${PIPESTATUS[0]}"
   done
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
