@@ -49,14 +49,20 @@ HEADLINE_SLACK = 0.002
 def assert_dominates(plan):
     plan_row, default = rows(plan)["plan"], rows(plan)["default"]
     assert plan_row.expected_step_ms <= default.expected_step_ms * (1 + HEADLINE_SLACK)
-    # Fewer graphs or less graph memory, unless the default itself regrets least.
+    # Fewer graphs or less graph memory, unless the default itself regrets least, or the closed
+    # loop took the default's sizes because the plan's own set trailed one of its tails (it says
+    # so, naming the sizes; tests/test_closed_loop.py holds that rule). Whether it tips there
+    # moves with the cost model: pricing the server's graph gap (2026-11-28) tipped two of these
+    # traces, each by a tail 2-5% behind at 2x load, and the plan still ran no slower.
     is_default = plan.decode.capture_bs == plan.decode.default_capture_bs and (
         plan.piecewise.capture_num_tokens == plan.piecewise.default_capture_num_tokens
     )
+    took_defaults = [w for w in plan.warnings if w.startswith("closed loop:") and "added the default's" in w]
     assert (
         plan_row.num_graphs < default.num_graphs
         or plan_row.graph_bytes < default.graph_bytes
         or is_default
+        or took_defaults
     )
 
 
@@ -545,10 +551,10 @@ def _light_and_heavy_held_out_plans():
 def test_held_out_requests_do_not_choose_the_replica_count():
     # 700 light requests every 0.5 s, then 300 heavy ones in a burst: judged on the whole
     # trace, one server overloaded and the plan was for one of 20 replicas, fitted on 7,000
-    # steps instead of 89,015.
+    # steps instead of 89,015 (86,997 since decode graphs price the server's graph gap).
     light, heavy = _light_and_heavy_held_out_plans()
     assert light.simulation.replicas == heavy.simulation.replicas == 1
-    assert light.basis.fit_steps == heavy.basis.fit_steps == 88_998
+    assert light.basis.fit_steps == heavy.basis.fit_steps == 86_997
 
 
 def test_held_out_requests_do_not_move_the_sizes_the_closed_loop_adds():

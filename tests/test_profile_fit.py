@@ -144,3 +144,24 @@ def test_a_merged_report_reads_back_as_a_capture_report_with_its_contexts():
     assert {r.get("context_len") for r in merged["sizes"]} == {None, 4096}
     model = profile_cost(merged, CFG, H100, max_bs=256, max_tokens=8192, source="m")
     assert model.kv_read_ms_per_token == pytest.approx(0.3 / 3072)
+
+
+def test_decode_graphs_timed_alone_get_the_server_gap_on_each_of_their_kernels():
+    # A `capture --kind decode` report times its graphs with no prefill graph beside them, which
+    # ran each kernel 0.31-0.45 us closer than a server's process does (H200, 2026-11-28,
+    # benchmarks/results/h200-2026-11-28-graph-gaps): the profile adds that, from the report's
+    # own kernel count, and says so. A report of both kinds was timed as a server runs.
+    from cgtool.planner.cost import SERVER_GRAPH_GAP_MS
+
+    both = copy.deepcopy(REPORT)
+    both["settings"]["kinds"] = ["decode", "piecewise"]
+    alone = copy.deepcopy(both)
+    alone["settings"]["kinds"] = ["decode"]
+    for row in alone["sizes"]:
+        row["kernels_per_forward"] = 400
+    served = profile_cost(both, CFG, H100, max_bs=64, max_tokens=64, source="both.json")
+    lone = profile_cost(alone, CFG, H100, max_bs=64, max_tokens=64, source="alone.json")
+    assert lone.decode_graph_ms[1:] - served.decode_graph_ms[1:] == pytest.approx(400 * SERVER_GRAPH_GAP_MS)
+    assert (lone.extend_graph_ms == served.extend_graph_ms).all()
+    assert any("no prefill graph captured" in w and "148 us" in w for w in lone.warnings)
+    assert not any("prefill graph" in w for w in served.warnings)

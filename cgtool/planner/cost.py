@@ -48,7 +48,7 @@ _FLOPS_EFFICIENCY = 0.7
 # at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
 _LAUNCH_MS = 4e-3
 _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
-# Each kernel of a replayed decode graph starts this much later in a process that captured any
+# Each kernel of a replayed graph starts this much later in a process that captured any
 # other graph after the set it replays, as a server's decode graphs sit beside its prefill
 # graphs, than in a process that captured that set alone: the same kernels and kernel time,
 # 0.31-0.45 us a kernel longer between them (three models on one H200, 2026-11-28,
@@ -56,7 +56,7 @@ _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
 # Priced on the kernels outside the MoE layers: on every kernel it put qwen3-30b-a3b's recorded
 # verify runs 2-5% under their decode predictions, so the MoE layers' fitted terms seem to hold
 # part of it already (a choice made on those runs; why, not measured).
-_SERVER_GRAPH_GAP_MS = 0.37e-3
+SERVER_GRAPH_GAP_MS = 0.37e-3
 # Graph objects hold kernel parameters outside PyTorch's pool (measured: memory_terms).
 _GRAPH_NODE_BYTES = GRAPH_NODE_BYTES
 # Capture runs two warm-ups and one recorded pass (seed 000), each paying Python dispatch per
@@ -227,6 +227,8 @@ def roofline_cost(
     # under tensor parallelism the all-reduces (SGLang splits at inplace_all_reduce too).
     splits = cfg.num_layers + allreduces_per_forward(cfg, tp_size)
     piecewise_overhead_ms = splits * (_LAUNCH_MS + _GRAPH_LAUNCH_MS) + _GRAPH_LAUNCH_MS
+    # A server's graphs of either kind (prefill graphs' kernels less the eager splits).
+    server_gap_ms = _kernels_outside_moe(cfg, kernels) * SERVER_GRAPH_GAP_MS
     decode_eager = decode_dense + kernels * _LAUNCH_MS
     extend_eager = extend_dense + kernels * _LAUNCH_MS
     capture_per_size_s = kernels * _CAPTURE_S_PER_KERNEL
@@ -242,7 +244,7 @@ def roofline_cost(
     attention_efficiency = MLA_EXTEND_FLOPS_EFFICIENCY if cfg.mla else GQA_EXTEND_FLOPS_EFFICIENCY
     return CostModel(
         source="roofline",
-        decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS + _kernels_outside_moe(cfg, kernels) * _SERVER_GRAPH_GAP_MS,
+        decode_graph_ms=decode_dense + _GRAPH_LAUNCH_MS + server_gap_ms,
         decode_eager_ms=decode_eager,
         extend_graph_ms=extend_dense + piecewise_overhead_ms,
         extend_eager_ms=extend_eager,

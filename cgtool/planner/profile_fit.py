@@ -14,9 +14,11 @@ import numpy as np
 
 from cgtool.errors import InputError
 from cgtool.planner.cost import (
+    SERVER_GRAPH_GAP_MS,
     CostModel,
     decode_pool_bytes_at,
     extend_pool_bytes_at,
+    kernels_per_forward,
     roofline_cost,
 )
 from cgtool.specs.config import ModelConfig
@@ -101,6 +103,8 @@ def profile_cost(
         for name, column in (("decode_graph_ms", "replay_ms"), ("decode_eager_ms", "eager_ms")):
             sizes, dense = _dense_by_size(every, column, kv_ms)
             tables[name] = size_table(sizes, dense, max_bs + 1)
+        lone_gap_ms = _lone_decode_gap_ms(report, cfg, tp_size)
+        tables["decode_graph_ms"] = tables["decode_graph_ms"] + lone_gap_ms
         tables["decode_capture_s"] = size_table(decode["size"], decode["capture_s"], max_bs + 1)
         tables["decode_graph_bytes"] = _per_graph_bytes(decode, base.decode_graph_bytes)
     if len(piecewise["size"]):
@@ -117,6 +121,10 @@ def profile_cost(
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
     tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
     notes = _mismatches(report, cfg, gpu, source) + _tp_mismatch(report, tp_size, source)
+    if len(decode["size"]) and lone_gap_ms:
+        note = (f"{source}: its decode graphs were timed with no prefill graph captured; "
+                f"{lone_gap_ms * 1e3:.0f} us a step added, as a server's process holding both replays them")
+        notes += (note,)
     # A replay (cgtool.replay.profile) fits attention's price to its own steps, and a verify
     # (cgtool.verify.profile) the extend pairs' to its steps over long cached prefixes: it
     # replaces the roofline's, and the plan says by how much.
@@ -126,6 +134,18 @@ def profile_cost(
     # A verify.json that timed no eager step says so: its eager side is the roofline's.
     eager_measured = bool(report.get("eager_measured", True))
     return _with(base, source=source, warnings=notes, eager_measured=eager_measured, **(tables | fitted))
+
+
+def _lone_decode_gap_ms(report: dict[str, Any], cfg: ModelConfig, tp_size: int) -> float:
+    """A capture of decode graphs alone (`--kind decode`) times them faster than a process that
+    also captured prefill graphs, as a server does: SERVER_GRAPH_GAP_MS on each of the forward's
+    kernels (its own count where the report has one). Zero for any other report."""
+    if report.get("settings", {}).get("kinds") != ["decode"]:
+        return 0.0
+    counts = [r["kernels_per_forward"] for r in _rank0_ok(report)
+              if r.get("kind") == "decode" and isinstance(r.get("kernels_per_forward"), int)]
+    kernels = float(np.median(counts)) if counts else kernels_per_forward(cfg, tp_size)
+    return kernels * SERVER_GRAPH_GAP_MS
 
 
 def _attention_note(source: str, name: str, scale: float) -> str:
