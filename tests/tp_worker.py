@@ -179,9 +179,14 @@ def interrupted_rank(rank: int, size: int, init_method: str, channel) -> None:
     """Measures 'sizes' until the coordinator stops it, then sends what it has, as
     cgtool.capture.tp does with its partial report."""
     init_tensor_parallel(rank, size, init_method, torch.device("cpu"))
-    barrier()  # both ranks are inside the target (their SIGTERM handling installed)
     measured: list[int] = []
     try:
+        measured.append(0)
+        # Both ranks have measured and are inside this try before rank 0 tells the coordinator,
+        # which stops them on that. With the barrier before the try, rank 1 once sent nothing
+        # (a fresh clone on two cores, 2026-11-28): a stop that reaches it still leaving the
+        # barrier lands outside the try.
+        barrier()
         channel.progress("measuring")
         for size_done in range(1, 10_000):
             measured.append(size_done)
