@@ -48,7 +48,7 @@ _FLOPS_EFFICIENCY = 0.7
 # at bs 1-32 20-30% above its graph replay, the range seed 001 gives for decode graphs.
 _LAUNCH_MS = 4e-3
 _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
-# Each kernel of a replayed graph starts this much later in a process that captured any
+# Each kernel of a replayed decode graph starts this much later in a process that captured any
 # other graph after the set it replays, as a server's decode graphs sit beside its prefill
 # graphs, than in a process that captured that set alone: the same kernels and kernel time,
 # 0.31-0.45 us a kernel longer between them (three models on one H200, 2026-11-28,
@@ -227,7 +227,7 @@ def roofline_cost(
     # under tensor parallelism the all-reduces (SGLang splits at inplace_all_reduce too).
     splits = cfg.num_layers + allreduces_per_forward(cfg, tp_size)
     piecewise_overhead_ms = splits * (_LAUNCH_MS + _GRAPH_LAUNCH_MS) + _GRAPH_LAUNCH_MS
-    # A server's graphs of either kind (prefill graphs' kernels less the eager splits).
+    # Decode graphs only: prefill graphs' gap was not measured.
     server_gap_ms = _kernels_outside_moe(cfg, kernels) * SERVER_GRAPH_GAP_MS
     decode_eager = decode_dense + kernels * _LAUNCH_MS
     extend_eager = extend_dense + kernels * _LAUNCH_MS

@@ -92,6 +92,7 @@ def profile_cost(
         )
     tables: dict[str, Any] = {}
     kv_ms = base.kv_read_ms_per_token
+    lone_gap_ms = _lone_decode_gap_ms(report, cfg, tp_size) if len(decode["size"]) else 0.0
     if len(decode["size"]):
         # Each row holds attention over its context per request: priced from the rows' own
         # spread of contexts where they have one, else the roofline's; taken out, it leaves the
@@ -103,7 +104,6 @@ def profile_cost(
         for name, column in (("decode_graph_ms", "replay_ms"), ("decode_eager_ms", "eager_ms")):
             sizes, dense = _dense_by_size(every, column, kv_ms)
             tables[name] = size_table(sizes, dense, max_bs + 1)
-        lone_gap_ms = _lone_decode_gap_ms(report, cfg, tp_size)
         tables["decode_graph_ms"] = tables["decode_graph_ms"] + lone_gap_ms
         tables["decode_capture_s"] = size_table(decode["size"], decode["capture_s"], max_bs + 1)
         tables["decode_graph_bytes"] = _per_graph_bytes(decode, base.decode_graph_bytes)
@@ -121,7 +121,7 @@ def profile_cost(
     tables["decode_pool_bytes"] = base.decode_pool_bytes * scale
     tables["extend_pool_bytes"] = base.extend_pool_bytes * scale
     notes = _mismatches(report, cfg, gpu, source) + _tp_mismatch(report, tp_size, source)
-    if len(decode["size"]) and lone_gap_ms:
+    if lone_gap_ms:
         note = (f"{source}: its decode graphs were timed with no prefill graph captured; "
                 f"{lone_gap_ms * 1e3:.0f} us a step added, as a server's process holding both replays them")
         notes += (note,)
