@@ -18,7 +18,16 @@ With `--captures` it instead replays `first` after each capture named there, in 
 `tiny_kept` (the same through cgtool's `record_graph`, on `first`'s stream), `new_stream` (another
 decode set on a stream of its own, as every runner makes), `empty_cache` (no capture: the
 allocator's cache released, as `torch.cuda.graph` does first), `new_segment` (no capture: 1 GiB
-allocated and kept).
+allocated and kept), `upload` (no capture: each of `first`'s graphs uploaded again on its stream by
+the driver's `cuGraphUpload`), `tiny_reset` (`tiny_new`, its graph destroyed at once), `one_size`
+(only the smallest decode size recorded again on `first`'s stream), `other_bs` (a decode size that
+`first` lacks, on `first`'s stream), `second` (the decode sizes recorded on a new stream, and timed
+from then on beside `first`), `second_one` (the smallest size recorded again on `second`'s
+stream), `eager_same` and `eager_default` (no capture: one eager decode forward at the smallest
+size on `first`'s stream, or on the default stream), `eager_extend` (no capture: one eager
+512-token extend on the default stream), `prefill` (breakable prefill graphs captured at 512
+tokens, as `verify` holds them) and `prefill_step` (one 512-token extend through them, as a
+server's prefill step runs).
 
     python3 benchmarks/probe_decode_after_prefill.py --out gap.json [--bs 1,8] [--tokens 512]
         [--prefill-backend breakable] [--eager-tokens 4096,512] [--captures tiny_same,new_stream]
@@ -27,6 +36,7 @@ allocated and kept).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import sys
 import time
@@ -75,12 +85,51 @@ def replay_ms(runners: dict[str, DecodeGraphRunner], batches: dict[int, object])
                    for bs, v in sizes.items()} for name, sizes in found.items()}
 
 
+def upload_again(runner: DecodeGraphRunner) -> None:
+    """Each of the runner's graphs uploaded to the device again, on its capture stream, by the
+    driver's API (torch has no call for it)."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    for graph in runner.graphs.values():
+        rc = driver.cuGraphUpload(ctypes.c_void_p(graph.raw_cuda_graph_exec()),
+                                  ctypes.c_void_p(runner.stream.cuda_stream))
+        if rc != 0:
+            raise RuntimeError(f"cuGraphUpload returned {rc}")
+    torch.cuda.synchronize()
+
+
 _kept: list[object] = []  # what the extra captures made, alive to the end as a server's graphs are
 
 
-def capture_another(kind: str, first: DecodeGraphRunner, bench: object, sizes: list[int]) -> None:
+def capture_another(kind: str, runners: dict[str, DecodeGraphRunner], bench: object, sizes: list[int]) -> None:
     """One more capture of `kind` (see the module's doc) into the global pool."""
-    stream = first.stream if kind in ("same_stream", "tiny_same", "tiny_kept") else torch.cuda.Stream()
+    first = runners["first"]
+    same = ("same_stream", "tiny_same", "tiny_kept", "one_size", "other_bs")
+    stream = first.stream if kind in same else torch.cuda.Stream()
+    if kind == "upload":
+        upload_again(first)
+        return
+    if kind.startswith("eager"):
+        with torch.cuda.stream(first.stream if kind == "eager_same" else torch.cuda.default_stream()):
+            bench.runner.forward_eager(bench.decode_batch(sizes[0]))
+        torch.cuda.synchronize()
+        return
+    if kind == "eager_extend":
+        bench.runner.forward_eager(bench.extend_batch(512))
+        torch.cuda.synchronize()
+        return
+    if kind == "prefill":
+        prefill = prefill_runner("breakable", bench.runner, [512])
+        prefill.warmup()
+        prefill.capture()
+        _kept.append(prefill)
+        torch.cuda.synchronize()
+        return
+    if kind == "prefill_step":
+        next(k for k in reversed(_kept) if hasattr(k, "can_run")).forward(bench.extend_batch(512))
+        torch.cuda.synchronize()
+        return
+    if kind == "second_one":
+        stream = runners["second"].stream
     if kind == "empty_cache":
         torch.cuda.empty_cache()
         return
@@ -96,12 +145,22 @@ def capture_another(kind: str, first: DecodeGraphRunner, bench: object, sizes: l
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=stream):
             x.add_(1)
-        _kept.append((x, graph))
+        if kind == "tiny_reset":
+            graph.reset()
+        else:
+            _kept.append((x, graph))
         return
+    if kind in ("one_size", "second_one"):
+        sizes = sizes[:1]
+    elif kind == "other_bs":
+        sizes = [min(set(range(1, sizes[-1] + 1)) - set(sizes))]
     runner = DecodeGraphRunner(bench.runner, sizes)
     runner.stream = stream
     runner.capture()
-    _kept.append(runner)
+    if kind == "second":
+        runners["second"] = runner
+    else:
+        _kept.append(runner)
 
 
 def main() -> None:
@@ -137,9 +196,9 @@ def main() -> None:
 
     capture_and_time("first")
     if args.captures:
-        for kind in args.captures.split(","):
-            capture_another(kind, runners["first"], bench, sizes)
-            capture_and_time(kind, capture=False)
+        for i, kind in enumerate(args.captures.split(",")):
+            capture_another(kind, runners, bench, sizes)
+            capture_and_time(f"{i + 1}:{kind}", capture=False)  # a kind may come more than once
         timing.save_results({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                              "torch": torch.__version__, "model": args.model, "captures": args.captures,
                              "rounds": ROUNDS, "replays": REPLAYS, "stages": stages}, args.out)

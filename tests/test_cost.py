@@ -200,6 +200,25 @@ def test_the_server_graph_gap_is_what_one_more_capture_added_to_each_kernel(mode
     per_kernel_ms = [(stages["tiny_kept"]["first"][bs][0] - stages["first"]["first"][bs][0]) / kernels
                      for bs in ("1", "8", "32")]
     assert min(per_kernel_ms) * 0.8 <= cost.SERVER_GRAPH_GAP_MS <= max(per_kernel_ms) * 1.2, per_kernel_ms
-    # Recording the same sizes again brought the first figures back: the gap is the state, not drift.
+    # Recording the same sizes again brought the first figures back in this call (not in every
+    # call: see the next test): the gap is a state, not drift.
     for bs in ("1", "8", "32"):
         assert stages["same_stream"]["first"][bs][0] == pytest.approx(stages["first"]["first"][bs][0], abs=0.005)
+
+
+def test_decode_graphs_stay_slow_while_prefill_graphs_are_held():
+    # The term is priced on every server step, so nothing a server does between steps may bring
+    # the fast state back. Call 20 (H200, 2026-11-28): after breakable prefill graphs were
+    # captured, an eager decode forward, eager extends and prefill steps left the set as slow as a
+    # one-kernel capture had made it; before them (call 19) one eager decode forward had made it fast.
+    def stages(call: int) -> dict:
+        found = json.loads((GRAPH_GAPS / f"call{call}-deepseek-v2-lite.json").read_text())["stages"]
+        return {kind: {bs: row[0] for bs, row in sets["first"].items()} for kind, sets in found.items()}
+
+    before, after = stages(19), stages(20)
+    for bs, fast in after["first"].items():
+        slow = after["tiny_kept"][bs]
+        assert slow - fast > 0.2  # the gap, 0.22-0.24 ms at bs 1 and 8
+        assert before["eager_same"][bs] == pytest.approx(fast, abs=0.02)
+        for kind in ("prefill", "prefill_step", "eager_same", "eager_extend"):  # eager_same: its run after prefill
+            assert after[kind][bs] == pytest.approx(slow, abs=0.01), kind
