@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 from typing import Self
@@ -12,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from cgtool.capture.options import CaptureFailure, CaptureProgress
 from cgtool.documents.results import CaptureReport
+from cgtool.planner.cost import SERVER_GRAPH_GAP_MS, lone_decode_gap_ms
 from cgtool.reports.render import printed_tables
 from cgtool.reports.tables import to_rich
 from cgtool.units import GIB, MIB
@@ -84,6 +86,22 @@ def remedies(report: CaptureReport, failed: CaptureFailure | None) -> list[str]:
     return lines
 
 
+def lone_decode_note(report: CaptureReport) -> str | None:
+    """Decode graphs captured alone replay faster than a server's, which also hold prefill
+    graphs: say by how much, on the report's own kernel count."""
+    counts = [s.kernels_per_forward for s in report.sizes_of("decode") if s.status != "failed"]
+    if not counts:
+        return None
+    kernels = statistics.median(counts)
+    gap_ms = lone_decode_gap_ms(report.settings.kinds, kernels)
+    if not gap_ms:
+        return None
+    return (f"decode replays were timed with no prefill graph in the process; where prefill graphs "
+            f"were captured too, as in a server, each kernel started about {SERVER_GRAPH_GAP_MS * 1e3:.2f} "
+            f"us later (H200, 2026-11-28): about {gap_ms:.2f} ms a step here ({kernels:.0f} kernels). "
+            f"`--kind both` times that state, and `plan --profile` adds it")
+
+
 def print_capture_summary(
     console: Console,
     report: CaptureReport,
@@ -99,6 +117,9 @@ def print_capture_summary(
             f"[bold red]unsafe:[/] {row.kind} size {row.size}{on_rank}: replay differs from eager by "
             f"{row.max_abs_diff:.3g}", highlight=False,
         )
+    note = lone_decode_note(report)
+    if note:
+        console.print(f"[bold]note:[/] {note}", highlight=False)
     if report.incomplete_reason:
         console.print(f"[bold red]incomplete:[/] {report.incomplete_reason}", highlight=False)
         for line in remedies(report, failed):

@@ -85,3 +85,26 @@ def test_the_summary_states_the_pooled_spread_every_interval_comes_from():
     lines = [line.split() for line in text.splitlines()]
     assert ["decode", "eager", "short", "calls", "12.34", "35"] in lines
     assert ["piecewise", "replay", "long", "calls", "0.80", "3"] in lines
+
+
+def test_a_capture_of_decode_graphs_alone_says_a_server_replays_them_slower():
+    # A lone decode set replays in the fast state (benchmarks/results/h200-2026-11-28-graph-gaps):
+    # the summary says what a server adds, on the report's own kernels; with prefill graphs
+    # captured as well the replays were timed as a server runs them, and nothing is said.
+    import dataclasses
+
+    from cgtool.planner.cost import SERVER_GRAPH_GAP_MS
+
+    both = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
+    alone = dataclasses.replace(
+        both, settings=dataclasses.replace(both.settings, kinds=["decode"]),
+        sizes=[s for s in both.sizes if s.kind == "decode"])
+    texts = []
+    for report in (both, alone):
+        console = Console(record=True, width=300)
+        print_capture_summary(console, report, None, [])
+        texts.append(console.export_text())
+    assert "no prefill graph" not in texts[0]
+    gap_ms = 452 * SERVER_GRAPH_GAP_MS  # the fixture's 452 kernels a forward
+    assert f"about {gap_ms:.2f} ms a step here (452 kernels)" in texts[1]
+    assert "--kind both" in texts[1]

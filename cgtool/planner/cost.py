@@ -10,6 +10,7 @@ on a set of steps is cgtool.planner.scoring's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -159,6 +160,14 @@ def kernels_per_forward(cfg: ModelConfig, tp_size: int = 1) -> int:
     if cfg.moe:  # router GEMM, top-k softmax, expert sort, combine (+ shared SwiGLU and its add)
         moe = cfg.num_moe_layers * (4 + 4 * int(cfg.moe.num_shared_experts > 0))
     return cfg.num_layers * per_layer + moe + 4 + collectives_per_forward(cfg, tp_size)
+
+
+def lone_decode_gap_ms(kinds: Sequence[str], kernels: float) -> float:
+    """What a server's replay of a decode graph of `kernels` kernels adds to one timed by a
+    capture of decode graphs alone (`kinds == ["decode"]`), which replays them before any other
+    graph is captured: SERVER_GRAPH_GAP_MS a kernel. Zero for a capture of any other kinds, whose
+    decode replays are timed after its prefill graphs, as a server's run."""
+    return kernels * SERVER_GRAPH_GAP_MS if list(kinds) == ["decode"] else 0.0
 
 
 def _kernels_outside_moe(cfg: ModelConfig, kernels: int) -> int:

@@ -14,11 +14,11 @@ import numpy as np
 
 from cgtool.errors import InputError
 from cgtool.planner.cost import (
-    SERVER_GRAPH_GAP_MS,
     CostModel,
     decode_pool_bytes_at,
     extend_pool_bytes_at,
     kernels_per_forward,
+    lone_decode_gap_ms,
     roofline_cost,
 )
 from cgtool.specs.config import ModelConfig
@@ -140,12 +140,11 @@ def _lone_decode_gap_ms(report: dict[str, Any], cfg: ModelConfig, tp_size: int) 
     """A capture of decode graphs alone (`--kind decode`) times them faster than a process that
     also captured prefill graphs, as a server does: SERVER_GRAPH_GAP_MS on each of the forward's
     kernels (its own count where the report has one). Zero for any other report."""
-    if report.get("settings", {}).get("kinds") != ["decode"]:
-        return 0.0
+    kinds = report.get("settings", {}).get("kinds") or []
     counts = [r["kernels_per_forward"] for r in _rank0_ok(report)
               if r.get("kind") == "decode" and isinstance(r.get("kernels_per_forward"), int)]
     kernels = float(np.median(counts)) if counts else kernels_per_forward(cfg, tp_size)
-    return kernels * SERVER_GRAPH_GAP_MS
+    return lone_decode_gap_ms(kinds, kernels)
 
 
 def _attention_note(source: str, name: str, scale: float) -> str:
