@@ -23,6 +23,7 @@ def report(
     output: FormatOption = OutputFormat.table,
 ) -> None:
     """Re-render tables, figures and an HTML page from a saved report or plan."""
+    from cgtool.reports.capture_view import lone_decode_note
     from cgtool.reports.render import printed_tables, render_path  # matplotlib: when rendering
 
     rendered = render_path(path, out)
@@ -36,6 +37,9 @@ def report(
         print_tables(console, printed_tables(document), output.value)
     # With CSV or JSON, stdout holds only the data; the list of files goes to stderr.
     notes = console if output is OutputFormat.table else err_console
+    note = lone_decode_note(document) if isinstance(document, CaptureReport) else None
+    if note:
+        notes.print(f"[bold]note:[/] {note}", highlight=False, soft_wrap=True)
     for written in rendered.files:
         notes.print(f"wrote {written}", highlight=False, soft_wrap=True)
 

@@ -98,3 +98,18 @@ def test_plan_tables_piped_keep_every_cell_whole(tmp_path):
     tables = out[out.index("Plan vs"):out.index("The same sizes for")]
     assert "…" not in tables
     assert "TRT-LLM free_gpu_memory_fraction" in tables
+
+
+def test_a_report_of_decode_graphs_alone_prints_the_server_gap_note(tmp_path):
+    import json
+
+    data = json.loads((FIXTURES / "h100-llama-3.1-8b" / "report.json").read_text())
+    data["settings"]["kinds"] = ["decode"]
+    data["sizes"] = [s for s in data["sizes"] if s["kind"] == "decode"]
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    alone = runner.invoke(app, ["report", str(tmp_path / "report.json"), "--out", str(tmp_path / "a")])
+    both = runner.invoke(app, ["report", str(FIXTURES / "h100-llama-3.1-8b" / "report.json"),
+                               "--out", str(tmp_path / "b")])
+    assert alone.exit_code == 0 and both.exit_code == 0, alone.output + both.output
+    assert "note: decode replays were timed with no prefill graph" in alone.output
+    assert "no prefill graph" not in both.output
