@@ -70,6 +70,29 @@ def replay_and_launch_ms(graph: torch.cuda.CUDAGraph) -> tuple[float, float]:
     return start.elapsed_time(end) / REPLAYS, host * 1e3 / REPLAYS
 
 
+def clocks_under_load(graph: torch.cuda.CUDAGraph, replays: int = 200, samples: int = 20) -> dict[str, float]:
+    """The GPU's SM and memory clocks (MHz), power (W) and throttle-reason bits, read by NVML
+    while `replays` replays queued at once run: a front end clocked lower would space a graph's
+    kernels further apart and leave memory-bound kernels' times nearly as they were."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    torch.cuda.synchronize()
+    for _ in range(replays):
+        graph.replay()
+    sm, mem, power, reasons = [], [], [], 0
+    for _ in range(samples):
+        time.sleep(0.01)
+        sm.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        mem.append(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
+        power.append(pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3)
+        reasons |= pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+    torch.cuda.synchronize()
+    return {"sm_mhz": statistics.median(sm), "sm_mhz_min": min(sm), "mem_mhz": statistics.median(mem),
+            "power_w": statistics.median(power), "throttle_reasons": reasons}
+
+
 def replay_ms(runners: dict[str, DecodeGraphRunner], batches: dict[int, object]) -> dict[str, dict]:
     """Every set's replay ms (GPU, and the host's launch) at every size, medians of alternating rounds."""
     found: dict[str, dict[int, list]] = {}
@@ -171,6 +194,8 @@ def main() -> None:
     parser.add_argument("--tokens", default="512")
     parser.add_argument("--eager-tokens", default="4096,512")
     parser.add_argument("--captures", help="captures to make after `first`, in turn (see above)")
+    parser.add_argument("--clocks", action="store_true",
+                        help="after each stage, the GPU's clocks read while the first set's largest size replays")
     parser.add_argument("--prefill-backend", default="breakable", choices=("breakable", "piecewise"))
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -184,6 +209,7 @@ def main() -> None:
     batches = {bs: bench.decode_batch(bs) for bs in sizes}
     runners: dict[str, DecodeGraphRunner] = {}
     stages: dict[str, dict] = {}
+    clocks: dict[str, dict] = {}  # --clocks: by stage
 
     def capture_and_time(name: str, capture: bool = True) -> None:
         if capture:
@@ -193,6 +219,11 @@ def main() -> None:
         timing.log(f"after {name}: " + "; ".join(
             f"{set_name} " + " ".join(f"bs {bs} {gpu:.3f} (host {host:.3f})" for bs, (gpu, host) in found.items())
             for set_name, found in stages[name].items()))
+        if args.clocks:
+            biggest = max(batches)
+            runners["first"].load_inputs(batches[biggest])
+            clocks[name] = clocks_under_load(runners["first"].graphs[biggest])
+            timing.log(f"after {name}: clocks {clocks[name]}")
 
     capture_and_time("first")
     if args.captures:
@@ -201,7 +232,7 @@ def main() -> None:
             capture_and_time(f"{i + 1}:{kind}", capture=False)  # a kind may come more than once
         timing.save_results({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                              "torch": torch.__version__, "model": args.model, "captures": args.captures,
-                             "rounds": ROUNDS, "replays": REPLAYS, "stages": stages}, args.out)
+                             "rounds": ROUNDS, "replays": REPLAYS, "stages": stages, "clocks": clocks}, args.out)
         return
     for n in eager_tokens:
         bench.runner.forward_eager(bench.extend_batch(n))
@@ -215,7 +246,7 @@ def main() -> None:
     timing.save_results({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
                          "torch": torch.__version__, "model": args.model, "tokens": tokens, "eager_tokens": eager_tokens,
                          "prefill_backend": args.prefill_backend, "rounds": ROUNDS, "replays": REPLAYS,
-                         "stages": stages}, args.out)
+                         "stages": stages, "clocks": clocks}, args.out)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@
 # replayed as a capture times them and as verify's steps run them, requests packed and spread
 # (GAP_BS; GAP_CONTEXT, one run per context; GAP_MODES), in $OUT/verify-gap-CONTEXT.json.
 # `graph-gaps` (by name only): benchmarks/probe_decode_after_prefill.py, each of GAPS_MODELS' decode graphs
-# replayed alone, after one more capture and after its sizes recorded again (GAPS_BS, GAPS_CAPTURES), in
+# replayed alone, after one more capture and after its sizes recorded again (GAPS_BS, GAPS_CAPTURES; GAPS_ARGS more flags), in
 # $OUT/graph-gaps-MODEL.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
@@ -273,7 +273,7 @@ if [[ " $stages " == *" graph-gaps "* ]]; then  # issue 33, by name only: decode
   for m in ${GAPS_MODELS:-llama-3.1-8b qwen3-30b-a3b deepseek-v2-lite}; do
     echo "[$(date +%H:%M:%S)] probe_decode_after_prefill $m"
     (cd benchmarks && timeout -k 10 200 python3 probe_decode_after_prefill.py --model "$m" --out "$OUT/graph-gaps-$m.json" \
-      --bs "${GAPS_BS:-1,8,32}" --captures "${GAPS_CAPTURES:-tiny_kept,same_stream}") 2>&1 | tee "$OUT/graph-gaps-$m.log"
+      --bs "${GAPS_BS:-1,8,32}" --captures "${GAPS_CAPTURES:-tiny_kept,same_stream}" ${GAPS_ARGS:-}) 2>&1 | tee "$OUT/graph-gaps-$m.log"
     echo "[$(date +%H:%M:%S)] probe_decode_after_prefill exit ${PIPESTATUS[0]}"
   done
 fi
