@@ -29,6 +29,7 @@ VALID = {
 }
 ODD_VALUES = st.one_of(
     st.none(), st.booleans(), st.text(max_size=8), st.integers(-(2**70), 2**70),
+    st.integers(10**300, 10**400),  # past what float() takes: JSON integers have no bound
     st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(), max_size=3),
     st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
 )
@@ -94,3 +95,16 @@ def test_a_wrong_type_reaches_the_user_as_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2
     assert "'hidden_size' must be a whole number from 1 to 16,777,216, not 'sixty-four'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_integer_too_large_for_a_float_is_refused_in_one_line(tmp_path):
+    # json parses 401 digits to an int, which float() cannot take (it raised OverflowError).
+    for key in ("num_hidden_layers", "rope_theta"):
+        (tmp_path / "config.json").write_text(json.dumps(VALID).replace(
+            f'"{key}": {json.dumps(VALID[key])}', f'"{key}": 1{"0" * 400}'))
+        try:
+            load_model_config(str(tmp_path))
+        except ConfigError as error:
+            assert "an integer of 401 digits" in str(error) and f"'{key}'" in str(error)
+        else:
+            raise AssertionError(f"{key} of 401 digits was accepted")

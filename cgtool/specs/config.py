@@ -155,25 +155,32 @@ class ModelConfig:
 
 _MAX_DIM = 1 << 24  # no real model comes near: beyond it a value is a typo or garbage
 _MAX_CONTEXT = 1 << 26
+_MAX_NUMBER = 1e300  # a float; an integer past it is refused before float() overflows on it
 
 
 def _whole(raw: dict[str, Any], key: str, source: str, default: int | None = None,
            limit: int = _MAX_DIM) -> int:
     """A positive whole number (5 or 5.0), or a ConfigError naming the key."""
     value = raw.get(key, default)
+    # The range first: a JSON integer may have hundreds of digits, which float() cannot take.
     ok = (
         isinstance(value, (int, float))
         and not isinstance(value, bool)
-        and value == value
-        and float(value).is_integer()
         and 1 <= value <= limit
+        and float(value).is_integer()
     )
     if not ok:
         raise ConfigError(
-            f"{source}: '{key}' must be a whole number from 1 to {limit:,}, not {value!r}",
+            f"{source}: '{key}' must be a whole number from 1 to {limit:,}, not {_shown(value)}",
             "Fix config.json.",
         )
     return int(value)
+
+
+def _shown(value: Any) -> str:
+    """A config value for an error message, cut where it is long (an integer of 400 digits)."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _optional_whole(raw: dict[str, Any], key: str, source: str, default: int) -> int:
@@ -183,8 +190,8 @@ def _optional_whole(raw: dict[str, Any], key: str, source: str, default: int) ->
 
 def _positive(raw: dict[str, Any], key: str, source: str, default: float) -> float:
     value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(f"{source}: '{key}' must be a positive number, not {value!r}", "Fix config.json.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < _MAX_NUMBER:
+        raise ConfigError(f"{source}: '{key}' must be a positive number, not {_shown(value)}", "Fix config.json.")
     return float(value)
 
 
