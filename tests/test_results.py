@@ -145,6 +145,13 @@ def test_nan_is_not_accepted_as_a_number(tmp_path):
         load_report(path)
 
 
+def test_an_integer_past_float_range_is_named_not_a_traceback(tmp_path):
+    path = tmp_path / "report.json"
+    path.write_text(REPORT.read_text().replace('"speedup": 1.0348', '"speedup": 1' + "0" * 400, 1))
+    with pytest.raises(InputError, match="must be a finite number, got an integer of 401 digits"):
+        load_report(path)
+
+
 def test_missing_field_is_named_with_its_path(tmp_path):
     data = _raw(REPORT)
     del data["sizes"][7]["retained_bytes"]
@@ -265,6 +272,7 @@ def _fuzz(num_cases: int) -> settings:
 
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.integers(min_value=10**308, max_value=10**400)  # JSON integers past what float() takes
     | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,

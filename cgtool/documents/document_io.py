@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Literal, Union
 from cgtool.errors import InputError
 
 FORMAT_VERSION = "1.0"  # minor versions only add fields; a new major changes their meaning
+_LARGEST_FLOAT = sys.float_info.max
 
 
 def utc_now_iso() -> str:
@@ -174,6 +176,9 @@ def _convert_scalar(expected: type, value: Any, source: str, where: str) -> Any:
     if expected is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             fail(source, where, f"must be a number, got {_kind(value)}")
+        # An integer of hundreds of digits (JSON has no bound) is past what float() takes.
+        if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
+            fail(source, where, f"must be a finite number, got an integer of {len(str(abs(value)))} digits")
         if not math.isfinite(float(value)):
             fail(source, where, f"must be a finite number, got {value!r}")
         return float(value)
