@@ -67,7 +67,7 @@ def replay(
         raise typer.Exit(stop.exit_code())
 
 
-def _run(inputs, stop: StopRequest):  # noqa: ANN001, ANN202 - types live in cgtool.replay
+def _run(inputs, stop: StopRequest):
     from cgtool.documents.provenance import collect_provenance
     from cgtool.replay.loop import Graphs
     from cgtool.replay.session import build_bench, capture_graphs, replay_once

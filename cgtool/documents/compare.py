@@ -323,5 +323,5 @@ def compare_plan_warnings(old: Plan, new_inputs: PlanInputs) -> list[str]:
               for name in names if getattr(before, name) != getattr(new_inputs, name)]
     if not differ:
         return []
-    return [f"{OTHER_DEPLOYMENT}: {', '.join(differ)}; its sizes and KV tokens are scored here "
-            "as they are, which says little about them"]
+    return [(f"{OTHER_DEPLOYMENT}: {', '.join(differ)}; its sizes and KV tokens are scored here "
+             "as they are, which says little about them")]

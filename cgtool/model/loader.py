@@ -108,7 +108,7 @@ def load_safetensors(model: CausalLM, folder: Path) -> None:
     missing = _expected_names(model) - loaded
     if missing:
         raise ConfigError(
-            f"{folder}: weights are missing tensor {sorted(missing)[0]} ({len(missing)} missing)",
+            f"{folder}: weights are missing tensor {min(missing)} ({len(missing)} missing)",
             "Check the checkpoint, or pass --random-weights.",
         )
 

@@ -78,8 +78,8 @@ def within_running(decode_bs: tuple[int, ...], max_running: int) -> tuple[tuple[
         return decode_bs, []
     kept = tuple(sorted({s for s in decode_bs if s <= max_running} | {max_running}))
     above = " ".join(str(s) for s in decode_bs if s > max_running)
-    return kept, [f"# decode sizes above --max-running-requests {max_running} ({above}) replaced by "
-                  f"{max_running}, as the engine would"]
+    return kept, [(f"# decode sizes above --max-running-requests {max_running} ({above}) replaced by "
+                   f"{max_running}, as the engine would")]
 
 
 def sglang_flags(values: FlagValues, version: str | None = None) -> list[str]:
@@ -139,8 +139,8 @@ def vllm_flags(values: FlagValues, version: str | None = None) -> list[str]:
         if sizes
         else ["--enforce-eager"]  # without a list vLLM would capture its own default one
     )
-    notes = [f"# left out, above --max-num-batched-tokens {values.chunked_prefill_size}: "
-             f"{_ints(tuple(dropped))}"] if dropped else []
+    notes = [(f"# left out, above --max-num-batched-tokens {values.chunked_prefill_size}: "
+              f"{_ints(tuple(dropped))}")] if dropped else []
     return lines + _limit_lines("vllm", values) + notes + env_lines(rules)
 
 

@@ -44,8 +44,8 @@ def apply_proof(
     if failed and fraction >= min(failed):
         fraction = round(min(failed) - 0.01, 3)  # strictly below what failed, never at it
     return _at(memory, fraction, cfg, tp_size, "predicted"), [
-        f"no fraction passed verify's rehearsal ({', '.join(f'{f:g}' for f in failed)} failed); "
-        f"--mem-fraction-static {fraction:.3f} is unproven: run `cgtool verify --plan plan.json` again"
+        (f"no fraction passed verify's rehearsal ({', '.join(f'{f:g}' for f in failed)} failed); "
+         f"--mem-fraction-static {fraction:.3f} is unproven: run `cgtool verify --plan plan.json` again")
     ]
 
 

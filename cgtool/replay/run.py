@@ -151,7 +151,7 @@ def kept(reqs: Requests, limit_tokens: int) -> tuple[Requests, int]:
     keep = [i for i in range(len(reqs.prompt)) if reqs.footprint(i) <= limit_tokens]
     if len(keep) == len(reqs.prompt):
         return reqs, 0
-    pick = lambda values: [values[i] for i in keep]  # noqa: E731
+    pick = lambda values: [values[i] for i in keep]
     return Requests(pick(reqs.arrival_ms), pick(reqs.prompt), pick(reqs.cached), pick(reqs.output)), \
         len(reqs.prompt) - len(keep)
 
