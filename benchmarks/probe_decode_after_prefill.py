@@ -120,6 +120,15 @@ def upload_again(runner: DecodeGraphRunner) -> None:
     torch.cuda.synchronize()
 
 
+def write_dot(graph: torch.cuda.CUDAGraph, path: str) -> None:
+    """The graph as the driver's DOT dump (cuGraphDebugDotPrint, verbose): every node's kernel
+    and every edge with its type, programmatic dependent launches included."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    rc = driver.cuGraphDebugDotPrint(ctypes.c_void_p(graph.raw_cuda_graph()), path.encode(), ctypes.c_uint(1))
+    if rc != 0:
+        raise RuntimeError(f"cuGraphDebugDotPrint returned {rc}")
+
+
 _kept: list[object] = []  # what the extra captures made, alive to the end as a server's graphs are
 
 
@@ -194,6 +203,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="512")
     parser.add_argument("--eager-tokens", default="4096,512")
     parser.add_argument("--captures", help="captures to make after `first`, in turn (see above)")
+    parser.add_argument("--dot", help="write the first set's smallest graph here as the driver's DOT dump")
     parser.add_argument("--clocks", action="store_true",
                         help="after each stage, the GPU's clocks read while the first set's largest size replays")
     parser.add_argument("--prefill-backend", default="breakable", choices=("breakable", "piecewise"))
@@ -226,6 +236,8 @@ def main() -> None:
             timing.log(f"after {name}: clocks {clocks[name]}")
 
     capture_and_time("first")
+    if args.dot:
+        write_dot(runners["first"].graphs[sizes[0]], args.dot)
     if args.captures:
         for i, kind in enumerate(args.captures.split(",")):
             capture_another(kind, runners, bench, sizes)

@@ -43,6 +43,8 @@
 # `graph-gaps` (by name only): benchmarks/probe_decode_after_prefill.py, each of GAPS_MODELS' decode graphs
 # replayed alone, after one more capture and after its sizes recorded again (GAPS_BS, GAPS_CAPTURES; GAPS_ARGS more flags), in
 # $OUT/graph-gaps-MODEL.json.
+# `graph-gap-minimal` (by name only): benchmarks/probe_graph_gap_minimal.py, the graph gap with plain torch kernels
+# only (GAPMIN_KERNELS, GAPMIN_EVENTS, GAPMIN_OP: torch, triton or triton_pdl), in $OUT/graph-gap-minimal.json.
 # `extend-split` (by name only): benchmarks/bench_extend_split.py, extend attention over long
 # cached prefixes with keys whole and split, in $OUT/extend-split.json (EXTEND_OLD, an older
 # triton_extend.py, timed beside this one for llama-3.1-8b).
@@ -276,6 +278,12 @@ if [[ " $stages " == *" graph-gaps "* ]]; then  # issue 33, by name only: decode
       --bs "${GAPS_BS:-1,8,32}" --captures "${GAPS_CAPTURES:-tiny_kept,same_stream}" ${GAPS_ARGS:-}) 2>&1 | tee "$OUT/graph-gaps-$m.log"
     echo "[$(date +%H:%M:%S)] probe_decode_after_prefill exit ${PIPESTATUS[0]}"
   done
+fi
+if [[ " $stages " == *" graph-gap-minimal "* ]]; then  # issue 33, by name only: the graph gap without cgtool's kernels
+  echo "[$(date +%H:%M:%S)] probe_graph_gap_minimal"
+  (cd benchmarks && timeout -k 10 200 python3 probe_graph_gap_minimal.py --out "$OUT/graph-gap-minimal.json" \
+    --kernels "${GAPMIN_KERNELS:-600}" --events "${GAPMIN_EVENTS:-tiny,eager,tiny,again,tiny}" --op "${GAPMIN_OP:-torch}") 2>&1 | tee "$OUT/graph-gap-minimal.log"
+  echo "[$(date +%H:%M:%S)] probe_graph_gap_minimal exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" extend-split "* ]]; then  # issue 33, by name only: few new tokens, long prefixes
   echo "[$(date +%H:%M:%S)] bench_extend_split"

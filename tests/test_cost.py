@@ -222,3 +222,24 @@ def test_decode_graphs_stay_slow_while_prefill_graphs_are_held():
         assert before["eager_same"][bs] == pytest.approx(fast, abs=0.02)
         for kind in ("prefill", "prefill_step", "eager_same", "eager_extend"):  # eager_same: its run after prefill
             assert after[kind][bs] == pytest.approx(slow, abs=0.01), kind
+
+
+def test_the_gap_comes_with_dependent_launches_not_with_plain_kernels():
+    # Calls 24-28 (H200, 2026-11-28): a chain of plain torch or Triton kernels recorded as one
+    # graph replays as fast after a one-kernel capture as before; with a Triton kernel launched
+    # as a programmatic dependent, or cuBLAS's split-K products, each kernel starts later by about
+    # the term, and an eager run of the chain brings the first figure back.
+    def stages(name: str) -> dict:
+        return json.loads((GRAPH_GAPS / f"call{name}.json").read_text())["stages"]
+
+    for plain in ("24-minimal-torch-w2048", "24-minimal-torch-w1024", "25-minimal-triton", "28-minimal-torch-w8192"):
+        found = stages(plain)
+        assert abs(found["1:tiny"] - found["first"]) < 0.01, plain
+    from cgtool.planner import cost
+
+    # 200 layers of split-K product, reduce and SiLU; 300 of product and dependent SiLU; + a copy.
+    for dependent, kernels in (("28-minimal-torch-w4096", 601), ("25-minimal-triton_pdl", 601)):
+        found = stages(dependent)
+        per_kernel_ms = (found["1:tiny"] - found["first"]) / kernels
+        assert 0.8 * cost.SERVER_GRAPH_GAP_MS <= per_kernel_ms <= 1.5 * cost.SERVER_GRAPH_GAP_MS, dependent
+        assert found["2:eager"] == pytest.approx(found["first"], abs=0.01), dependent

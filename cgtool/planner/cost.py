@@ -54,6 +54,8 @@ _GRAPH_LAUNCH_MS = 0.01  # one cudaGraphLaunch
 # graphs, than in a process that captured that set alone: the same kernels and kernel time,
 # 0.31-0.45 us a kernel longer between them (three models on one H200, 2026-11-28,
 # benchmarks/results/h200-2026-11-28-graph-gaps). `verify`'s steps, like a server's, run so.
+# Plain kernels show no such gap; a graph shows it once it holds dependent launches, Triton's
+# or cuBLAS's split-K products (there, calls 24-28), which every model's decode graph here does.
 # Priced on the kernels outside the MoE layers: on every kernel it put qwen3-30b-a3b's recorded
 # verify runs 2-5% under their decode predictions, so the MoE layers' fitted terms seem to hold
 # part of it already (a choice made on those runs; why, not measured).
