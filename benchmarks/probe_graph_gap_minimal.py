@@ -7,7 +7,10 @@ as one graph, times its replay, then after each event of `--events` in turn:
 
 - `tiny`: a graph of one small kernel captured on a new stream;
 - `eager`: the chain run once eagerly;
-- `again`: the chain recorded again on the first graph's stream (its replay timed is the first's).
+- `again`: the chain recorded again on the first graph's stream (its replay timed is the first's);
+- `second`: the chain recorded again on a new stream, kept as the second graph;
+- `replay2`: the second graph replayed once, as a server replays its prefill graphs between
+  decode steps.
 
 The elementwise op (`--op`) is torch's SiLU, or a Triton kernel doing the same, launched by
 Triton's own `kernel[grid]` (`triton`), or as a programmatic dependent launch that waits for the
@@ -113,6 +116,7 @@ def main() -> None:
     stream = torch.cuda.Stream()
     first = record(forward, stream)
     kept: list[object] = []
+    second = None
     stages = [("first", replay_ms(first))]
     timing.log(f"{args.op} first: {stages[-1][1]:.4f} ms ({args.kernels} kernels)")
     for i, event in enumerate(args.events.split(",")):
@@ -127,6 +131,11 @@ def main() -> None:
             torch.cuda.synchronize()
         elif event == "again":
             kept.append(record(forward, stream))
+        elif event == "second":
+            second = record(forward, torch.cuda.Stream())
+        elif event == "replay2":
+            second.replay()
+            torch.cuda.synchronize()
         else:
             sys.exit(f"unknown event {event!r}")
         stages.append((f"{i + 1}:{event}", replay_ms(first)))
