@@ -437,3 +437,17 @@ def test_experts_active_round_trips_and_is_absent_for_dense_reports(tmp_path):
     assert report.sizes[0].experts_active == 5.75
     assert report.settings.moe_backend == "torch"
     assert CaptureReport.from_dict(report.to_dict()).sizes[0].experts_active == 5.75
+
+
+@pytest.mark.parametrize("path", [("totals", "kv_tokens"), ("sizes", 0, "retained_bytes"), ("sizes", 0, "size")])
+def test_an_integer_field_past_2_to_the_53_is_named_not_a_traceback(tmp_path, path):
+    # Read on, such a value made numpy or float() raise OverflowError in `check`, `plan --profile`
+    # and `report`.
+    data = _raw(REPORT)
+    target = data
+    for step in path[:-1]:
+        target = target[step]
+    for value, shown in ((10**400, "an integer of 401 digits"), (2**53 + 1, "9,007,199,254,740,993")):
+        target[path[-1]] = value
+        with pytest.raises(InputError, match=f"must be at most 9,007,199,254,740,992 in size, got {shown}"):
+            load_report(_write(tmp_path, data))

@@ -24,6 +24,7 @@ from cgtool.errors import InputError
 
 FORMAT_VERSION = "1.0"  # minor versions only add fields; a new major changes their meaning
 _LARGEST_FLOAT = sys.float_info.max
+_LARGEST_INT = 2**53
 
 
 def utc_now_iso() -> str:
@@ -185,6 +186,11 @@ def _convert_scalar(expected: type, value: Any, source: str, where: str) -> Any:
     if expected is int:
         if isinstance(value, bool) or not isinstance(value, int):
             fail(source, where, f"must be an integer, got {_kind(value)}")
+        # Every count and byte total here is far below 2**53; past 64 bits numpy and float()
+        # fail on a value, and past 2**53 a float no longer holds it exactly.
+        if abs(value) > _LARGEST_INT:
+            shown = f"{value:,}" if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+            fail(source, where, f"must be at most {_LARGEST_INT:,} in size, got {shown}")
         return value
     if not isinstance(value, expected):
         fail(source, where, f"must be {_NAMES.get(expected, expected.__name__)}, got {_kind(value)}")
