@@ -165,7 +165,7 @@ def test_missing_field_is_named_with_its_path(tmp_path):
         (("totals", "kv_tokens"), "lots", "must be an integer, got a string"),
         (("totals", "kv_tokens"), 1.5, "must be an integer, got a number"),
         (("sizes", 0, "kind"), "prefill", "must be one of 'decode', 'piecewise'"),
-        (("sizes", 0, "size"), 0, "must be at least 1"),
+        (("sizes", 0, "size"), 0, "must be from 1 to 65,536 for a decode graph, got 0"),
         (("settings", "enable_cudagraph_gc"), 1, "must be true or false"),
         (("environment", "gpu_memory_bytes"), True, "must be an integer, got true/false"),
         (("settings", "capture_bs"), [1, "2"], r"capture_bs\[1\]' must be an integer"),
@@ -451,3 +451,32 @@ def test_an_integer_field_past_2_to_the_53_is_named_not_a_traceback(tmp_path, pa
         target[path[-1]] = value
         with pytest.raises(InputError, match=f"must be at most 9,007,199,254,740,992 in size, got {shown}"):
             load_report(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("sizes", 0, "size"), 65_537, "must be from 1 to 65,536 for a decode graph, got 65,537"),
+    (("settings", "capture_bs"), [1, 2**40], r"capture_bs\[1\]' must be from 1 to 65,536 for a decode graph"),
+    (("settings", "capture_num_tokens"), [2**21], r"capture_num_tokens\[0\]' must be from 1 to 1,048,576"),
+])
+def test_a_graph_size_past_what_any_server_captures_is_refused(tmp_path, path, value, message):
+    # A planner table is indexed by size: a decode size of 2**53 in a report asked numpy for 64 PiB.
+    data = _raw(REPORT)
+    target = data
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = value
+    with pytest.raises(InputError, match=message):
+        load_report(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize(("part", "name", "value", "message"), [
+    ("decode", "capture_bs", [1, 2**53], r"decode.capture_bs\[1\]' must be from 1 to 65,536"),
+    ("decode", "max_bs", 2**53, "decode.max_bs' must be from 0 to 65,536"),
+    ("piecewise", "capture_num_tokens", [256, 2**53], r"piecewise.capture_num_tokens\[1\]' must be from 1 to 1,048,576"),
+])
+def test_a_plan_with_a_graph_size_past_the_limit_is_refused(tmp_path, part, name, value, message):
+    # `plan --compare-plan` of such a plan.json raised numpy's MemoryError before.
+    data = _raw(PLAN)
+    data[part][name] = value
+    with pytest.raises(InputError, match=message):
+        load_plan(_write(tmp_path, data, "plan.json"))

@@ -24,16 +24,17 @@ from cgtool.errors import EnvironmentProblem
 from cgtool.runners.sizes import capture_sizes
 from cgtool.specs.config import ModelConfig
 from cgtool.specs.hidden_states import HiddenMode
+from cgtool.specs.kinds import MAX_GRAPH_SIZE
 
 if TYPE_CHECKING:
     from cgtool.capture.measure import ReplayCheck
 
 DEFAULT_MEM_FRACTION_STATIC = 0.85  # cgtool's capture default when neither flag nor plan gives one
 # Each size is one captured graph, and SGLang's lists step by 32 batches / 512 tokens at the top:
-# up to these limits that is already ~2,000 graphs of each kind, 64-128x past the engines' own
-# defaults (SGLang's max_bs 512, vLLM's 1024; chunks of 8,192-16,384 tokens). Past them a
-# capture never ends, and the size list alone outgrows host memory (1e11 took 24 GiB).
-MAX_CAPTURE_SIZES = {"--max-bs": 1 << 16, "--bs": 1 << 16, "--max-tokens": 1 << 20, "--tokens": 1 << 20}
+# up to these limits (specs.kinds.MAX_GRAPH_SIZE) that is already ~2,000 graphs of each kind.
+# Past them the size list alone outgrows host memory (1e11 took 24 GiB).
+MAX_CAPTURE_SIZES = {"--max-bs": MAX_GRAPH_SIZE["decode"], "--bs": MAX_GRAPH_SIZE["decode"],
+                     "--max-tokens": MAX_GRAPH_SIZE["piecewise"], "--tokens": MAX_GRAPH_SIZE["piecewise"]}
 
 
 @dataclass(frozen=True)

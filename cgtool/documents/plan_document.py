@@ -27,6 +27,7 @@ from cgtool.documents.document_io import (
     utc_now_iso,
     write_json_atomic,
 )
+from cgtool.specs.kinds import MAX_GRAPH_SIZE, GraphKind
 
 PLAN_SCHEMA = "cgtool.plan"
 # 1.2 adds the histograms' attention_ms; 1.3 the optional `vit`; 1.4 `closed_loop`
@@ -301,7 +302,26 @@ class Plan:
         plan = convert(cls, data, source, "")
         if "sglang" not in plan.flags:
             fail(source, "flags.sglang", "is missing")
+        for name in ("capture_bs", "default_capture_bs"):
+            check_graph_sizes(getattr(plan.decode, name), "decode", source, f"decode.{name}")
+        check_graph_size(plan.decode.max_bs, "decode", source, "decode.max_bs", least=0)
+        for name in ("capture_num_tokens", "default_capture_num_tokens"):
+            check_graph_sizes(getattr(plan.piecewise, name), "piecewise", source, f"piecewise.{name}")
+        check_graph_size(plan.piecewise.max_tokens, "piecewise", source, "piecewise.max_tokens", least=0)
         return plan
+
+
+def check_graph_size(size: int, kind: GraphKind, source: str, where: str, least: int = 1) -> None:
+    """A graph size within `least` and the kind's MAX_GRAPH_SIZE: past it a table the planner
+    indexes by size would outgrow memory."""
+    if not least <= size <= MAX_GRAPH_SIZE[kind]:
+        fail(source, where, f"must be from {least} to {MAX_GRAPH_SIZE[kind]:,} for a {kind} graph, got {size:,}")
+
+
+def check_graph_sizes(sizes: list[int], kind: GraphKind, source: str, where: str) -> None:
+    """check_graph_size for every size of a list, each named by its index."""
+    for i, size in enumerate(sizes):
+        check_graph_size(size, kind, source, f"{where}[{i}]")
 
 
 def write_plan(plan: Plan, path: Path) -> None:

@@ -23,7 +23,13 @@ from cgtool.documents.document_io import (
     utc_now_iso,
     write_json_atomic,
 )
-from cgtool.documents.plan_document import PLAN_FILENAME, PLAN_SCHEMA, Plan
+from cgtool.documents.plan_document import (
+    PLAN_FILENAME,
+    PLAN_SCHEMA,
+    Plan,
+    check_graph_size,
+    check_graph_sizes,
+)
 from cgtool.errors import InputError
 from cgtool.specs.hidden_states import HiddenMode
 from cgtool.specs.kinds import GRAPH_KINDS, GraphKind
@@ -213,6 +219,8 @@ class CaptureReport:
         check_header(data, REPORT_SCHEMA, source)
         report = convert(cls, data, source, "")
         check_created(report.created, source)
+        check_graph_sizes(report.settings.capture_bs, "decode", source, "settings.capture_bs")
+        check_graph_sizes(report.settings.capture_num_tokens, "piecewise", source, "settings.capture_num_tokens")
         _check_sizes(report.sizes, source)
         _check_ranks(report, source)
         return report
@@ -272,8 +280,7 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
     seen: set[tuple] = set()
     for i, row in enumerate(sizes):
         where = f"sizes[{i}]"
-        if row.size < 1:
-            fail(source, f"{where}.size", f"must be at least 1, got {row.size}")
+        check_graph_size(row.size, row.kind, source, f"{where}.size")
         if row.hidden_mode.upper() not in HiddenMode.__members__:
             fail(source, f"{where}.hidden_mode", f"is {row.hidden_mode!r}, not null, last or full")
         if row.key in seen:

@@ -18,3 +18,8 @@ GraphKind = Literal["decode", "piecewise", "vit"]
 GRAPH_KINDS: tuple[GraphKind, ...] = ("decode", "piecewise", "vit")
 
 GRAPH_KIND_OF_STEP: dict[StepKind, GraphKind] = {"decode": "decode", "extend": "piecewise"}
+
+# The largest size of a graph of each kind (decode batch, prefill tokens, vision patches), 64-128x
+# past the engines' own defaults (SGLang's max_bs 512, vLLM's 1024; chunks of 8,192-16,384
+# tokens). Past them a capture never ends, and a table indexed by size outgrows host memory.
+MAX_GRAPH_SIZE: dict[GraphKind, int] = {"decode": 1 << 16, "piecewise": 1 << 20, "vit": 1 << 20}

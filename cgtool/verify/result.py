@@ -20,6 +20,7 @@ from cgtool.documents.document_io import (
     utc_now_iso,
     write_json_atomic,
 )
+from cgtool.documents.plan_document import check_graph_sizes
 from cgtool.documents.results import Environment, ModelInfo, resolve_document
 from cgtool.specs.kinds import StepKind
 
@@ -160,7 +161,11 @@ class VerifyResult:
     @classmethod
     def from_dict(cls, data: Any, source: str = VERIFY_FILENAME) -> VerifyResult:
         check_header(data, VERIFY_SCHEMA, source)
-        return convert(cls, data, source, "")
+        result = convert(cls, data, source, "")
+        for i, graph_set in enumerate(result.sets):
+            check_graph_sizes(graph_set.capture_bs, "decode", source, f"sets[{i}].capture_bs")
+            check_graph_sizes(graph_set.capture_num_tokens, "piecewise", source, f"sets[{i}].capture_num_tokens")
+        return result
 
     def set(self, name: str) -> SetResult | None:
         return next((s for s in self.sets if s.name == name), None)
