@@ -41,6 +41,24 @@ def test_a_missing_field_is_named(tmp_path):
         load_verify(tmp_path / "verify.json")
 
 
+@pytest.mark.parametrize(("where", "value", "message"), [
+    (("sizes", 0, "graph_size"), 2**40, r"sizes\[0\].graph_size' must be from 0 to 65,536 for a decode graph"),
+    (("sizes", 0, "size"), 2**40, r"sizes\[0\].size' must be from 1 to 1,048,576"),
+    (("capture_bs",), [1, 2**40], r"capture_bs\[1\]' must be from 1 to 65,536"),
+])
+def test_a_size_past_any_server_is_refused_in_one_line(tmp_path, where, value, message):
+    # `plan --profile` of such a verify.json asked numpy for terabytes (a table as long as the
+    # largest size) and died with MemoryError.
+    data = synthetic_result().to_dict()
+    target = data["sets"][1]
+    for step in where[:-1]:
+        target = target[step]
+    target[where[-1]] = value
+    (tmp_path / "verify.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=message):
+        load_verify(tmp_path / "verify.json")
+
+
 def test_a_plan_is_not_a_verify_document(tmp_path):
     from verify_fixture import PLAN
 

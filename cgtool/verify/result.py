@@ -16,16 +16,22 @@ from cgtool.documents.document_io import (
     Provenance,
     check_header,
     convert,
+    fail,
     read_json,
     utc_now_iso,
     write_json_atomic,
 )
-from cgtool.documents.plan_document import check_graph_sizes
+from cgtool.documents.plan_document import check_graph_size, check_graph_sizes
 from cgtool.documents.results import Environment, ModelInfo, resolve_document
-from cgtool.specs.kinds import StepKind
+from cgtool.specs.kinds import GRAPH_KIND_OF_STEP, MAX_GRAPH_SIZE, StepKind
 
 VERIFY_SCHEMA = "cgtool.verify"
 VERIFY_FILENAME = "verify.json"
+
+
+# A sampled step's requests or tokens. The planner builds tables as long as the largest, so a
+# garbled figure would ask for terabytes; no step comes near this.
+_MAX_STEP_SIZE = MAX_GRAPH_SIZE["piecewise"]
 
 
 @dataclass(slots=True)
@@ -165,6 +171,11 @@ class VerifyResult:
         for i, graph_set in enumerate(result.sets):
             check_graph_sizes(graph_set.capture_bs, "decode", source, f"sets[{i}].capture_bs")
             check_graph_sizes(graph_set.capture_num_tokens, "piecewise", source, f"sets[{i}].capture_num_tokens")
+            for j, row in enumerate(graph_set.sizes):  # a step's size and the graph it replayed (0: eager)
+                where = f"sets[{i}].sizes[{j}]"
+                if not 1 <= row.size <= _MAX_STEP_SIZE:
+                    fail(source, f"{where}.size", f"must be from 1 to {_MAX_STEP_SIZE:,}, got {row.size:,}")
+                check_graph_size(row.graph_size, GRAPH_KIND_OF_STEP[row.kind], source, f"{where}.graph_size", least=0)
         return result
 
     def set(self, name: str) -> SetResult | None:
