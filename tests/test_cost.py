@@ -243,3 +243,17 @@ def test_the_gap_comes_with_dependent_launches_not_with_plain_kernels():
         per_kernel_ms = (found["1:tiny"] - found["first"]) / kernels
         assert 0.8 * cost.SERVER_GRAPH_GAP_MS <= per_kernel_ms <= 1.5 * cost.SERVER_GRAPH_GAP_MS, dependent
         assert found["2:eager"] == pytest.approx(found["first"], abs=0.01), dependent
+
+
+def test_without_split_k_or_dependent_launches_no_capture_slows_a_decode_graph():
+    # Call 30 (H200, 2026-11-28): with no cuBLAS workspace the width-4,096 chain's products ran
+    # without split-K and kept their time after a capture; llama-3.1-8b with no workspace and no
+    # dependent launches replayed alike after a one-kernel capture, an eager forward and prefill
+    # graphs. Where the term applies is where a graph holds either.
+    chain = json.loads((GRAPH_GAPS / "call30-minimal-w4096-no-cublas-workspace.json").read_text())["stages"]
+    assert abs(chain["1:tiny"] - chain["first"]) < 0.01
+    llama = json.loads((GRAPH_GAPS / "call30-llama-3.1-8b-no-workspace-no-dependent-launch.json").read_text())["stages"]
+    for bs in ("1", "8"):
+        first = llama["first"]["first"][bs][0]
+        for stage in ("1:tiny_kept", "2:eager_same", "3:prefill"):
+            assert llama[stage]["first"][bs][0] == pytest.approx(first, abs=0.01), (bs, stage)
