@@ -25,3 +25,10 @@ class InputError(CgtoolError):
 
 class EnvironmentProblem(CgtoolError):
     """The machine cannot do what was asked (no GPU, too little memory)."""
+
+
+def shown_integer(value: int) -> str:
+    """An integer for an error message: in full with thousands separators, or, past 30 digits
+    (JSON integers have no bound), only how many digits it has."""
+    digits = len(str(abs(value)))
+    return f"{value:,}" if digits <= 30 else f"an integer of {digits} digits"

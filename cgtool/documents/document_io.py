@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from cgtool.errors import InputError
+from cgtool.errors import InputError, shown_integer
 
 FORMAT_VERSION = "1.0"  # minor versions only add fields; a new major changes their meaning
 _LARGEST_FLOAT = sys.float_info.max
@@ -179,7 +179,7 @@ def _convert_scalar(expected: type, value: Any, source: str, where: str) -> Any:
             fail(source, where, f"must be a number, got {_kind(value)}")
         # An integer of hundreds of digits (JSON has no bound) is past what float() takes.
         if isinstance(value, int) and abs(value) > _LARGEST_FLOAT:
-            fail(source, where, f"must be a finite number, got an integer of {len(str(abs(value)))} digits")
+            fail(source, where, f"must be a finite number, got {shown_integer(value)}")
         if not math.isfinite(float(value)):
             fail(source, where, f"must be a finite number, got {value!r}")
         return float(value)
@@ -189,8 +189,7 @@ def _convert_scalar(expected: type, value: Any, source: str, where: str) -> Any:
         # Every count and byte total here is far below 2**53; past 64 bits numpy and float()
         # fail on a value, and past 2**53 a float no longer holds it exactly.
         if abs(value) > _LARGEST_INT:
-            shown = f"{value:,}" if abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
-            fail(source, where, f"must be at most {_LARGEST_INT:,} in size, got {shown}")
+            fail(source, where, f"must be at most {_LARGEST_INT:,} in size, got {shown_integer(value)}")
         return value
     if not isinstance(value, expected):
         fail(source, where, f"must be {_NAMES.get(expected, expected.__name__)}, got {_kind(value)}")

@@ -9,7 +9,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cgtool.errors import ConfigError
+from cgtool.errors import ConfigError, shown_integer
 from cgtool.specs.config_parts import MlaConfig, MoeConfig, RopeScaling, expected_experts
 from cgtool.units import BF16_BYTES
 
@@ -179,7 +179,7 @@ def _whole(raw: dict[str, Any], key: str, source: str, default: int | None = Non
 
 def _shown(value: Any) -> str:
     """A config value for an error message, cut where it is long (an integer of 400 digits)."""
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+    text = shown_integer(value) if isinstance(value, int) and not isinstance(value, bool) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
