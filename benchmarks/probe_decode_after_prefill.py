@@ -132,22 +132,53 @@ def write_dot(graph: torch.cuda.CUDAGraph, path: str) -> None:
 _kept: list[object] = []  # what the extra captures made, alive to the end as a server's graphs are
 
 
-def capture_another(kind: str, runners: dict[str, DecodeGraphRunner], bench: object, sizes: list[int]) -> None:
-    """One more capture of `kind` (see the module's doc) into the global pool."""
-    first = runners["first"]
-    same = ("same_stream", "tiny_same", "tiny_kept", "one_size", "other_bs")
-    stream = first.stream if kind in same else torch.cuda.Stream()
+def run_without_capture(kind: str, first: DecodeGraphRunner, bench: object, sizes: list[int]) -> bool:
+    """The events that record no graph (see the module's doc); False for any other kind."""
     if kind == "upload":
         upload_again(first)
-        return
-    if kind.startswith("eager"):
+    elif kind in ("eager_same", "eager_default"):
         with torch.cuda.stream(first.stream if kind == "eager_same" else torch.cuda.default_stream()):
             bench.runner.forward_eager(bench.decode_batch(sizes[0]))
-        torch.cuda.synchronize()
-        return
-    if kind == "eager_extend":
+    elif kind == "eager_extend":
         bench.runner.forward_eager(bench.extend_batch(512))
-        torch.cuda.synchronize()
+    elif kind == "prefill_step":
+        next(k for k in reversed(_kept) if hasattr(k, "can_run")).forward(bench.extend_batch(512))
+    elif kind == "empty_cache":
+        torch.cuda.empty_cache()
+    elif kind == "new_segment":
+        _kept.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    else:
+        return False
+    torch.cuda.synchronize()
+    return True
+
+
+def capture_tiny(kind: str, stream: torch.cuda.Stream) -> None:
+    """A graph of one small kernel: through cgtool's record_graph (`tiny_kept`) or
+    torch.cuda.graph, kept to the end or destroyed at once (`tiny_reset`)."""
+    x = torch.zeros(1024, device="cuda")
+    if kind == "tiny_kept":
+        _kept.append((x, record_graph(lambda: x.add_(1), stream)))
+        return
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=stream):
+        x.add_(1)
+    if kind == "tiny_reset":
+        graph.reset()
+    else:
+        _kept.append((x, graph))
+
+
+def capture_another(kind: str, runners: dict[str, DecodeGraphRunner], bench: object, sizes: list[int]) -> None:
+    """One more event of `kind` (see the module's doc): a capture into the global pool, or one
+    of run_without_capture's."""
+    first = runners["first"]
+    if run_without_capture(kind, first, bench, sizes):
+        return
+    same = ("same_stream", "tiny_same", "tiny_kept", "one_size", "other_bs")
+    stream = first.stream if kind in same else runners["second"].stream if kind == "second_one" else torch.cuda.Stream()
+    if kind.startswith("tiny"):
+        capture_tiny(kind, stream)
         return
     if kind == "prefill":
         prefill = prefill_runner("breakable", bench.runner, [512])
@@ -155,32 +186,6 @@ def capture_another(kind: str, runners: dict[str, DecodeGraphRunner], bench: obj
         prefill.capture()
         _kept.append(prefill)
         torch.cuda.synchronize()
-        return
-    if kind == "prefill_step":
-        next(k for k in reversed(_kept) if hasattr(k, "can_run")).forward(bench.extend_batch(512))
-        torch.cuda.synchronize()
-        return
-    if kind == "second_one":
-        stream = runners["second"].stream
-    if kind == "empty_cache":
-        torch.cuda.empty_cache()
-        return
-    if kind == "new_segment":
-        _kept.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
-        return
-    if kind == "tiny_kept":
-        x = torch.zeros(1024, device="cuda")
-        _kept.append((x, record_graph(lambda: x.add_(1), stream)))
-        return
-    if kind.startswith("tiny"):
-        x = torch.zeros(1024, device="cuda")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=get_global_graph_memory_pool(), stream=stream):
-            x.add_(1)
-        if kind == "tiny_reset":
-            graph.reset()
-        else:
-            _kept.append((x, graph))
         return
     if kind in ("one_size", "second_one"):
         sizes = sizes[:1]

@@ -209,7 +209,8 @@ def test_the_server_graph_gap_is_what_one_more_capture_added_to_each_kernel(mode
 def test_decode_graphs_stay_slow_while_prefill_graphs_are_held():
     # The term is priced on every server step, so nothing a server does between steps may bring
     # the fast state back. Call 20 (H200, 2026-11-28): after breakable prefill graphs were
-    # captured, an eager decode forward, eager extends and prefill steps left the set as slow as a
+    # captured, eager decode forwards (the stage recorded as eager_extend ran one on the default
+    # stream, through a slip in the probe fixed since) and prefill steps left the set as slow as a
     # one-kernel capture had made it; before them (call 19) one eager decode forward had made it fast.
     def stages(call: int) -> dict:
         found = json.loads((GRAPH_GAPS / f"call{call}-deepseek-v2-lite.json").read_text())["stages"]
