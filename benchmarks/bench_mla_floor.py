@@ -289,7 +289,7 @@ def main() -> None:
     copy_bs = bench.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name() if bench.DEVICE == "cuda" else "cpu",
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__,
-              "triton": triton.__version__, "copy_bytes_s": copy_bs, "cases": [],
+              "triton": triton.__version__, "copy_bytes_s": copy_bs, "graph_state": bench.GRAPH_STATE, "cases": [],
               "gluon_stage1": gluon_mla.available(torch.device(bench.DEVICE))}
     for bs, ctx, real in cases:
         row = floor_case(bs, ctx, copy_bs, splits_tried, tuple(int(v) for v in args.mins.split(",")),

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from bench_moe_mla import (
     DTYPE,
+    GRAPH_STATE,
     LAYERS,
     MLA_HEADS,
     RANK,
@@ -268,7 +269,8 @@ def main() -> None:
     settings = parse_settings(args.settings)
     before = earlier_build(args.before) if args.before else None
     copy_bs = copy_bandwidth()
-    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": args.layers, "cases": []}
+    result: dict = {"device": torch.cuda.get_device_name(), "copy_bytes_s": copy_bs, "layers": args.layers,
+                    "graph_state": GRAPH_STATE, "cases": []}
     log(f"{result['device']}: copy {copy_bs / 1e9:.0f} GB/s")
     for case in args.cases.split(","):
         row = time_case(parse_case(case), copy_bs, args.rounds, settings, args.with_store, before, args.layers,
