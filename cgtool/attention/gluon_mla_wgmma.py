@@ -122,10 +122,9 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# Warps a program (flat launches only): 8 puts two warpgroups on each tile, the scores' 16 heads
-# 8 a warpgroup and the output's 512 rank rows 256 a warpgroup, so that each issues half the
-# products; both read the whole tile for the scores.
-WARPS = 4
+# A tile's scores issued before the next tile's copies (True), so that the copies' issue overlaps
+# the products; False, the copies first (a trial, 2026-11-28).
+COPY_AFTER_SCORES = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -146,14 +145,25 @@ if gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
-    def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
-                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr, out_mma: gl.constexpr):
-        """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
-        `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
-        tile takes one reduction across warps (the max), not two."""
+    def _scores_t(q_r, q_p, kv, pe, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+        """The tile's scores, transposed [keys, heads], issued and not waited for."""
         zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
         s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+        return warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+
+    @gluon.jit
+    def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
+                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+        """One online-softmax step, transposed: scores [keys, heads], output [rank, heads]."""
+        s = _scores_t(q_r, q_p, kv, pe, BLOCK_H, BLOCK_N, mma)
+        return _weigh_values_t(s, acc_t, l_t, m_i, kv, p_smem, start_n, end, scale_log2, BLOCK_N, mma)
+
+    @gluon.jit
+    def _weigh_values_t(s, acc_t, l_t, m_i, kv, p_smem, start_n, end, scale_log2, BLOCK_N: gl.constexpr,
+                        mma: gl.constexpr):
+        """The rest of a step once its scores are issued: their softmax, then the values' product.
+        `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
+        tile takes one reduction across warps (the max), not two."""
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
@@ -164,8 +174,7 @@ if gluon is not None:
         p_smem.store(p.to(p_smem.dtype))
         fence_async_shared()
         cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(0, out_mma))
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha_o[None, :], is_async=True)
+        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha[None, :], is_async=True)
         acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
         return acc_t, l_t, m_new
 
@@ -174,7 +183,8 @@ if gluon is not None:
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True, WARPS: gl.constexpr = 4):
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
+                        COPY_AFTER_SCORES: gl.constexpr = False):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
@@ -183,13 +193,9 @@ if gluon is not None:
         if WAIT:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
             if start + BLOCK_N >= seq_len:
                 _wait_for_previous_kernel()
-        # The scores' layout (a warpgroup's 64 keys, the heads split among warpgroups) and the
-        # output's (the rank rows split among warpgroups): the same at 4 warps.
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WARPS // 4],
-                                                      instr_shape=[16, BLOCK_H // (WARPS // 4), 16])
-        out_mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                          instr_shape=[16, BLOCK_H, 16])
-        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [WARPS, 1], [1, 0])
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_H, 16])
+        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
         dtype: gl.constexpr = Kv.dtype.element_ty
         # 128-byte swizzle: the rank and rope parts' rows are whole multiples of 128 bytes.
@@ -226,35 +232,47 @@ if gluon is not None:
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
                                            gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
 
-        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, out_mma)
+        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
         for i in range(gl.cdiv(end - start, BLOCK_N)):
-            cta_barrier()  # every warp is done with the buffer read last step before it is refilled
             ahead = start + (i + NUM_BUF - 1) * BLOCK_N
             fill = (i + NUM_BUF - 1) % NUM_BUF
-            if COPIES:
+            if COPY_AFTER_SCORES:
+                # The next tile's copies are issued once this tile's scores are on the tensor
+                # cores, so that their issue overlaps the products rather than preceding them.
+                async_copy.wait_group(0)
+                fence_async_shared()
+                cta_barrier()  # the copies are in, and every warp is done with the buffer refilled below
+                s = _scores_t(q_r, q_p, kv_bufs.index(i % NUM_BUF), pe_bufs.index(i % NUM_BUF), BLOCK_H, BLOCK_N,
+                              mma)
                 _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
                            RANK, ROPE, BLOCK_N, copy_layout)
-            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-            async_copy.wait_group(NUM_BUF - 1)
-            # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
-            fence_async_shared()
-            cta_barrier()
-            if PRODUCTS:
-                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                 scale_log2, BLOCK_H, BLOCK_N, mma, out_mma)
+                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+                acc_t, l_t, m_i = _weigh_values_t(s, acc_t, l_t, m_i, kv_bufs.index(i % NUM_BUF), p_smem,
+                                                  start + i * BLOCK_N, end, scale_log2, BLOCK_N, mma)
+            else:
+                cta_barrier()  # every warp is done with the buffer read last step before it is refilled
+                if COPIES:
+                    _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                               RANK, ROPE, BLOCK_N, copy_layout)
+                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+                async_copy.wait_group(NUM_BUF - 1)
+                # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
+                fence_async_shared()
+                cta_barrier()
+                if PRODUCTS:
+                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
-        heads_o: gl.constexpr = gl.SliceLayout(0, out_mma)
-        return acc_t, gl.convert_layout(gl.sum(l_t, 0), heads_o), gl.convert_layout(m_i, heads_o)
+        return acc_t, gl.sum(l_t, 0), m_i
 
     @gluon.jit
     def _store_rows_t(Dst, acc_t, l_i, head_block, stride_h,
-                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr,
-                      WARPS: gl.constexpr = 4):
+                      NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr):
         """The normalised output [heads, rank] from its transpose, at Dst + head * stride_h."""
-        out_layout: gl.constexpr = gl.BlockedLayout([VEC, 1], [32, 1], [1, WARPS], [0, 1])
+        out_layout: gl.constexpr = gl.BlockedLayout([VEC, 1], [32, 1], [1, 4], [0, 1])
         part = gl.convert_layout((acc_t / l_i[None, :]).to(Dst.dtype.element_ty), out_layout)
         heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, out_layout))
         offs_d = gl.arange(0, RANK, layout=gl.SliceLayout(1, out_layout))
@@ -263,11 +281,10 @@ if gluon is not None:
     @gluon.jit
     def _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, b, head_block, split,
                          stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr,
-                         WARPS: gl.constexpr = 4):
+                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, BLOCK_H: gl.constexpr, VEC: gl.constexpr):
         """The chunk's normalised output [heads, rank] from its transpose, and its base-2 log-sum-exp."""
         _store_rows_t(MidOut + b * stride_mb + split * stride_ms, acc_t, l_i, head_block, stride_mh,
-                      NUM_HEADS, RANK, BLOCK_H, VEC, WARPS)
+                      NUM_HEADS, RANK, BLOCK_H, VEC)
         lse_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=l_i.type.layout)
         gl.store(MidLse + b * stride_lb + lse_heads * stride_lh + split, m_i + gl.log2(l_i),
                  mask=lse_heads < NUM_HEADS)
@@ -383,7 +400,7 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        WARPS: gl.constexpr = 4,
+        COPY_AFTER_SCORES: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -437,7 +454,7 @@ if gluon is not None:
                                                   stride_qb, stride_qh, stride_kt,
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
                                                   PDL and EARLY_COPIES, seq_len,
-                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS, WARPS)
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS, COPY_AFTER_SCORES)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -445,11 +462,11 @@ if gluon is not None:
                         _release_next_kernel()  # the projection's programs load their weights meanwhile
                 if direct:
                     _store_rows_t(O + b * stride_ob, acc_t, l_i, head_block, stride_oh, NUM_HEADS, RANK, BLOCK_H,
-                                  PARTIAL_VEC, WARPS)
+                                  PARTIAL_VEC)
                 else:
                     _store_partial_t(MidOut, MidLse, acc_t, l_i, m_i, part_row, head_block, first + split,
                                      stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, NUM_HEADS, RANK,
-                                     BLOCK_H, PARTIAL_VEC, WARPS)
+                                     BLOCK_H, PARTIAL_VEC)
             if FUSED_MERGE and not direct:
                 # The request's first partial, log-sum-exp and output row, as row 0 of each.
                 _ticket_then_merge(MidOut + part_row * stride_mb + first * stride_ms,
@@ -495,7 +512,6 @@ def launch_stage1(
     plan's requests, released once each program's loop is done."""
     block_n, num_buf, num_warps = WGMMA_TILES
     bs, num_heads, width = q.shape
-    num_warps = WARPS if tickets is None and flat else num_warps  # 8 warps: unmerged flat launches only
     rank = out.shape[-1]
     flat = flat_serves(num_heads, block_h) if flat is None else flat
     if flat:
@@ -521,7 +537,8 @@ def launch_stage1(
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
-        SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS, WARPS=num_warps,
+        SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
+        COPY_AFTER_SCORES=COPY_AFTER_SCORES,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
