@@ -172,10 +172,6 @@ def mla_decode_cases() -> dict[str, tuple]:
             {**found[shipped_flat][1], "RELEASE_AT_START": not gluon_mla_wgmma.RELEASE_AT_START},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The benchmarks' bounds without stage 1's copies or its products.
-        found["mla decode gluon wgmma stage 1 flat, unmerged, copies after the scores"] = (
-            gluon_mla_wgmma._mla_decode_stage1_wgmma,
-            {**found[shipped_flat][1], "COPY_AFTER_SCORES": not gluon_mla_wgmma.COPY_AFTER_SCORES},
-            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         for copies, products in ((False, True), (True, False)):
             found[f"mla decode gluon wgmma stage 1 flat, unmerged, copies={copies} products={products}"] = (
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,

@@ -122,9 +122,6 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# A tile's scores issued before the next tile's copies (True), so that the copies' issue overlaps
-# the products; False, the copies first (a trial, 2026-11-28).
-COPY_AFTER_SCORES = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -145,25 +142,14 @@ if gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
-    def _scores_t(q_r, q_p, kv, pe, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """The tile's scores, transposed [keys, heads], issued and not waited for."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        return warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-
-    @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
                        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """One online-softmax step, transposed: scores [keys, heads], output [rank, heads]."""
-        s = _scores_t(q_r, q_p, kv, pe, BLOCK_H, BLOCK_N, mma)
-        return _weigh_values_t(s, acc_t, l_t, m_i, kv, p_smem, start_n, end, scale_log2, BLOCK_N, mma)
-
-    @gluon.jit
-    def _weigh_values_t(s, acc_t, l_t, m_i, kv, p_smem, start_n, end, scale_log2, BLOCK_N: gl.constexpr,
-                        mma: gl.constexpr):
-        """The rest of a step once its scores are issued: their softmax, then the values' product.
+        """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
         `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
         tile takes one reduction across warps (the max), not two."""
+        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
@@ -183,8 +169,7 @@ if gluon is not None:
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-                        COPY_AFTER_SCORES: gl.constexpr = False):
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
@@ -236,35 +221,21 @@ if gluon is not None:
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
         for i in range(gl.cdiv(end - start, BLOCK_N)):
+            cta_barrier()  # every warp is done with the buffer read last step before it is refilled
             ahead = start + (i + NUM_BUF - 1) * BLOCK_N
             fill = (i + NUM_BUF - 1) % NUM_BUF
-            if COPY_AFTER_SCORES:
-                # The next tile's copies are issued once this tile's scores are on the tensor
-                # cores, so that their issue overlaps the products rather than preceding them.
-                async_copy.wait_group(0)
-                fence_async_shared()
-                cta_barrier()  # the copies are in, and every warp is done with the buffer refilled below
-                s = _scores_t(q_r, q_p, kv_bufs.index(i % NUM_BUF), pe_bufs.index(i % NUM_BUF), BLOCK_H, BLOCK_N,
-                              mma)
+            if COPIES:
                 _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
                            RANK, ROPE, BLOCK_N, copy_layout)
-                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-                acc_t, l_t, m_i = _weigh_values_t(s, acc_t, l_t, m_i, kv_bufs.index(i % NUM_BUF), p_smem,
-                                                  start + i * BLOCK_N, end, scale_log2, BLOCK_N, mma)
-            else:
-                cta_barrier()  # every warp is done with the buffer read last step before it is refilled
-                if COPIES:
-                    _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                               RANK, ROPE, BLOCK_N, copy_layout)
-                next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-                async_copy.wait_group(NUM_BUF - 1)
-                # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
-                fence_async_shared()
-                cta_barrier()
-                if PRODUCTS:
-                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
+            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+            async_copy.wait_group(NUM_BUF - 1)
+            # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
+            fence_async_shared()
+            cta_barrier()
+            if PRODUCTS:
+                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
         return acc_t, gl.sum(l_t, 0), m_i
 
@@ -400,7 +371,6 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        COPY_AFTER_SCORES: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -454,7 +424,7 @@ if gluon is not None:
                                                   stride_qb, stride_qh, stride_kt,
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
                                                   PDL and EARLY_COPIES, seq_len,
-                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS, COPY_AFTER_SCORES)
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -538,7 +508,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        COPY_AFTER_SCORES=COPY_AFTER_SCORES,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
