@@ -172,10 +172,6 @@ def mla_decode_cases() -> dict[str, tuple]:
             {**found[shipped_flat][1], "RELEASE_AT_START": not gluon_mla_wgmma.RELEASE_AT_START},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The benchmarks' bounds without stage 1's copies or its products.
-        for rank_buffers in (3, 4):
-            found[f"mla decode gluon wgmma stage 1 flat, unmerged, rank buffers {rank_buffers}"] = (
-                gluon_mla_wgmma._mla_decode_stage1_wgmma, {**found[shipped_flat][1], "RANK_BUFFERS": rank_buffers},
-                warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         for copies, products in ((False, True), (True, False)):
             found[f"mla decode gluon wgmma stage 1 flat, unmerged, copies={copies} products={products}"] = (
                 gluon_mla_wgmma._mla_decode_stage1_wgmma,

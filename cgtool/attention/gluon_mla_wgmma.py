@@ -122,10 +122,6 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# Buffers of rank parts (a trial, 2026-11-28): 3 keeps a third tile's rank parts in flight, the
-# rope parts in 2 buffers, each tile's P^T written over its rope part once its scores are done
-# (227 KB of shared memory: three tiles whole do not fit beside q).
-RANK_BUFFERS = 2
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -136,7 +132,6 @@ if gluon is not None:
 
     from cgtool.attention.gluon_mla import (
         _copy_rows,
-        copy_to_shared,
         _load_slots,
         _release_next_kernel,
         _wait_for_previous_kernel,
@@ -145,124 +140,6 @@ if gluon is not None:
         gl,
     )
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
-
-    @gluon.jit
-    def _copy_part(Kv, buf, slots, start_n, end, stride_kt, OFFSET: gl.constexpr, WIDTH: gl.constexpr,
-                   BLOCK_N: gl.constexpr, copy_layout: gl.constexpr):
-        """Asynchronous copies of columns OFFSET.. of rows start_n.. into `buf` (not committed)."""
-        slots = gl.convert_layout(slots, gl.SliceLayout(1, copy_layout))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, copy_layout))
-        offs = gl.arange(0, WIDTH, layout=gl.SliceLayout(0, copy_layout))
-        copy_to_shared(buf, Kv + slots[:, None] * stride_kt + OFFSET + offs[None, :], mask=(offs_n < end)[:, None])
-
-    @gluon.jit
-    def _copy_rope(Kv, pe_bufs, first, slots, start_n, end, stride_kt, RANK: gl.constexpr, ROPE: gl.constexpr,
-                   BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr):
-        """The rope part of rows start_n.. as ROPE // BLOCK_H blocks of BLOCK_H columns, from
-        buffer `first` on, one commit group."""
-        block_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (BLOCK_H // 8), BLOCK_H // 8], [4, 1], [1, 0])
-        for j in gl.static_range(ROPE // BLOCK_H):
-            _copy_part(Kv, pe_bufs.index(first + j), slots, start_n, end, stride_kt, RANK + j * BLOCK_H, BLOCK_H,
-                       BLOCK_N, block_layout)
-        async_copy.commit_group()
-
-    @gluon.jit
-    def _attend_chunk_three_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh,
-                              stride_kt, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-                              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, WAIT_AFTER_SLOTS: gl.constexpr,
-                              KV_BUF: gl.constexpr = 3):
-        """_attend_chunk_t with RANK_BUFFERS = 3: tile t's rank part is copied two steps ahead
-        (into buffer t % 3), its rope part one step ahead (t % 2). Commit groups in order: the
-        rank parts of tiles 0-1 (the rope of tile 0 with the first), then each step the rope of
-        the next tile and the rank of the one after: tile i is in once three groups remain."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_H, 16])
-        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
-        dtype: gl.constexpr = Kv.dtype.element_ty
-        rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        kv_bufs = gl.allocate_shared_memory(dtype, [KV_BUF, BLOCK_N, RANK], rows)
-        # The rope parts in blocks of BLOCK_H columns, P^T's shape, so that P^T is written over a
-        # tile's first block once its scores are done; q's rope part in the same blocks.
-        BLOCKS: gl.constexpr = ROPE // BLOCK_H
-        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
-        pe_bufs = gl.allocate_shared_memory(dtype, [2 * BLOCKS, BLOCK_N, BLOCK_H], p_layout)
-        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
-        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
-        mask_h = (heads < NUM_HEADS)[:, None]
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        slots = _load_slots(token_row, start, end, BLOCK_N, slot_layout)
-        if WAIT_AFTER_SLOTS:
-            _wait_for_previous_kernel()
-        _copy_rope(Kv, pe_bufs, 0, slots, start, end, stride_kt, RANK, ROPE, BLOCK_N, BLOCK_H)
-        _copy_part(Kv, kv_bufs.index(0), slots, start, end, stride_kt, 0, RANK, BLOCK_N, copy_layout)
-        async_copy.commit_group()
-        prev_slots = _load_slots(token_row, start + BLOCK_N, end, BLOCK_N, slot_layout)
-        if KV_BUF == 3:
-            _copy_part(Kv, kv_bufs.index(1), prev_slots, start + BLOCK_N, end, stride_kt, 0, RANK, BLOCK_N,
-                       copy_layout)
-            async_copy.commit_group()
-        next_slots = _load_slots(token_row, start + (KV_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-        q_r_val = gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK],
-                                        gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK], dtype), q_r_val)
-        q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_H], dtype)
-        q_p = gl.allocate_shared_memory(dtype, [BLOCKS, BLOCK_H, BLOCK_H], q_layout)
-        q_block_layout: gl.constexpr = gl.BlockedLayout([1, 2], [16, 2], [1, 4], [1, 0])
-        q_heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, q_block_layout))
-        q_cols = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, q_block_layout))
-        for j in gl.static_range(BLOCKS):
-            q_p.index(j).store(gl.load(Q + b * stride_qb + q_heads[:, None] * stride_qh + RANK + j * BLOCK_H
-                                       + q_cols[None, :], mask=(q_heads < NUM_HEADS)[:, None], other=0.0))
-        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-        l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-        for i in range(gl.cdiv(end - start, BLOCK_N)):
-            cta_barrier()  # every warp is done with tile i - 1's buffers before they are refilled
-            _copy_rope(Kv, pe_bufs, ((i + 1) % 2) * BLOCKS, prev_slots, start + (i + 1) * BLOCK_N, end, stride_kt,
-                       RANK, ROPE, BLOCK_N, BLOCK_H)
-            _copy_part(Kv, kv_bufs.index((i + KV_BUF - 1) % KV_BUF), next_slots, start + (i + KV_BUF - 1) * BLOCK_N,
-                       end, stride_kt, 0, RANK, BLOCK_N, copy_layout)
-            async_copy.commit_group()
-            if KV_BUF == 3:
-                prev_slots = next_slots
-                next_slots = _load_slots(token_row, start + (i + 3) * BLOCK_N, end, BLOCK_N, slot_layout)
-            else:
-                next_slots = _load_slots(token_row, start + (i + 2) * BLOCK_N, end, BLOCK_N, slot_layout)
-                prev_slots = next_slots
-            async_copy.wait_group(KV_BUF)
-            fence_async_shared()
-            cta_barrier()
-            acc_t, l_t, m_i = _attend_tile_blocks_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % KV_BUF), pe_bufs,
-                                                    (i % 2) * BLOCKS, start + i * BLOCK_N, end, scale_log2, BLOCK_H,
-                                                    BLOCK_N, BLOCKS, mma)
-        async_copy.wait_group(0)
-        return acc_t, gl.sum(l_t, 0), m_i
-
-    @gluon.jit
-    def _attend_tile_blocks_t(acc_t, l_t, m_i, q_r, q_p, kv, pe_bufs, first, start_n, end, scale_log2,
-                              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, BLOCKS: gl.constexpr, mma: gl.constexpr):
-        """_attend_tile_t with the rope parts in blocks (pe_bufs from `first`, q_p's in turn) and
-        P^T written over the first block once every warp's scores are done."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        for j in gl.static_range(BLOCKS):
-            s = warpgroup_mma(pe_bufs.index(first + j), q_p.index(j).permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s - m_new[None, :])
-        l_t = l_t * alpha[None, :] + p
-        p_smem = pe_bufs.index(first)
-        cta_barrier()  # every warp's scores are done with the block P^T is written over
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha[None, :], is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t, m_new
 
     @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
@@ -494,7 +371,6 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        RANK_BUFFERS: gl.constexpr = 2,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -544,17 +420,11 @@ if gluon is not None:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-                if RANK_BUFFERS != 2:  # 3, or 4: the same loop over 2 buffers of rank parts
-                    acc_t, l_i, m_i = _attend_chunk_three_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
-                                                            stride_qb, stride_qh, stride_kt, NUM_HEADS, RANK, ROPE,
-                                                            BLOCK_H, BLOCK_N, PDL and SLOTS_EARLY,
-                                                            3 if RANK_BUFFERS == 3 else 2)
-                else:
-                    acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
-                                                      stride_qb, stride_qh, stride_kt,
-                                                      NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                      PDL and EARLY_COPIES, seq_len,
-                                                      PDL and SLOTS_EARLY, COPIES, PRODUCTS)
+                acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                                  stride_qb, stride_qh, stride_kt,
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
+                                                  PDL and EARLY_COPIES, seq_len,
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -638,7 +508,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        RANK_BUFFERS=RANK_BUFFERS if flat and tickets is None else 2,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
