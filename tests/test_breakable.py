@@ -68,7 +68,7 @@ def test_replay_alternates_segments_and_eager_attention_in_capture_order(cpu_mod
 
 def test_a_recording_pass_computes_what_the_eager_body_computes(cpu_model_runner):
     # The breaks run the real backend at once, so cutting the forward changes no value.
-    graph, _, runner, batch = _record_tiny(cpu_model_runner, 24)
+    graph, _, _runner, batch = _record_tiny(cpu_model_runner, 24)
     with forward_context(batch, cpu_model_runner.kv_pool, cpu_model_runner.backend):
         eager = cpu_model_runner.model.model(batch.input_ids, batch.positions)
     torch.testing.assert_close(graph.output, eager, rtol=0, atol=0)

@@ -267,7 +267,7 @@ def test_the_tail_search_on_the_first_requests_keeps_a_head_all_fit_requests_con
     # searches run on its first 50,000 per replica), the head kept must hold on all 700: served
     # afresh with the plan's sizes and pool, the plan trails the default by at most the tolerance.
     import cgtool.planner.plan as plan_module
-    import cgtool.planner.tails as tails
+    from cgtool.planner import tails
     from cgtool.planner.plan_runs import fit_traffic
     from cgtool.planner.server import server_for
     from cgtool.planner.tails import shortfall
@@ -303,7 +303,7 @@ def test_a_head_the_fit_requests_do_not_confirm_is_searched_again_on_all_of_them
     # 700 fit requests need more, so the search runs again on them and the plan is the one
     # searched on all of them from the start.
     import cgtool.planner.plan as plan_module
-    import cgtool.planner.tails as tails
+    from cgtool.planner import tails
 
     searched_whole = _example_plan()
     added = _tail_note(searched_whole).split("added the default's ")[1].split(" (sizes")[0]

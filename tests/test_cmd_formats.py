@@ -196,7 +196,7 @@ def test_check_json_carries_numbers_and_the_unit_a_table_spells_out():
 
 def test_capture_report_csv_carries_bytes_under_report_json_names(report_copy):
     result = runner.invoke(app, ["report", str(report_copy), "--format", "csv"])
-    title, columns, rows = csv_tables(result.stdout)[0]
+    _title, columns, rows = csv_tables(result.stdout)[0]
     assert columns[:4] == ["size", "status", "capture_s", "retained_bytes"]
     report = json.loads((report_copy / "report.json").read_text())
     first = next(s for s in report["sizes"] if s["kind"] == "decode")

@@ -73,7 +73,7 @@ def test_sharded_checkpoint_loads_through_index(tmp_path):
         save_file({n: tensors[n].contiguous() for n in part}, str(tmp_path / fname))
         weight_map |= {n: fname for n in part}
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    runner, cfg = _runner(tmp_path)
+    runner, _cfg = _runner(tmp_path)
     ids = [3, 1, 4, 1, 5]
     row = runner.kv_pool.alloc_request(len(ids))[0]
     hidden = runner.forward_eager(extend_batch(runner.kv_pool, [row], [0], [ids]))

@@ -19,8 +19,8 @@ def test_a_few_steps_past_the_ceiling_never_read_as_zero_percent():
     # 3 of 100,003 steps past bs 256: the note said "0% of decode steps would run eagerly".
     notes = ceiling_warnings(_decode({8: 100_000, 300: 3}), DEFAULT)
     assert notes == [
-        "the default's largest decode graph (256) is below batches the trace reaches (up to 300): "
-        "3 of 100,003 decode steps (under 0.1%) would run eagerly"
+        ("the default's largest decode graph (256) is below batches the trace reaches (up to 300): "
+         "3 of 100,003 decode steps (under 0.1%) would run eagerly")
     ]
 
 

@@ -32,7 +32,7 @@ def _with_current(plan: Plan, factor: float) -> Plan:
 
 
 def _table_cells(page: str) -> list[str]:
-    return [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", page, flags=re.S)]
+    return [html.unescape(c) for c in re.findall(r"<td>(.*?)</td>", page, flags=re.DOTALL)]
 
 
 def test_plan_html_cells_hold_no_python_lists_dicts_or_none():

@@ -100,7 +100,7 @@ def test_this_checkout_records_its_own_head():
 def test_a_capture_report_carries_the_provenance_of_the_capture(monkeypatch):
     import torch
 
-    import cgtool.capture.session as session
+    from cgtool.capture import session
     from cgtool.specs.config import load_model_config
 
     fixture = load_report(Path(__file__).parent / "data" / "reports" / "h100-llama-3.1-8b")

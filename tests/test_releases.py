@@ -134,8 +134,8 @@ def test_rows_are_keyed_by_engine_and_version():
 
 def test_a_profile_of_the_other_prefill_backend_is_named():
     notes = prefill_notes("sglang", "0.5.23", (64, 8192), profile_backend="piecewise")
-    assert notes == ["the --profile report measured torch.compile piecewise prefill graphs; SGLang 0.5.23 "
-                     "records breakable ones (`cgtool capture --prefill-backend breakable` measures those)"]
+    assert notes == [("the --profile report measured torch.compile piecewise prefill graphs; SGLang 0.5.23 "
+                      "records breakable ones (`cgtool capture --prefill-backend breakable` measures those)")]
     assert prefill_notes("sglang", "0.5.23", (64, 8192), profile_backend="breakable") == []
     assert prefill_notes("vllm", "0.33", (64,), profile_backend="breakable")[0].endswith(
         "(`cgtool capture --prefill-backend piecewise` measures those)")

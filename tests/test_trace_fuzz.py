@@ -93,7 +93,7 @@ def request_records(draw, min_size: int = 1) -> list[dict]:
             record["cached_len"] = draw(st.integers(0, input_len - 1))
         if draw(st.booleans()):
             # An unknown key is ignored; `mode` is not unknown: it makes the file a batch trace.
-            extra = draw(st.text(min_size=1, max_size=6).filter(lambda k: k not in record and k != "mode"))
+            extra = draw(st.text(min_size=1, max_size=6).filter(lambda k, record=record: k not in record and k != "mode"))
             record[extra] = draw(st.text(max_size=6))
         records.append(record)
     return records

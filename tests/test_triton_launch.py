@@ -8,7 +8,7 @@ import torch
 from cgtool.runtime.triton_launch import CachedKernel
 
 
-def _kernel(X, Out, n, scale, BLOCK: "tl.constexpr", EVEN: "tl.constexpr"):  # noqa: F821
+def _kernel(X, Out, n, scale, BLOCK: tl.constexpr, EVEN: tl.constexpr):  # noqa: F821
     pass
 
 
@@ -75,7 +75,7 @@ def test_any_change_triton_specialises_on_compiles_again(change):
 
 
 def test_constexprs_before_runtime_arguments_are_refused():
-    def bad(BLOCK: "tl.constexpr", X):  # noqa: F821
+    def bad(BLOCK: tl.constexpr, X):  # noqa: F821
         pass
 
     jit = FakeJit()
