@@ -30,6 +30,8 @@ pools (as bench_moe_mla times the attention):
   compared.
 
 Shares are of the latent read at the copy bandwidth (`bound_us`), as in docs/moe-mla.md.
+BENCH_GRAPH_STATE=fast or slow sets the process's graph state after each capture
+(bench_moe_mla.set_graph_state).
 
     python3 benchmarks/bench_mla_floor.py --out floor.json [--cases 32x1024,8x8192] [--dry]
         [--variants ':32,8,3:192:;5::192:bfloat16' --skip-floor]

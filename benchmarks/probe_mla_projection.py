@@ -30,6 +30,10 @@ Each layer multiplies by an up-projection of its own, as a model's layers do (si
 then the product alone reads its weights from HBM, as a separate product would in the model, and
 takes 3.8 us a layer on the H100 where it took 3.0 with one up-projection for all 27 layers, which
 L2 kept (--shared-weights, every figure before; benchmarks/results/h100-2026-11-28-mla-key-step).
+
+BENCH_GRAPH_STATE=fast or slow puts the process in that graph state after each capture
+(bench_moe_mla.set_graph_state); the figures did not move with it (H200, 2026-11-28,
+benchmarks/results/h200-2026-11-28-mla-stage1-parts).
 """
 
 from __future__ import annotations
