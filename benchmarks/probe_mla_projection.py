@@ -72,6 +72,7 @@ from cgtool.runtime import kv_store
 
 CASES = "17x1024,24x1024,32x1024,40x1024,48x1024,64x1024,16x2048+1x1024,32x8192,40x300+1x16000"
 V = 128  # deepseek-v2-lite's v_head_dim
+Setting = int | tuple[int, ...]  # a constant's value in --settings
 
 
 def earlier_build(folder: Path):
@@ -89,18 +90,24 @@ def earlier_build(folder: Path):
         return load("mla_merge_projection").decode_projected
 
 
-def parse_settings(text: str) -> dict[str, dict[str, int]]:
+def parse_settings(text: str) -> dict[str, dict[str, Setting]]:
     """"m32:BLOCK_M=32;g8:MERGE_GROUP=8" -> {"fused_m32": {"BLOCK_M": 32}, ...}: more fused
-    variants, with mla_merge_projection's constants set so."""
+    variants, with mla_merge_projection's constants set so. A value of integers joined by "/"
+    sets a tuple constant ("wg.WGMMA_TILES=64/1/4")."""
     found = {}
     for item in filter(None, text.split(";")):
         name, values = item.split(":")
-        found[f"fused_{name}"] = {k: int(v) for k, v in (pair.split("=") for pair in values.split(","))}
+        found[f"fused_{name}"] = {k: setting_value(v) for k, v in (pair.split("=") for pair in values.split(","))}
     return found
 
 
+def setting_value(text: str) -> Setting:
+    """"8" -> 8, "64/1/4" -> (64, 1, 4)."""
+    return tuple(int(part) for part in text.split("/")) if "/" in text else int(text)
+
+
 @contextmanager
-def set_to(values: dict[str, int]):
+def set_to(values: dict[str, Setting]):
     """A setting's constants set for the calls inside: "wg.NAME" gluon_mla_wgmma's, "tm.NAME"
     triton_mla's (WGMMA_PROGRAMS: the programs the step's plan shares the chunks among), others
     mla_merge_projection's."""
