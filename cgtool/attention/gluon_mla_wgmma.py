@@ -122,9 +122,6 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# Trial: the scores' left operand (the tile's rows) loaded into registers by ldmatrix, 64 columns
-# a step, instead of read by each MMA from shared memory.
-SCORES_IN_REGISTERS = False
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -145,39 +142,15 @@ if gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
-    def _scores_from_registers(kv, pe, q_r, q_p, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                               mma: gl.constexpr):
-        """S^T = rows . q^T with the rows' operand loaded into registers (ldmatrix), 64 columns a
-        step, each step's load and MMAs issued while the step before is in the tensor cores."""
-        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        STEP: gl.constexpr = 64
-        a = kv.slice(0, STEP, dim=1).load(a_layout)
-        s = warpgroup_mma(a, q_r.slice(0, STEP, dim=1).permute((1, 0)),
-                          gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma), use_acc=False, is_async=True)
-        for c in gl.static_range(1, kv.shape[1] // STEP):
-            following = kv.slice(c * STEP, STEP, dim=1).load(a_layout)
-            s = warpgroup_mma(following, q_r.slice(c * STEP, STEP, dim=1).permute((1, 0)), s, is_async=True)
-            s, a = warpgroup_mma_wait(num_outstanding=1, deps=(s, a))  # the step before done: its registers free
-            a = following
-        following = pe.load(a_layout)
-        s = warpgroup_mma(following, q_p.permute((1, 0)), s, is_async=True)
-        s, a, following = warpgroup_mma_wait(num_outstanding=0, deps=(s, a, following))
-        return s
-
-    @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
-                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr,
-                       SCORES_IN_REGISTERS: gl.constexpr = False):
+                       BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
         """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
         `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
         tile takes one reduction across warps (the max), not two."""
-        if SCORES_IN_REGISTERS:
-            s = _scores_from_registers(kv, pe, q_r, q_p, BLOCK_H, BLOCK_N, mma)
-        else:
-            zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-            s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-            s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
         s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 0))
@@ -196,8 +169,7 @@ if gluon is not None:
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-                        SCORES_IN_REGISTERS: gl.constexpr = False):
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
@@ -263,7 +235,7 @@ if gluon is not None:
             if PRODUCTS:
                 acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
                                                  pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                 scale_log2, BLOCK_H, BLOCK_N, mma, SCORES_IN_REGISTERS)
+                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
         return acc_t, gl.sum(l_t, 0), m_i
 
@@ -399,7 +371,6 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        SCORES_IN_REGISTERS: gl.constexpr = False,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -453,7 +424,7 @@ if gluon is not None:
                                                   stride_qb, stride_qh, stride_kt,
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
                                                   PDL and EARLY_COPIES, seq_len,
-                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS, SCORES_IN_REGISTERS)
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -537,7 +508,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        SCORES_IN_REGISTERS=SCORES_IN_REGISTERS,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
