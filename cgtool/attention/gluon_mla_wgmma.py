@@ -122,16 +122,6 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# Tiles after a chunk's first scaled by the maximum its first tile found (True), not by a running
-# maximum: no reduction across warps and no rescale of the output a tile. Floating point does not
-# care about the scale, so only its range can break: a chunk whose scores pass that maximum by
-# more than STALE_LIMIT (log2; p then reaches 2^64, far inside fp32's and bf16's range) is done
-# again with the running maximum.
-STALE_MAX = False
-STALE_LIMIT = 64.0
-# How a chunk past STALE_LIMIT is caught: 1 done again; benchmarks only, wrong bits then: 0 not at
-# all, 2 its partial made NaN (the check's cost without the second pass's code).
-STALE_REDO = 1
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -175,118 +165,12 @@ if gluon is not None:
         return acc_t, l_t, m_new
 
     @gluon.jit
-    def _attend_tile_stale_t(acc_t, l_t, m_i, excess, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
-                             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """`_attend_tile_t` against the chunk's first tile's maximum `m_i`, which stays: p may pass
-        1, and `excess` keeps, element by element, how far the scores went past `m_i`."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf")) - m_i[None, :]
-        excess = gl.maximum(excess, s)
-        p = gl.exp2(s)
-        l_t = l_t + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t, excess
-
-    @gluon.jit
-    def _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK: gl.constexpr,
-                   ROPE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr,
-                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
-        """Step i's copies of the tile NUM_BUF - 1 ahead, the slots of the one after, and the wait
-        for tile i's rows; the slots loaded, for the next step."""
-        cta_barrier()  # every warp is done with the buffer read last step before it is refilled
-        ahead = start + (i + NUM_BUF - 1) * BLOCK_N
-        fill = (i + NUM_BUF - 1) % NUM_BUF
-        if COPIES:
-            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                       RANK, ROPE, BLOCK_N, copy_layout)
-        next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-        async_copy.wait_group(NUM_BUF - 1)
-        # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
-        fence_async_shared()
-        cta_barrier()
-        return next_slots
-
-    @gluon.jit
-    def _attend_chunk_restart_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh,
-                                stride_kt, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-                                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                                WAIT_AFTER_SLOTS: gl.constexpr, STALE_LIMIT: gl.constexpr):
-        """`_attend_chunk_t` with STALE_MAX, its second pass the same loop run again: a chunk whose
-        scores passed its first tile's maximum by more than STALE_LIMIT runs once more with the
-        running maximum. One loop body, both tile steps in it, chosen at run time."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_H, 16])
-        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
-        dtype: gl.constexpr = Kv.dtype.element_ty
-        rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
-        pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK], gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK],
-                                                                                                    dtype))
-        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE],
-                                                                                                    dtype))
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
-        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
-        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
-        mask_h = (heads < NUM_HEADS)[:, None]
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
-        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-        l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-        stale = start >= 0  # true: the first pass
-        again = start >= 0
-        while again:
-            for j in gl.static_range(NUM_BUF - 1):
-                slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-                if WAIT_AFTER_SLOTS:  # noqa: SIM102 (constexprs alone; a second wait returns at once)
-                    if j == 0:
-                        _wait_for_previous_kernel()
-                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
-            next_slots = _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-            q_r.store(gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
-            q_p.store(gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
-            acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-            l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-            excess = gl.full([BLOCK_N, BLOCK_H], float("-inf"), gl.float32, mma)
-            for i in range(gl.cdiv(end - start, BLOCK_N)):
-                next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK,
-                                        ROPE, BLOCK_N, NUM_BUF, True, copy_layout, slot_layout)
-                if stale & (i > 0):
-                    acc_t, l_t, excess = _attend_tile_stale_t(acc_t, l_t, m_i, excess, q_r, q_p,
-                                                              kv_bufs.index(i % NUM_BUF), pe_bufs.index(i % NUM_BUF),
-                                                              p_smem, start + i * BLOCK_N, end, scale_log2, BLOCK_H,
-                                                              BLOCK_N, mma)
-                else:
-                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
-            async_copy.wait_group(0)
-            again = stale & (gl.max(gl.max(excess, 1), 0) > STALE_LIMIT)
-            stale = start < 0
-        return acc_t, gl.sum(l_t, 0), m_i, gl.max(gl.max(l_t, 1), 0) * 0.0 - float("inf")
-
-    @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-                        STALE_MAX: gl.constexpr = False):
-        """(acc^T [rank, heads], l [heads], m [heads], how far past m a score went (STALE_MAX; else
-        -inf)) over keys start..end - 1. Q_FIRST: q's
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
         after the first tile's copies where that tile ends before the newest key, else first.
@@ -336,31 +220,24 @@ if gluon is not None:
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-        excess = gl.full([BLOCK_N, BLOCK_H], float("-inf"), gl.float32, mma)
-        if STALE_MAX:  # the first tile apart, so that each loop holds one tile step's registers
-            next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, 0, start, end, stride_kt, RANK,
-                                    ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
+        for i in range(gl.cdiv(end - start, BLOCK_N)):
+            cta_barrier()  # every warp is done with the buffer read last step before it is refilled
+            ahead = start + (i + NUM_BUF - 1) * BLOCK_N
+            fill = (i + NUM_BUF - 1) % NUM_BUF
+            if COPIES:
+                _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                           RANK, ROPE, BLOCK_N, copy_layout)
+            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+            async_copy.wait_group(NUM_BUF - 1)
+            # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
+            fence_async_shared()
+            cta_barrier()
             if PRODUCTS:
-                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(0), pe_bufs.index(0),
-                                                 p_smem, start, end, scale_log2, BLOCK_H, BLOCK_N, mma)
-            for i in range(1, gl.cdiv(end - start, BLOCK_N)):
-                next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK,
-                                        ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
-                if PRODUCTS:
-                    acc_t, l_t, excess = _attend_tile_stale_t(acc_t, l_t, m_i, excess, q_r, q_p,
-                                                              kv_bufs.index(i % NUM_BUF), pe_bufs.index(i % NUM_BUF),
-                                                              p_smem, start + i * BLOCK_N, end, scale_log2, BLOCK_H,
-                                                              BLOCK_N, mma)
-        else:
-            for i in range(gl.cdiv(end - start, BLOCK_N)):
-                next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK,
-                                        ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
-                if PRODUCTS:
-                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
+                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
-        return acc_t, gl.sum(l_t, 0), m_i, gl.max(gl.max(excess, 1), 0)
+        return acc_t, gl.sum(l_t, 0), m_i
 
     @gluon.jit
     def _store_rows_t(Dst, acc_t, l_i, head_block, stride_h,
@@ -494,7 +371,6 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        STALE_MAX: gl.constexpr = False, STALE_LIMIT: gl.constexpr = 64.0, STALE_REDO: gl.constexpr = 1,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -544,26 +420,11 @@ if gluon is not None:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-                if STALE_MAX and STALE_REDO == 3:
-                    acc_t, l_i, m_i, excess = _attend_chunk_restart_t(
-                        Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
-                        NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, PDL and SLOTS_EARLY, STALE_LIMIT)
-                else:
-                    acc_t, l_i, m_i, excess = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end,
-                                                              scale_log2, stride_qb, stride_qh, stride_kt,
-                                                              NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF,
-                                                              Q_FIRST, PDL and EARLY_COPIES, seq_len,
-                                                              PDL and SLOTS_EARLY, COPIES, PRODUCTS,
-                                                              STALE_MAX and STALE_REDO != 3)
-                if STALE_MAX and STALE_REDO == 2:  # a bound: the check, and a NaN partial where it fails
-                    l_i = gl.where(excess > STALE_LIMIT, float("nan"), l_i)
-                if STALE_MAX and STALE_REDO == 1:  # noqa: SIM102 (constexprs alone, as above)
-                    if excess > STALE_LIMIT:  # past the first tile's maximum by 2^64: again, with a running one
-                        acc_t, l_i, m_i, excess = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end,
-                                                                  scale_log2, stride_qb, stride_qh, stride_kt,
-                                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF,
-                                                                  Q_FIRST, False, seq_len, False, COPIES, PRODUCTS,
-                                                                  False)
+                acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                                  stride_qb, stride_qh, stride_kt,
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
+                                                  PDL and EARLY_COPIES, seq_len,
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -647,7 +508,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        STALE_MAX=STALE_MAX, STALE_LIMIT=STALE_LIMIT, STALE_REDO=STALE_REDO,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
