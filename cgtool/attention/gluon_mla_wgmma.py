@@ -122,13 +122,6 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# A chunk's tiles after its first scaled by the maximum the first found (True), not by a running
-# maximum: no maximum across the warps and no rescale of the output a tile. Floating point does
-# not mind the scale, only its range, so a chunk whose scores passed that maximum by more than
-# STALE_LIMIT (log2: p then stays under 2^64, far inside fp32's and bf16's range) is run again
-# with a running maximum, by the same loop.
-STALE_MAX = False
-STALE_LIMIT = 64.0
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -172,42 +165,12 @@ if gluon is not None:
         return acc_t, l_t, m_new
 
     @gluon.jit
-    def _attend_tile_keep_t(acc_t, l_t, m_i, excess, keep, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
-                            BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """`_attend_tile_t` (STALE_MAX), where `keep` (run time) keeps the maximum m_i: no
-        reduction across warps, alpha 1, p may pass 1. `excess` keeps, element by element, how
-        far the scores went past the maximum used."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
-        m_new = m_i
-        if not keep:
-            m_new = gl.maximum(m_i, gl.max(s, 0))
-        s = s - m_new[None, :]
-        excess = gl.maximum(excess, s)
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s)
-        l_t = l_t * alpha[None, :] + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha[None, :], is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t, m_new, excess
-
-    @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-                        STALE_MAX: gl.constexpr = False, stale=False):
-        """(acc^T [rank, heads], l [heads], m [heads], how far past m a score went (with STALE_MAX
-        and `stale`, a run-time flag: the tiles after the first kept at its maximum; else -inf))
-        over keys start..end - 1. Q_FIRST: q's
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
         after the first tile's copies where that tile ends before the newest key, else first.
@@ -257,7 +220,6 @@ if gluon is not None:
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-        excess = gl.full([BLOCK_N, BLOCK_H], float("-inf"), gl.float32, mma)
         for i in range(gl.cdiv(end - start, BLOCK_N)):
             cta_barrier()  # every warp is done with the buffer read last step before it is refilled
             ahead = start + (i + NUM_BUF - 1) * BLOCK_N
@@ -271,18 +233,11 @@ if gluon is not None:
             fence_async_shared()
             cta_barrier()
             if PRODUCTS:
-                if STALE_MAX:
-                    acc_t, l_t, m_i, excess = _attend_tile_keep_t(
-                        acc_t, l_t, m_i, excess, stale & (i > 0), q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                        pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end, scale_log2, BLOCK_H, BLOCK_N,
-                        mma)
-                else:
-                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
+                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
         async_copy.wait_group(0)
-        # With STALE_MAX, the chunk's excess in the same reduction as the sum of p.
-        return acc_t, gl.sum(l_t, 0), m_i, gl.max(gl.max(excess, 1), 0)
+        return acc_t, gl.sum(l_t, 0), m_i
 
     @gluon.jit
     def _store_rows_t(Dst, acc_t, l_i, head_block, stride_h,
@@ -416,7 +371,6 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        STALE_MAX: gl.constexpr = False, STALE_LIMIT: gl.constexpr = 64.0,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -466,30 +420,11 @@ if gluon is not None:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-                if STALE_MAX:
-                    # At most two passes of one loop: the second, with a running maximum, only
-                    # where the first's scores passed its first tile's maximum by STALE_LIMIT.
-                    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                                  instr_shape=[16, BLOCK_H, 16])
-                    acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-                    l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, mma))
-                    m_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, mma))
-                    stale = end > start
-                    needed = end > start
-                    for _ in range(2):
-                        if needed:
-                            acc_t, l_i, m_i, excess = _attend_chunk_t(
-                                Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh,
-                                stride_kt, NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                PDL and EARLY_COPIES, seq_len, PDL and SLOTS_EARLY, COPIES, PRODUCTS, True, stale)
-                            needed = stale & (excess > STALE_LIMIT)
-                            stale = end < start
-                else:
-                    acc_t, l_i, m_i, _ = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
-                                                         stride_qb, stride_qh, stride_kt,
-                                                         NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                         PDL and EARLY_COPIES, seq_len,
-                                                         PDL and SLOTS_EARLY, COPIES, PRODUCTS)
+                acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                                  stride_qb, stride_qh, stride_kt,
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
+                                                  PDL and EARLY_COPIES, seq_len,
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -573,7 +508,6 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        STALE_MAX=STALE_MAX, STALE_LIMIT=STALE_LIMIT,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
