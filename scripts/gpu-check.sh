@@ -58,6 +58,8 @@
 # its flags), in $OUT/moe-tma.json.
 # `moe-joint` (by name only): benchmarks/probe_moe_joint.py, the gate/up GEMM's whole tiles as two
 # products or one on equal experts (JOINT_ROWS picks the rows an expert), in $OUT/moe-joint.json.
+# `wgmma-shapes` (by name only): benchmarks/bench_wgmma_shapes.py, one 64-key tile of MLA decode's
+# products by form, its operands in shared memory (WGMMA_ROUNDS tiles a program), in $OUT/wgmma-shapes.json.
 # `hidden` and `moe` (by name only): issue 17's hidden-state recapture and issue 19's MoE/MLA decode captures.
 # `vit` (by name only): ViT graph GPU tests, then the Qwen2.5-VL-7B vision tower captured at VIT_SIZES, in $OUT/runs/vit.
 # `verify`: verify's GPU tests and the llama-3.1-8b verify benchmark, in $OUT/verify
@@ -301,6 +303,12 @@ if [[ " $stages " == *" moe-tma "* ]]; then  # issue 33, by name only: extend GE
   timeout -k 10 500 python3 benchmarks/bench_moe_tma.py --out "$OUT/moe-tma.json" \
     ${TMA_TOKENS:+--tokens "$TMA_TOKENS"} ${TMA_ARGS:-} 2>&1 | tee "$OUT/moe-tma.log"
   echo "[$(date +%H:%M:%S)] bench_moe_tma exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" wgmma-shapes "* ]]; then  # issue 33, by name only: a tile's products, part by part
+  echo "[$(date +%H:%M:%S)] wgmma-shapes"
+  timeout -k 10 200 python3 benchmarks/bench_wgmma_shapes.py --out "$OUT/wgmma-shapes.json" \
+    --rounds "${WGMMA_ROUNDS:-2000}" 2>&1 | tee "$OUT/wgmma-shapes.log"
+  echo "[$(date +%H:%M:%S)] wgmma-shapes exit ${PIPESTATUS[0]}"
 fi
 if [[ " $stages " == *" moe-joint "* ]]; then  # issue 33, by name only: the gate/up tile's joint product
   echo "[$(date +%H:%M:%S)] probe_moe_joint"
