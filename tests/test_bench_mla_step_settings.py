@@ -25,24 +25,24 @@ def test_a_step_benchmark_without_a_gpu_says_so_in_one_line(script, extra):
     assert run.stderr.strip() == f"{script} needs a GPU"
 
 
-def test_settings_are_named_and_set_as_the_layers_probe_sets_them():
-    # The step benchmark reads --settings with the layers' probe's parser, so that one setting
-    # string times the same constants in both.
+def _parse_settings(text: str) -> dict:
+    """The layers' probe's --settings parser, imported from benchmarks/."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         from probe_mla_projection import parse_settings
     finally:
         sys.path.remove(str(BENCHMARKS))
-    assert parse_settings("tr:GLUON_KERNEL=0;r2:ROW_BLOCKS=2,wg.Q_FIRST=1") == {
+    return parse_settings(text)
+
+
+def test_settings_are_named_and_set_as_the_layers_probe_sets_them():
+    # The step benchmark reads --settings with the layers' probe's parser, so that one setting
+    # string times the same constants in both.
+    assert _parse_settings("tr:GLUON_KERNEL=0;r2:ROW_BLOCKS=2,wg.Q_FIRST=1") == {
         "fused_tr": {"GLUON_KERNEL": 0}, "fused_r2": {"ROW_BLOCKS": 2, "wg.Q_FIRST": 1}}
 
 
 def test_a_setting_of_integers_joined_by_slashes_sets_a_tuple():
     # WGMMA_TILES is (keys a tile, buffers, warps): a trial of one buffer sets it whole.
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        from probe_mla_projection import parse_settings
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    assert parse_settings("b1:wg.WGMMA_TILES=64/1/4,tm.WGMMA_PROGRAMS=264") == {
+    assert _parse_settings("b1:wg.WGMMA_TILES=64/1/4,tm.WGMMA_PROGRAMS=264") == {
         "fused_b1": {"wg.WGMMA_TILES": (64, 1, 4), "tm.WGMMA_PROGRAMS": 264}}
