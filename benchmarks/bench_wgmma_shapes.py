@@ -22,11 +22,11 @@ ROUNDS tiles with a wait after each product as the kernel has:
   online softmax, P^T's store), on rows already in shared memory;
 - `tile_t_stale_max`: the same step scaled by the running max as it stood before the tile (no
   maximum across warps, no rescale of the output), with a check that no score passes it by
-  more than 2^8. The check only counts; a kernel would redo such a tile. This bounds what that
+  more than 8 (log2). The check only counts; a kernel would redo such a tile. This bounds what that
   change could save.
 
-Each form reports us a tile (the loop's time over ROUNDS) and the tensor cores' share of the
-bf16 peak it reaches, counting only the 16 real heads (so the padded forms' ceiling is 25%).
+Each form reports us a tile (the loop's time over ROUNDS) and the multiply-adds of the 16 real
+heads a second as a share of `torch.mm`'s bf16 rate (so the padded forms' ceiling is 25%).
 
     python3 benchmarks/bench_wgmma_shapes.py --out shapes.json [--rounds 2000]
 """
