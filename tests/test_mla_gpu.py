@@ -222,6 +222,60 @@ def test_mla_decode_with_wgmma_stage1_matches_reference_and_replays(num_heads, n
     assert_gluon_stage1_matches_reference_and_replays(seq_lens, num_heads, num_kv_splits, wgmma=True)
 
 
+def _scores_out_of_range(pool, rows: list[int], seq_lens: list[int], q: torch.Tensor, kind: str) -> None:
+    """Keys rewritten so that a fixed maximum's first pass leaves fp32's range: "spike", a few
+    keys far above the rest in later tiles (their p overflows); "sunk", every score near -200
+    nats (every p flushes to zero); "wide", the whole cache scaled up (scores of +-200 nats)."""
+    buf = pool.k_buffers[0]
+    for b, (row, n) in enumerate(zip(rows, seq_lens)):
+        slots = pool.req_to_token[row, :n].long()
+        if kind == "spike":
+            picked = slots[[i for i in (70, 333, 700, 5000) if i < n]]
+            buf[picked] = (buf[picked].float() * 60).to(buf.dtype)
+        elif kind == "sunk":
+            towards = q[b].float().sum(0)
+            buf[slots] = (buf[slots].float() - 400 * towards / towards.norm()).to(buf.dtype)
+        else:
+            buf[slots] = (buf[slots].float() * 50).to(buf.dtype)
+
+
+@pytest.mark.parametrize("kind", ["spike", "sunk", "wide"])
+@pytest.mark.parametrize(("fixed_max", "passes"), [(0, 16), (1, 16), (2, 16), (1, 2), (2, 2)])
+def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeypatch, fixed_max, passes, kind):
+    # FIXED_MAX scales a pass's tiles by one maximum; where the scores leave fp32's range around
+    # it (p overflows to inf or flushes to 0 in the first pass, by construction here) the pass's
+    # sums say so and the chunk is done again with the maximum moved. Without that, the output
+    # would be inf, NaN or zero rows. 0, the running maximum, is the control.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention.torch_ref import TorchAttentionBackend
+    from cgtool.attention.triton_mla import mla_decode_attention
+    from cgtool.runtime.engine import decode_batch
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    monkeypatch.setattr(gluon_mla_wgmma, "FIXED_MAX", fixed_max)
+    monkeypatch.setattr(gluon_mla_wgmma, "FIXED_PASSES", passes)
+    seq_lens = [1000] * 17 + [9000, 129, 65, 1]
+    bs = len(seq_lens)
+    pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+    q = latent_q(bs, 16, 576, torch.bfloat16, CUDA)
+    _scores_out_of_range(pool, rows, seq_lens, q.view(bs, 16, 576), kind)
+    ref = torch.full((bs, 16 * 512), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    batch = decode_batch(pool, rows, [n - 1 for n in seq_lens], [0] * bs)
+    TorchAttentionBackend(16, 576).forward(q, ref, 0, batch, pool)
+    out = torch.full((bs, 16, 512), float("nan"), dtype=torch.bfloat16, device=CUDA)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    mla_decode_attention(q.view(bs, 16, 576), pool.k_buffers[0], out, pool.req_to_token,
+                         torch.tensor(rows, dtype=torch.int32, device=CUDA), lens, 576**-0.5, 8, wgmma=True)
+    assert not gluon_mla_wgmma.refused()
+    out, ref = out.view(bs, -1).float(), ref.float()
+    assert torch.isfinite(out).all()
+    scale = ref.abs().amax(1, keepdim=True)  # the rows' own magnitude: a spike's value rows are 60x
+    torch.testing.assert_close(out / scale, ref / scale, atol=2e-2, rtol=0)
+
+
 def assert_wgmma_setting_keeps_the_bits(monkeypatch, setting: str, num_kv_splits: int, seq_lens: list[int]) -> None:
     """gluon_mla_wgmma's output with the module constant `setting` on and off: the same bits."""
     from test_triton_mla import latent_q
