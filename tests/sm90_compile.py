@@ -143,7 +143,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "BATCH_BLOCK": batch_block, "TRACE": trace,
                  "Q_FIRST": q_first, "PARTIAL_VEC": vec, "ONE_CHUNK_DIRECT": direct,
                  "SPARES_FIRST": spares_first, "FLAT": flat, "ENTRY": mla_flat_plan.ENTRY,
-                 "ENTRY_AFTER_WAIT": False, "UNMERGED": False},
+                 "ENTRY_AFTER_WAIT": False, "UNMERGED": False, **gluon_mla_wgmma.fixed_max_constants()},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*i64"})
         # Unmerged for the merge in the value projection, which it releases; its entries read
         # after the wait where the plan kernel was launched just before it, else before.
@@ -158,13 +158,19 @@ def mla_decode_cases() -> dict[str, tuple]:
                  "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
                  "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES,
                  "RELEASE_AT_START": gluon_mla_wgmma.RELEASE_AT_START,
-                 "SLOTS_EARLY": gluon_mla_wgmma.SLOTS_EARLY and not gluon_mla_wgmma.EARLY_COPIES},
+                 "SLOTS_EARLY": gluon_mla_wgmma.SLOTS_EARLY and not gluon_mla_wgmma.EARLY_COPIES,
+                 **gluon_mla_wgmma.fixed_max_constants()},
                 warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The same with the other setting of EARLY_COPIES (the first tile's copies before the wait).
         shipped_flat = "mla decode gluon wgmma stage 1 flat, unmerged for the projection, entry after wait=False"
         found["mla decode gluon wgmma stage 1 flat, unmerged, early copies other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # A running maximum a tile (the other setting of FIXED_MAX).
+        found["mla decode gluon wgmma stage 1 flat, unmerged, fixed maximum other"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {**found[shipped_flat][1], "FIXED_MAX": not gluon_mla_wgmma.FIXED_MAX},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The projection released at stage 1's start (the other setting of RELEASE_AT_START).
         found["mla decode gluon wgmma stage 1 flat, unmerged, release at start other"] = (

@@ -240,12 +240,12 @@ def _scores_out_of_range(pool, rows: list[int], seq_lens: list[int], q: torch.Te
 
 
 @pytest.mark.parametrize("kind", ["spike", "sunk", "wide"])
-@pytest.mark.parametrize(("fixed_max", "passes"), [(0, 16), (1, 16), (2, 16), (1, 2), (2, 2)])
-def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeypatch, fixed_max, passes, kind):
-    # FIXED_MAX scales a pass's tiles by one maximum; where the scores leave fp32's range around
-    # it (p overflows to inf or flushes to 0 in the first pass, by construction here) the pass's
-    # sums say so and the chunk is done again with the maximum moved. Without that, the output
-    # would be inf, NaN or zero rows. 0, the running maximum, is the control.
+@pytest.mark.parametrize("fixed_max", [True, False])
+def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeypatch, fixed_max, kind):
+    # FIXED_MAX scales a chunk's tiles by the maximum 0; where the scores leave fp32's range
+    # around it (p overflows to inf or flushes to 0, by construction here) the sums of p say so
+    # and the chunk is done again with a running maximum. Without that second pass the output
+    # would hold inf, NaN or zero rows. False, the running maximum alone, is the control.
     from test_triton_mla import latent_q
 
     from cgtool.attention import gluon_mla, gluon_mla_wgmma
@@ -256,7 +256,6 @@ def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeyp
     if not gluon_mla.available(torch.device(CUDA)):
         pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
     monkeypatch.setattr(gluon_mla_wgmma, "FIXED_MAX", fixed_max)
-    monkeypatch.setattr(gluon_mla_wgmma, "FIXED_PASSES", passes)
     seq_lens = [1000] * 17 + [9000, 129, 65, 1]
     bs = len(seq_lens)
     pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)

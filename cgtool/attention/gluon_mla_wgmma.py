@@ -122,17 +122,16 @@ SLOTS_EARLY = True
 # (benchmarks/probe_mla_projection.py settings wg.COPIES=0, wg.PRODUCTS=0).
 COPIES = True
 PRODUCTS = True
-# Tiles scaled by a maximum held for the chunk's pass (1: the chunk's first tile's, 2: zero) rather
-# than a running one (0): no maximum across the warps and no rescale of the output a tile.
-# Floating point does not mind the scale, only its range, and each pass checks that range for
-# free: the running sums of p it keeps anyway, summed per head, must lie within
-# [2^FIXED_LOW, 2^FIXED_HIGH]. A chunk whose sums do not is done again with each head's
-# maximum moved (to m + log2(l) where l is finite and nonzero, which is then within 13 of the
-# chunk's own), at most FIXED_PASSES passes of one loop.
-FIXED_MAX = 2
+# Each chunk's tiles scaled by one fixed maximum, 0 (True), not a running one (False): no
+# maximum across the warps and no rescale of the output a tile. Floating point does not mind the
+# scale, only its range, and the check of that range is free: the rows' running sums of p,
+# kept anyway, summed per head, must lie within [2^FIXED_LOW, 2^FIXED_HIGH] (scores, in log2
+# units, from about -47 to +51; p stays far inside fp32's and bf16's range). A chunk whose sums
+# do not is done again with a running maximum. 0.0-0.9 us a layer shorter than the running
+# maximum at 24 shapes, longer at none (H200, benchmarks/results/h200-2026-11-28-mla-fixed-max).
+FIXED_MAX = True
 FIXED_LOW = -60.0
 FIXED_HIGH = 64.0
-FIXED_PASSES = 2
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -176,12 +175,88 @@ if gluon is not None:
         return acc_t, l_t, m_new
 
     @gluon.jit
+    def _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
+                             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
+        """`_attend_tile_t` against a maximum `m_i` held for the pass: p may pass 1."""
+        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
+        p = gl.exp2(s - m_i[None, :])
+        l_t = l_t + p
+        p_smem.store(p.to(p_smem.dtype))
+        fence_async_shared()
+        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
+        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
+        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
+        return acc_t, l_t
+
+    @gluon.jit
+    def _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK: gl.constexpr,
+                   ROPE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr,
+                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
+        """Step i's copies of the tile NUM_BUF - 1 ahead, the slots of the one after, and the wait
+        for tile i's rows; the slots loaded, for the next step."""
+        cta_barrier()  # every warp is done with the buffer read last step before it is refilled
+        ahead = start + (i + NUM_BUF - 1) * BLOCK_N
+        fill = (i + NUM_BUF - 1) % NUM_BUF
+        if COPIES:
+            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
+                       RANK, ROPE, BLOCK_N, copy_layout)
+        next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
+        async_copy.wait_group(NUM_BUF - 1)
+        # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
+        fence_async_shared()
+        cta_barrier()
+        return next_slots
+
+    @gluon.jit
+    def _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK: gl.constexpr,
+                      ROPE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr,
+                      copy_layout: gl.constexpr, slot_layout: gl.constexpr):
+        """A second pass's copies of the chunk's first NUM_BUF - 1 tiles; the slots of the next."""
+        for j in gl.static_range(NUM_BUF - 1):
+            if COPIES:
+                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j),
+                           _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout),
+                           start + j * BLOCK_N, end, stride_kt, RANK, ROPE, BLOCK_N, copy_layout)
+        return _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
+
+    @gluon.jit
+    def _tile_loop(acc_t, l_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots, token_row, start, end,
+                   scale_log2, stride_kt, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr, PRODUCTS: gl.constexpr,
+                   FIXED: gl.constexpr, mma: gl.constexpr, copy_layout: gl.constexpr, slot_layout: gl.constexpr):
+        """The chunk's tiles, the first NUM_BUF - 1 copies issued, scaled by the fixed maximum
+        `m_i` (FIXED) or a running one from it: (acc^T, the rows' sums of p, the maximum)."""
+        for i in range(gl.cdiv(end - start, BLOCK_N)):
+            next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK,
+                                    ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
+            if PRODUCTS:
+                if FIXED:
+                    acc_t, l_t = _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                      pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                      scale_log2, BLOCK_H, BLOCK_N, mma)
+                else:
+                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
+                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
+                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
+        async_copy.wait_group(0)
+        return acc_t, l_t, m_i
+
+    @gluon.jit
     def _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
                         NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
                         BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, Q_FIRST: gl.constexpr,
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
-                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True):
-        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1. Q_FIRST: q's
+                        COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
+                        FIXED_MAX: gl.constexpr = False, FIXED_LOW: gl.constexpr = 0.0,
+                        FIXED_HIGH: gl.constexpr = 0.0):
+        """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1, scaled by a
+        running maximum or (FIXED_MAX) by 0, redone as before where the sums of p leave
+        [FIXED_LOW, FIXED_HIGH]. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
         after the first tile's copies where that tile ends before the newest key, else first.
@@ -230,225 +305,25 @@ if gluon is not None:
 
         acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
         l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
-        for i in range(gl.cdiv(end - start, BLOCK_N)):
-            cta_barrier()  # every warp is done with the buffer read last step before it is refilled
-            ahead = start + (i + NUM_BUF - 1) * BLOCK_N
-            fill = (i + NUM_BUF - 1) % NUM_BUF
-            if COPIES:
-                _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
-            next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-            async_copy.wait_group(NUM_BUF - 1)
-            # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
-            fence_async_shared()
-            cta_barrier()
-            if PRODUCTS:
-                acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                 pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                 scale_log2, BLOCK_H, BLOCK_N, mma)
-        async_copy.wait_group(0)
-        return acc_t, gl.sum(l_t, 0), m_i
-
-    @gluon.jit
-    def _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
-                             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """`_attend_tile_t` against a maximum `m_i` held for the pass: p may pass 1."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
-        p = gl.exp2(s - m_i[None, :])
-        l_t = l_t + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t
-
-    @gluon.jit
-    def _attend_first_tile_t(m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2, RANK: gl.constexpr,
-                             BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """A pass's first tile (FIXED_MAX 1): its maximum, at least `m_i`, for the pass's maximum;
-        (acc^T, l, that maximum)."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 0))
-        p = gl.exp2(s - m_new[None, :])
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, gl.zeros([RANK, BLOCK_H], gl.float32, mma),
-                              use_acc=False, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, p, m_new
-
-    @gluon.jit
-    def _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK: gl.constexpr,
-                   ROPE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr,
-                   copy_layout: gl.constexpr, slot_layout: gl.constexpr):
-        """Step i's copies of the tile NUM_BUF - 1 ahead, the slots of the one after, and the wait
-        for tile i's rows; the slots loaded, for the next step."""
-        cta_barrier()  # every warp is done with the buffer read last step before it is refilled
-        ahead = start + (i + NUM_BUF - 1) * BLOCK_N
-        fill = (i + NUM_BUF - 1) % NUM_BUF
-        if COPIES:
-            _copy_rows(Kv, kv_bufs.index(fill), pe_bufs.index(fill), next_slots, ahead, end, stride_kt,
-                       RANK, ROPE, BLOCK_N, copy_layout)
-        next_slots = _load_slots(token_row, ahead + BLOCK_N, end, BLOCK_N, slot_layout)
-        async_copy.wait_group(NUM_BUF - 1)
-        # The copies (and q's stores) are the generic proxy's; the MMA reads through the async one.
-        fence_async_shared()
-        cta_barrier()
-        return next_slots
-
-    @gluon.jit
-    def _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK: gl.constexpr,
-                      ROPE: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                      WAIT_AFTER_SLOTS: gl.constexpr, COPIES: gl.constexpr, copy_layout: gl.constexpr,
-                      slot_layout: gl.constexpr):
-        """The copies of a chunk's first NUM_BUF - 1 tiles; the slots of the next, loaded."""
-        for j in gl.static_range(NUM_BUF - 1):
-            slots = _load_slots(token_row, start + j * BLOCK_N, end, BLOCK_N, slot_layout)
-            if WAIT_AFTER_SLOTS:  # noqa: SIM102 (constexprs alone)
-                if j == 0:
-                    _wait_for_previous_kernel()
-            if COPIES:
-                _copy_rows(Kv, kv_bufs.index(j), pe_bufs.index(j), slots, start + j * BLOCK_N, end, stride_kt,
-                           RANK, ROPE, BLOCK_N, copy_layout)
-        return _load_slots(token_row, start + (NUM_BUF - 1) * BLOCK_N, end, BLOCK_N, slot_layout)
-
-    @gluon.jit
-    def _fixed_next_max(m_i, l_i, lo, hi, attempt, FIXED_LOW: gl.constexpr, FIXED_HIGH: gl.constexpr):
-        """(whether the pass's sums of p `l_i` left [FIXED_LOW, FIXED_HIGH] for some head, the next pass's
-        maxima, and the bounds on each head's largest score learnt so far). A finite, nonzero
-        sum puts the largest score within log2(keys) <= 13 below m + log2(l); an infinite one
-        says it passed m + 115, a zero one that it lay under m - 126 (flushed p). Heads without
-        a finite sum step away twice as far each pass until bracketed, then halve the bracket."""
-        big = l_i > FIXED_HIGH
-        small = l_i < FIXED_LOW
-        redo = gl.max((big | small).to(gl.int32), 0) != 0
-        finite = (l_i > 0.0) & (l_i < float("inf"))
-        lo = gl.where(l_i == float("inf"), gl.maximum(lo, m_i + 115.0), lo)
-        hi = gl.where(l_i == 0.0, gl.minimum(hi, m_i - 126.0), hi)
-        step = gl.exp2(gl.zeros_like(m_i) + (7 + attempt).to(gl.float32))
-        bracketed = (lo > float("-inf")) & (hi < float("inf"))
-        moved = gl.where(bracketed, 0.5 * (lo + hi), gl.where(l_i == 0.0, m_i - step, m_i + step))
-        m_next = gl.where(finite, m_i + gl.log2(l_i), moved)
-        return redo, gl.where(big | small, m_next, m_i), lo, hi
-
-    @gluon.jit
-    def _fixed_pass(acc_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots, token_row, start, end,
-                    scale_log2, stride_kt, RANK: gl.constexpr, ROPE: gl.constexpr, BLOCK_H: gl.constexpr,
-                    BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, COPIES: gl.constexpr, FIXED_MAX: gl.constexpr,
-                    mma: gl.constexpr, copy_layout: gl.constexpr, slot_layout: gl.constexpr):
-        """One pass over the chunk's tiles, its first NUM_BUF - 1 copies issued: (acc^T, the rows'
-        sums of p, the pass's maximum)."""
-        if FIXED_MAX == 1:  # the first tile's maximum, from the pass's starting one
-            next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, 0, start, end, stride_kt,
-                                    RANK, ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
-            acc_t, l_t, m_i = _attend_first_tile_t(m_i, q_r, q_p, kv_bufs.index(0), pe_bufs.index(0), p_smem,
-                                                   start, end, scale_log2, RANK, BLOCK_H, BLOCK_N, mma)
-            first = 1
+        if FIXED_MAX:
+            m_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(0, mma))
         else:
-            acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-            l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-            first = 0
-        for i in range(first, gl.cdiv(end - start, BLOCK_N)):
-            next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt,
-                                    RANK, ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
-            acc_t, l_t = _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                              pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N,
-                                              end, scale_log2, BLOCK_H, BLOCK_N, mma)
-        async_copy.wait_group(0)
-        return acc_t, l_t, m_i
-
-    @gluon.jit
-    def _attend_chunk_fixed_t(Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh,
-                              stride_kt, NUM_HEADS: gl.constexpr, RANK: gl.constexpr, ROPE: gl.constexpr,
-                              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr,
-                              WAIT_AFTER_SLOTS: gl.constexpr, COPIES: gl.constexpr, FIXED_MAX: gl.constexpr,
-                              FIXED_LOW: gl.constexpr, FIXED_HIGH: gl.constexpr, FIXED_PASSES: gl.constexpr):
-        """`_attend_chunk_t` (q after the first tiles' copies, no early copies) with FIXED_MAX:
-        one loop whose passes repeat only where a pass's range check fails."""
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_H, 16])
-        copy_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        slot_layout: gl.constexpr = gl.SliceLayout(1, copy_layout)
-        heads_layout: gl.constexpr = gl.SliceLayout(0, mma)
-        dtype: gl.constexpr = Kv.dtype.element_ty
-        rows: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        kv_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, RANK], rows)
-        pe_bufs = gl.allocate_shared_memory(dtype, [NUM_BUF, BLOCK_N, ROPE], rows)
-        q_r = gl.allocate_shared_memory(dtype, [BLOCK_H, RANK], gl.NVMMASharedLayout.get_default_for([BLOCK_H, RANK],
-                                                                                                    dtype))
-        q_p = gl.allocate_shared_memory(dtype, [BLOCK_H, ROPE], gl.NVMMASharedLayout.get_default_for([BLOCK_H, ROPE],
-                                                                                                    dtype))
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H],
-                                           gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype))
-        heads = head_block * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_layout))
-        q_rows = Q + b * stride_qb + heads[:, None] * stride_qh
-        mask_h = (heads < NUM_HEADS)[:, None]
-        offs_r = gl.arange(0, RANK, layout=gl.SliceLayout(0, copy_layout))
-        offs_p = gl.arange(0, ROPE, layout=gl.SliceLayout(0, copy_layout))
-        acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-        l_i = gl.zeros([BLOCK_H], gl.float32, heads_layout)
-        if FIXED_MAX == 1:
-            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, heads_layout)
-        else:
-            m_i = gl.zeros([BLOCK_H], gl.float32, heads_layout)
-        lo = gl.full([BLOCK_H], float("-inf"), gl.float32, heads_layout)
-        hi = gl.full([BLOCK_H], float("inf"), gl.float32, heads_layout)
-        todo = end > start
-        next_slots = _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK, ROPE, BLOCK_N,
-                                   NUM_BUF, WAIT_AFTER_SLOTS, COPIES, copy_layout, slot_layout)
-        q_r.store(gl.load(q_rows + offs_r[None, :], mask=mask_h, other=0.0))
-        q_p.store(gl.load(q_rows + RANK + offs_p[None, :], mask=mask_h, other=0.0))
-        if FIXED_PASSES == 1:  # a bound: no second pass, wrong bits where the check would fail
-            acc_t, l_t, m_i = _fixed_pass(acc_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots, token_row,
-                                          start, end, scale_log2, stride_kt, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF,
-                                          COPIES, FIXED_MAX, mma, copy_layout, slot_layout)
-            l_i = gl.sum(l_t, 0)
-        elif FIXED_PASSES == 2:  # a second pass only where the check fails, with a running maximum
-            acc_t, l_t, m_i = _fixed_pass(acc_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots, token_row,
-                                          start, end, scale_log2, stride_kt, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF,
-                                          COPIES, FIXED_MAX, mma, copy_layout, slot_layout)
-            l_i = gl.sum(l_t, 0)
-            redo = gl.max(((l_i > FIXED_HIGH) | (l_i < FIXED_LOW)).to(gl.int32), 0) != 0
-            if redo:
+            m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma))
+        acc_t, l_t, m_i = _tile_loop(acc_t, l_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots, token_row,
+                                     start, end, scale_log2, stride_kt, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, COPIES,
+                                     PRODUCTS, FIXED_MAX, mma, copy_layout, slot_layout)
+        l_i = gl.sum(l_t, 0)
+        if FIXED_MAX:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
+            if gl.max(((l_i > FIXED_HIGH) | (l_i < FIXED_LOW)).to(gl.int32), 0) != 0:  # out of range: again
                 cta_barrier()  # every warp is done with the first pass's buffers
                 next_slots = _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK, ROPE,
-                                           BLOCK_N, NUM_BUF, False, COPIES, copy_layout, slot_layout)
-                acc_t = gl.zeros([RANK, BLOCK_H], gl.float32, mma)
-                l_t = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-                m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, heads_layout)
-                for i in range(gl.cdiv(end - start, BLOCK_N)):
-                    next_slots = _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt,
-                                            RANK, ROPE, BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
-                    acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv_bufs.index(i % NUM_BUF),
-                                                     pe_bufs.index(i % NUM_BUF), p_smem, start + i * BLOCK_N, end,
-                                                     scale_log2, BLOCK_H, BLOCK_N, mma)
-                async_copy.wait_group(0)
+                                           BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
+                acc_t, l_t, m_i = _tile_loop(
+                    gl.zeros([RANK, BLOCK_H], gl.float32, mma), gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma),
+                    gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, mma)), q_r, q_p, Kv, kv_bufs,
+                    pe_bufs, p_smem, next_slots, token_row, start, end, scale_log2, stride_kt, RANK, ROPE, BLOCK_H,
+                    BLOCK_N, NUM_BUF, COPIES, PRODUCTS, False, mma, copy_layout, slot_layout)
                 l_i = gl.sum(l_t, 0)
-        else:
-            for attempt in range(FIXED_PASSES):
-                if todo:
-                    acc_t, l_t, m_i = _fixed_pass(acc_t, m_i, q_r, q_p, Kv, kv_bufs, pe_bufs, p_smem, next_slots,
-                                                  token_row, start, end, scale_log2, stride_kt, RANK, ROPE, BLOCK_H,
-                                                  BLOCK_N, NUM_BUF, COPIES, FIXED_MAX, mma, copy_layout, slot_layout)
-                    l_i = gl.sum(l_t, 0)
-                    todo, m_i, lo, hi = _fixed_next_max(m_i, l_i, lo, hi, attempt, FIXED_LOW, FIXED_HIGH)
-                    if todo:  # the next pass's first copies
-                        cta_barrier()  # every warp is done with this pass's buffers
-                        next_slots = _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK,
-                                                   ROPE, BLOCK_N, NUM_BUF, False, COPIES, copy_layout, slot_layout)
         return acc_t, l_i, m_i
 
     @gluon.jit
@@ -583,8 +458,7 @@ if gluon is not None:
         ENTRY: gl.constexpr, ENTRY_AFTER_WAIT: gl.constexpr, UNMERGED: gl.constexpr,
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
-        FIXED_MAX: gl.constexpr = 0, FIXED_LOW: gl.constexpr = 2.0**-60, FIXED_HIGH: gl.constexpr = 2.0**64,
-        FIXED_PASSES: gl.constexpr = 16,
+        FIXED_MAX: gl.constexpr = False, FIXED_LOW: gl.constexpr = 0.0, FIXED_HIGH: gl.constexpr = 0.0,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -634,17 +508,12 @@ if gluon is not None:
                 gluon_trace_store(Trace, program, 2, gluon_stamp_after(end))
             if end > start:
                 token_row = req_to_token + pool_row.to(gl.int64) * stride_req
-                if FIXED_MAX != 0:
-                    acc_t, l_i, m_i = _attend_chunk_fixed_t(
-                        Q, Kv, token_row, b, head_block, start, end, scale_log2, stride_qb, stride_qh, stride_kt,
-                        NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, PDL and SLOTS_EARLY, COPIES, FIXED_MAX,
-                        FIXED_LOW, FIXED_HIGH, FIXED_PASSES)
-                else:
-                    acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
-                                                      stride_qb, stride_qh, stride_kt,
-                                                      NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
-                                                      PDL and EARLY_COPIES, seq_len,
-                                                      PDL and SLOTS_EARLY, COPIES, PRODUCTS)
+                acc_t, l_i, m_i = _attend_chunk_t(Q, Kv, token_row, b, head_block, start, end, scale_log2,
+                                                  stride_qb, stride_qh, stride_kt,
+                                                  NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
+                                                  PDL and EARLY_COPIES, seq_len,
+                                                  PDL and SLOTS_EARLY, COPIES, PRODUCTS, FIXED_MAX, FIXED_LOW,
+                                                  FIXED_HIGH)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -674,6 +543,11 @@ def flat_serves(num_heads: int, block_h: int = BLOCK_H) -> bool:
 def flat_slots(batch_size: int, programs: int) -> int:
     """Partial slots a flat launch over `batch_size` requests needs: one a program."""
     return programs + batch_size
+
+
+def fixed_max_constants() -> dict[str, bool | float]:
+    """The kernel's FIXED_MAX constexprs from the module's settings, its range as sums of p."""
+    return {"FIXED_MAX": FIXED_MAX, "FIXED_LOW": 2.0**FIXED_LOW, "FIXED_HIGH": 2.0**FIXED_HIGH}
 
 
 def refused() -> bool:
@@ -728,7 +602,7 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        FIXED_MAX=FIXED_MAX, FIXED_LOW=2.0**FIXED_LOW, FIXED_HIGH=2.0**FIXED_HIGH, FIXED_PASSES=FIXED_PASSES,
+        **fixed_max_constants(),
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),
