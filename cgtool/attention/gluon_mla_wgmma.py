@@ -127,8 +127,10 @@ PRODUCTS = True
 # scale, only its range, and the check of that range is free: the rows' running sums of p,
 # kept anyway, summed per head, must lie within [2^FIXED_LOW, 2^FIXED_HIGH] (scores, in log2
 # units, from about -47 to +51; p stays far inside fp32's and bf16's range). A chunk whose sums
-# do not is done again with a running maximum. 0.0-0.9 us a layer shorter than the running
-# maximum at 24 shapes, longer at none (H200, benchmarks/results/h200-2026-11-28-mla-fixed-max).
+# do not is done again with a running maximum. Against the running maximum, up to 0.9 us a layer
+# shorter at 23 shapes of bs 1-64 at 1k-8k, none more than 0.03 us longer (H200,
+# benchmarks/results/h200-2026-11-28-mla-fixed-max). A chunk done twice costs about a second
+# stage 1 (6.5-20.7 us a layer at bs 17-64 x 1k where every chunk was, call 5 there).
 FIXED_MAX = True
 FIXED_LOW = -60.0
 FIXED_HIGH = 64.0
