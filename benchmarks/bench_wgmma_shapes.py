@@ -18,12 +18,13 @@ ROUNDS tiles with a wait after each product as the kernel has:
 - `tile_t_synced_load`: that, with a global load issued before the first fence and used only
   after the tile, as the shipped loop loads the slots of the tile after next (Triton's proxy
   fence is a `MEMBAR.ALL.CTA` in SASS, which may wait for it);
-- `tile_t_softmax`: the shipped tile step itself (`gluon_mla_wgmma._attend_tile_t`: products,
-  online softmax, P^T's store), on rows already in shared memory;
-- `tile_t_stale_max`: the same step scaled by the running max as it stood before the tile (no
-  maximum across warps, no rescale of the output), with a check that no score passes it by
-  more than 8 (log2). The check only counts; a kernel would redo such a tile. This bounds what that
-  change could save.
+- `tile_t_softmax`: the tile step with a running maximum (`gluon_mla_wgmma._attend_tile_t`:
+  products, online softmax, P^T's store), on rows already in shared memory; shipped until
+  2026-11-28 evening, since then the fallback's step;
+- `tile_t_stale_max`: the step shipped since (`gluon_mla_wgmma._attend_tile_fixed_t`): scaled by
+  a maximum held for the chunk, no maximum across warps and no rescale of the output. Until
+  2026-11-28 evening (results before then) this form was a copy of it that also counted, element
+  by element, the scores past that maximum by more than 8 (log2).
 
 Each form reports us a tile (the loop's time over ROUNDS) and the multiply-adds of the 16 real
 heads a second as a share of `torch.mm`'s bf16 rate (so the padded forms' ceiling is 25%).
@@ -58,7 +59,7 @@ if gluon is not None:
     )
 
     from cgtool.attention.gluon_mla import cta_barrier, gl
-    from cgtool.attention.gluon_mla_wgmma import _attend_tile_t
+    from cgtool.attention.gluon_mla_wgmma import _attend_tile_fixed_t, _attend_tile_t
 
     # The kernels' sizes as constexprs (a jit function reads no other global).
     C_KEYS, C_HEADS, C_RANK, C_ROPE, C_PADDED, C_LOADED = (
@@ -113,29 +114,8 @@ if gluon is not None:
         _keep(Out, gl.sum(gl.sum(s, 1), 0) + gl.sum(gl.sum(acc, 1), 0) + gl.sum(sink, 0))
 
     @gluon.jit
-    def _stale_max_tile(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, scale_log2, over,
-                        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """`_attend_tile_t` with p scaled by the max before this tile: no reduction across warps and
-        no rescale of acc^T. `over` counts, element by element, scores past that max by more than 8
-        (log2): a kernel would vote within each warp and redo such a tile."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        s = s * scale_log2
-        over += (s > m_i[None, :] + 8.0).to(gl.int32)  # per element: no reduction across warps
-        p = gl.exp2(s - m_i[None, :])
-        l_t = l_t + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t, over
-
-    @gluon.jit
     def _softmax_forms(Src, Out, rounds, FORM: gl.constexpr, WARPS: gl.constexpr):
-        """Forms 8-9: whole tile steps, the shipped one and the stale-max one."""
+        """Forms 8-9: whole tile steps, with a running maximum and with a fixed one."""
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, C_HEADS, 16])
         swizzled: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -150,7 +130,6 @@ if gluon is not None:
         acc_t = gl.zeros([C_RANK, C_HEADS], gl.float32, mma)
         l_t = gl.zeros([C_KEYS, C_HEADS], gl.float32, mma)
         m_i = gl.zeros([C_HEADS], gl.float32, gl.SliceLayout(0, mma))
-        over = gl.zeros([C_KEYS, C_HEADS], gl.int32, mma)
         for i in range(rounds):
             cta_barrier()
             fence_async_shared()
@@ -159,10 +138,9 @@ if gluon is not None:
                 acc_t, l_t, m_i = _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, rows, pe, p_smem, i * C_KEYS,
                                                  (i + 1) * C_KEYS, 0.01, C_HEADS, C_KEYS, mma)
             else:
-                acc_t, l_t, over = _stale_max_tile(acc_t, l_t, m_i, q_r, q_p, rows, pe, p_smem, 0.01, over,
-                                                   C_HEADS, C_KEYS, mma)
-        _keep(Out, gl.sum(gl.sum(acc_t, 1), 0) + gl.sum(gl.sum(l_t, 1), 0) + gl.sum(m_i, 0)
-              + gl.sum(gl.sum(over, 1), 0).to(gl.float32))
+                acc_t, l_t = _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, rows, pe, p_smem, i * C_KEYS,
+                                                  (i + 1) * C_KEYS, 0.01, C_HEADS, C_KEYS, mma)
+        _keep(Out, gl.sum(gl.sum(acc_t, 1), 0) + gl.sum(gl.sum(l_t, 1), 0) + gl.sum(m_i, 0))
 
     @gluon.jit
     def _padded_forms(Src, Out, rounds, FORM: gl.constexpr, WARPS: gl.constexpr):

@@ -154,46 +154,45 @@ if gluon is not None:
     from cgtool.runtime.kernel_trace import gluon_sm_id, gluon_stamp_after, gluon_trace_store
 
     @gluon.jit
+    def _scores_t(q_r, q_p, kv, pe, start_n, end, scale_log2, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+                  mma: gl.constexpr):
+        """A tile's scores, transposed [keys, heads], in log2 units; -inf past `end`."""
+        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
+        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
+        return gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
+
+    @gluon.jit
+    def _add_values_t(acc_t, p, kv, p_smem):
+        """acc^T [rank, heads] plus the tile's rows weighed by p [keys, heads], through shared memory."""
+        p_smem.store(p.to(p_smem.dtype))
+        fence_async_shared()
+        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
+        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
+
+    @gluon.jit
     def _attend_tile_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
                        BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
         """One online-softmax step, transposed: scores [keys, heads], output [rank, heads].
         `l_t` keeps each key row's running sum of p, added over the keys only at the end, so a
         tile takes one reduction across warps (the max), not two."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
+        s = _scores_t(q_r, q_p, kv, pe, start_n, end, scale_log2, BLOCK_H, BLOCK_N, mma)
         m_new = gl.maximum(m_i, gl.max(s, 0))
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s - m_new[None, :])
         l_t = l_t * alpha[None, :] + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t * alpha[None, :], is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t, m_new
+        return _add_values_t(acc_t * alpha[None, :], p, kv, p_smem), l_t, m_new
 
     @gluon.jit
     def _attend_tile_fixed_t(acc_t, l_t, m_i, q_r, q_p, kv, pe, p_smem, start_n, end, scale_log2,
                              BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, mma: gl.constexpr):
-        """`_attend_tile_t` against a maximum `m_i` held for the pass: p may pass 1."""
-        zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, mma)
-        s = warpgroup_mma(kv, q_r.permute((1, 0)), zero, use_acc=False, is_async=True)
-        s = warpgroup_mma(pe, q_p.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        offs_n = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, mma))
-        s = gl.where((offs_n < end)[:, None], s * scale_log2, float("-inf"))
-        p = gl.exp2(s - m_i[None, :])
-        l_t = l_t + p
-        p_smem.store(p.to(p_smem.dtype))
-        fence_async_shared()
-        cta_barrier()  # every warp's part of P^T is written before the MMA reads it
-        acc_t = warpgroup_mma(kv.permute((1, 0)), p_smem, acc_t, is_async=True)
-        acc_t = warpgroup_mma_wait(num_outstanding=0, deps=(acc_t,))
-        return acc_t, l_t
+        """`_attend_tile_t` against a maximum `m_i` held for the chunk (FIXED_MAX): no reduction
+        across warps and no rescale; p may pass 1."""
+        p = gl.exp2(_scores_t(q_r, q_p, kv, pe, start_n, end, scale_log2, BLOCK_H, BLOCK_N, mma) - m_i[None, :])
+        return _add_values_t(acc_t, p, kv, p_smem), l_t + p
 
     @gluon.jit
     def _next_tile(Kv, kv_bufs, pe_bufs, next_slots, token_row, i, start, end, stride_kt, RANK: gl.constexpr,
