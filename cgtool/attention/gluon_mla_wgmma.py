@@ -14,7 +14,9 @@ shared memory once for the whole group and never pass through registers:
 
 A tile of 64 keys then moves about 250 KB through shared memory (its copies, the rows read
 twice, q and P^T), 70% of the mma_v2 kernel's per key. Two tiles of rows (147 KB) and q fill
-an SM, one program each; triton_mla.wgmma_serves says where that is faster.
+an SM, one program each; triton_mla.wgmma_serves says where that is faster. The softmax holds
+one maximum for a chunk's tiles (FIXED_MAX), so a tile has no reduction across its warps; the
+rare chunk whose scores leave that maximum's range is done again with a running one.
 
 Partials and tickets are gluon_mla's, the merge its `_merge_heads` a group of chunks at a time
 (`_merge_chunks`, MERGE_GROUP). The chunks are not gluon_mla's: a request gets chunks in
