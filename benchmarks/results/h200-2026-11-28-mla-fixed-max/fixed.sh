@@ -15,3 +15,9 @@ echo "$(date -u +%T) probe"
   --cases $PCASES $PROBE_FLAGS > $OUT/probe.log 2>&1; cut -c1-600 $OUT/probe.log | tail -14)
 fi
 echo "$(date -u +%T) done"
+if [ -n "$SHAPES" ]; then
+echo "$(date -u +%T) wgmma-shapes"
+OUT=$OUT/gpu-check timeout 300 bash scripts/gpu-check.sh wgmma-shapes > $OUT/gpu-check-wgmma.log 2>&1; echo "rc $?"
+tail -14 $OUT/gpu-check-wgmma.log | cut -c1-200
+fi
+echo "$(date -u +%T) all done"
