@@ -127,9 +127,10 @@ def mla_decode_cases() -> dict[str, tuple]:
         block_n, buffers, warps = gluon_mla_wgmma.WGMMA_TILES
         # The last two: the probe's stamps, and the other settings of Q_FIRST, PARTIAL_VEC,
         # ONE_CHUNK_DIRECT, SPARES_FIRST and FLAT_CHUNKS.
-        shipped = (gluon_mla_wgmma.Q_FIRST, gluon_mla_wgmma.PARTIAL_VEC, gluon_mla_wgmma.ONE_CHUNK_DIRECT,
+        # Q_FIRST as the H100 takes it in the shipped cases, as the H200 does in the other.
+        shipped = (False, gluon_mla_wgmma.PARTIAL_VEC, gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                    gluon_mla_wgmma.SPARES_FIRST, gluon_mla_wgmma.FLAT_CHUNKS)
-        other = (not gluon_mla_wgmma.Q_FIRST, 12 - gluon_mla_wgmma.PARTIAL_VEC, not gluon_mla_wgmma.ONE_CHUNK_DIRECT,
+        other = (True, 12 - gluon_mla_wgmma.PARTIAL_VEC, not gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                  not gluon_mla_wgmma.SPARES_FIRST, not gluon_mla_wgmma.FLAT_CHUNKS)
         for splits, batch_block, pdl, trace, (q_first, vec, direct, spares_first, flat) in (
                 (4, 128, True, False, shipped), (15, 128, True, False, shipped), (2, 256, False, False, shipped),
@@ -153,7 +154,7 @@ def mla_decode_cases() -> dict[str, tuple]:
                 {"NUM_HEADS": 16, "RANK": 512, "ROPE": 64, "BLOCK_H": triton_mla.BLOCK_H, "BLOCK_N": block_n,
                  "NUM_SPLITS": 4, "MIN_CHUNK": triton_mla.WGMMA_MIN_CHUNK, "NUM_BUF": buffers, "FUSED_MERGE": False,
                  "MERGE_GROUP": gluon_mla_wgmma.MERGE_GROUP, "PDL": True,
-                 "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": gluon_mla_wgmma.Q_FIRST,
+                 "BATCH_BLOCK": 128, "TRACE": False, "Q_FIRST": False,
                  "PARTIAL_VEC": gluon_mla_wgmma.PARTIAL_VEC, "ONE_CHUNK_DIRECT": gluon_mla_wgmma.ONE_CHUNK_DIRECT,
                  "SPARES_FIRST": gluon_mla_wgmma.SPARES_FIRST, "FLAT": True, "ENTRY": mla_flat_plan.ENTRY,
                  "ENTRY_AFTER_WAIT": after_wait, "UNMERGED": True, "EARLY_COPIES": gluon_mla_wgmma.EARLY_COPIES,
@@ -166,6 +167,10 @@ def mla_decode_cases() -> dict[str, tuple]:
         found["mla decode gluon wgmma stage 1 flat, unmerged, early copies other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "EARLY_COPIES": not gluon_mla_wgmma.EARLY_COPIES},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # q's loads first, as the H200 takes them (Q_FIRST by GPU class).
+        found["mla decode gluon wgmma stage 1 flat, unmerged, q first"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma, {**found[shipped_flat][1], "Q_FIRST": True},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # A running maximum a tile (the other setting of FIXED_MAX).
         found["mla decode gluon wgmma stage 1 flat, unmerged, fixed maximum other"] = (

@@ -99,13 +99,14 @@ def test_launch_settings_follow_the_gpu_class_and_the_rows_measured(monkeypatch,
     # the H200's narrow tails where an expert has under 64 rows; the H100 keeps a fourth stage in
     # the down GEMM (docs/moe-mla.md)
     from cgtool.model import moe_tma_gemm
+    from cgtool.runtime import gpu_class
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: name)
-    moe_tma_gemm._is_h100.cache_clear()
+    gpu_class.device_name.cache_clear()
     try:
         gated, down = moe_tma_gemm.launch_tiles(0, mean_rows)
     finally:
-        moe_tma_gemm._is_h100.cache_clear()
+        gpu_class.device_name.cache_clear()
     expected = (True, True, 0, False) if narrow else (False, False, 1, True)
     assert (gated["tail"], gated["narrow_tail"], gated["tile_order"], gated["joint_gate_up"]) == expected
     assert not down["tail"] and down.get("tile_order", 0) == 0 and down["num_stages"] == down_stages

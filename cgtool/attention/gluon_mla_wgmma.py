@@ -42,6 +42,7 @@ import triton
 from cgtool.attention import gluon_mla
 from cgtool.attention.mla_flat_plan import ENTRY, FlatPlan, flat_plan
 from cgtool.runtime.dependent_launch import dependent_launch
+from cgtool.runtime.gpu_class import is_h200
 from cgtool.runtime.triton_launch import cdiv
 
 gluon = gluon_mla.gluon
@@ -55,15 +56,18 @@ BLOCK_H = 16  # heads a program: the MMA's N
 # Chunks the last program's merge loads at once: 1.0-1.2 us a layer less than 8 (bs 24-48 x 1k,
 # H100, benchmarks/probe_merge_group.py); 2 and 1 within 0.3 us of 4.
 MERGE_GROUP = 4
-# q's loads issued ahead of the first tile's slots (True) or after them (False, as shipped):
-# ahead was 0.1-0.5 us a layer shorter at every shape on the H200 (bs 17-96 x 1k, bs 32 x 8k),
-# but on the H100 0.2-0.4 us longer at bs 32-40 x 1k, where the target is closest, and 0.5 us
-# shorter at bs 48 (three alternating rounds each, benchmarks/results/h200-h100-2026-11-27-mla-tail,
-# calls 3-4). The merge in one pass (a group's log-sum-exps loaded beside its partials, one
-# round trip to L2 instead of two) was no faster (call 1). With the merge in the value
-# projection, ahead was 0.1-0.3 us longer on both GPUs at bs 24-64 x 1k (five rounds,
-# benchmarks/results/h200-h100-2026-11-27-stage1-settings, calls 2-3).
-Q_FIRST = False
+# q's loads issued ahead of the first tile's slots (True) or after them (False); None, as
+# shipped: by the GPU class (`q_first`), ahead on the H200 only. With the running maximum ahead
+# was 0.1-0.5 us a layer shorter on the H200 (bs 17-96 x 1k, bs 32 x 8k) but on the H100 0.2-0.4
+# longer at bs 32-40 x 1k, where the target was closest, and 0.5 shorter at bs 48 (three
+# alternating rounds each, benchmarks/results/h200-h100-2026-11-27-mla-tail, calls 3-4); with
+# the merge in the value projection 0.1-0.3 us longer on both GPUs at bs 24-64 x 1k
+# (benchmarks/results/h200-h100-2026-11-27-stage1-settings, calls 2-3). The merge in one pass
+# (a group's log-sum-exps loaded beside its partials) was no faster (call 1 of the first).
+# With the fixed maximum (FIXED_MAX) ahead was 0.1-0.5 us shorter on the H200 at all 15 shapes
+# timed, bs 16-64 x 1k to 32 x 8k, with the same bits (calls 11-12 of
+# benchmarks/results/h200-2026-11-28-mla-fixed-max); the H100 was not lent to time it again.
+Q_FIRST: bool | None = None
 # Partial outputs' values a thread stores and the merge loads at once: 8 (16-byte accesses in
 # bf16) against 4, three alternating rounds (benchmarks/results/h200-h100-2026-11-27-mla-tail,
 # calls 6-7): H200 0.0-0.4 us a layer shorter at bs 17-48 x 1k and 1.4-1.5 at bs 96; H100 from
@@ -548,6 +552,15 @@ def flat_slots(batch_size: int, programs: int) -> int:
     return programs + batch_size
 
 
+def q_first(device: torch.device) -> bool:
+    """Q_FIRST where it is set, else by the GPU class: ahead on the H200 only."""
+    if Q_FIRST is not None:
+        return Q_FIRST
+    if device.type != "cuda":
+        return False
+    return is_h200(torch.cuda.current_device() if device.index is None else device.index)
+
+
 def fixed_max_constants() -> dict[str, bool | float]:
     """The kernel's FIXED_MAX constexprs from the module's settings, its range as sums of p."""
     return {"FIXED_MAX": FIXED_MAX, "FIXED_LOW": 2.0**FIXED_LOW, "FIXED_HIGH": 2.0**FIXED_HIGH}
@@ -600,7 +613,7 @@ def launch_stage1(
         NUM_SPLITS=1 if flat else num_kv_splits, MIN_CHUNK=min_chunk, NUM_BUF=num_buf,
         FUSED_MERGE=tickets is not None, MERGE_GROUP=MERGE_GROUP, programs=programs,
         BATCH_BLOCK=max(32 * num_warps, triton.next_power_of_2(bs)),
-        Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=Q_FIRST,
+        Trace=mid_lse if trace is None else trace, TRACE=trace is not None, Q_FIRST=q_first(q.device),
         PARTIAL_VEC=PARTIAL_VEC, ONE_CHUNK_DIRECT=ONE_CHUNK_DIRECT, SPARES_FIRST=SPARES_FIRST, FLAT=flat,
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,

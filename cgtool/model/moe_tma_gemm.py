@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from cgtool.runtime.gpu_class import is_h100
 from cgtool.runtime.triton_launch import cdiv, next_power_of_2
 
 try:  # Triton 3.4 on: host-side tensor maps passed to the kernel by value
@@ -259,15 +260,10 @@ NARROW_TAILS_BELOW_ROWS = 64  # an expert's mean rows under which the H200 takes
 _DOWN_TILES = {"block_n": 256, "num_warps": 8, "flatten": True, "tail": False}
 
 
-@cache
-def _is_h100(device_index: int) -> bool:
-    return "H100" in torch.cuda.get_device_name(device_index)
-
-
 def launch_tiles(device_index: int, mean_rows: float) -> tuple[dict, dict]:
     """(gate/up, down) launch settings for `tma_grouped_mm` on this GPU, for GEMMs whose experts
     have `mean_rows` rows on average."""
-    h100 = _is_h100(device_index)
+    h100 = is_h100(device_index)
     gated = {**_GATED_TILES, **(_NARROW_TAILS if not h100 and mean_rows < NARROW_TAILS_BELOW_ROWS else {})}
     return gated, {**_DOWN_TILES, "num_stages": 4 if h100 else 3}
 
