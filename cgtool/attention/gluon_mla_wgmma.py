@@ -262,8 +262,8 @@ if gluon is not None:
                         FIXED_MAX: gl.constexpr = False, FIXED_LOW: gl.constexpr = 0.0,
                         FIXED_HIGH: gl.constexpr = 0.0):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1, scaled by a
-        running maximum or (FIXED_MAX) by 0, redone as before where the sums of p leave
-        [FIXED_LOW, FIXED_HIGH]. Q_FIRST: q's
+        running maximum, or (FIXED_MAX) by 0 and done again with a running one where the sums of
+        p leave [FIXED_LOW, FIXED_HIGH]. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
         after the first tile's copies where that tile ends before the newest key, else first.
