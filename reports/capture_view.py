@@ -102,6 +102,19 @@ def lone_decode_note(report: CaptureReport) -> str | None:
             f"`--kind both` times that state, and `plan --profile` adds it")
 
 
+def redone_note(report: CaptureReport) -> str | None:
+    """MLA decode sizes whose replay did chunks of stage 1 twice (scores outside its fixed
+    maximum's range, which random weights never leave): what each cost and the switch."""
+    redone = [s for s in report.sizes_of("decode") if s.mla_chunks_redone]
+    if not redone:
+        return None
+    worst = max(redone, key=lambda s: s.mla_chunks_redone or 0)
+    return (f"MLA decode did chunks twice at {len(redone)} batch size(s) (bs {worst.size}: "
+            f"{worst.mla_chunks_redone:,} in one replay): their scores left stage 1's fixed maximum's "
+            f"range, and each such chunk costs about a second pass over its keys. The results are "
+            f"right; to time these weights without it, run again with CGTOOL_MLA_FIXED_MAX=0")
+
+
 def print_capture_summary(
     console: Console,
     report: CaptureReport,
@@ -117,9 +130,9 @@ def print_capture_summary(
             f"[bold red]unsafe:[/] {row.kind} size {row.size}{on_rank}: replay differs from eager by "
             f"{row.max_abs_diff:.3g}", highlight=False,
         )
-    note = lone_decode_note(report)
-    if note:
-        console.print(f"[bold]note:[/] {note}", highlight=False)
+    for note in (lone_decode_note(report), redone_note(report)):
+        if note:
+            console.print(f"[bold]note:[/] {note}", highlight=False)
     if report.incomplete_reason:
         console.print(f"[bold red]incomplete:[/] {report.incomplete_reason}", highlight=False)
         for line in remedies(report, failed):

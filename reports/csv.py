@@ -31,4 +31,4 @@ def write_sizes_csv(report: CaptureReport, path: Path) -> Path:
 
 _COLUMNS = ["kind", "size", "rank", "status", "capture_s", "retained_bytes", "peak_bytes",
             "non_torch_bytes", "eager_ms", "replay_ms", "speedup", "roofline_ms",
-            "kernels_per_forward", "max_abs_diff", "experts_active"]
+            "kernels_per_forward", "max_abs_diff", "experts_active", "mla_chunks_redone"]

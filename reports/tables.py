@@ -80,11 +80,15 @@ def _num(value: float | None, digits: int = 3, suffix: str = "") -> Cell:
     return Cell("-" if value is None else f"{value:,.{digits}f}{suffix}", value)
 
 
+def _count(value: int | None) -> Cell:
+    return Cell("-" if value is None else f"{value:,}", value)
+
+
 def format_value(value: float | None, unit: str) -> Cell:
     if unit == "bytes":
         return mib(value)
     if unit == "tokens":
-        return Cell("-" if value is None else f"{int(value):,}", value)
+        return _count(None if value is None else int(value))
     return _num(value, 3, f" {unit}" if unit else "")
 
 
@@ -140,13 +144,15 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
     # CSV and JSON name each column as report.json and sizes.csv do, with bytes for MiB.
     names = ["size", "status", "capture_s", "retained_bytes", "cumulative_retained_bytes",
              "peak_bytes", "non_torch_bytes", "eager_ms", "replay_ms", "speedup", "roofline_pct",
-             "kernels_per_forward", "max_abs_diff", "experts_active"]
+             "kernels_per_forward", "max_abs_diff", "experts_active", "mla_chunks_redone"]
     shown = [SIZE_UNITS[kind], "status", "capture s",
              "retained MiB", "cumulative MiB", "peak MiB", "non-torch MiB", "eager ms",
-             "replay ms", "speedup", "roofline %", "kernels", "max |diff|", "experts"]
+             "replay ms", "speedup", "roofline %", "kernels", "max |diff|", "experts", "MLA redone"]
+    # experts: distinct routed experts per MoE layer, mean over layers; MoE models only.
+    # MLA redone: chunks stage 1 did twice in a replay; MLA models where they are counted.
     moe = any(row.experts_active is not None for row in report.sizes_of(kind))
-    # experts: distinct routed experts per MoE layer, mean over layers; MoE models only
-    columns: list[str] = [Cell(a, b) for a, b in zip(shown, names)][:len(shown) - (not moe)]
+    redone = any(row.mla_chunks_redone is not None for row in report.sizes_of(kind))
+    columns: list[str] = [Cell(a, b) for a, b, keep in zip(shown, names, [True] * 13 + [moe, redone]) if keep]
     rows: list[list[str]] = []
     marked: set[int] = set()
     cumulative = 0
@@ -164,7 +170,8 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
             _num(row.speedup, 2, "x"), _num(roofline, 0),
             Cell(str(row.kernels_per_forward), row.kernels_per_forward),
             Cell("-" if row.max_abs_diff is None else f"{row.max_abs_diff:.3g}", row.max_abs_diff),
-        ] + ([_num(row.experts_active, 1)] if moe else []))
+        ] + ([_num(row.experts_active, 1)] if moe else [])
+          + ([_count(row.mla_chunks_redone)] if redone else []))
     return TableData(f"{kind} graphs", columns, rows, marked)
 
 

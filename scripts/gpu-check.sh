@@ -31,6 +31,8 @@
 # `mla-projection` (by name only): benchmarks/probe_mla_projection.py, MLA decode's merge in the value
 # projection against the two apart (PROJ_CASES, PROJ_ROUNDS; PROJ_SETTINGS more settings of its kernel), in
 # $OUT/mla-projection.json.
+# `mla-redone` (by name only): issue 33's count of chunks MLA decode's stage 1 did twice: its GPU tests,
+# then a deepseek-v2-lite decode capture's rows (REDONE_BS, REDONE_CONTEXT), in $OUT/mla-redone.
 # `mla-dependent` (by name only): benchmarks/bench_mla_dependent.py, deepseek-v2-lite's decode graphs captured with
 # MLA decode's stage 1 as the store's dependent and without, replayed in alternating rounds (DEPENDENT_BS,
 # DEPENDENT_CONTEXT), in $OUT/mla-dependent.json.
@@ -249,6 +251,19 @@ if [[ " $stages " == *" mla-projection "* ]]; then  # issue 33, by name only: th
     ${PROJ_CASES:+--cases "$PROJ_CASES"} ${PROJ_ROUNDS:+--rounds "$PROJ_ROUNDS"} ${PROJ_SETTINGS:+--settings "$PROJ_SETTINGS"} \
     2>&1 | tee "$OUT/mla-projection.log"
   echo "[$(date +%H:%M:%S)] probe_mla_projection exit ${PIPESTATUS[0]}"
+fi
+if [[ " $stages " == *" mla-redone "* ]]; then  # issue 33, by name only: chunks stage 1 did twice
+  D="$OUT/mla-redone"; mkdir -p "$D"
+  dstamp() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$D/stage.log"; }
+  dstamp "redone GPU tests"
+  timeout -k 10 "${REDONE_TESTS_TIMEOUT:-300}" python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_mla_gpu.py \
+    -k "fixed_maximum or did_twice or counts" >"$D/gpu-tests.log" 2>&1
+  dstamp "redone GPU tests exit $?"; tail -3 "$D/gpu-tests.log" | tee -a "$D/stage.log"
+  # The report's column from the CLI: deepseek-v2-lite's random weights, which never leave the range.
+  timeout -k 10 "${REDONE_CAPTURE_TIMEOUT:-240}" cgtool capture --model deepseek-v2-lite --kind decode \
+    --bs "${REDONE_BS:-1,8,24,64}" --context-len "${REDONE_CONTEXT:-1024}" --out "$D/capture" >"$D/capture.log" 2>&1
+  dstamp "capture exit $?"; grep -E "MLA redone|^│ *[0-9]+ " "$D/capture.log" | tee -a "$D/stage.log"
+  rm -f "$D/capture/"*.png "$D/capture/"*.html
 fi
 if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent
   echo "[$(date +%H:%M:%S)] bench_mla_dependent ${DEPENDENT_BS:-}"

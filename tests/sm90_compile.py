@@ -45,7 +45,7 @@ POINTERS = {
     "Logits": "*fp32", "Weights": "*fp32", "Ids": "*i32", "Counts": "*i32", "Cursor": "*i32",
     "SortedPairIds": "*i32", "BlockExperts": "*i32", "NumPadded": "*i32", "Y": "*fp32",
     "A": "*bf16", "B": "*bf16", "C": "*bf16", "sorted_pair_ids": "*i32", "block_experts": "*i32",
-    "num_padded": "*i32", "pair_weights": "*fp32", "Entries": "*i32", "Requests": "*i32",
+    "num_padded": "*i32", "pair_weights": "*fp32", "Entries": "*i32", "Requests": "*i32", "Redone": "*i32",
 }
 # qwen3-30b-a3b's experts: 128 of width 768 over a hidden size of 2,048, 8 a token
 EXPERTS, TOP_K, HIDDEN, WIDTH = 128, 8, 2048, 768
@@ -176,6 +176,11 @@ def mla_decode_cases() -> dict[str, tuple]:
         found["mla decode gluon wgmma stage 1 flat, unmerged, fixed maximum other"] = (
             gluon_mla_wgmma._mla_decode_stage1_wgmma,
             {**found[shipped_flat][1], "FIXED_MAX": not gluon_mla_wgmma.FIXED_MAX},
+            warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
+        # Without the count of redone chunks (the other setting of COUNT_REDONE, a benchmark's).
+        found["mla decode gluon wgmma stage 1 flat, unmerged, count redone other"] = (
+            gluon_mla_wgmma._mla_decode_stage1_wgmma,
+            {**found[shipped_flat][1], "COUNT_REDONE": not gluon_mla_wgmma.COUNT_REDONE},
             warps, 1, {"MidOut": "*bf16", "Trace": "*fp32"})
         # The projection released at stage 1's start (the other setting of RELEASE_AT_START).
         found["mla decode gluon wgmma stage 1 flat, unmerged, release at start other"] = (

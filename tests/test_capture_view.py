@@ -108,3 +108,30 @@ def test_a_capture_of_decode_graphs_alone_says_a_server_replays_them_slower():
     gap_ms = 452 * SERVER_GRAPH_GAP_MS  # the fixture's 452 kernels a forward
     assert f"about {gap_ms:.2f} ms a step here (452 kernels)" in texts[1]
     assert "--kind both" in texts[1]
+
+
+def test_a_capture_whose_mla_decode_redid_chunks_says_where_and_how_to_turn_it_off():
+    # attention.redone_chunks counts the chunks stage 1 did twice; the summary names the sizes
+    # and the worst, the decode table shows the column, and a report of zeros says nothing.
+    import dataclasses
+
+    from cgtool.reports.tables import size_rows
+
+    report = load_report(Path(__file__).parent / "data/reports/h100-llama-3.1-8b/report.json")
+    decode = report.sizes_of("decode")
+    counts = {row.size: 0 for row in decode} | {decode[0].size: 54, decode[1].size: 3}
+    sizes = [dataclasses.replace(s, mla_chunks_redone=counts[s.size]) if s.kind == "decode" else s
+             for s in report.sizes]
+    texts = []
+    for redone in (sizes, [dataclasses.replace(s, mla_chunks_redone=0 if s.kind == "decode" else None)
+                           for s in report.sizes]):
+        console = Console(record=True, width=300)
+        print_capture_summary(console, dataclasses.replace(report, sizes=redone), None, [])
+        texts.append(console.export_text())
+    assert f"did chunks twice at 2 batch size(s) (bs {decode[0].size}: 54 in one replay)" in texts[0]
+    assert "CGTOOL_MLA_FIXED_MAX=0" in texts[0]
+    assert "did chunks twice" not in texts[1]
+    table = size_rows(dataclasses.replace(report, sizes=sizes), "decode")
+    assert table.columns[-1] == "MLA redone"
+    assert [row[-1] for row in table.rows][:2] == ["54", "3"]
+    assert "MLA redone" not in size_rows(report, "decode").columns  # not counted: no column

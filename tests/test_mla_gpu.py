@@ -82,6 +82,30 @@ def test_mla_decode_graphs_replay_equal_to_eager(mla_bench):
         assert_replay_equals_eager(replayed, eager)
 
 
+def test_a_decode_graphs_replay_counts_the_chunks_it_did_twice(mla_bench):
+    # The row `capture` records (kinds._chunks_redone): none on random weights; with the cache
+    # scaled far out of the fixed maximum's range, the captured counter's address counts some.
+    from functools import partial
+
+    from cgtool.attention import gluon_mla_wgmma
+    from cgtool.capture import kinds
+    from cgtool.runners.decode import DecodeGraphRunner
+
+    if not gluon_mla_wgmma.counts_redone(mla_bench.runner.device):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    runner = DecodeGraphRunner(mla_bench.runner, [24])
+    runner.capture()
+    replay = partial(runner.replay, mla_bench.decode_batch(24))
+    assert kinds._chunks_redone(mla_bench, replay) == 0
+    cache = mla_bench.runner.kv_pool.k_buffers[0]
+    saved = cache.clone()
+    try:
+        cache.mul_(1000)
+        assert kinds._chunks_redone(mla_bench, replay) > 0
+    finally:
+        cache.copy_(saved)
+
+
 @pytest.mark.parametrize("num_kv_splits", [1, 4, 8])
 def test_mla_decode_merged_by_the_last_program_matches_reference_and_replays_stably(num_kv_splits):
     # 64 requests of 1 to 4,000 tokens: the last program of each request's chunks merges them.
@@ -245,10 +269,12 @@ def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeyp
     # FIXED_MAX scales a chunk's tiles by the maximum 0; where the scores leave fp32's range
     # around it (p overflows to inf or flushes to 0, by construction here) the sums of p say so
     # and the chunk is done again with a running maximum. Without that second pass the output
-    # would hold inf, NaN or zero rows. False, the running maximum alone, is the control.
+    # would hold inf, NaN or zero rows. False, the running maximum alone, is the control. Each
+    # chunk done again is counted (attention.redone_chunks): "sunk" sends every chunk there.
     from test_triton_mla import latent_q
 
-    from cgtool.attention import gluon_mla, gluon_mla_wgmma
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma, redone_chunks, triton_mla
+    from cgtool.attention.mla_flat_plan import flat_plan_ref
     from cgtool.attention.torch_ref import TorchAttentionBackend
     from cgtool.attention.triton_mla import mla_decode_attention
     from cgtool.runtime.engine import decode_batch
@@ -266,13 +292,46 @@ def test_wgmma_fixed_maximum_redoes_a_chunk_whose_scores_leave_its_range(monkeyp
     TorchAttentionBackend(16, 576).forward(q, ref, 0, batch, pool)
     out = torch.full((bs, 16, 512), float("nan"), dtype=torch.bfloat16, device=CUDA)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=CUDA)
+    redone_chunks.reset(CUDA)
     mla_decode_attention(q.view(bs, 16, 576), pool.k_buffers[0], out, pool.req_to_token,
                          torch.tensor(rows, dtype=torch.int32, device=CUDA), lens, 576**-0.5, 8, wgmma=True)
     assert not gluon_mla_wgmma.refused()
+    redone = redone_chunks.read(CUDA)
+    _, requests = flat_plan_ref(seq_lens, rows, triton_mla.WGMMA_PROGRAMS, triton_mla.WGMMA_MIN_CHUNK,
+                                gluon_mla_wgmma.WGMMA_TILES[0])
+    chunks = sum(count for _, count in requests)
+    if not fixed_max:
+        assert redone == 0
+    elif kind == "sunk":
+        assert redone == chunks
+    else:
+        assert 0 < redone <= chunks
     out, ref = out.view(bs, -1).float(), ref.float()
     assert torch.isfinite(out).all()
     scale = ref.abs().amax(1, keepdim=True)  # the rows' own magnitude: a spike's value rows are 60x
     torch.testing.assert_close(out / scale, ref / scale, atol=2e-2, rtol=0)
+
+
+def test_wgmma_fixed_maximum_redoes_no_chunk_of_random_caches():
+    # The presets' and tests' random weights keep every score inside the fixed maximum's range.
+    from test_triton_mla import latent_q
+
+    from cgtool.attention import gluon_mla, gluon_mla_wgmma, redone_chunks
+    from cgtool.attention.triton_mla import mla_decode_attention
+
+    if not gluon_mla.available(torch.device(CUDA)):
+        pytest.skip("gluon_mla_wgmma's stage 1 needs Triton's Gluon and a Hopper GPU")
+    assert gluon_mla_wgmma.counts_redone(torch.device(CUDA))
+    for seq_lens in (MIXED, PADDED, SKEWED):
+        bs = len(seq_lens)
+        pool, rows = latent_pool(seq_lens, 16, 512, 64, torch.bfloat16, CUDA)
+        q = latent_q(bs, 16, 576, torch.bfloat16, CUDA).view(bs, 16, 576)
+        out = torch.zeros(bs, 16, 512, dtype=torch.bfloat16, device=CUDA)
+        redone_chunks.reset(CUDA)
+        mla_decode_attention(q, pool.k_buffers[0], out, pool.req_to_token,
+                             torch.tensor(rows, dtype=torch.int32, device=CUDA),
+                             torch.tensor(seq_lens, dtype=torch.int32, device=CUDA), 576**-0.5, 8, wgmma=True)
+        assert redone_chunks.read(CUDA) == 0
 
 
 def assert_wgmma_setting_keeps_the_bits(monkeypatch, setting: str, num_kv_splits: int, seq_lens: list[int]) -> None:

@@ -439,6 +439,22 @@ def test_experts_active_round_trips_and_is_absent_for_dense_reports(tmp_path):
     assert CaptureReport.from_dict(report.to_dict()).sizes[0].experts_active == 5.75
 
 
+def test_mla_chunks_redone_round_trips_goes_to_the_csv_and_is_never_negative(tmp_path):
+    from cgtool.reports.csv import sizes_frame
+
+    assert {s.mla_chunks_redone for s in load_report(REPORT).sizes} == {None}
+    data = _raw(REPORT)
+    data["sizes"][0]["mla_chunks_redone"] = 7
+    report = load_report(_write(tmp_path, data))
+    assert report.sizes[0].mla_chunks_redone == 7
+    assert CaptureReport.from_dict(report.to_dict()).sizes[0].mla_chunks_redone == 7
+    column = sizes_frame(report)["mla_chunks_redone"]
+    assert column.iloc[0] == 7 and column.iloc[1:].isna().all()
+    data["sizes"][0]["mla_chunks_redone"] = -1
+    with pytest.raises(InputError, match=r"sizes\[0\]\.mla_chunks_redone.*below 0"):
+        load_report(_write(tmp_path, data))
+
+
 @pytest.mark.parametrize("path", [("totals", "kv_tokens"), ("sizes", 0, "retained_bytes"), ("sizes", 0, "size")])
 def test_an_integer_field_past_2_to_the_53_is_named_not_a_traceback(tmp_path, path):
     # Read on, such a value made numpy or float() raise OverflowError in `check`, `plan --profile`

@@ -34,12 +34,13 @@ count from the same plan and merges the partials as it loads them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import triton
 
-from cgtool.attention import gluon_mla
+from cgtool.attention import gluon_mla, redone_chunks
 from cgtool.attention.mla_flat_plan import ENTRY, FlatPlan, flat_plan
 from cgtool.runtime.dependent_launch import dependent_launch
 from cgtool.runtime.gpu_class import is_h200
@@ -137,9 +138,14 @@ PRODUCTS = True
 # shorter at 23 shapes of bs 1-64 at 1k-8k, none more than 0.03 us longer (H200,
 # benchmarks/results/h200-2026-11-28-mla-fixed-max). A chunk done twice costs about a second
 # stage 1 (6.5-20.7 us a layer at bs 17-64 x 1k where every chunk was, call 5 there).
-FIXED_MAX = True
+# CGTOOL_MLA_FIXED_MAX=0 turns it off for a process: for weights whose capture counts many
+# chunks redone (SizeResult.mla_chunks_redone), or to time both ways.
+FIXED_MAX = os.environ.get("CGTOOL_MLA_FIXED_MAX", "1") != "0"
 FIXED_LOW = -60.0
 FIXED_HIGH = 64.0
+# Each chunk done again adds one to the device's counter (redone_chunks), which `capture` reports
+# a decode size; False only to time the count against nothing (benchmarks).
+COUNT_REDONE = True
 
 if gluon is not None:
     from triton.experimental.gluon.language.nvidia.hopper import (
@@ -260,10 +266,10 @@ if gluon is not None:
                         WAIT: gl.constexpr = False, seq_len=0, WAIT_AFTER_SLOTS: gl.constexpr = False,
                         COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
                         FIXED_MAX: gl.constexpr = False, FIXED_LOW: gl.constexpr = 0.0,
-                        FIXED_HIGH: gl.constexpr = 0.0):
+                        FIXED_HIGH: gl.constexpr = 0.0, Redone=None, COUNT_REDONE: gl.constexpr = True):
         """(acc^T [rank, heads], l [heads], m [heads]) over keys start..end - 1, scaled by a
         running maximum, or (FIXED_MAX) by 0 and done again with a running one where the sums of
-        p leave [FIXED_LOW, FIXED_HIGH]. Q_FIRST: q's
+        p leave [FIXED_LOW, FIXED_HIGH], each such chunk counted at Redone. Q_FIRST: q's
         loads issued before the first tile's slots, so that their round trips overlap. WAIT:
         this waits on the kernel before (the store of each request's newest key, seq_len - 1):
         after the first tile's copies where that tile ends before the newest key, else first.
@@ -322,6 +328,8 @@ if gluon is not None:
         l_i = gl.sum(l_t, 0)
         if FIXED_MAX:  # noqa: SIM102 (a constexpr alone: when false, nothing of the branch is built)
             if gl.max(((l_i > FIXED_HIGH) | (l_i < FIXED_LOW)).to(gl.int32), 0) != 0:  # out of range: again
+                if COUNT_REDONE:
+                    gl.atomic_add(Redone, 1, sem="relaxed", scope="gpu")
                 cta_barrier()  # every warp is done with the first pass's buffers
                 next_slots = _first_copies(Kv, kv_bufs, pe_bufs, token_row, start, end, stride_kt, RANK, ROPE,
                                            BLOCK_N, NUM_BUF, COPIES, copy_layout, slot_layout)
@@ -466,6 +474,7 @@ if gluon is not None:
         EARLY_COPIES: gl.constexpr = False, RELEASE_AT_START: gl.constexpr = False,
         SLOTS_EARLY: gl.constexpr = False, COPIES: gl.constexpr = True, PRODUCTS: gl.constexpr = True,
         FIXED_MAX: gl.constexpr = False, FIXED_LOW: gl.constexpr = 0.0, FIXED_HIGH: gl.constexpr = 0.0,
+        Redone=None, COUNT_REDONE: gl.constexpr = True,
     ):
         head_block = gl.program_id(1)
         # TRACE (benchmarks/probe_mla_timeline.py): the SM, then stamps at the start, once the
@@ -520,7 +529,7 @@ if gluon is not None:
                                                   NUM_HEADS, RANK, ROPE, BLOCK_H, BLOCK_N, NUM_BUF, Q_FIRST,
                                                   PDL and EARLY_COPIES, seq_len,
                                                   PDL and SLOTS_EARLY, COPIES, PRODUCTS, FIXED_MAX, FIXED_LOW,
-                                                  FIXED_HIGH)
+                                                  FIXED_HIGH, Redone, COUNT_REDONE)
                 if TRACE:
                     gluon_trace_store(Trace, program, 3, gluon_stamp_after(gl.sum(l_i, 0)))
                 if PDL and UNMERGED:  # noqa: SIM102 (as above)
@@ -564,6 +573,12 @@ def q_first(device: torch.device) -> bool:
 def fixed_max_constants() -> dict[str, bool | float]:
     """The kernel's FIXED_MAX constexprs from the module's settings, its range as sums of p."""
     return {"FIXED_MAX": FIXED_MAX, "FIXED_LOW": 2.0**FIXED_LOW, "FIXED_HIGH": 2.0**FIXED_HIGH}
+
+
+def counts_redone(device: torch.device) -> bool:
+    """Whether this kernel can serve MLA decode on `device` with the fixed maximum, counting
+    the chunks it does twice (redone_chunks)."""
+    return bool(FIXED_MAX and COUNT_REDONE) and not _REFUSED and gluon_mla.available(device)
 
 
 def refused() -> bool:
@@ -618,7 +633,7 @@ def launch_stage1(
         Entries=mid_lse if plan is None else plan.entries, ENTRY=ENTRY, ENTRY_AFTER_WAIT=bool(plan and plan.fresh),
         UNMERGED=tickets is None, EARLY_COPIES=EARLY_COPIES,
         SLOTS_EARLY=SLOTS_EARLY and not EARLY_COPIES, COPIES=COPIES, PRODUCTS=PRODUCTS,
-        **fixed_max_constants(),
+        **fixed_max_constants(), Redone=redone_chunks.counter(q.device), COUNT_REDONE=COUNT_REDONE,
         # Not after the plan kernel: the projection reads the plan before its wait.
         RELEASE_AT_START=RELEASE_AT_START and not (plan and plan.fresh), num_warps=num_warps,
         **dependent_launch(q.device),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from cgtool.attention import gluon_mla_wgmma, redone_chunks
 from cgtool.capture.measure import CaptureCost, check_replay
 from cgtool.capture.options import (
     CaptureOptions,
@@ -46,6 +47,8 @@ def capture_decode(
     from cgtool.runners.decode import DecodeGraphRunner
 
     first, *upward = opts.hidden_modes
+    if bench.runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(bench.runner.device):
+        redone_chunks.reset(bench.runner.device)  # made here, outside any graph, before they take its address
     runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc, hidden_mode=first)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
     with state.phase("capture"), sglang_mem_usage(state, "decode"):
@@ -92,7 +95,8 @@ def _measure_decode(
                 continue
             kv_read = bs * (bench.context_len + 1) * bench.cfg.kv_bytes_per_token(BF16_BYTES)
             roofline_ms = (_weights_read(bench, bs) + kv_read) / bandwidth * 1e3
-            record_size(state, "decode", bs, cost, check, roofline_ms, mode, _experts_active(bench, eager))
+            record_size(state, "decode", bs, cost, check, roofline_ms, mode, _experts_active(bench, eager),
+                        _chunks_redone(bench, replay))
             calls.append((bs, replay, eager))
     return calls
 
@@ -105,6 +109,18 @@ def _experts_active(bench: Workbench, eager: Callable[[], object]) -> float | No
     with count_active_experts(bench.runner.model) as counts:
         eager()
     return sum(counts) / len(counts) if counts else None
+
+
+def _chunks_redone(bench: Workbench, replay: Callable[[], object]) -> int | None:
+    """MLA decode chunks done twice in one more replay, all layers (their scores outside stage
+    1's fixed maximum's range: on a user's weights, the cost of a second stage 1 there); None
+    for other models and where the kernel that counts them does not serve."""
+    device = bench.runner.device
+    if not (bench.runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(device)):
+        return None
+    redone_chunks.reset(device)
+    replay()
+    return redone_chunks.read(device)
 
 
 def _weights_read(bench: Workbench, tokens: int) -> float:

@@ -333,6 +333,7 @@ def _mark_failed(
 def record_size(
     state: SessionState, kind: str, size: int, cost: CaptureCost, check: ReplayCheck,
     roofline_ms: float, hidden_mode: str = "null", experts_active: float | None = None,
+    mla_chunks_redone: int | None = None,
 ) -> None:
     state.sizes.append(
         SizeResult(
@@ -354,6 +355,7 @@ def record_size(
             max_diff_at=check.worst_token,
             hidden_mode=hidden_mode,
             experts_active=experts_active,
+            mla_chunks_redone=mla_chunks_redone,
             eager_samples=len(check.eager.samples),
             replay_samples=len(check.replay.samples),
         )

@@ -118,6 +118,9 @@ class SizeResult:
     hidden_mode: str = "null"  # the decode graph's hidden-state mode (piecewise: always null)
     # MoE decode: distinct routed experts per MoE layer for this batch (mean over layers)
     experts_active: float | None = None
+    # MLA decode: chunks that stage 1 did twice in one replay, all layers, their scores outside
+    # its fixed maximum's range (attention.redone_chunks); None where nothing counts them.
+    mla_chunks_redone: int | None = None
     eager_samples: int | None = None  # timed calls behind eager_ms (None in older reports)
     replay_samples: int | None = None
     # Decode tokens per request this row was timed at, where it is not settings.context_len: a
@@ -289,6 +292,8 @@ def _check_sizes(sizes: list[SizeResult], source: str) -> None:
         for name in ("retained_bytes", "peak_bytes"):  # a pool's growth and a peak are >= 0
             if getattr(row, name) < 0:
                 fail(source, f"{where}.{name}", f"is {getattr(row, name)}, below 0 bytes")
+        if (row.mla_chunks_redone or 0) < 0:
+            fail(source, f"{where}.mla_chunks_redone", f"is {row.mla_chunks_redone}, below 0 chunks")
         if row.status != "failed":
             for name in ("eager_ms", "replay_ms", "speedup"):
                 if getattr(row, name) is None:
