@@ -262,7 +262,7 @@ if [[ " $stages " == *" mla-redone "* ]]; then  # issue 33, by name only: chunks
   # The report's column from the CLI: deepseek-v2-lite's random weights, which never leave the range.
   timeout -k 10 "${REDONE_CAPTURE_TIMEOUT:-240}" cgtool capture --model deepseek-v2-lite --kind decode \
     --bs "${REDONE_BS:-1,8,24,64}" --context-len "${REDONE_CONTEXT:-1024}" --out "$D/capture" >"$D/capture.log" 2>&1
-  dstamp "capture exit $?"; grep -E "MLA redone|^│ *[0-9]+ " "$D/capture.log" | tee -a "$D/stage.log"
+  dstamp "capture exit $?"; grep -A12 "decode graphs" "$D/capture.log" | tee -a "$D/stage.log"
   rm -f "$D/capture/"*.png "$D/capture/"*.html
 fi
 if [[ " $stages " == *" mla-dependent "* ]]; then  # issue 33, by name only: stage 1 as the store's dependent

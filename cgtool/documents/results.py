@@ -37,7 +37,7 @@ from cgtool.specs.kinds import GRAPH_KINDS, GraphKind
 REPORT_SCHEMA = "cgtool.report"
 REPORT_FILENAME = "report.json"
 # 1.1 adds ViT graphs: the kind "vit" and settings.image_sizes; 1.2 environment.dependent_launch
-REPORT_VERSION = "1.2"
+REPORT_VERSION = "1.3"
 
 Kind = GraphKind
 KINDS = GRAPH_KINDS
