@@ -53,3 +53,25 @@ def test_the_summary_notes_a_first_set_that_captured_slowly_and_a_set_out_of_mem
     result.warnings = []
     summarise_sets(result, inputs, [replace(plan, capture_s=20.0), default])
     assert len(result.warnings) == 1  # 0.27 s a graph against 0.19: no note
+
+
+def test_the_summary_warns_where_mla_decode_redid_chunks_and_keeps_the_counts():
+    from cgtool.verify.result import VerifyResult
+    from cgtool.verify.run import summarise_sets
+    from cgtool.verify.summary import SetMeasurement
+
+    inputs = prepare(OLD_PLAN, num_steps=50, repeats=2)
+    times = [[5.0] * len(inputs.steps)] * 2
+    plan = SetMeasurement("plan", [1, 8, 64], [64, 512], [], 3.0, 1.0, 1 << 30, times, mla_chunks_redone=1234)
+    default = SetMeasurement("default", [1, 8, 64], [64, 512], [], 3.0, 1.0, 1 << 30, times, mla_chunks_redone=0)
+    result = synthetic_result()
+    result.warnings = []
+    summarise_sets(result, inputs, [plan, default])
+    assert [s.mla_chunks_redone for s in result.sets] == [1234, 0]
+    (warning,) = [w for w in result.warnings if "MLA" in w]
+    assert "(plan 1,234)" in warning and "CGTOOL_MLA_FIXED_MAX=0" in warning
+    back = VerifyResult.from_dict(result.to_dict())
+    assert [s.mla_chunks_redone for s in back.sets] == [1234, 0]
+    result.warnings = []
+    summarise_sets(result, inputs, [replace(plan, mla_chunks_redone=None), default])  # not counted, or none
+    assert not [w for w in result.warnings if "MLA" in w]

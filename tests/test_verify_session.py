@@ -160,3 +160,27 @@ def test_requests_are_spread_over_the_pool_each_on_its_own_run_of_slots():
     assert all(b - a >= width for a, b in itertools.pairwise(starts))  # apart, not touching
     assert starts[-1] > pool.num_slots // 2  # spread over the pool, not packed at its start
     assert all(bool((buf != 0).any()) for buf in pool.k_buffers + pool.v_buffers)
+
+
+@pytest.mark.parametrize("latent", [True, False])
+def test_the_timed_repeats_count_each_sets_redone_mla_chunks(monkeypatch, latent):
+    # Reset before each set's timed steps and read after them: the warm-up is not counted.
+    from types import SimpleNamespace
+
+    from cgtool.attention import gluon_mla_wgmma, redone_chunks
+    from cgtool.verify.summary import SetMeasurement
+
+    cpu = torch.device("cpu")
+    runner = SimpleNamespace(device=cpu, kv_pool=SimpleNamespace(is_latent=latent))
+    monkeypatch.setattr(gluon_mla_wgmma, "counts_redone", lambda device: True)
+    monkeypatch.setattr(session, "_batch", lambda runner, step, seed: step)
+    # The plan's set redoes 2 chunks a step, the default's none.
+    monkeypatch.setattr(session, "_as_engine_runs", lambda runner, batch, decode, piecewise: (
+        lambda: redone_chunks.counter(cpu).add_(decode)))
+    monkeypatch.setattr(session, "_timed_steps", lambda fns: [(fn(), 1.0)[1] for fn in fns])
+    steps = [SimpleNamespace(kind="decode", size=4, context=0)] * 3
+    opts = SimpleNamespace(steps=steps, seed=0, warmup_steps=2, repeats=2)
+    sets = [SetMeasurement(name, [4], [], [], 1.0, 0.0, 0, []) for name in ("plan", "default")]
+    session._replay(runner, opts, [(2, None), (0, None)], sets, lambda text: None)
+    assert [len(s.step_ms) for s in sets] == [2, 2]
+    assert [s.mla_chunks_redone for s in sets] == ([2 * 3 * 2, 0] if latent else [None, None])

@@ -75,6 +75,8 @@ class SetResult:
     plan_expected_step_ms: float  # plan.json comparison row, over the whole simulation
     kinds: list[KindTiming]
     sizes: list[SizeTiming]
+    # MLA decode chunks done twice over the timed repeats; None where nothing counts them
+    mla_chunks_redone: int | None = None
 
 
 @dataclass(slots=True)

@@ -161,6 +161,13 @@ def summarise_sets(result: VerifyResult, inputs: VerifyInputs, measured_sets: li
     note = first_capture_note(result)
     if note is not None:
         result.warnings.append(note)
+    redone = {s.name: s.mla_chunks_redone for s in result.sets if s.mla_chunks_redone}
+    if redone:
+        counts = ", ".join(f"{name} {count:,}" for name, count in redone.items())
+        result.warnings.append(
+            f"MLA decode did chunks twice over the timed steps ({counts}): their scores left the "
+            f"range of stage 1's fixed maximum, and each cost about a second pass over its keys, "
+            f"which the step times include; CGTOOL_MLA_FIXED_MAX=0 times these weights without it")
 
 
 def _prove(inputs: VerifyInputs, opts: SessionOptions, result: VerifyResult, kv_tokens: int,

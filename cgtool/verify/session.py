@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from cgtool.attention import gluon_mla_wgmma, redone_chunks
 from cgtool.runners.pitfalls import is_out_of_memory
 from cgtool.runners.pool import SizeStep
 from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
@@ -308,11 +309,16 @@ def _replay(runner: ModelRunner, opts: SessionOptions, live: list[Any],
     for set_fns in fns:
         for i in warmup_indices(opts.steps, opts.warmup_steps):
             set_fns[i]()
+    counting = runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(runner.device)
     for repeat in range(opts.repeats):
         # Alternate which set goes first, so a drift in clocks does not favour one of them.
         order = range(len(fns)) if repeat % 2 == 0 else reversed(range(len(fns)))
         for i in order:
+            if counting:
+                redone_chunks.reset(runner.device)
             sets[i].step_ms.append(_timed_steps(fns[i]))
+            if counting:  # read after the steps' own sync
+                sets[i].mla_chunks_redone = (sets[i].mla_chunks_redone or 0) + redone_chunks.read(runner.device)
         phase(f"repeat {repeat + 1}/{opts.repeats}: " + ", ".join(
             f"{m.name} {sum(m.step_ms[-1]) / len(m.step_ms[-1]):.3f} ms/step" for m in sets))
 

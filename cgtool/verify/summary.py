@@ -34,6 +34,9 @@ class SetMeasurement:
     compile_s: float
     graph_bytes: int
     step_ms: list[list[float]]  # [repeat][sampled step], in the order of the sample
+    # MLA decode chunks done twice over the timed repeats (attention.redone_chunks); None
+    # where nothing counts them (not an MLA model, or its Hopper kernel does not serve)
+    mla_chunks_redone: int | None = None
 
 
 def t_quantile(df: int) -> float:
@@ -91,6 +94,7 @@ def summarise_set(
         plan_expected_step_ms=row.expected_step_ms,
         kinds=_kinds(steps, weights, per_step, predicted_arr),
         sizes=_sizes(steps, per_step, predicted_arr, graphs),
+        mla_chunks_redone=measured.mla_chunks_redone,
     )
 
 
