@@ -13,6 +13,8 @@ captured into a graph would zero it again at every replay).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 _COUNTERS: dict[tuple[str, int], torch.Tensor] = {}
@@ -37,6 +39,14 @@ def counter(device: torch.device | str) -> torch.Tensor:
 def reset(device: torch.device | str) -> None:
     """Sets the device's counter to zero (making it if needed); call it outside a capture."""
     counter(device).zero_()
+
+
+def counted(runner: Any) -> bool:
+    """Whether a model runner's decode steps count redone chunks: an MLA model (a latent pool)
+    on a GPU where gluon_mla_wgmma serves with its fixed maximum."""
+    from cgtool.attention import gluon_mla_wgmma  # it imports this module
+
+    return bool(runner.kv_pool.is_latent) and gluon_mla_wgmma.counts_redone(runner.device)
 
 
 def read(device: torch.device | str) -> int:

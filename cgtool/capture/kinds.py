@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from cgtool.attention import gluon_mla_wgmma, redone_chunks
+from cgtool.attention import redone_chunks
 from cgtool.capture.measure import CaptureCost, check_replay
 from cgtool.capture.options import (
     CaptureOptions,
@@ -47,7 +47,7 @@ def capture_decode(
     from cgtool.runners.decode import DecodeGraphRunner
 
     first, *upward = opts.hidden_modes
-    if bench.runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(bench.runner.device):
+    if redone_chunks.counted(bench.runner):
         redone_chunks.reset(bench.runner.device)  # made here, outside any graph, before they take its address
     runner = DecodeGraphRunner(bench.runner, opts.capture_bs, opts.enable_cudagraph_gc, hidden_mode=first)
     state.runners.append(runner)  # graphs must outlive the session: they share one pool
@@ -115,12 +115,11 @@ def _chunks_redone(bench: Workbench, replay: Callable[[], object]) -> int | None
     """MLA decode chunks done twice in one more replay, all layers (their scores outside stage
     1's fixed maximum's range: on a user's weights, the cost of a second stage 1 there); None
     for other models and where the kernel that counts them does not serve."""
-    device = bench.runner.device
-    if not (bench.runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(device)):
+    if not redone_chunks.counted(bench.runner):
         return None
-    redone_chunks.reset(device)
+    redone_chunks.reset(bench.runner.device)
     replay()
-    return redone_chunks.read(device)
+    return redone_chunks.read(bench.runner.device)
 
 
 def _weights_read(bench: Workbench, tokens: int) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from cgtool.attention import gluon_mla_wgmma, redone_chunks
+from cgtool.attention import redone_chunks
 from cgtool.runners.pitfalls import is_out_of_memory
 from cgtool.runners.pool import SizeStep
 from cgtool.runtime.engine import ModelRunner, decode_batch, extend_batch
@@ -309,7 +309,7 @@ def _replay(runner: ModelRunner, opts: SessionOptions, live: list[Any],
     for set_fns in fns:
         for i in warmup_indices(opts.steps, opts.warmup_steps):
             set_fns[i]()
-    counting = runner.kv_pool.is_latent and gluon_mla_wgmma.counts_redone(runner.device)
+    counting = redone_chunks.counted(runner)
     for repeat in range(opts.repeats):
         # Alternate which set goes first, so a drift in clocks does not favour one of them.
         order = range(len(fns)) if repeat % 2 == 0 else reversed(range(len(fns)))
