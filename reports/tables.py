@@ -152,7 +152,7 @@ def size_rows(report: CaptureReport, kind: str) -> TableData:
     # MLA redone: chunks stage 1 did twice in a replay; MLA models where they are counted.
     moe = any(row.experts_active is not None for row in report.sizes_of(kind))
     redone = any(row.mla_chunks_redone is not None for row in report.sizes_of(kind))
-    columns: list[str] = [Cell(a, b) for a, b, keep in zip(shown, names, [True] * 13 + [moe, redone]) if keep]
+    columns: list[str] = [Cell(a, b) for a, b, keep in zip(shown, names, [True] * (len(shown) - 2) + [moe, redone]) if keep]
     rows: list[list[str]] = []
     marked: set[int] = set()
     cumulative = 0

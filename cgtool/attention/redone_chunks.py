@@ -4,7 +4,8 @@ gluon_mla_wgmma scales a chunk's scores by a fixed maximum (FIXED_MAX) and does 
 with a running maximum where its scores leave that maximum's range. The answer is right either
 way, but a chunk done twice costs about a second stage 1, and random weights never leave the
 range, so only a run over a user's own weights can say whether their heads do. Each chunk
-redone adds one to a device's counter here; `capture` reads it around one replay a size.
+redone adds one to a device's counter here. `capture` reads it around one more replay of each
+decode size, `verify` around each set's timed steps.
 
 One counter a device, shared by every layer and graph, as tickets are. A graph keeps its
 address, so it is made once and never freed; `reset` makes it outside any capture (a zeroing
